@@ -1,0 +1,1 @@
+"""GEM: an open, runnable Generative Ads Model pipeline (package root)."""

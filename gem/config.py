@@ -1,0 +1,271 @@
+"""One typed config system for every stage: dataclasses loaded from YAML, then environment overrides.
+
+Load order (later wins):
+  1. the dataclass defaults below (the embedded default: local Spark, local Delta folder);
+  2. a YAML file: the `--config` argument, else $GEM_CONFIG, else nothing;
+  3. environment variables `GEM__SECTION__FIELD=value`, e.g. `GEM__SPARK__MASTER=local[2]`,
+     `GEM__LAKEHOUSE_URI=/data/lake`. Values are parsed as YAML scalars ("3" -> 3, "true" -> True).
+
+Unknown keys and values of the wrong type fail loudly with the offending path.
+
+Example:
+    >>> cfg = load_config(overrides={"generator": {"users": 100}})
+    >>> cfg.generator.users
+    100
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+ENV_PREFIX = "GEM__"
+
+
+class ConfigError(ValueError):
+    """A config file or override that does not match the typed config."""
+
+
+@dataclass(frozen=True)
+class SparkConfig:
+    master: str = "local[*]"
+    shuffle_partitions: int = 8
+    driver_memory: str = "4g"
+    # Extra spark.* settings; under spark-submit the cluster's own settings win over all of these.
+    conf: dict[str, str] = field(default_factory=dict)
+    # Folder of Delta (and dependency) jars fetched once at set-up so sessions start offline.
+    jars_dir: str = str(REPO_ROOT / ".cache" / "jars")
+
+
+@dataclass(frozen=True)
+class SurfaceParams:
+    """Generator behaviour of one surface: base click rate and how fast it decays with position."""
+
+    base_ctr: float
+    position_decay: float
+    traffic_share: float
+
+
+def _default_surface_params() -> dict[str, SurfaceParams]:
+    return {
+        "fb_feed": SurfaceParams(base_ctr=0.030, position_decay=0.10, traffic_share=0.30),
+        "ig_feed": SurfaceParams(base_ctr=0.025, position_decay=0.12, traffic_share=0.22),
+        "reels": SurfaceParams(base_ctr=0.018, position_decay=0.05, traffic_share=0.18),
+        "stories": SurfaceParams(base_ctr=0.012, position_decay=0.20, traffic_share=0.12),
+        "marketplace": SurfaceParams(base_ctr=0.040, position_decay=0.15, traffic_share=0.10),
+        "audience_network": SurfaceParams(base_ctr=0.008, position_decay=0.25, traffic_share=0.08),
+    }
+
+
+@dataclass(frozen=True)
+class GeneratorConfig:
+    users: int = 20_000
+    ads: int = 2_000
+    advertisers: int = 200
+    events_per_day: int = 200_000
+    latent_dim: int = 16
+    seed: int = 7
+    # Fraction of landing lines replaced by one of the dirty-row kinds (schemas.events.DIRTY_KIND_REASON).
+    dirty_fraction: float = 0.01
+    # Events are simulated and written in chunks of this many impressions (bounded memory).
+    chunk_impressions: int = 250_000
+    # Weight of the user's recent engagement (decayed clicked-ad vector) in the click logit.
+    history_weight: float = 1.5
+    surface_params: dict[str, SurfaceParams] = field(default_factory=_default_surface_params)
+
+
+@dataclass(frozen=True)
+class IngestConfig:
+    # Event ids already in bronze within this many earlier days count as duplicates.
+    dedup_lookback_days: int = 7
+    # A column whose values fail their type in more than this fraction of rows is schema drift:
+    # the job fails instead of quarantining (a producer changed the contract).
+    drift_max_type_error_rate: float = 0.05
+    # Event times more than this many days after the arrival day are "far future", not late.
+    far_future_days: int = 30
+
+
+@dataclass(frozen=True)
+class QualityConfig:
+    min_surface_ctr: float = 0.001
+    max_surface_ctr: float = 0.30
+    max_null_rate: float = 0.0
+    max_quarantine_rate: float = 0.10
+    # Where the Great Expectations project (results, Data Docs) lives; default under the lakehouse.
+    gx_dir: str = ""
+
+
+@dataclass(frozen=True)
+class SequenceCaps:
+    impression: int = 512
+    click: int = 256
+    conversion: int = 64
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    start_ds: str = "2026-01-01"
+    days: int = 2
+
+
+@dataclass(frozen=True)
+class GemConfig:
+    # Root of the lakehouse: a local folder by default, an object-store URI on a cluster.
+    lakehouse_uri: str = str(REPO_ROOT / "lakehouse")
+    # Landing files (raw exports); default beside the lakehouse tables.
+    landing_uri: str = ""
+    # First day of the pipeline: stages with day-over-day state start fresh here.
+    start_ds: str = "2026-01-01"
+    surfaces: tuple[str, ...] = (
+        "fb_feed",
+        "ig_feed",
+        "reels",
+        "stories",
+        "marketplace",
+        "audience_network",
+    )
+    attribution_window_days: int = 7
+    training_horizon_days: int = 30
+    # Delta log and removed-file retention; must exceed attribution window + training horizon.
+    retention_days: int = 60
+    sequence_caps: SequenceCaps = field(default_factory=SequenceCaps)
+    spark: SparkConfig = field(default_factory=SparkConfig)
+    generator: GeneratorConfig = field(default_factory=GeneratorConfig)
+    ingest: IngestConfig = field(default_factory=IngestConfig)
+    quality: QualityConfig = field(default_factory=QualityConfig)
+    demo: DemoConfig = field(default_factory=DemoConfig)
+
+    def __post_init__(self) -> None:
+        from schemas.tasks import SURFACES  # the one surface vocabulary
+
+        unknown = sorted(set(self.surfaces) - set(SURFACES))
+        if unknown:
+            raise ConfigError(f"surfaces {unknown} are not in schemas.tasks.SURFACES {list(SURFACES)}")
+        missing = sorted(set(self.surfaces) - set(self.generator.surface_params))
+        if missing:
+            raise ConfigError(f"generator.surface_params lacks surfaces {missing}")
+        floor = self.attribution_window_days + self.training_horizon_days
+        if self.retention_days <= floor:
+            raise ConfigError(
+                f"retention_days={self.retention_days} must exceed attribution_window_days + "
+                f"training_horizon_days = {floor}, or time travel to training inputs breaks"
+            )
+
+    @property
+    def landing_root(self) -> str:
+        return self.landing_uri or f"{self.lakehouse_uri.rstrip('/')}/_landing"
+
+    @property
+    def gx_root(self) -> str:
+        return self.quality.gx_dir or f"{self.lakehouse_uri.rstrip('/')}/_dq/gx"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# --------------------------------------------------------------------------------------------------
+# Loading: dict -> dataclass with type checks.
+
+
+def _coerce(value: Any, tp: Any, path: str) -> Any:
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{path}: expected a mapping for {tp.__name__}, got {value!r}")
+        return _build(tp, value, path)
+    if origin is dict:
+        key_tp, val_tp = typing.get_args(tp)
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{path}: expected a mapping, got {value!r}")
+        return {_coerce(k, key_tp, f"{path}.{k}"): _coerce(v, val_tp, f"{path}.{k}") for k, v in value.items()}
+    if origin is tuple:
+        (item_tp, _ellipsis) = typing.get_args(tp)
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{path}: expected a list, got {value!r}")
+        return tuple(_coerce(v, item_tp, f"{path}[{i}]") for i, v in enumerate(value))
+    if origin in (typing.Union, types.UnionType):
+        raise ConfigError(f"{path}: union types are not supported in config")
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is str and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    if tp in (int, float, str, bool) and (type(value) is not tp):
+        raise ConfigError(f"{path}: expected {tp.__name__}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _build(cls: type, data: Mapping[str, Any], path: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(f"{path or 'config'}: unknown keys {unknown}; known: {sorted(names)}")
+    kwargs = {k: _coerce(v, hints[k], f"{path}.{k}" if path else k) for k, v in data.items()}
+    try:
+        return cls(**kwargs)
+    except TypeError as e:
+        raise ConfigError(f"{path or 'config'}: {e}") from e
+
+
+def _deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in top.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
+            out[k] = _deep_merge(dict(out[k]), v)
+        else:
+            out[k] = v
+    return out
+
+
+def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    """`GEM__A__B=v` -> {"a": {"b": yaml(v)}}."""
+    tree: dict[str, Any] = {}
+    for key, raw in environ.items():
+        if not key.startswith(ENV_PREFIX):
+            continue
+        parts = [p.lower() for p in key[len(ENV_PREFIX) :].split("__")]
+        node = tree
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = yaml.safe_load(raw) if raw != "" else ""
+    return tree
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> GemConfig:
+    """Defaults <- YAML file (path, else $GEM_CONFIG) <- env `GEM__*` <- explicit overrides."""
+    environ = os.environ if environ is None else environ
+    data: dict[str, Any] = {}
+    path = path or environ.get("GEM_CONFIG") or None
+    if path:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {p} does not exist")
+        loaded = yaml.safe_load(p.read_text()) or {}
+        if not isinstance(loaded, Mapping):
+            raise ConfigError(f"config file {p} must hold a mapping at top level")
+        data = _deep_merge(data, loaded)
+    data = _deep_merge(data, _env_overrides(environ))
+    if overrides:
+        data = _deep_merge(data, overrides)
+    return _build(GemConfig, data, "")
+
+
+def add_config_arg(parser: Any) -> None:
+    """The `--config FILE` flag every job and entry point shares."""
+    parser.add_argument("--config", default=None, help="YAML config file (default: $GEM_CONFIG or built-in)")

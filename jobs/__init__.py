@@ -1,0 +1,1 @@
+"""Batch jobs, each runnable as `python -m jobs.NAME --ds YYYY-MM-DD`."""

@@ -1,0 +1,12 @@
+"""One schema definition per table. Everything else (Spark schema, Delta DDL, expectations) derives.
+
+`TABLES` maps each lakehouse table name to its schema.
+"""
+
+from schemas.events import BRONZE_AD_EVENTS, BRONZE_QUARANTINE, LANDING_EVENTS
+from schemas.ops import COMPLETIONS
+from schemas.table import Column, TableSchema
+
+TABLES: dict[str, TableSchema] = {t.name: t for t in (BRONZE_AD_EVENTS, BRONZE_QUARANTINE, COMPLETIONS)}
+
+__all__ = ["TABLES", "Column", "TableSchema", "LANDING_EVENTS", "BRONZE_AD_EVENTS", "BRONZE_QUARANTINE", "COMPLETIONS"]
