@@ -73,7 +73,7 @@ class GeneratorConfig:
     events_per_day: int = 200_000
     latent_dim: int = 16
     seed: int = 7
-    # Fraction of landing lines replaced by one of the dirty-row kinds (schemas.events.DIRTY_KIND_REASON).
+    # Extra dirty landing lines per clean line, cycling through the dirty-row kinds (schemas.events.DIRTY_KIND_REASON).
     dirty_fraction: float = 0.01
     # Events are simulated and written in chunks of this many impressions (bounded memory).
     chunk_impressions: int = 250_000
@@ -93,14 +93,29 @@ class IngestConfig:
     far_future_days: int = 30
 
 
+def _default_null_rate_scopes() -> dict[str, str]:
+    # Nullable columns that are null by design on some rows: their null rate is measured only over
+    # the rows (a Spark SQL predicate) where a value is expected. Other columns: over all rows.
+    return {
+        "position": "event_type <> 'conversion'",
+        "conversion_type": "event_type = 'conversion'",
+    }
+
+
 @dataclass(frozen=True)
 class QualityConfig:
     min_surface_ctr: float = 0.001
     max_surface_ctr: float = 0.30
     max_null_rate: float = 0.0
     max_quarantine_rate: float = 0.10
+    # quarantined_by_reason['duplicate_event_id'] / rows_in of the ingest record; critical above this.
+    max_duplicate_rate: float = 0.05
+    null_rate_scopes: dict[str, str] = field(default_factory=_default_null_rate_scopes)
     # Where the Great Expectations project (results, Data Docs) lives; default under the lakehouse.
     gx_dir: str = ""
+    # Pinned CSS/JS/fonts Data Docs pages load, fetched once at set-up (infra/dq_assets/assets.tsv)
+    # so the pages render offline.
+    docs_assets_dir: str = str(REPO_ROOT / ".cache" / "dq_assets")
 
 
 @dataclass(frozen=True)

@@ -144,7 +144,9 @@ def clear_completion(spark: "SparkSession", cfg: GemConfig, stage: str, ds: str)
     """Withdraw a (stage, ds) record before rewriting its outputs, so a crash mid-rerun leaves none."""
     from delta.tables import DeltaTable
 
-    path = ensure_table(spark, cfg, COMPLETIONS)
+    if completion(spark, cfg, stage, ds) is None:  # a read is far cheaper than a no-op DELETE commit
+        return
+    path = table_path(cfg, COMPLETIONS)
     DeltaTable.forPath(spark, path).delete(f"stage = '{stage}' AND ds = DATE'{ds}'")
 
 

@@ -1,0 +1,50 @@
+# The two commands: `make demo` (the daily pipeline end to end through Airflow) and `make test`.
+# Both bootstrap a fresh machine (venv, pinned packages, Delta jars, report assets) and are safe to rerun.
+
+SHELL := /bin/bash
+PYTHON_BOOT ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+CACHE := .cache
+PKG_STAMP := $(VENV)/.installed
+JARS_STAMP := $(CACHE)/jars/.complete
+ASSETS_STAMP := $(CACHE)/dq_assets/.complete
+# Optional: PyTorch's CPU wheel index, to install the small CPU-only torch build (see README).
+TORCH_INDEX_URL ?=
+
+.PHONY: setup demo test bench clean-data
+
+setup: $(PKG_STAMP) $(JARS_STAMP) $(ASSETS_STAMP)
+
+$(PKG_STAMP): requirements.txt requirements-nodeps.txt
+	@command -v $(PYTHON_BOOT) >/dev/null || { echo "need $(PYTHON_BOOT) on PATH"; exit 1; }
+	@test -x $(PY) || $(PYTHON_BOOT) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip==26.3
+	@if [ -n "$(TORCH_INDEX_URL)" ]; then \
+	  $(PY) -m pip install --quiet "torch==$$(sed -n 's/^torch==//p' requirements.txt)" --index-url "$(TORCH_INDEX_URL)"; fi
+	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps -r requirements-nodeps.txt
+	bash infra/pip_check.sh $(PY)
+	@touch $@
+
+$(JARS_STAMP): infra/delta-jars/pom.xml
+	@command -v mvn >/dev/null || { echo "need Maven (mvn) to fetch the Delta jars once"; exit 1; }
+	rm -rf $(CACHE)/jars $(CACHE)/jars.tmp
+	mvn -q -B -f infra/delta-jars/pom.xml dependency:copy-dependencies \
+	  -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/$(CACHE)/jars.tmp
+	mv $(CACHE)/jars.tmp $(CACHE)/jars && touch $@
+
+$(ASSETS_STAMP): infra/dq_assets/assets.txt infra/dq_assets/fetch.sh
+	bash infra/dq_assets/fetch.sh $(CACHE)/dq_assets
+
+demo: setup
+	$(PY) -m gem.demo $(if $(CONFIG),--config $(CONFIG),)
+
+test: setup
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) -m bench.ingest_throughput
+
+clean-data:
+	rm -rf lakehouse .airflow

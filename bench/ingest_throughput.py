@@ -1,0 +1,63 @@
+"""Ingest throughput on this machine: generate one synthetic day, ingest it, report events/s.
+
+`python -m bench.ingest_throughput [--events 1000000 10000000] [--root /tmp/gem-bench]`
+
+Each size gets a fresh lakehouse; the generator's and ingest's seconds are reported separately,
+ingest's events/s counts every landing line (good and quarantined). Not a test: nothing here gates CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import time
+from pathlib import Path
+
+from gem.config import load_config
+from gem.spark import get_spark
+from jobs import generate_events, ingest_events
+
+DAY = "2026-01-01"
+
+
+def run_size(root: Path, events: int, master: str) -> dict[str, float]:
+    shutil.rmtree(root, ignore_errors=True)
+    users = max(10_000, events // 50)
+    cfg = load_config(
+        overrides={
+            "lakehouse_uri": str(root / "lakehouse"),
+            "spark": {"master": master, "driver_memory": "8g"},
+            "generator": {"events_per_day": events, "users": users, "ads": max(2_000, users // 10)},
+        },
+        environ={},
+    )
+    t0 = time.time()
+    generate_events.generate_day(cfg, DAY)
+    gen_s = time.time() - t0
+    spark = get_spark(cfg, app_name="bench-ingest")
+    t1 = time.time()
+    result = ingest_events.run(cfg, DAY, spark)
+    ingest_s = time.time() - t1
+    return {
+        "events": float(result.rows_in),
+        "generate_s": gen_s,
+        "ingest_s": ingest_s,
+        "ingest_events_per_s": result.rows_in / ingest_s,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--events", type=int, nargs="+", default=[1_000_000, 10_000_000])
+    parser.add_argument("--root", default="/tmp/gem-bench")
+    parser.add_argument("--master", default="local[2]")
+    args = parser.parse_args()
+    rows = [run_size(Path(args.root) / str(n), n, args.master) for n in args.events]
+    print(f"{'events':>12} {'generate s':>11} {'ingest s':>9} {'ingest events/s':>16}")
+    for r in rows:
+        print(f"{int(r['events']):>12,} {r['generate_s']:>11.1f} {r['ingest_s']:>9.1f} {r['ingest_events_per_s']:>16,.0f}")
+    shutil.rmtree(args.root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

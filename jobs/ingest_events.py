@@ -1,0 +1,361 @@
+"""Ingest one arrival day of landing events into bronze.ad_events and bronze.quarantine.
+
+`python -m jobs.ingest_events --ds YYYY-MM-DD [--config FILE]`
+
+Flow (the transform is pure; I/O is the thin shell around it):
+  landing/ds=D/*.json.gz --read_landing--> (value, source_file)
+      --classify--> every line with its typed fields and the first rule it breaks (or none)
+      --check_drift--> fail the job if a column's type or the key set changed for many rows
+      --validate (Great Expectations, before any commit)-->
+  commit: withdraw the (ingest_events, D) completion record; replace bronze ds=D; replace
+  quarantine ds=D; publish the completion record with reconciled counts LAST.
+
+A crash between commits leaves no completion record, so no downstream stage reads the day; a rerun
+rewrites both partitions with identical contents and converges.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sys
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gem.cli import job_parser, shift_day
+from gem.config import GemConfig, load_config
+from gem.faults import crash_point
+from gem.landing import require_partition
+from schemas.events import BRONZE_AD_EVENTS, BRONZE_QUARANTINE, ID_COLUMNS, LANDING_EVENTS
+from schemas.table import Column
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column as SparkColumn
+    from pyspark.sql import DataFrame, SparkSession
+
+STAGE = "ingest_events"
+
+
+class SchemaDriftError(RuntimeError):
+    """The landing data no longer matches the landing contract in schemas/events.py."""
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    ds: str
+    rows_in: int
+    rows_written: int
+    quarantined_by_reason: dict[str, int]
+    table_versions: dict[str, int]
+    seconds: float
+
+
+# --------------------------------------------------------------------------------------------------
+# Pure transforms.
+
+
+def read_landing(spark: "SparkSession", files: list[str]) -> "DataFrame":
+    """Landing files -> DataFrame(value: raw line, source_file: file name within the ds folder)."""
+    from pyspark.sql import functions as F
+
+    return spark.read.text(files).select("value", F.col("_metadata.file_name").alias("source_file"))
+
+
+def _string_schema() -> str:
+    # Every landing field read as text: non-null here but null in the typed parse = wrong type.
+    return ", ".join(f"`{c.name}` STRING" for c in LANDING_EVENTS.columns)
+
+
+def _typed_schema() -> str:
+    return ", ".join(f"`{c.name}` {c.sql_type}" for c in LANDING_EVENTS.columns)
+
+
+def _violates_domain(col: Column) -> "SparkColumn | None":
+    """True where a non-null value breaks the column's allowed set or range."""
+    from pyspark.sql import functions as F
+
+    v = F.col(f"t.{col.name}")
+    bad = None
+    if col.allowed is not None:
+        bad = ~v.isin(list(col.allowed))
+    if col.min is not None:
+        bad = (v < col.min) if bad is None else (bad | (v < col.min))
+    if col.max is not None:
+        bad = (v > col.max) if bad is None else (bad | (v > col.max))
+    return None if bad is None else (v.isNotNull() & bad)
+
+
+def _first_name(conditions: list[tuple[str, "SparkColumn"]]) -> "SparkColumn":
+    """Comma-joined names whose condition holds (null when none): the `detail` of a rule."""
+    from pyspark.sql import functions as F
+
+    names = F.array(*[F.when(cond, F.lit(name)) for name, cond in conditions])
+    hits = F.filter(names, lambda x: x.isNotNull())
+    return F.when(F.size(hits) > 0, F.array_join(hits, ","))
+
+
+def classify(lines: "DataFrame", ds: str, cfg: GemConfig) -> "DataFrame":
+    """(value, source_file) -> one row per line with `reason`/`detail` (null when the line is good),
+    the typed landing fields under struct `t`, and `unexpected_keys` / `wrong_type_cols` for drift.
+
+    Rules, first failing wins (schemas.events.QUARANTINE_REASONS order): malformed_json,
+    unexpected_column, wrong_type, missing_id, missing_field, unknown_surface, invalid_value,
+    negative_timestamp, far_future_timestamp, event_after_arrival, duplicate_event_id.
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    known = [c.name for c in LANDING_EVENTS.columns]
+    day_end_ms = int(dt.datetime.fromisoformat(shift_day(ds, 1)).replace(tzinfo=dt.timezone.utc).timestamp() * 1000)
+    far_future_ms = day_end_ms + cfg.ingest.far_future_days * 86_400_000
+
+    df = lines.select(
+        "value",
+        "source_file",
+        F.expr("json_object_keys(value)").alias("keys"),
+        F.from_json("value", _string_schema()).alias("s"),
+        F.from_json("value", _typed_schema()).alias("t"),
+    )
+    df = df.withColumn("unexpected_keys", F.filter("keys", lambda k: ~k.isin(known)))
+    df = df.withColumn(
+        "wrong_type_cols",
+        F.filter(
+            F.array(*[F.when(F.col(f"s.{n}").isNotNull() & F.col(f"t.{n}").isNull(), F.lit(n)) for n in known]),
+            lambda x: x.isNotNull(),
+        ),
+    )
+
+    t = lambda name: F.col(f"t.{name}")  # noqa: E731 - short accessor keeps the rules readable
+    missing_ids = [(c, t(c).isNull() | (F.length(F.trim(t(c))) == 0)) for c in ID_COLUMNS]
+    required_other = [c.name for c in LANDING_EVENTS.columns if not c.nullable and c.name not in ID_COLUMNS]
+    missing_fields = [(c, t(c).isNull()) for c in required_other]
+    domain = [
+        (c.name, cond)
+        for c in LANDING_EVENTS.columns
+        if c.name != "surface" and (cond := _violates_domain(c)) is not None
+    ]
+    # A conversion must say which conversion it is; other events must not.
+    domain.append(("conversion_type", (t("event_type") == "conversion") != t("conversion_type").isNotNull()))
+
+    surface_bad = ~t("surface").isin(list(LANDING_EVENTS.column("surface").allowed or ()))
+    rules: list[tuple[str, "SparkColumn", "SparkColumn"]] = [
+        ("malformed_json", F.col("keys").isNull(), F.lit("not a JSON object")),
+        ("unexpected_column", F.size("unexpected_keys") > 0, F.array_join("unexpected_keys", ",")),
+        ("wrong_type", F.size("wrong_type_cols") > 0, F.array_join("wrong_type_cols", ",")),
+        ("missing_id", F.exists(F.array(*[c for _, c in missing_ids]), lambda x: x), _first_name(missing_ids)),
+        (
+            "missing_field",
+            F.exists(F.array(*[c for _, c in missing_fields]), lambda x: x),
+            _first_name(missing_fields),
+        ),
+        ("unknown_surface", surface_bad, t("surface")),
+        ("invalid_value", F.exists(F.array(*[F.coalesce(c, F.lit(False)) for _, c in domain]), lambda x: x),
+         _first_name([(n, F.coalesce(c, F.lit(False))) for n, c in domain])),
+        ("negative_timestamp", t("event_time") < 0, t("event_time").cast("string")),
+        ("far_future_timestamp", t("event_time") >= far_future_ms, t("event_time").cast("string")),
+        ("event_after_arrival", t("event_time") >= day_end_ms, t("event_time").cast("string")),
+    ]
+    reason = F.lit(None).cast("string")
+    detail = F.lit(None).cast("string")
+    for name, cond, why in reversed(rules):
+        reason = F.when(cond, F.lit(name)).otherwise(reason)
+        detail = F.when(cond, why).otherwise(detail)
+    df = df.withColumn("reason", reason).withColumn("detail", detail)
+
+    # Within the day, the first copy of an event id (by raw line, then file) wins.
+    w = Window.partitionBy(F.col("t.event_id")).orderBy("value", "source_file")
+    rank = F.when(F.col("reason").isNull(), F.row_number().over(w))
+    df = df.withColumn("_rank", rank)
+    df = df.withColumn(
+        "detail",
+        F.when(F.col("_rank") > 1, F.lit("repeated within this ds")).otherwise(F.col("detail")),
+    ).withColumn("reason", F.when(F.col("_rank") > 1, F.lit("duplicate_event_id")).otherwise(F.col("reason")))
+    return df.drop("_rank", "keys", "s")
+
+
+def drop_seen_before(classified: "DataFrame", prior_ids: "DataFrame | None") -> "DataFrame":
+    """Mark good lines whose event id is already in bronze for an earlier ds as duplicates."""
+    from pyspark.sql import functions as F
+
+    if prior_ids is None:
+        return classified
+    seen = prior_ids.select(F.col("event_id").alias("_seen_id"), F.col("ds").alias("_seen_ds")).dropDuplicates(
+        ["_seen_id"]
+    )
+    joined = classified.join(
+        seen, (F.col("reason").isNull()) & (F.col("t.event_id") == F.col("_seen_id")), "left"
+    )
+    hit = F.col("_seen_id").isNotNull()
+    return (
+        joined.withColumn("reason", F.when(hit, F.lit("duplicate_event_id")).otherwise(F.col("reason")))
+        .withColumn(
+            "detail",
+            F.when(hit, F.concat(F.lit("already in bronze ds="), F.col("_seen_ds").cast("string"))).otherwise(
+                F.col("detail")
+            ),
+        )
+        .drop("_seen_id", "_seen_ds")
+    )
+
+
+def good_rows(classified: "DataFrame", ds: str) -> "DataFrame":
+    """Lines with no reason -> bronze.ad_events rows (typed, event_time as timestamp, ds)."""
+    from pyspark.sql import functions as F
+
+    cols = []
+    for c in BRONZE_AD_EVENTS.columns:
+        if c.name == "ds":
+            cols.append(F.lit(ds).cast("date").alias("ds"))
+        elif c.name == "event_time":
+            cols.append(F.timestamp_millis(F.col("t.event_time")).alias("event_time"))
+        else:
+            cols.append(F.col(f"t.{c.name}").alias(c.name))
+    return classified.where(F.col("reason").isNull()).select(*cols)
+
+
+def quarantined_rows(classified: "DataFrame", ds: str) -> "DataFrame":
+    """Lines with a reason -> bronze.quarantine rows (the raw line verbatim)."""
+    from pyspark.sql import functions as F
+
+    return classified.where(F.col("reason").isNotNull()).select(
+        F.lit(ds).cast("date").alias("ds"),
+        "reason",
+        "detail",
+        "source_file",
+        F.col("value").alias("raw_line"),
+    )
+
+
+def check_drift(classified: "DataFrame", cfg: GemConfig, where: str) -> None:
+    """Fail when a column's type or the key set changed for more than the configured share of rows.
+
+    A few bad rows are dirty data (quarantined); a column that is wrong in many rows is a producer
+    that changed the contract, and quarantining the whole day would hide it.
+    """
+    from pyspark.sql import functions as F
+
+    parsed = classified.where(F.col("reason").isNull() | (F.col("reason") != "malformed_json"))
+    total = parsed.count()
+    if total == 0:
+        return
+    problems = []
+    for label, col in (("unexpected column", "unexpected_keys"), ("wrong type in column", "wrong_type_cols")):
+        counts = parsed.select(F.explode(col).alias("name")).groupBy("name").count().collect()
+        for row in counts:
+            rate = row["count"] / total
+            if rate > cfg.ingest.drift_max_type_error_rate:
+                problems.append(f"{label} {row['name']!r} in {row['count']} of {total} rows ({rate:.1%})")
+    if problems:
+        expected = ", ".join(f"{c.name}: {c.dtype}" for c in LANDING_EVENTS.columns)
+        raise SchemaDriftError(
+            f"schema drift in {where}: " + "; ".join(sorted(problems))
+            + f". The landing contract (schemas/events.py LANDING_EVENTS) is {{{expected}}}; "
+            f"rates above ingest.drift_max_type_error_rate={cfg.ingest.drift_max_type_error_rate} fail the job."
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# Thin I/O.
+
+
+def _prior_event_ids(spark: "SparkSession", cfg: GemConfig, ds: str) -> "DataFrame | None":
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    from gem.lakehouse import table_path
+
+    if cfg.ingest.dedup_lookback_days <= 0:
+        return None
+    path = table_path(cfg, BRONZE_AD_EVENTS)
+    if not DeltaTable.isDeltaTable(spark, path):
+        return None
+    lo = shift_day(ds, -cfg.ingest.dedup_lookback_days)
+    return (
+        spark.read.format("delta")
+        .load(path)
+        .where((F.col("ds") >= F.lit(lo).cast("date")) & (F.col("ds") < F.lit(ds).cast("date")))
+        .select("event_id", "ds")
+    )
+
+
+def run(cfg: GemConfig, ds: str, spark: "SparkSession | None" = None) -> IngestResult:
+    from pyspark import StorageLevel
+
+    from gem import lakehouse, quality
+    from gem.spark import get_spark
+
+    t0 = time.time()
+    files = require_partition(cfg.landing_root, ds)  # fails naming the folder if absent
+    spark = spark or get_spark(cfg, app_name=f"{STAGE}:{ds}")
+    run_id = lakehouse.new_run_id(STAGE, ds)
+
+    lines = read_landing(spark, files)
+    # gzip is not splittable: spread the lines over the cores before the per-line parsing.
+    lines = lines.repartition(max(spark.sparkContext.defaultParallelism, 2))
+    classified = drop_seen_before(classify(lines, ds, cfg), _prior_event_ids(spark, cfg, ds))
+    classified = classified.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        check_drift(classified, cfg, where=f"landing ds={ds}")
+        by_reason = {
+            (r["reason"] or ""): int(r["count"]) for r in classified.groupBy("reason").count().collect()
+        }
+        rows_written = by_reason.pop("", 0)
+        rows_in = rows_written + sum(by_reason.values())
+
+        good = good_rows(classified, ds)
+        quality.validate(
+            cfg,
+            good,
+            suite_name=f"{BRONZE_AD_EVENTS.name}.schema",
+            expectations=quality.schema_expectations(BRONZE_AD_EVENTS),
+            batch_label=f"{STAGE}:{ds}",
+        )
+        crash_point(f"{STAGE}:before_commit")
+
+        lakehouse.clear_completion(spark, cfg, STAGE, ds)
+        meta = json.dumps({"run_id": run_id, "stage": STAGE, "ds": ds})
+        v_bronze = lakehouse.replace_partition(good, cfg, BRONZE_AD_EVENTS, {"ds": ds}, user_metadata=meta)
+        crash_point(f"{STAGE}:after_bronze")
+        v_quarantine = lakehouse.replace_partition(
+            quarantined_rows(classified, ds), cfg, BRONZE_QUARANTINE, {"ds": ds}, user_metadata=meta
+        )
+        crash_point(f"{STAGE}:after_quarantine")
+
+        # Reconcile against what the commits say they wrote, not only what we counted.
+        written = _rows_committed(spark, lakehouse.table_path(cfg, BRONZE_AD_EVENTS), v_bronze)
+        quarantined = _rows_committed(spark, lakehouse.table_path(cfg, BRONZE_QUARANTINE), v_quarantine)
+        if written != rows_written or quarantined != sum(by_reason.values()):
+            raise RuntimeError(
+                f"{STAGE} ds={ds}: commits wrote {written} bronze / {quarantined} quarantine rows, "
+                f"expected {rows_written} / {sum(by_reason.values())}"
+            )
+        versions = {BRONZE_AD_EVENTS.name: v_bronze, BRONZE_QUARANTINE.name: v_quarantine}
+        lakehouse.publish_completion(spark, cfg, STAGE, ds, run_id, rows_in, rows_written, by_reason, versions)
+    finally:
+        classified.unpersist()
+    return IngestResult(ds, rows_in, rows_written, dict(sorted(by_reason.items())), versions, time.time() - t0)
+
+
+def _rows_committed(spark: "SparkSession", path: str, version: int) -> int:
+    from delta.tables import DeltaTable
+
+    row = DeltaTable.forPath(spark, path).history().where(f"version = {version}").collect()[0]
+    return int((row["operationMetrics"] or {}).get("numOutputRows", 0))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = job_parser(__doc__.splitlines()[0]).parse_args(argv)
+    cfg = load_config(args.config)
+    result = run(cfg, args.ds)
+    rate = result.rows_in / max(result.seconds, 1e-9)
+    print(
+        f"ingest_events ds={result.ds}: in={result.rows_in} written={result.rows_written} "
+        f"quarantined={sum(result.quarantined_by_reason.values())} {result.quarantined_by_reason} "
+        f"versions={result.table_versions} in {result.seconds:.1f}s ({rate:,.0f} events/s)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
