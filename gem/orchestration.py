@@ -1,0 +1,146 @@
+"""Scheduling glue shared by the DAGs: which partition a run processes, the schedule, job commands.
+
+Kept light on purpose (stdlib only at import; Airflow is imported lazily in `daily_timetable`):
+the DAG processor imports this on every parse, so it must never pull in pyspark, torch, pandas or
+great_expectations.
+
+The one rule for dates: a run processes the partition `ds = UTC date of data_interval_start`.
+With `CronDataIntervalTimetable("0 0 * * *", "UTC")` a run covers [D 00:00, D+1 00:00) and
+processes ds=D; the scheduler starts it at D+1 00:00, once the day is complete. Nothing derives
+a date from now(), and nothing uses `{{ ds }}`, because `{{ ds }}` is the *logical date*, which is
+not always the interval start (see below).
+
+Manual runs (`airflow dags test gem_daily DATE`, `dag.test(logical_date=DATE)`) in Airflow 3.3
+infer their interval with `infer_manual_data_interval(run_after=DATE)`: the last *complete* day
+before DATE, i.e. [DATE-1, DATE) when DATE is a midnight. The logical date stays DATE while
+data_interval_start is DATE-1. Hence, verified empirically on 3.3.2:
+
+    airflow dags test gem_daily 2026-01-02    # processes ds=2026-01-01 (logical_date 2026-01-02)
+
+`manual_logical_date(ds)` gives that date for a ds; `python -m gem.orchestration demo-logical-dates`
+prints the dates for the configured demo days (used by `make demo`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from airflow.sdk import CronDataIntervalTimetable
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+DAILY_CRON = "0 0 * * *"
+SCHEDULE_TZ = "UTC"
+# First day of the pipeline; mirrors GemConfig.start_ds (a test keeps them equal). A constant rather
+# than a config read, so parsing does not depend on the DAG processor's $GEM_CONFIG.
+START_DS = "2026-01-01"
+
+# Retries: jobs are idempotent partition replaces, so a retry is safe. The env knobs exist so the
+# end-to-end test and demos can fail fast; production leaves them unset.
+RETRIES_ENV = "GEM_TASK_RETRIES"
+RETRY_DELAY_ENV = "GEM_TASK_RETRY_DELAY_S"
+DEFAULT_RETRIES = 2
+DEFAULT_RETRY_DELAY_S = 300
+
+
+def partition_ds(data_interval_start: dt.datetime | None) -> str:
+    """The partition a run processes: the UTC date of its data interval start, as YYYY-MM-DD."""
+    if data_interval_start is None:
+        raise ValueError("run has no data interval (asset-triggered or logical_date=None); cannot derive ds")
+    if data_interval_start.tzinfo is None:
+        raise ValueError(f"data_interval_start {data_interval_start!r} is naive; expected an aware datetime")
+    return data_interval_start.astimezone(dt.UTC).date().isoformat()
+
+
+def manual_logical_date(ds: str) -> str:
+    """The logical date to give `airflow dags test` / `dag.test` so that the run processes `ds`."""
+    return (dt.date.fromisoformat(ds) + dt.timedelta(days=1)).isoformat()
+
+
+def daily_timetable() -> CronDataIntervalTimetable:
+    """Daily data intervals at UTC midnight: run for [D, D+1) starts at D+1 and processes ds=D.
+
+    Explicit because a bare cron string means CronTriggerTimetable in Airflow 3 (start == end).
+    """
+    from airflow.sdk import CronDataIntervalTimetable
+
+    return CronDataIntervalTimetable(DAILY_CRON, timezone=SCHEDULE_TZ)
+
+
+def start_date() -> dt.datetime:
+    return dt.datetime.fromisoformat(START_DS).replace(tzinfo=dt.UTC)
+
+
+def job_command(module: str, extra_args: str = "", python: str | None = None) -> str:
+    """Bash command running `jobs.<module>` for the run's partition with this venv's interpreter.
+
+    Only the ds (and, via `extra_args`, paths) go on the command line; everything else comes
+    from the config the job loads ($GEM_CONFIG, inherited from the worker's environment).
+    The ds is a Jinja expression rendered at run time from the run's data interval.
+    """
+    if not module.isidentifier():
+        raise ValueError(f"job module must be a bare module name under jobs/, got {module!r}")
+    exe = shlex.quote(python or sys.executable)
+    cmd = f"{exe} -m jobs.{module} --ds {{{{ partition_ds(data_interval_start) }}}}"
+    return f"{cmd} {extra_args}".strip() if extra_args else cmd
+
+
+def job_env() -> dict[str, str]:
+    """Variables added on top of the worker's inherited environment (BashOperator append_env=True).
+
+    GEM_CONFIG and GEM__* overrides are deliberately not read here: reading them at parse time
+    would bake the DAG processor's environment into the DAG instead of the worker's.
+    """
+    return {"PYTHONUNBUFFERED": "1"}
+
+
+def default_args() -> dict[str, Any]:
+    """Task defaults: retries (idempotent jobs), a timeout so a hung Spark job cannot hold the run."""
+    return {
+        "owner": "gem",
+        "retries": int(os.environ.get(RETRIES_ENV, DEFAULT_RETRIES)),
+        "retry_delay": dt.timedelta(seconds=int(os.environ.get(RETRY_DELAY_ENV, DEFAULT_RETRY_DELAY_S))),
+        "execution_timeout": dt.timedelta(hours=2),
+        "depends_on_past": False,
+    }
+
+
+def demo_logical_dates(start_ds: str, days: int) -> list[str]:
+    """Logical dates for `airflow dags test` that process ds = start_ds .. start_ds + days - 1."""
+    first = dt.date.fromisoformat(start_ds)
+    return [manual_logical_date((first + dt.timedelta(days=i)).isoformat()) for i in range(days)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m gem.orchestration logical-date DS...` | `demo-logical-dates [--config F]`: one per line.
+
+    So shell loops (make demo) never redo the ds -> logical date shift by hand.
+    """
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m gem.orchestration")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    one = sub.add_parser("logical-date", help="logical date that makes `dags test` process each DS")
+    one.add_argument("ds", nargs="+")
+    demo = sub.add_parser("demo-logical-dates", help="logical dates for the config's demo.start_ds/days")
+    demo.add_argument("--config", default=None)
+    args = parser.parse_args(argv)
+    if args.cmd == "logical-date":
+        dates = [manual_logical_date(ds) for ds in args.ds]
+    else:
+        from gem.config import load_config
+
+        cfg = load_config(args.config)
+        dates = demo_logical_dates(cfg.demo.start_ds, cfg.demo.days)
+    print("\n".join(dates))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
