@@ -34,7 +34,7 @@ $(JARS_STAMP): infra/delta-jars/pom.xml
 	  -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/$(CACHE)/jars.tmp
 	mv $(CACHE)/jars.tmp $(CACHE)/jars && touch $@
 
-$(ASSETS_STAMP): infra/dq_assets/assets.txt infra/dq_assets/fetch.sh
+$(ASSETS_STAMP): $(PKG_STAMP) infra/dq_assets/assets.txt infra/dq_assets/fetch.sh
 	bash infra/dq_assets/fetch.sh $(CACHE)/dq_assets
 
 demo: setup

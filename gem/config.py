@@ -113,7 +113,7 @@ class QualityConfig:
     null_rate_scopes: dict[str, str] = field(default_factory=_default_null_rate_scopes)
     # Where the Great Expectations project (results, Data Docs) lives; default under the lakehouse.
     gx_dir: str = ""
-    # Pinned CSS/JS/fonts Data Docs pages load, fetched once at set-up (infra/dq_assets/assets.tsv)
+    # Pinned CSS/JS/fonts Data Docs pages load, fetched once at set-up (infra/dq_assets/assets.txt)
     # so the pages render offline.
     docs_assets_dir: str = str(REPO_ROOT / ".cache" / "dq_assets")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import glob
 import os
+import sys
 from typing import TYPE_CHECKING
 
 from gem.config import GemConfig
@@ -59,6 +60,9 @@ def get_spark(cfg: GemConfig, app_name: str = "gem") -> "SparkSession":
         .config("spark.sql.shuffle.partitions", str(cfg.spark.shuffle_partitions))
         .config("spark.driver.memory", cfg.spark.driver_memory)
         .config("spark.sql.session.timeZone", "UTC")
+        # Python workers run this interpreter (the venv), not whatever python3 is on PATH.
+        .config("spark.pyspark.python", sys.executable)
+        .config("spark.pyspark.driver.python", sys.executable)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         # Delta's own writes stay deterministic and small-file friendly on a laptop.

@@ -99,11 +99,11 @@ def classify(lines: "DataFrame", ds: str, cfg: GemConfig) -> "DataFrame":
     """(value, source_file) -> one row per line with `reason`/`detail` (null when the line is good),
     the typed landing fields under struct `t`, and `unexpected_keys` / `wrong_type_cols` for drift.
 
-    Rules, first failing wins (schemas.events.QUARANTINE_REASONS order): malformed_json,
+    Row-level rules, first failing wins (schemas.events.QUARANTINE_REASONS order): malformed_json,
     unexpected_column, wrong_type, missing_id, missing_field, unknown_surface, invalid_value,
-    negative_timestamp, far_future_timestamp, event_after_arrival, duplicate_event_id.
+    negative_timestamp, far_future_timestamp, event_after_arrival. Duplicates need the whole day
+    and come after, in `mark_duplicates`.
     """
-    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     known = [c.name for c in LANDING_EVENTS.columns]
@@ -131,71 +131,83 @@ def classify(lines: "DataFrame", ds: str, cfg: GemConfig) -> "DataFrame":
     required_other = [c.name for c in LANDING_EVENTS.columns if not c.nullable and c.name not in ID_COLUMNS]
     missing_fields = [(c, t(c).isNull()) for c in required_other]
     domain = [
-        (c.name, cond)
+        (c.name, F.coalesce(cond, F.lit(False)))
         for c in LANDING_EVENTS.columns
         if c.name != "surface" and (cond := _violates_domain(c)) is not None
     ]
     # A conversion must say which conversion it is; other events must not.
-    domain.append(("conversion_type", (t("event_type") == "conversion") != t("conversion_type").isNotNull()))
-
+    iff = (t("event_type") == "conversion") != t("conversion_type").isNotNull()
+    domain.append(("conversion_type", F.coalesce(iff, F.lit(False))))
     surface_bad = ~t("surface").isin(list(LANDING_EVENTS.column("surface").allowed or ()))
+
+    # (reason, condition, detail); the conditions are evaluated once, as columns, before the
+    # CASE chains read them (inlining them twice made the plan much slower).
     rules: list[tuple[str, "SparkColumn", "SparkColumn"]] = [
         ("malformed_json", F.col("keys").isNull(), F.lit("not a JSON object")),
         ("unexpected_column", F.size("unexpected_keys") > 0, F.array_join("unexpected_keys", ",")),
         ("wrong_type", F.size("wrong_type_cols") > 0, F.array_join("wrong_type_cols", ",")),
         ("missing_id", F.exists(F.array(*[c for _, c in missing_ids]), lambda x: x), _first_name(missing_ids)),
-        (
-            "missing_field",
-            F.exists(F.array(*[c for _, c in missing_fields]), lambda x: x),
-            _first_name(missing_fields),
-        ),
+        ("missing_field", F.exists(F.array(*[c for _, c in missing_fields]), lambda x: x), _first_name(missing_fields)),
         ("unknown_surface", surface_bad, t("surface")),
-        ("invalid_value", F.exists(F.array(*[F.coalesce(c, F.lit(False)) for _, c in domain]), lambda x: x),
-         _first_name([(n, F.coalesce(c, F.lit(False))) for n, c in domain])),
+        ("invalid_value", F.exists(F.array(*[c for _, c in domain]), lambda x: x), _first_name(domain)),
         ("negative_timestamp", t("event_time") < 0, t("event_time").cast("string")),
         ("far_future_timestamp", t("event_time") >= far_future_ms, t("event_time").cast("string")),
         ("event_after_arrival", t("event_time") >= day_end_ms, t("event_time").cast("string")),
     ]
+    df = df.select("*", *[F.coalesce(cond, F.lit(False)).alias(f"_is_{name}") for name, cond, _ in rules])
     reason = F.lit(None).cast("string")
+    for name, _, _ in reversed(rules):
+        reason = F.when(F.col(f"_is_{name}"), F.lit(name)).otherwise(reason)
+    df = df.withColumn("reason", reason)
     detail = F.lit(None).cast("string")
-    for name, cond, why in reversed(rules):
-        reason = F.when(cond, F.lit(name)).otherwise(reason)
-        detail = F.when(cond, why).otherwise(detail)
-    df = df.withColumn("reason", reason).withColumn("detail", detail)
-
-    # Within the day, the first copy of an event id (by raw line, then file) wins.
-    w = Window.partitionBy(F.col("t.event_id")).orderBy("value", "source_file")
-    rank = F.when(F.col("reason").isNull(), F.row_number().over(w))
-    df = df.withColumn("_rank", rank)
-    df = df.withColumn(
-        "detail",
-        F.when(F.col("_rank") > 1, F.lit("repeated within this ds")).otherwise(F.col("detail")),
-    ).withColumn("reason", F.when(F.col("_rank") > 1, F.lit("duplicate_event_id")).otherwise(F.col("reason")))
-    return df.drop("_rank", "keys", "s")
+    for name, _, why in reversed(rules):
+        detail = F.when(F.col("reason") == name, why).otherwise(detail)
+    df = df.withColumn("detail", detail)
+    return df.drop("keys", "s", *[f"_is_{name}" for name, _, _ in rules])
 
 
-def drop_seen_before(classified: "DataFrame", prior_ids: "DataFrame | None") -> "DataFrame":
-    """Mark good lines whose event id is already in bronze for an earlier ds as duplicates."""
+def mark_duplicates(parsed: "DataFrame", prior_ids: "DataFrame | None") -> "DataFrame":
+    """Good lines whose event id repeats within the day (all but the first copy, ordered by raw line
+    then file) or already sits in bronze for an earlier ds become `duplicate_event_id`.
+
+    Only the (few) flagged ids are shuffled with whole rows; the id census itself is narrow.
+    """
+    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    if prior_ids is None:
-        return classified
-    seen = prior_ids.select(F.col("event_id").alias("_seen_id"), F.col("ds").alias("_seen_ds")).dropDuplicates(
-        ["_seen_id"]
-    )
-    joined = classified.join(
-        seen, (F.col("reason").isNull()) & (F.col("t.event_id") == F.col("_seen_id")), "left"
-    )
-    hit = F.col("_seen_id").isNotNull()
-    return (
-        joined.withColumn("reason", F.when(hit, F.lit("duplicate_event_id")).otherwise(F.col("reason")))
-        .withColumn(
-            "detail",
-            F.when(hit, F.concat(F.lit("already in bronze ds="), F.col("_seen_ds").cast("string"))).otherwise(
-                F.col("detail")
-            ),
+    good_ids = parsed.where(F.col("reason").isNull()).select(F.col("t.event_id").alias("event_id"))
+    flagged = good_ids.groupBy("event_id").count().where("count > 1").select("event_id", F.lit(True).alias("_repeated"))
+    if prior_ids is not None:
+        seen = (
+            good_ids.distinct()
+            .join(prior_ids.groupBy("event_id").agg(F.min("ds").alias("_seen_ds")), "event_id")
         )
-        .drop("_seen_id", "_seen_ds")
+        flagged = flagged.join(seen, "event_id", "full_outer")
+    else:
+        flagged = flagged.withColumn("_seen_ds", F.lit(None).cast("date"))
+    flagged = flagged.withColumnRenamed("event_id", "_flagged_id")
+
+    marked = parsed.join(
+        flagged, F.col("reason").isNull() & (F.col("t.event_id") == F.col("_flagged_id")), "left"
+    )
+    w = Window.partitionBy("_flagged_id").orderBy("value", "source_file")
+    repeats = marked.where(F.col("_repeated")).withColumn("_rank", F.row_number().over(w))
+    others = marked.where(~F.coalesce(F.col("_repeated"), F.lit(False))).withColumn("_rank", F.lit(1))
+    both = repeats.unionByName(others)
+
+    seen_before = F.col("_seen_ds").isNotNull()
+    repeated = F.col("_rank") > 1
+    return (
+        both.withColumn(
+            "detail",
+            F.when(seen_before, F.concat(F.lit("already in bronze ds="), F.col("_seen_ds").cast("string")))
+            .when(repeated, F.lit("repeated within this ds"))
+            .otherwise(F.col("detail")),
+        )
+        .withColumn(
+            "reason", F.when(seen_before | repeated, F.lit("duplicate_event_id")).otherwise(F.col("reason"))
+        )
+        .drop("_flagged_id", "_repeated", "_seen_ds", "_rank")
     )
 
 
@@ -293,10 +305,10 @@ def run(cfg: GemConfig, ds: str, spark: "SparkSession | None" = None) -> IngestR
     lines = read_landing(spark, files)
     # gzip is not splittable: spread the lines over the cores before the per-line parsing.
     lines = lines.repartition(max(spark.sparkContext.defaultParallelism, 2))
-    classified = drop_seen_before(classify(lines, ds, cfg), _prior_event_ids(spark, cfg, ds))
-    classified = classified.persist(StorageLevel.MEMORY_AND_DISK)
+    parsed = classify(lines, ds, cfg).persist(StorageLevel.MEMORY_AND_DISK)
+    classified = mark_duplicates(parsed, _prior_event_ids(spark, cfg, ds)).persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        check_drift(classified, cfg, where=f"landing ds={ds}")
+        check_drift(parsed, cfg, where=f"landing ds={ds}")
         by_reason = {
             (r["reason"] or ""): int(r["count"]) for r in classified.groupBy("reason").count().collect()
         }
@@ -311,9 +323,8 @@ def run(cfg: GemConfig, ds: str, spark: "SparkSession | None" = None) -> IngestR
             expectations=quality.schema_expectations(BRONZE_AD_EVENTS),
             batch_label=f"{STAGE}:{ds}",
         )
-        crash_point(f"{STAGE}:before_commit")
-
         lakehouse.clear_completion(spark, cfg, STAGE, ds)
+        crash_point(f"{STAGE}:after_withdraw")
         meta = json.dumps({"run_id": run_id, "stage": STAGE, "ds": ds})
         v_bronze = lakehouse.replace_partition(good, cfg, BRONZE_AD_EVENTS, {"ds": ds}, user_metadata=meta)
         crash_point(f"{STAGE}:after_bronze")
@@ -334,6 +345,7 @@ def run(cfg: GemConfig, ds: str, spark: "SparkSession | None" = None) -> IngestR
         lakehouse.publish_completion(spark, cfg, STAGE, ds, run_id, rows_in, rows_written, by_reason, versions)
     finally:
         classified.unpersist()
+        parsed.unpersist()
     return IngestResult(ds, rows_in, rows_written, dict(sorted(by_reason.items())), versions, time.time() - t0)
 
 

@@ -80,7 +80,7 @@ def test_crash_between_commits_leaves_no_completion_and_rerun_converges(spark, d
     class Killed(BaseException):
         pass
 
-    for point in ("before_commit", "after_bronze", "after_quarantine"):
+    for point in ("after_withdraw", "after_bronze", "after_quarantine"):
 
         def die_at(name, point=point):
             if name == f"ingest_events:{point}":

@@ -1,0 +1,639 @@
+"""Data quality with Great Expectations 1.x on Spark DataFrames: suites, validation, Data Docs.
+
+Expectations come from two places and are never re-listed by hand:
+
+* `schema_expectations(schema)`: derived from a `TableSchema` (column order and types, NOT NULL,
+  `allowed`, `min`/`max`, key uniqueness, the table-level CHECKs). All critical: a violation means
+  the table contract is broken.
+* `event_statistics_expectations(cfg)`: bounds from `cfg.quality` on a one-row statistics frame
+  built by `event_statistics_frame` (per-surface CTR, null rates, duplicate and quarantine rates
+  from the ingest completion record, reconciliation of bronze counts with that record).
+
+`validate` runs one suite on one DataFrame (Spark; pandas for the one-row statistics) through a
+GX checkpoint in a file-backed context at `cfg.gx_root` (so results and Data Docs persist),
+suites, validation definitions and checkpoints add-or-update'd so reruns are idempotent. Each expectation carries `meta={"critical": bool, "rule": str}`; a failed critical
+expectation raises `DataQualityError`, warnings are only reported. Data Docs are made to render
+offline by gem.docs_assets (pinned vendored CSS/JS, no remote URL left in any page).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlsplit
+
+from gem import docs_assets
+from gem.config import GemConfig
+from schemas.events import BRONZE_AD_EVENTS
+from schemas.table import TableSchema
+from schemas.tasks import EVENT_TYPES
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from great_expectations.checkpoint.checkpoint import CheckpointResult
+    from great_expectations.core.expectation_validation_result import (
+        ExpectationValidationResult,
+    )
+    from great_expectations.data_context import FileDataContext
+    from great_expectations.expectations import Expectation
+    from pyspark.sql import DataFrame
+
+log = logging.getLogger(__name__)
+
+DATASOURCE_NAME = "gem_spark"
+# Tiny frames (one-row statistics) validate in pandas: GX runs ~2 Spark jobs per expectation,
+# seconds of latency for a single row.
+PANDAS_DATASOURCE_NAME = "gem_pandas"
+BATCH_DEFINITION_NAME = "whole_dataframe"
+DOCS_SITE_NAME = "local_site"
+DOCS_ACTION_NAME = "update_data_docs"
+# Where the file context keeps its Data Docs site, relative to cfg.gx_root.
+DOCS_SITE_DIR = Path("uncommitted") / "data_docs" / DOCS_SITE_NAME
+# How many offending values a result (and an error message) shows per expectation.
+SAMPLE_SIZE = 10
+
+IMPRESSION, CLICK = "impression", "click"
+if not {IMPRESSION, CLICK} <= set(EVENT_TYPES):
+    raise ImportError(f"gem.quality counts {IMPRESSION!r}/{CLICK!r} events; schemas.tasks has {EVENT_TYPES}")
+
+
+class DataQualityError(RuntimeError):
+    """One or more critical expectations failed; `reports` hold the full outcome."""
+
+    def __init__(self, message: str, reports: Sequence[ValidationReport]) -> None:
+        super().__init__(message)
+        self.reports = tuple(reports)
+
+
+# --------------------------------------------------------------------------------------------------
+# Expectations derived from a schema.
+
+
+def _gxe() -> Any:
+    """The GX expectations module, imported lazily (GX takes seconds to import)."""
+    import great_expectations.expectations as gxe
+
+    return gxe
+
+
+def _meta(rule: str, critical: bool) -> dict[str, Any]:
+    return {"critical": critical, "rule": rule}
+
+
+def _severity(critical: bool) -> Any:
+    from great_expectations.expectations.metadata_types import FailureSeverity
+
+    return FailureSeverity.CRITICAL if critical else FailureSeverity.WARNING
+
+
+def _structure_expectations(schema: TableSchema) -> list[Expectation]:
+    """Column names in order, then each column's Spark type class."""
+    gxe = _gxe()
+    out = [
+        gxe.ExpectTableColumnsToMatchOrderedList(
+            column_list=schema.column_names, meta=_meta("columns_in_order", True), severity=_severity(True)
+        )
+    ]
+    for c in schema.columns:
+        type_name = type(c.spark_type()).__name__
+        out.append(
+            gxe.ExpectColumnValuesToBeOfType(
+                column=c.name, type_=type_name, meta=_meta(f"type:{c.name}", True), severity=_severity(True)
+            )
+        )
+    return out
+
+
+def _column_rule_expectations(schema: TableSchema) -> list[Expectation]:
+    """NOT NULL, allowed values and numeric bounds of every column that declares them."""
+    gxe = _gxe()
+    out: list[Expectation] = []
+    for c in schema.columns:
+        if not c.nullable:
+            out.append(
+                gxe.ExpectColumnValuesToNotBeNull(
+                    column=c.name, meta=_meta(f"not_null:{c.name}", True), severity=_severity(True)
+                )
+            )
+        if c.allowed is not None:
+            out.append(
+                gxe.ExpectColumnValuesToBeInSet(
+                    column=c.name,
+                    value_set=list(c.allowed),
+                    meta=_meta(f"allowed:{c.name}", True),
+                    severity=_severity(True),
+                )
+            )
+        if c.min is not None or c.max is not None:
+            out.append(
+                gxe.ExpectColumnValuesToBeBetween(
+                    column=c.name,
+                    min_value=c.min,
+                    max_value=c.max,
+                    meta=_meta(f"range:{c.name}", True),
+                    severity=_severity(True),
+                )
+            )
+    return out
+
+
+def _key_expectations(schema: TableSchema) -> list[Expectation]:
+    """The key is unique: one column, or the combination of several."""
+    gxe = _gxe()
+    if not schema.key:
+        return []
+    rule = _meta(f"unique_key:{','.join(schema.key)}", True)
+    if len(schema.key) == 1:
+        return [gxe.ExpectColumnValuesToBeUnique(column=schema.key[0], meta=rule, severity=_severity(True))]
+    return [gxe.ExpectCompoundColumnsToBeUnique(column_list=list(schema.key), meta=rule, severity=_severity(True))]
+
+
+def _table_check_expectations(schema: TableSchema) -> list[Expectation]:
+    """Table-level CHECKs as queries for the rows that break them (NULL passes, as in a CHECK)."""
+    gxe = _gxe()
+    return [
+        gxe.UnexpectedRowsExpectation(
+            unexpected_rows_query=f"SELECT * FROM {{batch}} WHERE NOT ({expr})",
+            description=f"No row breaks CHECK {name}: {expr}",
+            meta=_meta(f"check:{name}", True),
+            severity=_severity(True),
+        )
+        for name, expr in schema.checks
+    ]
+
+
+def schema_expectations(schema: TableSchema) -> list[Expectation]:
+    """Every structural and column rule of `schema` as GX expectations, all critical."""
+    return (
+        _structure_expectations(schema)
+        + _column_rule_expectations(schema)
+        + _key_expectations(schema)
+        + _table_check_expectations(schema)
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Statistics of one day of events, and their bounds.
+
+
+def ctr_column(surface: str) -> str:
+    return f"ctr__{surface}"
+
+
+def null_rate_column(column: str) -> str:
+    return f"null_rate__{column}"
+
+
+ROWS_VALIDATED = "rows_validated"
+DUPLICATE_RATE = "duplicate_rate"
+QUARANTINE_RATE = "quarantine_rate"
+BRONZE_ROWS_MINUS_RECORD = "bronze_rows_minus_record"
+QUARANTINE_ROWS_MINUS_RECORD = "quarantine_rows_minus_record"
+DUPLICATE_REASON = "duplicate_event_id"
+
+
+def nullable_event_columns() -> list[str]:
+    """Nullable columns of bronze.ad_events: the ones whose null rate is tracked."""
+    return [c.name for c in BRONZE_AD_EVENTS.columns if c.nullable]
+
+
+def _between(column: str, low: float | None, high: float | None, rule: str, critical: bool) -> Expectation:
+    return _gxe().ExpectColumnValuesToBeBetween(
+        column=column, min_value=low, max_value=high, meta=_meta(rule, critical), severity=_severity(critical)
+    )
+
+
+def event_statistics_expectations(cfg: GemConfig) -> list[Expectation]:
+    """Bounds on the statistics frame: CTR per surface, rates from ingest (critical); null rates
+    (warnings); bronze and quarantine counts equal the ingest record's (critical)."""
+    q = cfg.quality
+    out = [_between(ROWS_VALIDATED, 1, None, "bronze_partition_not_empty", True)]
+    out += [
+        _between(ctr_column(s), q.min_surface_ctr, q.max_surface_ctr, f"surface_ctr:{s}", True)
+        for s in cfg.surfaces
+    ]
+    out += [
+        _between(null_rate_column(c), 0.0, q.max_null_rate, f"null_rate:{c}", False)
+        for c in nullable_event_columns()
+    ]
+    out += [
+        _between(DUPLICATE_RATE, 0.0, q.max_duplicate_rate, "duplicate_rate", True),
+        _between(QUARANTINE_RATE, 0.0, q.max_quarantine_rate, "quarantine_rate", True),
+        _between(BRONZE_ROWS_MINUS_RECORD, 0, 0, "bronze_rows_match_ingest_record", True),
+        _between(QUARANTINE_ROWS_MINUS_RECORD, 0, 0, "quarantine_rows_match_ingest_record", True),
+    ]
+    return out
+
+
+def _event_aggregates(events: DataFrame, cfg: GemConfig) -> dict[str, int]:
+    """One Spark pass: row count, impressions and clicks per surface, scoped null counts."""
+    from pyspark.sql import functions as F
+
+    def count_where(cond: Any) -> Any:
+        return F.sum(F.when(cond, 1).otherwise(0))
+
+    exprs = [F.count(F.lit(1)).alias("rows")]
+    for s in cfg.surfaces:
+        on_surface = F.col("surface") == s
+        exprs.append(count_where(on_surface & (F.col("event_type") == IMPRESSION)).alias(f"impressions:{s}"))
+        exprs.append(count_where(on_surface & (F.col("event_type") == CLICK)).alias(f"clicks:{s}"))
+    for c in nullable_event_columns():
+        scope = F.expr(cfg.quality.null_rate_scopes.get(c, "true"))
+        exprs.append(count_where(scope).alias(f"scoped:{c}"))
+        exprs.append(count_where(scope & F.col(c).isNull()).alias(f"nulls:{c}"))
+    row = events.agg(*exprs).collect()[0].asDict()
+    return {k: int(v or 0) for k, v in row.items()}
+
+
+def _ratio(numerator: int, denominator: int) -> float | None:
+    """None when there is nothing to divide by (GX then skips the value instead of passing 0)."""
+    return numerator / denominator if denominator else None
+
+
+def event_statistics(
+    events: DataFrame,
+    ingest_record: Mapping[str, Any],
+    quarantine_rows: int,
+    cfg: GemConfig,
+) -> dict[str, int | float | None]:
+    """The statistics `event_statistics_expectations` bound, for one ds of bronze.ad_events.
+
+    `ingest_record` is ingest_events' completion record for the ds, `quarantine_rows` the ds's row
+    count in bronze.quarantine. A rate with nothing to divide by (e.g. a surface without
+    impressions) is None, which GX reports as missing rather than passing as 0."""
+    agg = _event_aggregates(events, cfg)
+    rows_in = int(ingest_record["rows_in"])
+    by_reason = ingest_record.get("quarantined_by_reason") or {}
+    values: dict[str, int | float | None] = {ROWS_VALIDATED: agg["rows"]}
+    for s in cfg.surfaces:
+        values[ctr_column(s)] = _ratio(agg[f"clicks:{s}"], agg[f"impressions:{s}"])
+    for c in nullable_event_columns():
+        values[null_rate_column(c)] = _ratio(agg[f"nulls:{c}"], agg[f"scoped:{c}"])
+    values[DUPLICATE_RATE] = _ratio(int(by_reason.get(DUPLICATE_REASON, 0)), rows_in)
+    values[QUARANTINE_RATE] = _ratio(int(ingest_record["rows_quarantined"]), rows_in)
+    values[BRONZE_ROWS_MINUS_RECORD] = agg["rows"] - int(ingest_record["rows_written"])
+    values[QUARANTINE_ROWS_MINUS_RECORD] = quarantine_rows - int(ingest_record["rows_quarantined"])
+    return values
+
+
+def statistics_frame(statistics: Mapping[str, int | float | None]) -> pd.DataFrame:
+    """A one-row pandas DataFrame, one column per statistic (integers as int64, the rest as
+    float64 with None as NaN). Pandas, not Spark: GX validates it in a fraction of the time."""
+    import pandas as pd
+
+    return pd.DataFrame(
+        {
+            name: pd.Series([value], dtype="int64" if isinstance(value, int) else "float64")
+            for name, value in statistics.items()
+        }
+    )
+
+
+def event_statistics_frame(
+    events: DataFrame,
+    ingest_record: Mapping[str, Any],
+    quarantine_rows: int,
+    cfg: GemConfig,
+) -> pd.DataFrame:
+    """`event_statistics` as the one-row frame the statistics suite validates."""
+    return statistics_frame(event_statistics(events, ingest_record, quarantine_rows, cfg))
+
+
+# --------------------------------------------------------------------------------------------------
+# Validation.
+
+
+@dataclass(frozen=True)
+class ExpectationOutcome:
+    """One expectation's result, reduced to what a log line or an error message needs."""
+
+    rule: str
+    expectation_type: str
+    critical: bool
+    success: bool
+    expected: str
+    observed: str
+
+    def describe(self) -> str:
+        level = "CRITICAL" if self.critical else "WARNING"
+        return f"[{level}] {self.rule} ({self.expectation_type}; expected {self.expected}): {self.observed}"
+
+
+@dataclass(frozen=True)
+class ValidationReport:
+    """Outcome of one suite on one batch, and where GX stored it."""
+
+    suite_name: str
+    batch_label: str
+    success: bool
+    outcomes: tuple[ExpectationOutcome, ...]
+    result_path: Path  # the validation result JSON under cfg.gx_root
+    docs_page: Path  # its Data Docs page
+    seconds: float
+    failed_critical: tuple[ExpectationOutcome, ...] = field(init=False)
+    failed_warnings: tuple[ExpectationOutcome, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        failed = [o for o in self.outcomes if not o.success]
+        object.__setattr__(self, "failed_critical", tuple(o for o in failed if o.critical))
+        object.__setattr__(self, "failed_warnings", tuple(o for o in failed if not o.critical))
+
+    def summary(self) -> str:
+        passed = sum(o.success for o in self.outcomes)
+        return (
+            f"{self.suite_name} [{self.batch_label}]: {passed}/{len(self.outcomes)} expectations passed, "
+            f"{len(self.failed_critical)} critical failed, {len(self.failed_warnings)} warnings "
+            f"({self.seconds:.1f}s)"
+        )
+
+
+def _local_dir(uri: str) -> Path:
+    """GX's file context needs a local folder; accept a plain path or a file: URI."""
+    parts = urlsplit(uri)
+    if parts.scheme in ("", "file"):
+        return Path(unquote(parts.path) if parts.scheme else uri)
+    raise ValueError(
+        f"quality.gx_dir {uri!r} is not a local folder; set GEM__QUALITY__GX_DIR to a local path "
+        "(GX's file-backed stores and Data Docs are written to the local file system)"
+    )
+
+
+def _docs_site_config() -> dict[str, Any]:
+    """The one Data Docs site: no how-to buttons (they link out and clutter a pipeline's docs)."""
+    return {
+        "class_name": "SiteBuilder",
+        "show_how_to_buttons": False,
+        "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": f"{DOCS_SITE_DIR}/"},
+        "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+    }
+
+
+def _progress_bars_on(bars: Any) -> bool:
+    """Whether GX would draw progress bars (its config holds a dict once read back from YAML)."""
+    if bars is None:
+        return True
+    if isinstance(bars, Mapping):
+        return bool(bars.get("globally", True) or bars.get("metric_calculations", True))
+    return bool(bars.globally or bars.metric_calculations)
+
+
+def open_context(cfg: GemConfig) -> FileDataContext:
+    """The file-backed GX project at cfg.gx_root (created on first use), configured for the
+    pipeline: our Data Docs site, no progress bars. Only writes its YAML when something changed."""
+    import great_expectations as gx
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    root = _local_dir(cfg.gx_root)
+    root.mkdir(parents=True, exist_ok=True)
+    context = gx.get_context(mode="file", context_root_dir=str(root))
+    sites = context.list_data_docs_sites()
+    if sites.get(DOCS_SITE_NAME) != _docs_site_config():
+        if DOCS_SITE_NAME in sites:
+            context.update_data_docs_site(DOCS_SITE_NAME, _docs_site_config())
+        else:
+            context.add_data_docs_site(DOCS_SITE_NAME, _docs_site_config())
+    if _progress_bars_on(context.variables.progress_bars):
+        context.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
+        context.variables.save()
+    return context
+
+
+def docs_site_dir(cfg: GemConfig) -> Path:
+    return _local_dir(cfg.gx_root) / DOCS_SITE_DIR
+
+
+def _is_pandas(df: Any) -> bool:
+    import pandas as pd
+
+    return isinstance(df, pd.DataFrame)
+
+
+def _data_source(context: FileDataContext, pandas: bool) -> Any:
+    """The Spark or the pandas data source, created once (re-adding one would drop its assets
+    and orphan the stored checkpoints that use them)."""
+    name = PANDAS_DATASOURCE_NAME if pandas else DATASOURCE_NAME
+    try:
+        return context.data_sources.get(name)
+    except KeyError:
+        if pandas:
+            return context.data_sources.add_pandas(name=name)
+        # persist=False: GX would cache every batch and never release it; see _cached.
+        return context.data_sources.add_spark(name=name, persist=False)
+
+
+def _batch_definition(context: FileDataContext, asset_name: str, pandas: bool) -> Any:
+    """DataFrame asset `asset_name` and its whole-DataFrame batch definition, reused if present."""
+    source = _data_source(context, pandas)
+    try:
+        asset = source.get_asset(asset_name)
+    except LookupError:
+        asset = source.add_dataframe_asset(name=asset_name)
+    try:
+        return asset.get_batch_definition(BATCH_DEFINITION_NAME)
+    except KeyError:
+        return asset.add_batch_definition_whole_dataframe(BATCH_DEFINITION_NAME)
+
+
+def _fresh_copies(expectations: Sequence[Expectation]) -> list[Expectation]:
+    """Copies without ids, so the same expectation objects can seed several suites or reruns."""
+    return [e.copy(update={"id": None}) for e in expectations]
+
+
+def _checkpoint(
+    context: FileDataContext, suite_name: str, expectations: Sequence[Expectation], pandas: bool
+) -> Any:
+    """Suite, validation definition and checkpoint (with a Data Docs update) for `suite_name`."""
+    import great_expectations as gx
+    from great_expectations.checkpoint import UpdateDataDocsAction
+
+    suite = context.suites.add_or_update(gx.ExpectationSuite(name=suite_name, expectations=_fresh_copies(expectations)))
+    definition = context.validation_definitions.add_or_update(
+        gx.ValidationDefinition(name=suite_name, data=_batch_definition(context, suite_name, pandas), suite=suite)
+    )
+    return context.checkpoints.add_or_update(
+        gx.Checkpoint(
+            name=suite_name,
+            validation_definitions=[definition],
+            actions=[UpdateDataDocsAction(name=DOCS_ACTION_NAME, site_names=[DOCS_SITE_NAME])],
+            # BASIC: counts and a sample of offending values, without SUMMARY's extra
+            # value-count query per expectation.
+            result_format={"result_format": "BASIC", "partial_unexpected_count": SAMPLE_SIZE},
+        )
+    )
+
+
+@contextmanager
+def _cached(df: Any, cache: bool) -> Iterator[Any]:
+    """Optionally cache `df` for the ~1.5 Spark jobs per expectation GX runs on it, releasing it
+    afterwards unless the caller had cached it already. Off by default: measured on 1M bronze rows
+    read from Parquet, column-pruned rescans are as fast as a cache that holds every column."""
+    if not cache or _is_pandas(df) or df.is_cached:
+        yield df
+        return
+    df.persist()
+    try:
+        yield df
+    finally:
+        df.unpersist()
+
+
+# Expectation arguments worth quoting in a message, in this order.
+_EXPECTED_KWARGS = ("column_list", "type_", "value_set", "min_value", "max_value", "unexpected_rows_query")
+
+
+def _expected(kwargs: Mapping[str, Any]) -> str:
+    """What the expectation asked for, short enough for one line."""
+    parts = [f"{k}={kwargs[k]!r}" for k in _EXPECTED_KWARGS if kwargs.get(k) is not None]
+    text = ", ".join(parts) or "-"
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def _exception_message(info: Mapping[str, Any]) -> str | None:
+    """The message of an exception GX caught while validating, if any (GX 1.x keeps either one
+    record or one per failed metric)."""
+    records = [info] if "raised_exception" in info else [v for v in info.values() if isinstance(v, Mapping)]
+    messages = [str(r.get("exception_message")) for r in records if r.get("raised_exception")]
+    return "; ".join(messages) or None
+
+
+def _observed(result: ExpectationValidationResult) -> str:
+    """Observed value, or unexpected count with a sample, or the exception GX caught."""
+    error = _exception_message(result.exception_info or {})
+    if error:
+        return f"error: {error}"
+    r = result.result or {}
+    if "unexpected_count" in r:
+        sample = r.get("partial_unexpected_list") or []
+        text = f"{r['unexpected_count']} of {r.get('element_count')} rows unexpected"
+        return f"{text}, e.g. {sample[:SAMPLE_SIZE]}" if sample else text
+    if "observed_value" in r:
+        return f"observed {r['observed_value']!r}"
+    return json.dumps(r, default=str)[:300]
+
+
+def _outcome(result: ExpectationValidationResult) -> ExpectationOutcome:
+    config = result.expectation_config
+    meta = config.meta or {}
+    failed_by_exception = _exception_message(result.exception_info or {}) is not None
+    return ExpectationOutcome(
+        rule=str(meta.get("rule", config.type)),
+        expectation_type=config.type,
+        critical=bool(meta.get("critical", True)),  # unmarked expectations count as critical
+        success=bool(result.success) and not failed_by_exception,
+        expected=_expected(config.kwargs),
+        observed=_observed(result),
+    )
+
+
+def _stored_paths(context: FileDataContext, checkpoint_result: CheckpointResult) -> tuple[Path, Path]:
+    """Where the validation result JSON and its Data Docs page were written."""
+    (key,) = checkpoint_result.run_results.keys()
+    backend = context.validation_results_store.store_backend
+    result_path = Path(backend.full_base_directory) / backend._convert_key_to_filepath(key.to_tuple())
+    (site,) = context.get_docs_sites_urls(resource_identifier=key, site_name=DOCS_SITE_NAME)
+    docs_page = Path(unquote(urlsplit(site["site_url"]).path))
+    return result_path, docs_page
+
+
+def format_failures(reports: Sequence[ValidationReport]) -> str:
+    """The DataQualityError message: every failed critical expectation with what was observed."""
+    lines = [
+        f"{r.suite_name} [{r.batch_label}] {o.describe()}" for r in reports for o in r.failed_critical
+    ]
+    return f"{len(lines)} critical expectation(s) failed:\n  " + "\n  ".join(lines)
+
+
+def raise_for_critical(reports: Sequence[ValidationReport]) -> None:
+    """Raise DataQualityError naming every failed critical expectation across `reports`."""
+    if any(r.failed_critical for r in reports):
+        raise DataQualityError(format_failures(reports), reports)
+
+
+def validate(
+    cfg: GemConfig,
+    df: DataFrame | pd.DataFrame,
+    suite_name: str,
+    expectations: Sequence[Expectation],
+    batch_label: str,
+    raise_on_critical: bool = True,
+    cache: bool = False,
+) -> ValidationReport:
+    """Validate `df` against `expectations` as suite `suite_name` through a GX checkpoint.
+
+    `df` is a Spark DataFrame, or a pandas one for tiny frames (GX's Spark engine costs ~1.5
+    Spark jobs per expectation, seconds even for one row). The result is stored under
+    cfg.gx_root with run name `batch_label`, and the checkpoint's action updates the Data Docs,
+    which are then made offline. Raises DataQualityError when a critical expectation fails,
+    unless raise_on_critical is False (for callers that collect several reports first). `cache`
+    persists `df` for the run: worth it when `df` is expensive to recompute, not for table reads."""
+    from great_expectations.core.run_identifier import RunIdentifier
+
+    started = time.perf_counter()
+    assets = docs_assets.load_manifest()
+    _require_docs_assets(cfg, assets)
+    context = open_context(cfg)
+    checkpoint = _checkpoint(context, suite_name, expectations, pandas=_is_pandas(df))
+    run_id = RunIdentifier(run_name=batch_label, run_time=dt.datetime.now(dt.UTC))
+    with _cached(df, cache) as batch:
+        result = checkpoint.run(batch_parameters={"dataframe": batch}, run_id=run_id)
+    (suite_result,) = result.run_results.values()
+    result_path, docs_page = _stored_paths(context, result)
+    _localize_docs(cfg, assets)
+    report = ValidationReport(
+        suite_name=suite_name,
+        batch_label=batch_label,
+        success=bool(suite_result.success),
+        outcomes=tuple(_outcome(r) for r in suite_result.results),
+        result_path=result_path,
+        docs_page=docs_page,
+        seconds=time.perf_counter() - started,
+    )
+    log.info(report.summary())
+    if raise_on_critical:
+        raise_for_critical([report])
+    return report
+
+
+# --------------------------------------------------------------------------------------------------
+# Data Docs.
+
+
+def _require_docs_assets(cfg: GemConfig, assets: Sequence[docs_assets.VendoredFile]) -> None:
+    """Fail before validating if the pinned Data Docs assets were never fetched."""
+    missing = docs_assets.missing_assets(cfg.quality.docs_assets_dir, assets)
+    if missing:
+        raise docs_assets.MissingDocsAssetsError(
+            f"{len(missing)} pinned Data Docs assets missing from {cfg.quality.docs_assets_dir}; "
+            "run `make setup` once (it runs `python -m gem.docs_assets --fetch`)"
+        )
+
+
+def _localize_docs(cfg: GemConfig, assets: Sequence[docs_assets.VendoredFile]) -> None:
+    """Vendor the pinned assets into the site and rewrite every remote reference to them."""
+    site = docs_site_dir(cfg)
+    docs_assets.install_assets(site, cfg.quality.docs_assets_dir, assets)
+    docs_assets.localize_site(site, assets)
+
+
+def build_data_docs(cfg: GemConfig, rebuild: bool = True) -> Path:
+    """Make the Data Docs site render offline and return its local index.html.
+
+    rebuild=True re-renders every page from the stored suites and results first (time grows with
+    the number of stored results); rebuild=False keeps the pages `validate`'s checkpoint action
+    already rendered (that action also refreshes the index), which is all a daily job needs."""
+    assets = docs_assets.load_manifest()
+    _require_docs_assets(cfg, assets)
+    if rebuild or not (docs_site_dir(cfg) / "index.html").is_file():
+        open_context(cfg).build_data_docs(site_names=[DOCS_SITE_NAME])
+    _localize_docs(cfg, assets)
+    index = docs_site_dir(cfg) / "index.html"
+    if not index.is_file():
+        raise FileNotFoundError(f"GX did not write {index}")
+    return index
