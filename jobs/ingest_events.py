@@ -170,44 +170,33 @@ def mark_duplicates(parsed: "DataFrame", prior_ids: "DataFrame | None") -> "Data
     """Good lines whose event id repeats within the day (all but the first copy, ordered by raw line
     then file) or already sits in bronze for an earlier ds become `duplicate_event_id`.
 
-    Only the (few) flagged ids are shuffled with whole rows; the id census itself is narrow.
+    One shuffle by event id serves both: the window ranks copies, and the join with earlier days'
+    ids reuses the same partitioning.
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    good_ids = parsed.where(F.col("reason").isNull()).select(F.col("t.event_id").alias("event_id"))
-    flagged = good_ids.groupBy("event_id").count().where("count > 1").select("event_id", F.lit(True).alias("_repeated"))
+    # Only lines that passed the row rules compete for an id; the others keep their own reason.
+    df = parsed.withColumn("_event_id", F.when(F.col("reason").isNull(), F.col("t.event_id")))
+    w = Window.partitionBy("_event_id").orderBy("value", "source_file")
+    df = df.withColumn("_rank", F.when(F.col("_event_id").isNotNull(), F.row_number().over(w)))
     if prior_ids is not None:
-        seen = (
-            good_ids.distinct()
-            .join(prior_ids.groupBy("event_id").agg(F.min("ds").alias("_seen_ds")), "event_id")
-        )
-        flagged = flagged.join(seen, "event_id", "full_outer")
+        seen = prior_ids.groupBy("event_id").agg(F.min("ds").alias("_seen_ds"))
+        df = df.join(seen, df["_event_id"] == seen["event_id"], "left").drop(seen["event_id"])
     else:
-        flagged = flagged.withColumn("_seen_ds", F.lit(None).cast("date"))
-    flagged = flagged.withColumnRenamed("event_id", "_flagged_id")
-
-    marked = parsed.join(
-        flagged, F.col("reason").isNull() & (F.col("t.event_id") == F.col("_flagged_id")), "left"
-    )
-    w = Window.partitionBy("_flagged_id").orderBy("value", "source_file")
-    repeats = marked.where(F.col("_repeated")).withColumn("_rank", F.row_number().over(w))
-    others = marked.where(~F.coalesce(F.col("_repeated"), F.lit(False))).withColumn("_rank", F.lit(1))
-    both = repeats.unionByName(others)
+        df = df.withColumn("_seen_ds", F.lit(None).cast("date"))
 
     seen_before = F.col("_seen_ds").isNotNull()
-    repeated = F.col("_rank") > 1
+    repeated = F.coalesce(F.col("_rank") > 1, F.lit(False))
     return (
-        both.withColumn(
+        df.withColumn(
             "detail",
             F.when(seen_before, F.concat(F.lit("already in bronze ds="), F.col("_seen_ds").cast("string")))
             .when(repeated, F.lit("repeated within this ds"))
             .otherwise(F.col("detail")),
         )
-        .withColumn(
-            "reason", F.when(seen_before | repeated, F.lit("duplicate_event_id")).otherwise(F.col("reason"))
-        )
-        .drop("_flagged_id", "_repeated", "_seen_ds", "_rank")
+        .withColumn("reason", F.when(seen_before | repeated, F.lit("duplicate_event_id")).otherwise(F.col("reason")))
+        .drop("_event_id", "_rank", "_seen_ds")
     )
 
 
@@ -239,31 +228,69 @@ def quarantined_rows(classified: "DataFrame", ds: str) -> "DataFrame":
     )
 
 
-def check_drift(classified: "DataFrame", cfg: GemConfig, where: str) -> None:
+@dataclass(frozen=True)
+class LineCensus:
+    """What one pass over the classified lines says: counts by reason and per-column type errors."""
+
+    by_reason: dict[str, int]  # "" = good lines
+    wrong_type: dict[str, int]  # landing column -> lines whose value has the wrong JSON type
+    unexpected: dict[str, int]  # unknown key -> lines carrying it
+
+    @property
+    def rows_in(self) -> int:
+        return sum(self.by_reason.values())
+
+    @property
+    def parsed(self) -> int:
+        return self.rows_in - self.by_reason.get("malformed_json", 0)
+
+
+def take_census(classified: "DataFrame") -> LineCensus:
+    from pyspark.sql import functions as F
+
+    known = LANDING_EVENTS.column_names
+    rows = (
+        classified.groupBy("reason")
+        .agg(
+            F.count(F.lit(1)).alias("n"),
+            *[F.sum(F.array_contains("wrong_type_cols", c).cast("long")).alias(c) for c in known],
+        )
+        .collect()
+    )
+    by_reason = {(r["reason"] or ""): int(r["n"]) for r in rows}
+    wrong_type = {c: sum(int(r[c] or 0) for r in rows) for c in known}
+    unexpected_rows = (
+        classified.where(F.size("unexpected_keys") > 0)
+        .select(F.explode("unexpected_keys").alias("key"))
+        .groupBy("key")
+        .count()
+        .collect()
+    )
+    unexpected = {r["key"]: int(r["count"]) for r in unexpected_rows}
+    return LineCensus(by_reason, {c: n for c, n in wrong_type.items() if n}, unexpected)
+
+
+def check_drift(census: LineCensus, cfg: GemConfig, where: str) -> None:
     """Fail when a column's type or the key set changed for more than the configured share of rows.
 
     A few bad rows are dirty data (quarantined); a column that is wrong in many rows is a producer
     that changed the contract, and quarantining the whole day would hide it.
     """
-    from pyspark.sql import functions as F
-
-    parsed = classified.where(F.col("reason").isNull() | (F.col("reason") != "malformed_json"))
-    total = parsed.count()
+    total = census.parsed
     if total == 0:
         return
+    limit = cfg.ingest.drift_max_type_error_rate
     problems = []
-    for label, col in (("unexpected column", "unexpected_keys"), ("wrong type in column", "wrong_type_cols")):
-        counts = parsed.select(F.explode(col).alias("name")).groupBy("name").count().collect()
-        for row in counts:
-            rate = row["count"] / total
-            if rate > cfg.ingest.drift_max_type_error_rate:
-                problems.append(f"{label} {row['name']!r} in {row['count']} of {total} rows ({rate:.1%})")
+    for label, counts in (("unexpected column", census.unexpected), ("wrong type in column", census.wrong_type)):
+        for name, n in sorted(counts.items()):
+            if n / total > limit:
+                problems.append(f"{label} {name!r} in {n} of {total} rows ({n / total:.1%})")
     if problems:
         expected = ", ".join(f"{c.name}: {c.dtype}" for c in LANDING_EVENTS.columns)
         raise SchemaDriftError(
-            f"schema drift in {where}: " + "; ".join(sorted(problems))
+            f"schema drift in {where}: " + "; ".join(problems)
             + f". The landing contract (schemas/events.py LANDING_EVENTS) is {{{expected}}}; "
-            f"rates above ingest.drift_max_type_error_rate={cfg.ingest.drift_max_type_error_rate} fail the job."
+            f"rates above ingest.drift_max_type_error_rate={limit} fail the job."
         )
 
 
@@ -305,17 +332,20 @@ def run(cfg: GemConfig, ds: str, spark: "SparkSession | None" = None) -> IngestR
     lines = read_landing(spark, files)
     # gzip is not splittable: spread the lines over the cores before the per-line parsing.
     lines = lines.repartition(max(spark.sparkContext.defaultParallelism, 2))
-    parsed = classify(lines, ds, cfg).persist(StorageLevel.MEMORY_AND_DISK)
-    classified = mark_duplicates(parsed, _prior_event_ids(spark, cfg, ds)).persist(StorageLevel.MEMORY_AND_DISK)
+    classified = mark_duplicates(classify(lines, ds, cfg), _prior_event_ids(spark, cfg, ds))
+    # A local checkpoint, not persist(): the plan reads bronze (earlier days' ids), and a cached plan
+    # over bronze would be recomputed in full when this job's own bronze commit invalidates it.
+    classified = classified.localCheckpoint(eager=True)
+    good = None
     try:
-        check_drift(parsed, cfg, where=f"landing ds={ds}")
-        by_reason = {
-            (r["reason"] or ""): int(r["count"]) for r in classified.groupBy("reason").count().collect()
-        }
+        census = take_census(classified)
+        check_drift(census, cfg, where=f"landing ds={ds}")
+        by_reason = dict(census.by_reason)
         rows_written = by_reason.pop("", 0)
         rows_in = rows_written + sum(by_reason.values())
 
-        good = good_rows(classified, ds)
+        # The typed rows GX scans ~50 times and the bronze write reads: cache them compactly.
+        good = good_rows(classified, ds).persist(StorageLevel.MEMORY_AND_DISK)
         quality.validate(
             cfg,
             good,
@@ -344,8 +374,9 @@ def run(cfg: GemConfig, ds: str, spark: "SparkSession | None" = None) -> IngestR
         versions = {BRONZE_AD_EVENTS.name: v_bronze, BRONZE_QUARANTINE.name: v_quarantine}
         lakehouse.publish_completion(spark, cfg, STAGE, ds, run_id, rows_in, rows_written, by_reason, versions)
     finally:
-        classified.unpersist()
-        parsed.unpersist()
+        for cached in (good, classified):
+            if cached is not None:
+                cached.unpersist()
     return IngestResult(ds, rows_in, rows_written, dict(sorted(by_reason.items())), versions, time.time() - t0)
 
 

@@ -167,3 +167,19 @@ def test_cli_rejects_a_malformed_day():
         capture_output=True, text=True,
     )
     assert proc.returncode == 2 and "YYYY-MM-DD" in proc.stderr
+
+
+def test_generated_days_reconcile_exactly_with_the_planted_dirty_rows(spark, tmp_path):
+    """The generator's sidecars say how many lines of each dirty kind it planted per arrival day;
+    ingest must quarantine exactly those, with the mapped reasons, and keep every clean line."""
+    from jobs.generate_events import expected_landing_counts, generate_day
+
+    cfg = make_config(tmp_path, generator={"dirty_fraction": 0.02})
+    for ds in (DAY, "2026-01-02"):
+        generate_day(cfg, ds)
+    for ds in (DAY, "2026-01-02"):  # day 2 also holds day 1's late conversions
+        expected = expected_landing_counts(cfg.landing_root, ds)
+        result = ingest_events.run(cfg, ds, spark)
+        assert result.quarantined_by_reason == expected["quarantine"], ds
+        assert result.rows_written == expected["clean"], ds
+        assert len(expected["quarantine"]) == 8, expected  # every kind planted (null/empty id share a reason)
