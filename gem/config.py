@@ -26,6 +26,8 @@ from typing import Any, Mapping
 
 import yaml
 
+from schemas.tasks import SURFACES  # the one surface vocabulary
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ENV_PREFIX = "GEM__"
 
@@ -139,14 +141,7 @@ class GemConfig:
     landing_uri: str = ""
     # First day of the pipeline: stages with day-over-day state start fresh here.
     start_ds: str = "2026-01-01"
-    surfaces: tuple[str, ...] = (
-        "fb_feed",
-        "ig_feed",
-        "reels",
-        "stories",
-        "marketplace",
-        "audience_network",
-    )
+    surfaces: tuple[str, ...] = SURFACES
     attribution_window_days: int = 7
     training_horizon_days: int = 30
     # Delta log and removed-file retention; must exceed attribution window + training horizon.
@@ -159,8 +154,6 @@ class GemConfig:
     demo: DemoConfig = field(default_factory=DemoConfig)
 
     def __post_init__(self) -> None:
-        from schemas.tasks import SURFACES  # the one surface vocabulary
-
         unknown = sorted(set(self.surfaces) - set(SURFACES))
         if unknown:
             raise ConfigError(f"surfaces {unknown} are not in schemas.tasks.SURFACES {list(SURFACES)}")

@@ -1,0 +1,61 @@
+"""The one typed config: YAML <- env overrides, loud errors for unknown keys and wrong types."""
+
+from __future__ import annotations
+
+import pytest
+
+from gem.config import ConfigError, GemConfig, load_config
+from schemas.tasks import LABEL_TYPES, SURFACES, TASKS, task_name
+
+
+def test_defaults_are_the_embedded_default():
+    cfg = load_config(environ={})
+    assert cfg.spark.master == "local[*]"
+    assert cfg.lakehouse_uri.endswith("/lakehouse")
+    assert cfg.sequence_caps.impression == 512 and cfg.sequence_caps.click == 256 and cfg.sequence_caps.conversion == 64
+    assert cfg.landing_root == cfg.lakehouse_uri + "/_landing"
+
+
+def test_yaml_then_env_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("generator:\n  users: 123\n  seed: 5\nspark:\n  master: local[2]\nsurfaces: [reels, stories]\n")
+    env = {"GEM__GENERATOR__SEED": "9", "GEM__LAKEHOUSE_URI": "/data/lake", "GEM__SURFACES": "reels,fb_feed"}
+    cfg = load_config(path, environ=env)
+    assert (cfg.generator.users, cfg.generator.seed) == (123, 9)
+    assert cfg.spark.master == "local[2]"
+    assert cfg.lakehouse_uri == "/data/lake"
+    assert cfg.surfaces == ("reels", "fb_feed")
+    assert load_config(environ={"GEM_CONFIG": str(path)}).generator.users == 123
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"generatr": {}}, r"unknown keys \['generatr'\]"),
+        ({"generator": {"users": "many"}}, r"generator.users: expected int"),
+        ({"surfaces": ["reels", "myspace"]}, r"\['myspace'\] are not in schemas.tasks.SURFACES"),
+        ({"retention_days": 20}, r"retention_days=20 must exceed"),
+    ],
+)
+def test_bad_config_fails_with_the_offending_path(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(overrides=overrides, environ={})
+
+
+def test_missing_config_file_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="nope.yaml does not exist"):
+        load_config(tmp_path / "nope.yaml", environ={})
+
+
+def test_demo_config_loads_and_extends_the_default():
+    from gem.demo import DEFAULT_CONFIG
+
+    cfg = load_config(DEFAULT_CONFIG, environ={})
+    assert isinstance(cfg, GemConfig) and cfg.demo.days == 2
+
+
+def test_task_vocabulary_is_surface_by_label_type():
+    assert len(TASKS) == len(SURFACES) * len(LABEL_TYPES) and LABEL_TYPES[0] == "click"
+    assert task_name("reels", "app_install") == "reels/app_install"
+    with pytest.raises(ValueError, match="unknown label type"):
+        task_name("reels", "purchase")
