@@ -26,7 +26,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from schemas.tasks import SURFACES  # the one surface vocabulary
+from schemas.tasks import LABEL_TYPES, SURFACES  # the one task vocabulary
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ENV_PREFIX = "GEM__"
@@ -142,6 +142,8 @@ class GemConfig:
     # First day of the pipeline: stages with day-over-day state start fresh here.
     start_ds: str = "2026-01-01"
     surfaces: tuple[str, ...] = SURFACES
+    # Label types trained on; a task is (surface, label type) over the enabled ones (see `tasks`).
+    label_types: tuple[str, ...] = LABEL_TYPES
     attribution_window_days: int = 7
     training_horizon_days: int = 30
     # Delta log and removed-file retention; must exceed attribution window + training horizon.
@@ -157,6 +159,9 @@ class GemConfig:
         unknown = sorted(set(self.surfaces) - set(SURFACES))
         if unknown:
             raise ConfigError(f"surfaces {unknown} are not in schemas.tasks.SURFACES {list(SURFACES)}")
+        unknown = sorted(set(self.label_types) - set(LABEL_TYPES))
+        if unknown:
+            raise ConfigError(f"label_types {unknown} are not in schemas.tasks.LABEL_TYPES {list(LABEL_TYPES)}")
         missing = sorted(set(self.surfaces) - set(self.generator.surface_params))
         if missing:
             raise ConfigError(f"generator.surface_params lacks surfaces {missing}")
@@ -166,6 +171,11 @@ class GemConfig:
                 f"retention_days={self.retention_days} must exceed attribution_window_days + "
                 f"training_horizon_days = {floor}, or time travel to training inputs breaks"
             )
+
+    @property
+    def tasks(self) -> tuple[tuple[str, str], ...]:
+        """The enabled tasks: (surface, label type) pairs, in vocabulary order."""
+        return tuple((s, lt) for s in self.surfaces for lt in self.label_types)
 
     @property
     def landing_root(self) -> str:

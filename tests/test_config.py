@@ -25,6 +25,7 @@ def test_yaml_then_env_overrides(tmp_path):
     assert cfg.spark.master == "local[2]"
     assert cfg.lakehouse_uri == "/data/lake"
     assert cfg.surfaces == ("reels", "fb_feed")
+    assert cfg.tasks[:2] == (("reels", "click"), ("reels", "offsite_purchase")) and len(cfg.tasks) == 8
     assert load_config(environ={"GEM_CONFIG": str(path)}).generator.users == 123
 
 
@@ -35,6 +36,7 @@ def test_yaml_then_env_overrides(tmp_path):
         ({"generator": {"users": "many"}}, r"generator.users: expected int"),
         ({"surfaces": ["reels", "myspace"]}, r"\['myspace'\] are not in schemas.tasks.SURFACES"),
         ({"retention_days": 20}, r"retention_days=20 must exceed"),
+        ({"label_types": ["click", "purchase"]}, r"\['purchase'\] are not in schemas.tasks.LABEL_TYPES"),
     ],
 )
 def test_bad_config_fails_with_the_offending_path(overrides, message):
