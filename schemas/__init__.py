@@ -5,8 +5,11 @@
 
 from schemas.events import BRONZE_AD_EVENTS, BRONZE_QUARANTINE, LANDING_EVENTS
 from schemas.ops import COMPLETIONS
+from schemas.sequences import SILVER_USER_SEQUENCES
 from schemas.table import Column, TableSchema
 
-TABLES: dict[str, TableSchema] = {t.name: t for t in (BRONZE_AD_EVENTS, BRONZE_QUARANTINE, COMPLETIONS)}
+TABLES: dict[str, TableSchema] = {
+    t.name: t for t in (BRONZE_AD_EVENTS, BRONZE_QUARANTINE, COMPLETIONS, SILVER_USER_SEQUENCES)
+}
 
 __all__ = ["TABLES", "Column", "TableSchema", "LANDING_EVENTS", "BRONZE_AD_EVENTS", "BRONZE_QUARANTINE", "COMPLETIONS"]

@@ -30,9 +30,85 @@ def _sql_literal(v: Any) -> str:
     return repr(v)
 
 
+def _split_top_level(text: str) -> list[str]:
+    """Split on commas outside angle brackets: "a:string,b:map<string,long>" -> ["a:string", "b:map<string,long>"]."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i].strip())
+            start = i + 1
+    parts.append(text[start:].strip())
+    return parts
+
+
+def _parse_dtype(dtype: str) -> tuple[Any, ...]:
+    """A dtype string -> a small tree: ("simple", name) | ("map", k, v) | ("array", elem) |
+    ("struct", ((field, tree), ...)). Raises ValueError on anything else.
+
+    Example: "array<struct<ad_id:string,event_time:timestamp>>" ->
+        ("array", ("struct", (("ad_id", ("simple", "string")), ("event_time", ("simple", "timestamp")))))
+    """
+    dtype = dtype.strip()
+    if dtype in _SIMPLE_TYPES:
+        return ("simple", dtype)
+    for kind in ("map", "array", "struct"):
+        if dtype.startswith(f"{kind}<") and dtype.endswith(">"):
+            args = _split_top_level(dtype[len(kind) + 1 : -1])
+            if kind == "map" and len(args) == 2:
+                return ("map", _parse_dtype(args[0]), _parse_dtype(args[1]))
+            if kind == "array" and len(args) == 1:
+                return ("array", _parse_dtype(args[0]))
+            if kind == "struct" and all(":" in a for a in args):
+                fields = tuple((a.split(":", 1)[0].strip(), _parse_dtype(a.split(":", 1)[1])) for a in args)
+                if all(name for name, _ in fields):
+                    return ("struct", fields)
+    raise ValueError(f"unsupported dtype {dtype!r}")
+
+
+def _tree_sql(tree: tuple[Any, ...]) -> str:
+    kind = tree[0]
+    if kind == "simple":
+        return _SIMPLE_TYPES[tree[1]]
+    if kind == "map":
+        return f"MAP<{_tree_sql(tree[1])}, {_tree_sql(tree[2])}>"
+    if kind == "array":
+        return f"ARRAY<{_tree_sql(tree[1])}>"
+    return "STRUCT<" + ", ".join(f"`{name}`: {_tree_sql(sub)}" for name, sub in tree[1]) + ">"
+
+
+def _tree_spark(tree: tuple[Any, ...]) -> Any:
+    from pyspark.sql import types as T
+
+    kind = tree[0]
+    if kind == "simple":
+        return {
+            "string": T.StringType(),
+            "long": T.LongType(),
+            "int": T.IntegerType(),
+            "double": T.DoubleType(),
+            "float": T.FloatType(),
+            "boolean": T.BooleanType(),
+            "timestamp": T.TimestampType(),
+            "date": T.DateType(),
+        }[tree[1]]
+    if kind == "map":
+        return T.MapType(_tree_spark(tree[1]), _tree_spark(tree[2]), valueContainsNull=True)
+    if kind == "array":
+        return T.ArrayType(_tree_spark(tree[1]), containsNull=True)
+    return T.StructType([T.StructField(name, _tree_spark(sub), True) for name, sub in tree[1]])
+
+
 @dataclass(frozen=True)
 class Column:
-    """One column. `allowed`, `min` and `max` become CHECK constraints and expectations."""
+    """One column. `allowed`, `min` and `max` become CHECK constraints and expectations.
+
+    `dtype` is a simple type name (see _SIMPLE_TYPES) or a nesting of map<k,v>, array<t> and
+    struct<name:t,...>, e.g. "map<string,long>" or "array<struct<ad_id:string,event_time:timestamp>>".
+    """
 
     name: str
     dtype: str
@@ -43,37 +119,17 @@ class Column:
     doc: str = ""
 
     def __post_init__(self) -> None:
-        if self.dtype not in _SIMPLE_TYPES and not self.dtype.startswith(("map<", "array<")):
-            raise ValueError(f"column {self.name}: unsupported dtype {self.dtype!r}")
+        try:
+            _parse_dtype(self.dtype)
+        except ValueError:
+            raise ValueError(f"column {self.name}: unsupported dtype {self.dtype!r}") from None
 
     @property
     def sql_type(self) -> str:
-        if self.dtype in _SIMPLE_TYPES:
-            return _SIMPLE_TYPES[self.dtype]
-        inner = self.dtype[self.dtype.index("<") + 1 : -1]
-        parts = [_SIMPLE_TYPES[p.strip()] for p in inner.split(",")]
-        kind = "MAP" if self.dtype.startswith("map<") else "ARRAY"
-        return f"{kind}<{', '.join(parts)}>"
+        return _tree_sql(_parse_dtype(self.dtype))
 
     def spark_type(self) -> Any:
-        from pyspark.sql import types as T
-
-        simple = {
-            "string": T.StringType(),
-            "long": T.LongType(),
-            "int": T.IntegerType(),
-            "double": T.DoubleType(),
-            "float": T.FloatType(),
-            "boolean": T.BooleanType(),
-            "timestamp": T.TimestampType(),
-            "date": T.DateType(),
-        }
-        if self.dtype in simple:
-            return simple[self.dtype]
-        inner = [p.strip() for p in self.dtype[self.dtype.index("<") + 1 : -1].split(",")]
-        if self.dtype.startswith("map<"):
-            return T.MapType(simple[inner[0]], simple[inner[1]], valueContainsNull=True)
-        return T.ArrayType(simple[inner[0]], containsNull=True)
+        return _tree_spark(_parse_dtype(self.dtype))
 
     def check_sql(self) -> str | None:
         """The CHECK constraint body for this column's domain, or None."""

@@ -1,0 +1,228 @@
+"""silver.user_sequences: capped per-type sequences, incremental build equal to a full recompute,
+only active users written per day, late events in place, idempotent reruns, gated inputs."""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+import subprocess
+from typing import Any
+
+import pytest
+
+from gem import lakehouse
+from gem.cli import shift_day
+from jobs import build_sequences
+from schemas.events import BRONZE_AD_EVENTS
+from schemas.sequences import SEQUENCE_COLUMNS, SEQUENCE_FIELDS, SILVER_USER_SEQUENCES
+from tests.conftest import PYTHON, REPO, make_config, subprocess_env
+
+START = "2026-01-01"
+DAYS = [shift_day(START, i) for i in range(5)]
+CAPS = {"impression": 4, "click": 2, "conversion": 2}
+HEAVY_USER = "u0"  # many events every day: its sequences overflow every cap
+LATE_USER = "u6"  # a conversion arriving on day 2 that happened between its two day-1 conversions
+USERS = [f"u{i}" for i in range(7)]
+
+
+def _event(
+    event_id: str, ds: str, user_id: str, event_type: str, event_time: dt.datetime, ad: int = 1
+) -> dict[str, Any]:
+    """A bronze.ad_events row arriving on `ds`."""
+    return {
+        "event_id": event_id,
+        "event_type": event_type,
+        "event_time": event_time,
+        "user_id": user_id,
+        "ad_id": f"a{ad}",
+        "advertiser_id": f"adv{ad % 3}",
+        "campaign_id": f"c{ad % 5}",
+        "objective": "sales",
+        "creative_type": "video",
+        "surface": "reels",
+        "position": None if event_type == "conversion" else 1,
+        "conversion_type": "lead" if event_type == "conversion" else None,
+        "user_attrs": None,
+        "ds": dt.date.fromisoformat(ds),
+    }
+
+
+def _random_days(seed: int = 11) -> dict[str, list[dict[str, Any]]]:
+    """Five arrival days of events: a random subset of users each day (u5 only on day 1), equal event
+    times (ties), and late events (arriving days after they happened)."""
+    rng = random.Random(seed)
+    days: dict[str, list[dict[str, Any]]] = {}
+    for d, ds in enumerate(DAYS):
+        day_start = dt.datetime.fromisoformat(ds)
+        active = [HEAVY_USER] + [u for u in ("u1", "u2", "u3", "u4") if rng.random() < 0.5] + (["u5"] if d == 0 else [])
+        rows = []
+        for user in active:
+            for k in range(8 if user == HEAVY_USER else rng.randint(1, 4)):
+                event_type = rng.choice(["impression", "impression", "click", "conversion"])
+                # Whole hours only, so several events share an event_time and event_id must break the tie.
+                event_time = day_start + dt.timedelta(hours=rng.randint(0, 3))
+                rows.append(_event(f"e{d}-{user}-{k:02d}", ds, user, event_type, event_time, ad=rng.randint(1, 9)))
+        days[ds] = rows
+    t0 = dt.datetime.fromisoformat(DAYS[0])
+    days[DAYS[0]] += [
+        _event("c1", DAYS[0], LATE_USER, "conversion", t0 + dt.timedelta(hours=1)),
+        _event("c3", DAYS[0], LATE_USER, "conversion", t0 + dt.timedelta(hours=3)),
+    ]
+    days[DAYS[1]].append(_event("c2", DAYS[1], LATE_USER, "conversion", t0 + dt.timedelta(hours=2)))
+    # The heavy user's conversion that happened on day 1 arrives on day 4, older than all it kept.
+    days[DAYS[3]].append(_event("late-conv", DAYS[3], HEAVY_USER, "conversion", t0 + dt.timedelta(minutes=30)))
+    return days
+
+
+def _load_bronze_day(spark, cfg, ds: str, rows: list[dict[str, Any]]) -> None:
+    """Bronze ds rows plus the validate_events record build_sequences gates on."""
+    df = spark.createDataFrame(rows, BRONZE_AD_EVENTS.spark_schema())
+    lakehouse.replace_partition(df, cfg, BRONZE_AD_EVENTS, {"ds": ds})
+    lakehouse.publish_completion(spark, cfg, "validate_events", ds, f"test:{ds}", len(rows), len(rows), {}, {})
+
+
+def _reference_snapshot(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """One user's sequences recomputed from scratch, in the shape `_snapshot_of` returns."""
+    out: dict[str, Any] = {}
+    for event_type, (seq, n) in SEQUENCE_COLUMNS.items():
+        of_type = sorted(
+            (e for e in events if e["event_type"] == event_type), key=lambda e: (e["event_time"], e["event_id"])
+        )
+        out[seq] = [tuple(e[f] for f in SEQUENCE_FIELDS[event_type]) for e in of_type[-CAPS[event_type] :]]
+        out[n] = len(of_type)
+    out["last_event_time"] = max(e["event_time"] for e in events)
+    return out
+
+
+def _snapshot_of(row) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for event_type, (seq, n) in SEQUENCE_COLUMNS.items():
+        out[seq] = [tuple(el[f] for f in SEQUENCE_FIELDS[event_type]) for el in row[seq]]
+        out[n] = row[n]
+    out["last_event_time"] = row["last_event_time"]
+    return out
+
+
+def _silver_rows(spark, cfg) -> dict[tuple[str, str], Any]:
+    """(ds, user_id) -> row of silver.user_sequences."""
+    rows = lakehouse.read_table(spark, cfg, SILVER_USER_SEQUENCES).collect()
+    return {(r["ds"].isoformat(), r["user_id"]): r for r in rows}
+
+
+def _snapshot_on(silver: dict[tuple[str, str], Any], user: str, ds: str) -> Any:
+    """The user's row with the greatest ds <= `ds` (the documented read rule), or None."""
+    days = [d for (d, u) in silver if u == user and d <= ds]
+    return silver[(max(days), user)] if days else None
+
+
+@pytest.fixture(scope="module")
+def built(spark, tmp_path_factory):
+    """Five days loaded into bronze and built incrementally, one build per day."""
+    cfg = make_config(tmp_path_factory.mktemp("sequences"), start_ds=START, sequence_caps=CAPS)
+    days = _random_days()
+    results = {}
+    for ds in DAYS:
+        _load_bronze_day(spark, cfg, ds, days[ds])
+        results[ds] = build_sequences.run(cfg, ds, spark)
+    return cfg, days, results
+
+
+def test_incremental_build_equals_full_recompute_every_user_every_day(spark, built):
+    cfg, days, _ = built
+    silver = _silver_rows(spark, cfg)
+    for i, ds in enumerate(DAYS):
+        seen = [e for d in DAYS[: i + 1] for e in days[d]]
+        for user in USERS:
+            events = [e for e in seen if e["user_id"] == user]
+            row = _snapshot_on(silver, user, ds)
+            if not events:
+                assert row is None, (user, ds)
+                continue
+            assert _snapshot_of(row) == _reference_snapshot(events), (user, ds)
+
+
+def test_caps_keep_the_most_recent_events_per_type(spark, built):
+    cfg, days, _ = built
+    row = _silver_rows(spark, cfg)[(DAYS[-1], HEAVY_USER)]
+    everything = [e for ds in DAYS for e in days[ds] if e["user_id"] == HEAVY_USER]
+    for event_type, (seq, n) in SEQUENCE_COLUMNS.items():
+        of_type = sorted(
+            (e for e in everything if e["event_type"] == event_type), key=lambda e: (e["event_time"], e["event_id"])
+        )
+        assert len(of_type) > CAPS[event_type]  # the fixture really overflows every cap
+        assert [el["event_id"] for el in row[seq]] == [e["event_id"] for e in of_type[-CAPS[event_type] :]]
+        assert row[n] == len(of_type)
+        times = [(el["event_time"], el["event_id"]) for el in row[seq]]
+        assert times == sorted(times)
+
+
+def test_only_users_with_events_get_a_row_and_others_keep_their_snapshot(spark, built):
+    cfg, days, results = built
+    silver = _silver_rows(spark, cfg)
+    for i, ds in enumerate(DAYS):
+        active = {e["user_id"] for e in days[ds]}
+        assert {u for (d, u) in silver if d == ds} == active, ds
+        assert results[ds].users == len(active)
+        record = lakehouse.require_completed(spark, cfg, "build_sequences", ds)
+        assert (record["rows_in"], record["rows_written"], record["rows_quarantined"]) == (len(active), len(active), 0)
+        if i == 0:
+            continue
+        for user in set(USERS) - active:
+            assert _snapshot_on(silver, user, ds) == _snapshot_on(silver, user, DAYS[i - 1]), (user, ds)
+    assert any(set(USERS) - {e["user_id"] for e in days[ds]} for ds in DAYS[1:])  # some user was idle
+    assert [d for (d, u) in silver if u == "u5"] == [DAYS[0]]  # active on day 1 only
+
+
+def test_a_late_event_is_placed_by_event_time(spark, built):
+    cfg, _, _ = built
+    silver = _silver_rows(spark, cfg)
+    assert [el["event_id"] for el in silver[(DAYS[0], LATE_USER)]["conversions"]] == ["c1", "c3"]
+    # c2 arrived a day later than c3 but happened before it; with a cap of 2, c1 (the oldest) goes.
+    row = silver[(DAYS[1], LATE_USER)]
+    assert [el["event_id"] for el in row["conversions"]] == ["c2", "c3"]
+    assert row["n_conversions"] == 3
+    assert row["last_event_time"] == dt.datetime.fromisoformat(DAYS[0]) + dt.timedelta(hours=3)
+
+
+def test_rerun_rewrites_identical_partition_contents(spark, built):
+    cfg, _, _ = built
+    ds = DAYS[2]  # a middle day: later days exist already and must not matter
+
+    def partition() -> list[tuple]:
+        rows = lakehouse.read_table(spark, cfg, SILVER_USER_SEQUENCES).where(f"ds = DATE'{ds}'").collect()
+        return sorted((r["user_id"], repr(r.asDict(recursive=True))) for r in rows)
+
+    before = partition()
+    build_sequences.run(cfg, ds, spark)
+    assert partition() == before
+    records = lakehouse.read_table(spark, cfg, lakehouse.COMPLETIONS).where(
+        f"stage = 'build_sequences' AND ds = DATE'{ds}'"
+    ).count()
+    assert records == 1
+
+
+def test_missing_inputs_fail_with_a_clear_message(spark, built):
+    # (The start day of `built` was built without any previous build_sequences record.)
+    cfg, _, _ = built
+    gap_day, day = shift_day(DAYS[-1], 1), shift_day(DAYS[-1], 2)  # gap_day is never built
+    with pytest.raises(
+        lakehouse.MissingInputError,
+        match=f"passed data quality.*'validate_events' has no completion record for ds={day}",
+    ):
+        build_sequences.run(cfg, day, spark)
+
+    lakehouse.publish_completion(spark, cfg, "validate_events", day, "test", 0, 0, {}, {})
+    with pytest.raises(
+        lakehouse.MissingInputError,
+        match=f"previous day's sequences.*'build_sequences' has no completion record for ds={gap_day}",
+    ):
+        build_sequences.run(cfg, day, spark)
+    assert lakehouse.completion(spark, cfg, "build_sequences", day) is None
+
+
+def test_cli_rejects_a_malformed_day():
+    proc = subprocess.run(
+        [PYTHON, "-m", "jobs.build_sequences", "--ds", "2026-02-30"], check=False, cwd=REPO, env=subprocess_env(),
+        capture_output=True, text=True,
+    )
+    assert proc.returncode == 2 and "YYYY-MM-DD" in proc.stderr
