@@ -1,4 +1,4 @@
-"""gem_daily: one day of events, landing -> bronze -> validated, for ds = UTC date of the interval start.
+"""gem_daily: one day of events, landing -> bronze -> validated -> user sequences, for ds = the interval start day.
 
 Thin on purpose: every task is a `python -m jobs.<name> --ds <ds>` subprocess (so Spark never
 runs inside the Airflow worker), and the dates, schedule and commands come from
@@ -22,7 +22,7 @@ from gem.orchestration import (
     start_date,
 )
 
-JOBS = ("generate_events", "ingest_events", "validate_events")
+JOBS = ("generate_events", "ingest_events", "validate_events", "build_sequences")
 
 with DAG(
     dag_id="gem_daily",

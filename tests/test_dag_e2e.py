@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 DS = "2026-01-01"
 # CronDataIntervalTimetable + `dags test DATE` process the last complete day before DATE.
 LOGICAL_DATE = manual_logical_date(DS)  # "2026-01-02"
-JOBS = ["generate_events", "ingest_events", "validate_events"]
+JOBS = ["generate_events", "ingest_events", "validate_events", "build_sequences"]
 RUN_TIMEOUT_S = 1800
 
 
@@ -143,10 +143,19 @@ def test_bronze_and_completions(dag_run: DagRunResult, spark: Any) -> None:
         r.stage: r
         for r in spark.read.format("delta").load(f"{lake}/_ops/completions").where(f"ds = DATE'{DS}'").collect()
     }
-    assert {"ingest_events", "validate_events"} <= set(done), sorted(done)
+    assert {"ingest_events", "validate_events", "build_sequences"} <= set(done), sorted(done)
     ingest = done["ingest_events"]
     assert ingest.rows_written == bronze_rows
     assert ingest.rows_quarantined == quarantined
     assert ingest.rows_in == bronze_rows + quarantined
     # The generator plants ~1% dirty lines by default; ingest must have caught some.
     assert quarantined > 0
+
+
+def test_user_sequences_cover_every_active_user(dag_run: DagRunResult, spark: Any) -> None:
+    assert dag_run.returncode == 0, "the DAG run failed; see test_dag_run_succeeded"
+    lake = str(dag_run.lakehouse)
+    users = spark.read.format("delta").load(f"{lake}/bronze/ad_events").select("user_id").distinct().count()
+    sequences = spark.read.format("delta").load(f"{lake}/silver/user_sequences").where(f"ds = DATE'{DS}'")
+    assert sequences.count() == users
+    assert sequences.where("n_impressions + n_clicks + n_conversions = 0").count() == 0

@@ -25,7 +25,7 @@ from gem.orchestration import REPO_ROOT, job_command, manual_logical_date, parti
 
 DAGS = REPO_ROOT / "dags"
 DAG_FILE = DAGS / "gem_daily.py"
-JOBS = ["generate_events", "ingest_events", "validate_events"]
+JOBS = ["generate_events", "ingest_events", "validate_events", "build_sequences"]
 HEAVY = ["pyspark", "torch", "pandas", "great_expectations", "delta", "deltalake", "numpy"]
 
 # Airflow reads its config on first import and writes airflow.cfg into AIRFLOW_HOME: keep both in
