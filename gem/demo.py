@@ -53,12 +53,12 @@ def summarize(cfg: GemConfig) -> str:
     for name, schema in TABLES.items():
         path = schema.path(cfg.lakehouse_uri)
         if not Path(path, "_delta_log").is_dir():
-            lines.append(f"  {name:<20} {path}  (not written)")
+            lines.append(f"  {name:<22} {path}  (not written)")
             continue
         table = DeltaTable(path)
         ds_counts = pc.value_counts(table.to_pyarrow_table(columns=["ds"])["ds"]).to_pylist()
         per_day = ", ".join(f"{c['values']}: {c['counts']:,}" for c in sorted(ds_counts, key=lambda c: c["values"]))
-        lines.append(f"  {name:<20} {path}  (version {table.version()}; rows by ds: {per_day})")
+        lines.append(f"  {name:<22} {path}  (version {table.version()}; rows by ds: {per_day})")
     lines.append(f"  data-quality report   {docs_site_dir(cfg) / 'index.html'}")
     return "\n".join(lines)
 

@@ -4,12 +4,21 @@
 """
 
 from schemas.events import BRONZE_AD_EVENTS, BRONZE_QUARANTINE, LANDING_EVENTS
+from schemas.features import SILVER_AD_FEATURES, SILVER_USER_FEATURES
 from schemas.ops import COMPLETIONS
 from schemas.sequences import SILVER_USER_SEQUENCES
 from schemas.table import Column, TableSchema
 
 TABLES: dict[str, TableSchema] = {
-    t.name: t for t in (BRONZE_AD_EVENTS, BRONZE_QUARANTINE, COMPLETIONS, SILVER_USER_SEQUENCES)
+    t.name: t
+    for t in (
+        BRONZE_AD_EVENTS,
+        BRONZE_QUARANTINE,
+        COMPLETIONS,
+        SILVER_USER_SEQUENCES,
+        SILVER_USER_FEATURES,
+        SILVER_AD_FEATURES,
+    )
 }
 
 __all__ = ["TABLES", "Column", "TableSchema", "LANDING_EVENTS", "BRONZE_AD_EVENTS", "BRONZE_QUARANTINE", "COMPLETIONS"]
