@@ -1,0 +1,127 @@
+"""silver.user_features and silver.ad_features: point-in-time engagement counters per user and per ad.
+
+Point in time: partition ds=D holds counters AS OF THE END OF D-1. Nothing from day D is in it, so
+day D's impressions can join their ds=D feature rows without leaking their own outcome.
+
+Windows are by EVENT TIME: the w-day window of ds=D is event_time in [D-w 00:00 UTC, D 00:00 UTC),
+for w in WINDOW_DAYS. An event counts only once it is KNOWN at the end of D-1, i.e. it arrived
+(bronze `ds`, the arrival day) on or before D-1. A late event whose event_time is on D-1 but which
+arrived on D does NOT count for ds=D (it counts from ds=D+1 on, while inside the window).
+
+Rows: one per user (per ad) with at least one event of any type in the 28-day window.
+
+Per-surface counters are plain columns, one per (surface, metric, window), derived from the surface
+vocabulary schemas.tasks.SURFACES (never from cfg.surfaces, so every config shares this one table
+definition; surfaces a config does not train on are still counted, they are facts about the data).
+Plain columns, unlike a map<surface, struct>, are typed one by one, read by name, and covered by the
+table's CHECK (all counters >= 0).
+
+Column names (see `counter_name`):
+    impressions_7d            all surfaces, 7-day window
+    reels_clicks_28d          surface "reels", 28-day window
+    ctr_1d = clicks_1d / impressions_1d          (null when impressions_1d = 0)
+    cvr_1d = conversions_1d / clicks_1d          (null when clicks_1d = 0)
+
+Ratios are not capped at 1: a window starts at midnight, so a click just after the window start
+can count while its impression, a second earlier, does not (clicks_7d > impressions_7d is possible
+for a user with little traffic at the window's edge).
+
+Example silver.ad_features row (most counter columns left out):
+    {"ds": 2026-01-08, "ad_id": "a7", "advertiser_id": "adv3", "campaign_id": "c12",
+     "objective": "sales", "creative_type": "video", "impressions_1d": 40, "clicks_1d": 2,
+     "conversions_1d": 1, "ctr_1d": 0.05, "cvr_1d": 0.5, ..., "reels_impressions_28d": 310, ...}
+"""
+
+from __future__ import annotations
+
+from schemas.table import Column, TableSchema
+from schemas.tasks import CREATIVE_TYPES, OBJECTIVES, SURFACES
+
+# Window lengths in days; each window ends at the start of the partition day ds.
+WINDOW_DAYS: tuple[int, ...] = (1, 7, 28)
+
+# bronze event_type -> the counter metric that counts it.
+COUNT_METRICS: dict[str, str] = {"impression": "impressions", "click": "clicks", "conversion": "conversions"}
+
+# ratio metric -> (numerator metric, denominator metric).
+RATE_METRICS: dict[str, tuple[str, str]] = {"ctr": ("clicks", "impressions"), "cvr": ("conversions", "clicks")}
+
+# None is the all-surfaces scope; then one scope per surface of the vocabulary.
+SCOPES: tuple[str | None, ...] = (None,) + SURFACES
+
+# Ad attributes carried on silver.ad_features: the latest value seen (by event_time) up to the end of ds-1.
+AD_METADATA_COLUMNS: tuple[str, ...] = ("advertiser_id", "campaign_id", "objective", "creative_type")
+
+
+def counter_name(metric: str, window_days: int, surface: str | None = None) -> str:
+    """('clicks', 7) -> 'clicks_7d'; ('ctr', 28, 'reels') -> 'reels_ctr_28d'."""
+    base = f"{metric}_{window_days}d"
+    return base if surface is None else f"{surface}_{base}"
+
+
+def _counter_columns() -> tuple[Column, ...]:
+    """Every counter column, grouped by window, then scope (all first), then metric."""
+    cols: list[Column] = []
+    for w in WINDOW_DAYS:
+        for surface in SCOPES:
+            where = "all surfaces" if surface is None else f"surface {surface}"
+            for metric in COUNT_METRICS.values():
+                cols.append(
+                    Column(counter_name(metric, w, surface), "long", nullable=False,
+                           doc=f"{metric}, {where}, event_time in the {w} days before ds")
+                )
+            for rate, (num, den) in RATE_METRICS.items():
+                cols.append(
+                    Column(counter_name(rate, w, surface), "double",
+                           doc=f"{num} / {den}, {where}, {w}-day window; null when {den} = 0")
+                )
+    return tuple(cols)
+
+
+COUNTER_COLUMNS: tuple[Column, ...] = _counter_columns()
+
+
+def _counters_non_negative() -> tuple[str, str]:
+    """One table-level CHECK over every counter column, e.g. "impressions_1d >= 0 AND ... AND
+    coalesce(ctr_1d, 0) >= 0 AND ...".
+
+    Why one CHECK rather than `min=0` per column: Delta adds constraints one commit at a time
+    (about a second each), and ~100 per-column constraints made creating each table take minutes.
+    """
+    terms = [f"coalesce({c.name}, 0) >= 0" if c.nullable else f"{c.name} >= 0" for c in COUNTER_COLUMNS]
+    return ("counters_non_negative", " AND ".join(terms))
+
+SILVER_USER_FEATURES = TableSchema(
+    name="silver.user_features",
+    doc=(
+        "Per-user impression/click/conversion counters and CTR/CVR over 1/7/28-day event-time windows, "
+        "overall and per surface, as of the end of ds-1 (events arrived by then)."
+    ),
+    columns=(
+        Column("ds", "date", nullable=False, doc="day these features serve; counters end at ds 00:00 UTC"),
+        Column("user_id", "string", nullable=False),
+    )
+    + COUNTER_COLUMNS,
+    partition_by=("ds",),
+    key=("ds", "user_id"),
+    checks=(_counters_non_negative(),),
+)
+
+SILVER_AD_FEATURES = TableSchema(
+    name="silver.ad_features",
+    doc=(
+        "Per-ad counters as in silver.user_features, plus the ad's latest attributes seen up to the end of ds-1."
+    ),
+    columns=(
+        Column("ds", "date", nullable=False, doc="day these features serve; counters end at ds 00:00 UTC"),
+        Column("ad_id", "string", nullable=False),
+        Column("advertiser_id", "string", nullable=False, doc="latest seen by event_time before ds"),
+        Column("campaign_id", "string", nullable=False, doc="latest seen by event_time before ds"),
+        Column("objective", "string", nullable=False, allowed=OBJECTIVES, doc="latest seen before ds"),
+        Column("creative_type", "string", nullable=False, allowed=CREATIVE_TYPES, doc="latest seen before ds"),
+    )
+    + COUNTER_COLUMNS,
+    partition_by=("ds",),
+    key=("ds", "ad_id"),
+    checks=(_counters_non_negative(),),
+)

@@ -1,0 +1,293 @@
+"""silver.user_features / silver.ad_features: point in time (nothing from ds, nothing that arrived on
+ds), event-time window edges, hand-checked CTR/CVR and per-surface split, agreement with a plain
+Python recount on generated-like data, idempotent reruns, gated inputs."""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+import subprocess
+from typing import Any
+
+import pytest
+
+from gem import lakehouse
+from gem.cli import shift_day
+from jobs import build_features
+from schemas.events import BRONZE_AD_EVENTS
+from schemas.features import (
+    AD_METADATA_COLUMNS,
+    COUNT_METRICS,
+    RATE_METRICS,
+    SCOPES,
+    SILVER_AD_FEATURES,
+    SILVER_USER_FEATURES,
+    WINDOW_DAYS,
+    counter_name,
+)
+from schemas.ops import COMPLETIONS
+from schemas.tasks import SURFACES
+from tests.conftest import PYTHON, REPO, make_config, subprocess_env
+
+START = "2026-01-01"
+D = "2026-01-10"  # the feature day under test: counters as of the end of 2026-01-09
+BRONZE_DAYS = [shift_day(START, i) for i in range(10)]  # 2026-01-01 .. D (D's events must be ignored)
+MS = dt.timedelta(milliseconds=1)
+
+
+def _at(day: str, hours: float = 0.0) -> dt.datetime:
+    return dt.datetime.fromisoformat(day) + dt.timedelta(hours=hours)
+
+
+def _event(
+    event_id: str, arrived: str, user_id: str, event_type: str, event_time: dt.datetime,
+    ad_id: str = "a1", surface: str = "reels", campaign_id: str = "c1",
+) -> dict[str, Any]:
+    """A bronze.ad_events row that arrived on `arrived`."""
+    return {
+        "event_id": event_id,
+        "event_type": event_type,
+        "event_time": event_time,
+        "user_id": user_id,
+        "ad_id": ad_id,
+        "advertiser_id": "adv1",
+        "campaign_id": campaign_id,
+        "objective": "sales",
+        "creative_type": "video",
+        "surface": surface,
+        "position": None if event_type == "conversion" else 1,
+        "conversion_type": "lead" if event_type == "conversion" else None,
+        "user_attrs": None,
+        "ds": dt.date.fromisoformat(arrived),
+    }
+
+
+def _hand_events() -> list[dict[str, Any]]:
+    """u_hand on ad a_hand, checked by hand in test_ctr_cvr_and_per_surface_split_by_hand."""
+    d1, d3, d5 = shift_day(D, -1), shift_day(D, -3), shift_day(D, -5)
+    hand = {"user_id": "u_hand", "ad_id": "a_hand"}
+    rows = [
+        # D-1: reels 4 impressions, 2 clicks, 1 conversion; fb_feed 2 impressions.
+        *[_event(f"h-imp-{k}", d1, event_type="impression", event_time=_at(d1, 1 + k), **hand) for k in range(4)],
+        *[_event(f"h-clk-{k}", d1, event_type="click", event_time=_at(d1, 1.5 + k), **hand) for k in range(2)],
+        _event("h-conv", d1, event_type="conversion", event_time=_at(d1, 8), **hand),
+        *[_event(f"h-fb-{k}", d1, event_type="impression", event_time=_at(d1, 9 + k), surface="fb_feed",
+                 campaign_id="c_new", **hand) for k in range(2)],
+        # D-3: ig_feed 1 impression + 1 click, under an older campaign.
+        *[_event(f"h-ig-{event_type}", d3, event_type=event_type, event_time=_at(d3, hour), surface="ig_feed",
+                 campaign_id="c_old", **hand) for event_type, hour in (("impression", 2), ("click", 2.1))],
+        # Late, but known by the end of D-1: happened on D-5, arrived on D-1. Counts in 7d/28d.
+        _event("h-late-known", d1, event_type="conversion", event_time=_at(d5, 3), surface="ig_feed", **hand),
+        # Day D itself: must not count.
+        *[_event(f"h-on-d-{k}", D, event_type="impression", event_time=_at(D, 1 + k), **hand) for k in range(3)],
+        # Happened on D-1 (the latest event_time of all) but arrived on D: not known at the end of D-1.
+        _event("h-late-unknown", D, event_type="click", event_time=_at(d1, 23.5), campaign_id="c_future", **hand),
+        # A user and an ad seen only on D get no row.
+        _event("f-1", D, "u_future", "impression", _at(D, 2), ad_id="a_future"),
+    ]
+    return rows
+
+
+def _edge_events() -> list[dict[str, Any]]:
+    """u_edge on a_edge: one impression exactly at D-7 00:00, one a millisecond earlier."""
+    d7 = shift_day(D, -7)
+    return [
+        _event("edge-in", d7, "u_edge", "impression", _at(d7), ad_id="a_edge"),
+        _event("edge-out", shift_day(d7, -1), "u_edge", "impression", _at(d7) - MS, ad_id="a_edge"),
+    ]
+
+
+def _generated_events(seed: int = 5) -> list[dict[str, Any]]:
+    """Generated-like traffic on every bronze day: impressions, clicks seconds after some of them,
+    conversions an hour after some clicks, all within the impression's day; a few arrive a day late."""
+    rng = random.Random(seed)
+    rows = []
+    for day in BRONZE_DAYS:
+        for n in range(40):
+            user, ad, surface = f"g{rng.randint(0, 7)}", f"ga{rng.randint(0, 4)}", rng.choice(SURFACES)
+            t = _at(day, rng.uniform(0, 20))
+            late = shift_day(day, 1) if rng.random() < 0.1 else day
+            arrived = min(late, D)
+            chain = [("impression", t)]
+            if rng.random() < 0.3:
+                chain.append(("click", t + dt.timedelta(seconds=10)))
+                if rng.random() < 0.4:
+                    chain.append(("conversion", t + dt.timedelta(hours=1)))
+            for event_type, when in chain:
+                rows.append(_event(f"g-{day}-{n}-{event_type}", arrived, user, event_type, when, ad, surface,
+                                   campaign_id=f"c{rng.randint(0, 2)}"))
+    return rows
+
+
+def _load_bronze(spark, cfg, rows: list[dict[str, Any]]) -> None:
+    """All bronze days in one append, then the validate_events records build_features gates on, in
+    one append too (two commits rather than two per day keep the fixture fast)."""
+    bronze_path = lakehouse.ensure_table(spark, cfg, BRONZE_AD_EVENTS)
+    spark.createDataFrame(rows, BRONZE_AD_EVENTS.spark_schema()).write.format("delta").mode("append").save(bronze_path)
+    now = dt.datetime(2026, 2, 1)
+    records = []
+    for day in BRONZE_DAYS:
+        n = sum(r["ds"].isoformat() == day for r in rows)
+        records.append({
+            "stage": "validate_events", "ds": dt.date.fromisoformat(day), "run_id": f"test:{day}", "rows_in": n,
+            "rows_written": n, "rows_quarantined": 0, "quarantined_by_reason": {}, "table_versions": {},
+            "completed_at": now,
+        })
+    completions_path = lakehouse.ensure_table(spark, cfg, COMPLETIONS)
+    completions = spark.createDataFrame(records, COMPLETIONS.spark_schema())
+    completions.write.format("delta").mode("append").save(completions_path)
+
+
+def _reference_row(events: list[dict[str, Any]], ds: str) -> dict[str, Any]:
+    """One entity's counters recomputed plainly from its bronze rows, as build_features defines them."""
+    end = _at(ds)
+    known = [e for e in events if e["ds"].isoformat() < ds and e["event_time"] < end]
+    out: dict[str, Any] = {}
+    for w in WINDOW_DAYS:
+        start = _at(shift_day(ds, -w))
+        for surface in SCOPES:
+            in_scope = [e for e in known if e["event_time"] >= start and surface in (None, e["surface"])]
+            for event_type, metric in COUNT_METRICS.items():
+                out[counter_name(metric, w, surface)] = sum(e["event_type"] == event_type for e in in_scope)
+            for rate, (num, den) in RATE_METRICS.items():
+                n, d = out[counter_name(num, w, surface)], out[counter_name(den, w, surface)]
+                out[counter_name(rate, w, surface)] = n / d if d else None
+    return out
+
+
+def _rounded(row: dict[str, Any]) -> dict[str, Any]:
+    """Ratios rounded so that Spark's and Python's float division compare equal; None stays None."""
+    return {k: round(v, 12) if isinstance(v, float) else v for k, v in row.items()}
+
+
+def _partition(spark, cfg, schema, key: str, ds: str = D) -> dict[str, dict[str, Any]]:
+    rows = lakehouse.read_table(spark, cfg, schema).where(f"ds = DATE'{ds}'").collect()
+    return {r[key]: r.asDict() for r in rows}
+
+
+@pytest.fixture(scope="module")
+def built(spark, tmp_path_factory):
+    cfg = make_config(tmp_path_factory.mktemp("features"), start_ds=START)
+    events = _hand_events() + _edge_events() + _generated_events()
+    start_result = build_features.run(cfg, START, spark)  # no bronze read at all on the first day
+    _load_bronze(spark, cfg, events)
+    result = build_features.run(cfg, D, spark)
+    return cfg, events, result, start_result
+
+
+def test_nothing_from_day_d_or_arrived_on_d_counts(spark, built):
+    cfg, _, _, _ = built
+    users = _partition(spark, cfg, SILVER_USER_FEATURES, "user_id")
+    ads = _partition(spark, cfg, SILVER_AD_FEATURES, "ad_id")
+    hand = users["u_hand"]
+    # D-1's 6 impressions count; D's 3 do not.
+    assert hand["impressions_1d"] == 6 and hand["reels_impressions_1d"] == 4
+    # The click that happened on D-1 but arrived on D does not count in any window.
+    assert hand["clicks_1d"] == 2 and hand["clicks_28d"] == 3
+    # ... nor does it make the ad's latest attributes (its campaign c_future is the latest by event_time).
+    assert ads["a_hand"]["campaign_id"] == "c_new"
+    assert "u_future" not in users and "a_future" not in ads
+
+
+def test_window_edges_are_inclusive_at_the_start_by_event_time(spark, built):
+    cfg, _, _, _ = built
+    for table, key, entity in ((SILVER_USER_FEATURES, "user_id", "u_edge"), (SILVER_AD_FEATURES, "ad_id", "a_edge")):
+        row = _partition(spark, cfg, table, key)[entity]
+        assert (row["impressions_1d"], row["impressions_7d"], row["impressions_28d"]) == (0, 1, 2)
+        assert row["clicks_7d"] == 0 and row["ctr_7d"] == 0.0 and row["cvr_7d"] is None
+        assert row["ctr_1d"] is None
+
+
+def test_ctr_cvr_and_per_surface_split_by_hand(spark, built):
+    cfg, _, _, _ = built
+    row = _partition(spark, cfg, SILVER_USER_FEATURES, "user_id")["u_hand"]
+    got = lambda metric, w, s=None: row[counter_name(metric, w, s)]
+    # 1 day: reels 4/2/1, fb_feed 2/0/0, nothing else.
+    assert (got("impressions", 1), got("clicks", 1), got("conversions", 1)) == (6, 2, 1)
+    assert got("ctr", 1) == pytest.approx(2 / 6) and got("cvr", 1) == pytest.approx(0.5)
+    assert (got("ctr", 1, "reels"), got("cvr", 1, "reels")) == (0.5, 0.5)
+    assert (got("impressions", 1, "fb_feed"), got("ctr", 1, "fb_feed"), got("cvr", 1, "fb_feed")) == (2, 0.0, None)
+    assert (got("impressions", 1, "ig_feed"), got("ctr", 1, "ig_feed")) == (0, None)
+    # 7 days add D-3's ig_feed impression and click and the late (arrived by D-1) ig_feed conversion.
+    assert (got("impressions", 7), got("clicks", 7), got("conversions", 7)) == (7, 3, 2)
+    assert got("ctr", 7) == pytest.approx(3 / 7) and got("cvr", 7) == pytest.approx(2 / 3)
+    assert [got(m, 7, "ig_feed") for m in ("impressions", "clicks", "conversions")] == [1, 1, 1]
+    assert got("ctr", 28) == got("ctr", 7)
+    for w in WINDOW_DAYS:
+        for metric in COUNT_METRICS.values():
+            assert got(metric, w) == sum(got(metric, w, s) for s in SURFACES)
+    ad = _partition(spark, cfg, SILVER_AD_FEATURES, "ad_id")["a_hand"]
+    assert {c: ad[c] for c in AD_METADATA_COLUMNS} == {
+        "advertiser_id": "adv1", "campaign_id": "c_new", "objective": "sales", "creative_type": "video",
+    }
+    assert all(ad[c] == row[c] for c in row if c not in ("user_id", "ds"))  # a_hand has only u_hand's events
+
+
+def test_every_row_matches_a_plain_recount_and_clicks_never_exceed_impressions(spark, built):
+    cfg, events, result, _ = built
+    for table, key in ((SILVER_USER_FEATURES, "user_id"), (SILVER_AD_FEATURES, "ad_id")):
+        rows = _partition(spark, cfg, table, key)
+        seen = {e[key] for e in events if e["ds"].isoformat() < D and e["event_time"] >= _at(shift_day(D, -28))}
+        assert set(rows) == seen
+        for entity, row in rows.items():
+            expected = _reference_row([e for e in events if e[key] == entity], D)
+            assert _rounded({c: row[c] for c in expected}) == _rounded(expected), entity
+            if entity.startswith("g"):  # generated chains stay within one day: no window splits them
+                for w in WINDOW_DAYS:
+                    for s in SCOPES:
+                        imps, clicks, convs = (row[counter_name(m, w, s)] for m in COUNT_METRICS.values())
+                        assert convs <= clicks <= imps, (entity, w, s)
+    assert (result.users, result.ads) == (len(_partition(spark, cfg, SILVER_USER_FEATURES, "user_id")),
+                                          len(_partition(spark, cfg, SILVER_AD_FEATURES, "ad_id")))
+
+
+def test_first_day_has_empty_partitions_and_a_record(spark, built):
+    cfg, _, _, start_result = built
+    assert (start_result.users, start_result.ads) == (0, 0)
+    record = lakehouse.require_completed(spark, cfg, "build_features", START)
+    assert record["rows_written"] == 0
+    assert set(record["table_versions"]) == {SILVER_USER_FEATURES.name, SILVER_AD_FEATURES.name}
+
+
+def test_rerun_rewrites_identical_partitions(spark, built):
+    cfg, _, result, _ = built
+
+    def snapshot() -> list[Any]:
+        return [sorted(repr(sorted(r.items())) for r in _partition(spark, cfg, t, k).values())
+                for t, k in ((SILVER_USER_FEATURES, "user_id"), (SILVER_AD_FEATURES, "ad_id"))]
+
+    before = snapshot()
+    again = build_features.run(cfg, D, spark)
+    assert snapshot() == before
+    assert (again.users, again.ads) == (result.users, result.ads)
+    records = lakehouse.read_table(spark, cfg, lakehouse.COMPLETIONS).where(
+        f"stage = 'build_features' AND ds = DATE'{D}'"
+    ).collect()
+    assert len(records) == 1 and records[0]["rows_written"] == result.users + result.ads
+
+
+def test_missing_validate_events_record_fails_naming_the_day(spark, built):
+    cfg, _, _, _ = built
+    gap_day, day = shift_day(D, 1), shift_day(D, 2)  # bronze gap_day was never validated
+    with pytest.raises(
+        lakehouse.MissingInputError,
+        match=f"'validate_events' has no completion record for ds={gap_day}.*jobs.validate_events --ds {gap_day}",
+    ):
+        build_features.run(cfg, day, spark)
+    assert lakehouse.completion(spark, cfg, "build_features", day) is None
+
+
+def test_bronze_days_read_are_the_longest_window_clipped_at_start_ds(tmp_path):
+    cfg = make_config(tmp_path, start_ds=START)
+    assert build_features.bronze_days(cfg, START) == []
+    assert build_features.bronze_days(cfg, "2026-01-03") == ["2026-01-01", "2026-01-02"]
+    days = build_features.bronze_days(cfg, "2026-03-01")
+    assert (days[0], days[-1], len(days)) == ("2026-02-01", "2026-02-28", 28)
+
+
+def test_cli_rejects_a_malformed_day():
+    proc = subprocess.run(
+        [PYTHON, "-m", "jobs.build_features", "--ds", "2026-02-30"], check=False, cwd=REPO, env=subprocess_env(),
+        capture_output=True, text=True,
+    )
+    assert proc.returncode == 2 and "YYYY-MM-DD" in proc.stderr
