@@ -1,4 +1,4 @@
-"""gem_daily: one day of events, landing -> bronze -> validated -> user sequences, for ds = the interval start day.
+"""gem_daily: one day of events, landing -> bronze -> validated -> sequences + features, for ds = the interval start day.
 
 Thin on purpose: every task is a `python -m jobs.<name> --ds <ds>` subprocess (so Spark never
 runs inside the Airflow worker), and the dates, schedule and commands come from
@@ -22,11 +22,19 @@ from gem.orchestration import (
     start_date,
 )
 
-JOBS = ("generate_events", "ingest_events", "validate_events", "build_sequences")
+# job -> the jobs it waits for. Sequences and features both read validated bronze; neither needs
+# the other, so they run side by side.
+UPSTREAM: dict[str, tuple[str, ...]] = {
+    "generate_events": (),
+    "ingest_events": ("generate_events",),
+    "validate_events": ("ingest_events",),
+    "build_sequences": ("validate_events",),
+    "build_features": ("validate_events",),
+}
 
 with DAG(
     dag_id="gem_daily",
-    description="Daily ad events: generate landing files, ingest to bronze Delta, validate.",
+    description="Daily ad events: landing -> bronze Delta -> validated -> user sequences and features.",
     schedule=daily_timetable(),
     start_date=start_date(),
     catchup=False,  # backfills go through `airflow backfill create`
@@ -36,9 +44,9 @@ with DAG(
     tags=["gem", "daily"],
     doc_md=__doc__,
 ) as dag:
-    previous = None
-    for job in JOBS:
-        task = BashOperator(
+    tasks = {}
+    for job, upstream in UPSTREAM.items():
+        tasks[job] = BashOperator(
             task_id=job,
             bash_command=job_command(job),
             cwd=str(REPO_ROOT),
@@ -47,6 +55,5 @@ with DAG(
             skip_on_exit_code=None,  # any non-zero exit is a failure (99 would otherwise mean "skipped")
             do_xcom_push=False,  # the last log line is not a result
         )
-        if previous is not None:
-            previous >> task
-        previous = task
+        for name in upstream:
+            tasks[name] >> tasks[job]

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 DS = "2026-01-01"
 # CronDataIntervalTimetable + `dags test DATE` process the last complete day before DATE.
 LOGICAL_DATE = manual_logical_date(DS)  # "2026-01-02"
-JOBS = ["generate_events", "ingest_events", "validate_events", "build_sequences"]
+JOBS = ["generate_events", "ingest_events", "validate_events", "build_sequences", "build_features"]
 RUN_TIMEOUT_S = 1800
 
 
@@ -143,7 +143,7 @@ def test_bronze_and_completions(dag_run: DagRunResult, spark: Any) -> None:
         r.stage: r
         for r in spark.read.format("delta").load(f"{lake}/_ops/completions").where(f"ds = DATE'{DS}'").collect()
     }
-    assert {"ingest_events", "validate_events", "build_sequences"} <= set(done), sorted(done)
+    assert {"ingest_events", "validate_events", "build_sequences", "build_features"} <= set(done), sorted(done)
     ingest = done["ingest_events"]
     assert ingest.rows_written == bronze_rows
     assert ingest.rows_quarantined == quarantined
