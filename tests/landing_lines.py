@@ -75,3 +75,22 @@ def write_day(landing_root: str, ds: str, lines: list[str], name: str = "part-0"
 
 def all_dirty_lines() -> list[str]:
     return [ln for lines in DIRTY_LINES.values() for ln in lines]
+
+
+def bronze_event(event_id: str, arrived: str, event_type: str = "impression", **fields: Any) -> dict[str, Any]:
+    """A bronze.ad_events row (typed: event_time a datetime) that arrived on `arrived`.
+
+    Built from `clean_event`, so a test states only what it cares about; a conversion gets a
+    conversion type and no position, as ingest requires.
+    """
+    is_conversion = event_type == "conversion"
+    row = clean_event(
+        event_id,
+        event_type=event_type,
+        event_time=dt.datetime(2026, 1, 1, 1),
+        position=None if is_conversion else 1,
+        conversion_type="lead" if is_conversion else None,
+    )
+    row.update(fields)
+    row["ds"] = dt.date.fromisoformat(arrived)
+    return row

@@ -28,6 +28,7 @@ from schemas.features import (
 from schemas.ops import COMPLETIONS
 from schemas.tasks import SURFACES
 from tests.conftest import PYTHON, REPO, make_config, subprocess_env
+from tests.landing_lines import bronze_event
 
 START = "2026-01-01"
 D = "2026-01-10"  # the feature day under test: counters as of the end of 2026-01-09
@@ -44,22 +45,10 @@ def _event(
     ad_id: str = "a1", surface: str = "reels", campaign_id: str = "c1",
 ) -> dict[str, Any]:
     """A bronze.ad_events row that arrived on `arrived`."""
-    return {
-        "event_id": event_id,
-        "event_type": event_type,
-        "event_time": event_time,
-        "user_id": user_id,
-        "ad_id": ad_id,
-        "advertiser_id": "adv1",
-        "campaign_id": campaign_id,
-        "objective": "sales",
-        "creative_type": "video",
-        "surface": surface,
-        "position": None if event_type == "conversion" else 1,
-        "conversion_type": "lead" if event_type == "conversion" else None,
-        "user_attrs": None,
-        "ds": dt.date.fromisoformat(arrived),
-    }
+    return bronze_event(
+        event_id, arrived, event_type, event_time=event_time, user_id=user_id, ad_id=ad_id,
+        surface=surface, campaign_id=campaign_id, user_attrs=None,
+    )
 
 
 def _hand_events() -> list[dict[str, Any]]:

@@ -16,6 +16,7 @@ from jobs import build_sequences
 from schemas.events import BRONZE_AD_EVENTS
 from schemas.sequences import SEQUENCE_COLUMNS, SEQUENCE_FIELDS, SILVER_USER_SEQUENCES
 from tests.conftest import PYTHON, REPO, make_config, subprocess_env
+from tests.landing_lines import bronze_event
 
 START = "2026-01-01"
 DAYS = [shift_day(START, i) for i in range(5)]
@@ -29,22 +30,10 @@ def _event(
     event_id: str, ds: str, user_id: str, event_type: str, event_time: dt.datetime, ad: int = 1
 ) -> dict[str, Any]:
     """A bronze.ad_events row arriving on `ds`."""
-    return {
-        "event_id": event_id,
-        "event_type": event_type,
-        "event_time": event_time,
-        "user_id": user_id,
-        "ad_id": f"a{ad}",
-        "advertiser_id": f"adv{ad % 3}",
-        "campaign_id": f"c{ad % 5}",
-        "objective": "sales",
-        "creative_type": "video",
-        "surface": "reels",
-        "position": None if event_type == "conversion" else 1,
-        "conversion_type": "lead" if event_type == "conversion" else None,
-        "user_attrs": None,
-        "ds": dt.date.fromisoformat(ds),
-    }
+    return bronze_event(
+        event_id, ds, event_type, event_time=event_time, user_id=user_id, ad_id=f"a{ad}",
+        advertiser_id=f"adv{ad % 3}", campaign_id=f"c{ad % 5}", user_attrs=None,
+    )
 
 
 def _random_days(seed: int = 11) -> dict[str, list[dict[str, Any]]]:

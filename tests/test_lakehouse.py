@@ -11,16 +11,14 @@ from schemas import TABLES
 from schemas.events import BRONZE_AD_EVENTS, BRONZE_QUARANTINE
 from schemas.ops import COMPLETIONS
 from tests.conftest import make_config
-from tests.landing_lines import clean_event
+from tests.landing_lines import bronze_event
 
 DAY = "2026-01-01"
 
 
 def _event(**fields):
-    """A bronze row: the landing test event, typed (event_time as a timestamp) and with its ds."""
-    row = clean_event("e1", event_time=dt.datetime(2026, 1, 1, 1), ds=dt.date(2026, 1, 1))
-    row.update(fields)
-    return row
+    arrived = fields.pop("ds", dt.date(2026, 1, 1)).isoformat()
+    return bronze_event(fields.pop("event_id", "e1"), arrived, **fields)
 
 
 def test_tables_are_created_from_their_schema_with_properties_and_constraints(spark, cfg):
