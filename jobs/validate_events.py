@@ -17,13 +17,13 @@ completion record last (rows_in = rows_written = rows validated, nothing quarant
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from gem.config import GemConfig, add_config_arg, load_config
+from gem.cli import job_parser
+from gem.config import GemConfig, load_config
 from gem.docs_assets import MissingDocsAssetsError
 from gem.lakehouse import (
     MissingInputError,
@@ -154,10 +154,7 @@ def _print_summary(summary: dict[str, Any]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Validate one day of bronze.ad_events (Great Expectations).")
-    parser.add_argument("--ds", required=True, help="arrival day, YYYY-MM-DD")
-    add_config_arg(parser)
-    args = parser.parse_args(argv)
+    args = job_parser("Validate one day of bronze.ad_events (Great Expectations).").parse_args(argv)
     cfg = load_config(args.config)
     try:
         summary = run(cfg, args.ds)
