@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+from typing import TYPE_CHECKING
 
 from gem.config import add_config_arg
+
+if TYPE_CHECKING:
+    from gem.config import GemConfig
 
 
 def iso_day(text: str) -> str:
@@ -25,3 +29,29 @@ def job_parser(description: str | None) -> argparse.ArgumentParser:
 
 def shift_day(ds: str, days: int) -> str:
     return (dt.date.fromisoformat(ds) + dt.timedelta(days=days)).isoformat()
+
+
+def day_range(first: str, last: str) -> list[str]:
+    """Every day from first to last inclusive: ("2026-01-30", "2026-02-01") -> 3 days; [] if last < first."""
+    start, end = dt.date.fromisoformat(first), dt.date.fromisoformat(last)
+    return [(start + dt.timedelta(days=i)).isoformat() for i in range((end - start).days + 1)]
+
+
+def examples_parser(description: str | None) -> argparse.ArgumentParser:
+    """`--ds D` (the impression day) or `--ready-on R` (the day whose attribution window closes on R)."""
+    parser = argparse.ArgumentParser(description=description)
+    day = parser.add_mutually_exclusive_group(required=True)
+    day.add_argument("--ds", type=iso_day, help="impression day, YYYY-MM-DD")
+    day.add_argument(
+        "--ready-on", type=iso_day, help="run day R: process ds = R - attribution_window_days (the DAG's form)"
+    )
+    add_config_arg(parser)
+    return parser
+
+
+def resolve_examples_day(cfg: "GemConfig", args: argparse.Namespace) -> str | None:
+    """The impression day to process; None when --ready-on names a day no window has closed on yet."""
+    if args.ds is not None:
+        return args.ds
+    ds = shift_day(args.ready_on, -cfg.attribution_window_days)
+    return ds if ds >= cfg.start_ds else None

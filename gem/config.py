@@ -30,6 +30,7 @@ from schemas.tasks import LABEL_TYPES, SURFACES  # the one task vocabulary
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ENV_PREFIX = "GEM__"
+MAX_CLICK_WINDOW_MINUTES = 24 * 60
 
 
 class ConfigError(ValueError):
@@ -105,6 +106,23 @@ def _default_null_rate_scopes() -> dict[str, str]:
 
 
 @dataclass(frozen=True)
+class RateRange:
+    min: float
+    max: float
+
+
+def _default_label_rates() -> dict[str, RateRange]:
+    # Per task (surface, label type): the share of a day's examples with the label. Conversion
+    # labels may be 0 for a small surface-day (objectives that convert are not served everywhere).
+    return {
+        "click": RateRange(0.001, 0.30),
+        "offsite_purchase": RateRange(0.0, 0.10),
+        "app_install": RateRange(0.0, 0.10),
+        "lead": RateRange(0.0, 0.10),
+    }
+
+
+@dataclass(frozen=True)
 class QualityConfig:
     min_surface_ctr: float = 0.001
     max_surface_ctr: float = 0.30
@@ -113,6 +131,14 @@ class QualityConfig:
     # quarantined_by_reason['duplicate_event_id'] / rows_in of the ingest record; critical above this.
     max_duplicate_rate: float = 0.05
     null_rate_scopes: dict[str, str] = field(default_factory=_default_null_rate_scopes)
+    # silver.training_examples: label rate bounds per label type, checked per task.
+    label_rates: dict[str, RateRange] = field(default_factory=_default_label_rates)
+    # silver.user_sequences: the share of each cap a day's busiest user must leave for events before
+    # an impression (see schemas/examples.py, late materialization); below it is a warning.
+    min_sequence_margin: float = 0.5
+    # silver features: share of rows with clicks_28d <= impressions_28d (a click just inside the
+    # window's start can count while its impression, just outside, does not).
+    min_clicks_within_impressions: float = 0.99
     # Where the Great Expectations project (results, Data Docs) lives; default under the lakehouse.
     gx_dir: str = ""
     # Pinned CSS/JS/fonts Data Docs pages load, fetched once at set-up (infra/dq_assets/assets.txt)
@@ -144,7 +170,11 @@ class GemConfig:
     surfaces: tuple[str, ...] = SURFACES
     # Label types trained on; a task is (surface, label type) over the enabled ones (see `tasks`).
     label_types: tuple[str, ...] = LABEL_TYPES
+    # Last-click attribution: a conversion counts for an impression only if it arrived by the
+    # impression's day + this many days (schemas/examples.py).
     attribution_window_days: int = 7
+    # A click links to the user's latest impression of the ad on the surface at most this long before it.
+    click_window_minutes: int = 60
     training_horizon_days: int = 30
     # Delta log and removed-file retention; must exceed attribution window + training horizon.
     retention_days: int = 60
@@ -162,9 +192,19 @@ class GemConfig:
         unknown = sorted(set(self.label_types) - set(LABEL_TYPES))
         if unknown:
             raise ConfigError(f"label_types {unknown} are not in schemas.tasks.LABEL_TYPES {list(LABEL_TYPES)}")
+        missing = sorted(set(self.label_types) - set(self.quality.label_rates))
+        if missing:
+            raise ConfigError(f"quality.label_rates lacks label types {missing}")
         missing = sorted(set(self.surfaces) - set(self.generator.surface_params))
         if missing:
             raise ConfigError(f"generator.surface_params lacks surfaces {missing}")
+        if self.attribution_window_days < 0:
+            raise ConfigError(f"attribution_window_days must be >= 0, got {self.attribution_window_days}")
+        if not 1 <= self.click_window_minutes <= MAX_CLICK_WINDOW_MINUTES:
+            # assemble_examples reads the impressions of a click's day and the day before only.
+            raise ConfigError(
+                f"click_window_minutes must be in [1, {MAX_CLICK_WINDOW_MINUTES}], got {self.click_window_minutes}"
+            )
         floor = self.attribution_window_days + self.training_horizon_days
         if self.retention_days <= floor:
             raise ConfigError(

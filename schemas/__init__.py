@@ -4,6 +4,7 @@
 """
 
 from schemas.events import BRONZE_AD_EVENTS, BRONZE_QUARANTINE, LANDING_EVENTS
+from schemas.examples import SILVER_ATTRIBUTION_QUARANTINE, SILVER_TRAINING_EXAMPLES
 from schemas.features import SILVER_AD_FEATURES, SILVER_USER_FEATURES
 from schemas.ops import COMPLETIONS
 from schemas.sequences import SILVER_USER_SEQUENCES
@@ -18,6 +19,8 @@ TABLES: dict[str, TableSchema] = {
         SILVER_USER_SEQUENCES,
         SILVER_USER_FEATURES,
         SILVER_AD_FEATURES,
+        SILVER_TRAINING_EXAMPLES,
+        SILVER_ATTRIBUTION_QUARANTINE,
     )
 }
 

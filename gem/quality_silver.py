@@ -1,0 +1,186 @@
+"""Data-quality suites for the silver tables: sequences, features, training examples.
+
+Each suite is a list of GX expectations over ONE ds partition of its table (the batch). Rules that
+span columns or rows are `UnexpectedRowsExpectation` queries returning the offending rows (Spark
+SQL, `{batch}` is the partition), so several per-column rules fold into one query and one Spark
+job. Critical rules break a table's contract (the job fails, no completion record); warnings are
+reported in the Data Docs only.
+
+  silver.user_sequences: each sequence within its cap and as long as min(count, cap); elements
+      strictly ordered by (event_time, event_id); last_event_time not before any element; one row
+      per user. Warning: the cap margin (schemas/examples.py), as a one-row statistic.
+  silver.user_features / silver.ad_features: one row per entity; windows nested (1d <= 7d <= 28d);
+      per-surface counts add up to the all-surfaces count; clicks_28d <= impressions_28d for at
+      least `quality.min_clicks_within_impressions` of rows (window-edge clicks, see schemas/features.py).
+  silver.training_examples: one row per impression; label rate per task within
+      `quality.label_rates`; a conversion label implies the click label; every example's
+      (user_id, sequence_ds) row exists in silver.user_sequences; features_ds is the impression's day.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from gem.config import GemConfig
+from gem.quality import _between, _gxe, _meta, _severity
+from schemas.examples import LABEL_COLUMNS
+from schemas.features import COUNT_METRICS, WINDOW_DAYS, counter_name
+from schemas.sequences import SEQUENCE_COLUMNS
+from schemas.tasks import SURFACES
+
+if TYPE_CHECKING:
+    from great_expectations.expectations import Expectation
+    from pyspark.sql import DataFrame
+
+
+def _rows_breaking(rule: str, where: str, critical: bool = True, select: str = "*") -> Expectation:
+    """An expectation that no row of the batch matches `where`."""
+    return _gxe().UnexpectedRowsExpectation(
+        unexpected_rows_query=f"SELECT {select} FROM {{batch}} WHERE {where}",
+        description=f"No row with: {where}",
+        meta=_meta(rule, critical),
+        severity=_severity(critical),
+    )
+
+
+def _groups_breaking(rule: str, query: str, critical: bool = True) -> Expectation:
+    return _gxe().UnexpectedRowsExpectation(
+        unexpected_rows_query=query, description=rule, meta=_meta(rule, critical), severity=_severity(critical)
+    )
+
+
+def _unique(rule: str, key: str) -> Expectation:
+    return _groups_breaking(rule, f"SELECT {key}, count(*) AS n FROM {{batch}} GROUP BY {key} HAVING count(*) > 1")
+
+
+def _any_of(terms: list[str]) -> str:
+    return " OR ".join(f"({t})" for t in terms)
+
+
+# --------------------------------------------------------------------------------------------------
+# silver.user_sequences
+
+
+def _caps(cfg: GemConfig) -> dict[str, int]:
+    """sequence column -> its cap."""
+    return {seq: int(getattr(cfg.sequence_caps, t)) for t, (seq, _) in SEQUENCE_COLUMNS.items()}
+
+
+def sequence_expectations(cfg: GemConfig) -> list[Expectation]:
+    caps = _caps(cfg)
+    counts = {seq: n for seq, n in SEQUENCE_COLUMNS.values()}
+    # Consecutive pairs (a, b) of a sequence; structs compare field by field: (event_time, event_id, ...).
+    pairs = "zip_with(slice({s}, 1, greatest(size({s}) - 1, 0)), slice({s}, 2, greatest(size({s}) - 1, 0)), (a, b) -> a < b)"
+    return [
+        _rows_breaking("sequences_within_caps", _any_of([f"size({s}) > {cap}" for s, cap in caps.items()]),
+                       select="user_id"),
+        _rows_breaking("sequence_length_is_min_count_cap",
+                       _any_of([f"size({s}) <> least({counts[s]}, {cap})" for s, cap in caps.items()]),
+                       select="user_id"),
+        _rows_breaking("sequences_strictly_ordered",
+                       _any_of([f"NOT forall({pairs.format(s=s)}, x -> x)" for s in caps]), select="user_id"),
+        _rows_breaking("last_event_time_is_latest",
+                       _any_of([f"exists({s}, e -> e.event_time > last_event_time)" for s in caps]),
+                       select="user_id"),
+        _unique("one_row_per_user", "user_id"),
+    ]
+
+
+def day_events_column(seq: str) -> str:
+    return f"max_user_day_events__{seq}"
+
+
+def sequence_margin_statistics(rows: DataFrame, ds: str) -> dict[str, int]:
+    """For each sequence: the most elements one user has with event_time on ds (the day's events
+    that sit after any impression of that day in its snapshot). One Spark pass over the partition."""
+    from pyspark.sql import functions as F
+
+    day_start = F.lit(f"{ds} 00:00:00").cast("timestamp")
+    exprs = [
+        F.max(F.size(F.filter(F.col(seq), lambda e: e["event_time"] >= day_start))).alias(day_events_column(seq))
+        for seq, _ in SEQUENCE_COLUMNS.values()
+    ]
+    row = rows.agg(*exprs).collect()[0].asDict()
+    return {k: int(v or 0) for k, v in row.items()}
+
+
+def sequence_margin_expectations(cfg: GemConfig) -> list[Expectation]:
+    """Warnings: the busiest user of the day leaves at least min_sequence_margin of each cap."""
+    margin = cfg.quality.min_sequence_margin
+    return [
+        _between(day_events_column(seq), 0, int(cap * (1.0 - margin)), f"cap_margin:{seq}", False)
+        for seq, cap in _caps(cfg).items()
+    ]
+
+
+# --------------------------------------------------------------------------------------------------
+# silver.user_features / silver.ad_features
+
+
+def feature_expectations(cfg: GemConfig, key: str) -> list[Expectation]:
+    nested, added_up = [], []
+    for metric in COUNT_METRICS.values():
+        short, mid, long_ = (counter_name(metric, w) for w in WINDOW_DAYS)
+        nested.append(f"{short} > {mid} OR {mid} > {long_}")
+        for w in WINDOW_DAYS:
+            per_surface = " + ".join(counter_name(metric, w, s) for s in SURFACES)
+            added_up.append(f"{counter_name(metric, w)} <> {per_surface}")
+    return [
+        _unique(f"one_row_per_{key}", key),
+        _rows_breaking("windows_nested", _any_of(nested), select=key),
+        _rows_breaking("surfaces_add_up", _any_of(added_up), select=key),
+        _gxe().ExpectColumnPairValuesAToBeGreaterThanB(
+            column_A=counter_name("impressions", max(WINDOW_DAYS)),
+            column_B=counter_name("clicks", max(WINDOW_DAYS)),
+            or_equal=True,
+            mostly=cfg.quality.min_clicks_within_impressions,
+            meta=_meta("clicks_within_impressions", True),
+            severity=_severity(True),
+        ),
+    ]
+
+
+# --------------------------------------------------------------------------------------------------
+# silver.training_examples
+
+
+def example_expectations(cfg: GemConfig, sequences_path: str) -> list[Expectation]:
+    surfaces = ", ".join(f"'{s}'" for s in cfg.surfaces)
+    out = [_unique("one_row_per_impression", "impression_id")]
+    for label_type in cfg.label_types:
+        col, bounds = LABEL_COLUMNS[label_type], cfg.quality.label_rates[label_type]
+        out.append(_groups_breaking(
+            f"label_rate:{label_type}",
+            f"SELECT surface, avg({col}) AS rate, count(*) AS examples FROM {{batch}} "
+            f"WHERE surface IN ({surfaces}) GROUP BY surface "
+            f"HAVING avg({col}) < {bounds.min} OR avg({col}) > {bounds.max}",
+        ))
+    click = LABEL_COLUMNS["click"]
+    conversion_labels = [c for t, c in LABEL_COLUMNS.items() if t != "click"]
+    out += [
+        _rows_breaking("conversion_label_implies_click",
+                       f"{click} = 0 AND ({' + '.join(conversion_labels)}) > 0", select="impression_id"),
+        _rows_breaking("attributed_at_least_labels",
+                       f"attributed_conversions < {' + '.join(conversion_labels)}", select="impression_id"),
+        _rows_breaking("features_of_impression_day", "features_ds <> to_date(impression_time) OR features_ds > ds",
+                       select="impression_id"),
+        _groups_breaking(
+            "sequence_snapshot_exists",
+            f"SELECT b.impression_id, b.user_id, b.sequence_ds FROM {{batch}} b LEFT ANTI JOIN "
+            f"delta.`{sequences_path}` s ON s.ds = b.sequence_ds AND s.user_id = b.user_id",
+        ),
+    ]
+    return out
+
+
+def example_label_rates(examples: DataFrame, cfg: GemConfig) -> dict[str, dict[str, float]]:
+    """task name -> {"examples": n, "positives": k, "rate": k / n}, for the demo and the closing note."""
+    from pyspark.sql import functions as F
+
+    aggs = [F.count("*").alias("n")] + [F.sum(LABEL_COLUMNS[t]).alias(t) for t in cfg.label_types]
+    out: dict[str, dict[str, Any]] = {}
+    for r in examples.groupBy("surface").agg(*aggs).collect():
+        for t in cfg.label_types:
+            k = int(r[t] or 0)
+            out[f"{r['surface']}/{t}"] = {"examples": int(r["n"]), "positives": k, "rate": k / r["n"]}
+    return out

@@ -1,0 +1,331 @@
+"""silver.training_examples: click and conversion links, the attribution window's edge, quarantine
+reasons and reconciliation, point-in-time features, late-materialized sequences cut strictly before
+the impression, agreement with a plain Python implementation of the rules on random traffic,
+idempotent reruns and gated inputs."""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+import subprocess
+from typing import Any
+
+import pytest
+
+from gem import lakehouse
+from gem.cli import day_range, shift_day
+from gem.data.sequences import cut_before
+from jobs import assemble_examples, build_features, build_sequences
+from schemas.events import BRONZE_AD_EVENTS
+from schemas.examples import LABEL_COLUMNS, SILVER_ATTRIBUTION_QUARANTINE, SILVER_TRAINING_EXAMPLES
+from schemas.ops import COMPLETIONS
+from schemas.sequences import SEQUENCE_COLUMNS, SILVER_USER_SEQUENCES
+from tests.conftest import PYTHON, REPO, make_config, subprocess_env
+from tests.landing_lines import bronze_event
+
+W = 2  # attribution window (days) of these tests
+S = "2026-01-01"  # start_ds
+D = "2026-01-03"  # the impression day most rules are checked on
+LAST = shift_day(S, 7)  # bronze and validate_events records exist for S..LAST
+ASSEMBLED = day_range(S, shift_day(LAST, -W))  # every day whose window closes by LAST
+MS = dt.timedelta(milliseconds=1)
+
+
+def _at(day: str, hours: float = 0.0, seconds: float = 0.0) -> dt.datetime:
+    return dt.datetime.fromisoformat(day) + dt.timedelta(hours=hours, seconds=seconds)
+
+
+def _ev(event_id: str, arrived: str, event_type: str, when: dt.datetime, user: str, ad: str,
+        surface: str = "reels", conversion_type: str = "lead") -> dict[str, Any]:
+    extra = {"conversion_type": conversion_type} if event_type == "conversion" else {}
+    return bronze_event(event_id, arrived, event_type, event_time=when, user_id=user, ad_id=ad, surface=surface,
+                        user_attrs=None, **extra)
+
+
+T = _at(D, 12)  # the impression whose sequence is materialized
+
+
+def _planted() -> list[dict[str, Any]]:
+    d1, dw, dw1 = shift_day(D, 1), shift_day(D, W), shift_day(D, W + 1)
+    return [
+        # --- late materialization: u_seq's events on earlier days, just before, at and after T.
+        _ev("s-old-imp", S, "impression", _at(S, 5), "u_seq", "a_x"),
+        _ev("s-old-clk", S, "click", _at(S, 5, 30), "u_seq", "a_x"),
+        _ev("s-prev-imp", shift_day(D, -1), "impression", _at(shift_day(D, -1), 23), "u_seq", "a_y"),
+        _ev("s-before", D, "click", T - MS, "u_seq", "a_y"),
+        _ev("s-target", D, "impression", T, "u_seq", "a_z"),
+        _ev("s-same-ms", D, "impression", T, "u_seq", "a_w"),
+        _ev("s-after", D, "impression", T + MS, "u_seq", "a_z"),
+        _ev("s-after-clk", D, "click", T + dt.timedelta(seconds=5), "u_seq", "a_z"),
+        # --- attribution edge: a click on D; a lead on D+W arriving D+W counts; an app install on D+W
+        # arriving D+W+1 and an offsite purchase on D+W+1 do not.
+        _ev("e-imp", D, "impression", _at(D, 10), "u_edge", "a_edge"),
+        _ev("e-clk", D, "click", _at(D, 10, 20), "u_edge", "a_edge"),
+        _ev("e-conv-in", dw, "conversion", _at(dw, 23.9), "u_edge", "a_edge", conversion_type="lead"),
+        _ev("e-conv-late", dw1, "conversion", _at(dw, 23.95), "u_edge", "a_edge", conversion_type="app_install"),
+        _ev("e-conv-out", dw1, "conversion", _at(dw1, 1), "u_edge", "a_edge", conversion_type="offsite_purchase"),
+        # --- last click wins: clicks on D and D+1 on the same ad; the conversion goes to D+1's impression.
+        _ev("l-imp-a", D, "impression", _at(D, 8), "u_last", "a_last"),
+        _ev("l-clk-a", D, "click", _at(D, 8, 10), "u_last", "a_last"),
+        _ev("l-imp-b", d1, "impression", _at(d1, 8), "u_last", "a_last"),
+        _ev("l-clk-b", d1, "click", _at(d1, 8, 10), "u_last", "a_last"),
+        _ev("l-conv", d1, "conversion", _at(d1, 12), "u_last", "a_last"),
+        # --- a click just after midnight labels the impression of D it follows.
+        _ev("m-imp", D, "impression", _at(D, 23, 3590), "u_mid", "a_mid"),
+        _ev("m-clk", d1, "click", _at(d1, 0, 20), "u_mid", "a_mid"),
+        # --- quarantine: a conversion without any click; one whose click has no impression (the
+        # impression is 2 hours before the click, outside the 60-minute click window).
+        _ev("o-conv", D, "conversion", _at(D, 15), "u_orphan", "a_orphan"),
+        _ev("n-imp", D, "impression", _at(D, 1), "u_noimp", "a_noimp"),
+        _ev("n-clk", D, "click", _at(D, 3), "u_noimp", "a_noimp"),
+        _ev("n-conv", D, "conversion", _at(D, 4), "u_noimp", "a_noimp"),
+    ]
+
+
+def _random_traffic(seed: int = 11) -> list[dict[str, Any]]:
+    """Impressions on every day; clicks seconds to 90 minutes later (some outside the click window),
+    a few clicks with no impression; conversions 0-3 days after clicks; arrivals 0-2 days late."""
+    rng = random.Random(seed)
+    rows: list[dict[str, Any]] = []
+
+    def arrival(when: dt.datetime) -> str | None:
+        day = shift_day(when.date().isoformat(), rng.choice([0, 0, 0, 1, 2, 3]))
+        return day if day <= LAST else None
+
+    for day in day_range(S, LAST):
+        for n in range(60):
+            user, ad, surface = f"r{rng.randint(0, 5)}", f"ra{rng.randint(0, 3)}", rng.choice(["reels", "fb_feed"])
+            t = _at(day, rng.uniform(0, 23.9))
+            rows.append(_ev(f"r-{day}-{n}-i", day, "impression", t, user, ad, surface))
+            if rng.random() < 0.5:
+                k = t + dt.timedelta(minutes=rng.choice([0.2, 5, 45, 90]))
+                if rng.random() < 0.1:  # a click on an ad the user was not shown
+                    ad = "ra-none"
+                if (arrived := arrival(k)) is not None:
+                    rows.append(_ev(f"r-{day}-{n}-k", arrived, "click", k, user, ad, surface))
+                for j in range(rng.choice([0, 0, 1, 2])):
+                    c = k + dt.timedelta(hours=rng.uniform(0, 72))
+                    ctype = rng.choice(["lead", "app_install", "offsite_purchase"])
+                    if (arrived := arrival(c)) is not None:
+                        rows.append(_ev(f"r-{day}-{n}-c{j}", arrived, "conversion", c, user, ad, surface, ctype))
+    return rows
+
+
+def _records(stage: str, days: list[str]) -> list[dict[str, Any]]:
+    now = dt.datetime(2026, 2, 1)
+    return [{"stage": stage, "ds": dt.date.fromisoformat(d), "run_id": f"test:{d}", "rows_in": 0,
+             "rows_written": 0, "rows_quarantined": 0, "quarantined_by_reason": {}, "table_versions": {},
+             "completed_at": now} for d in days]
+
+
+def _append_records(spark, cfg, records: list[dict[str, Any]]) -> None:
+    path = lakehouse.ensure_table(spark, cfg, COMPLETIONS)
+    spark.createDataFrame(records, COMPLETIONS.spark_schema()).write.format("delta").mode("append").save(path)
+
+
+@pytest.fixture(scope="module")
+def assembled(spark, tmp_path_factory):
+    """Bronze S..LAST planted + random traffic, validate records for all of it; sequences built for
+    S..D, features for the assembled days (silver validation records stand in for validate_silver,
+    whose suites are tested in test_quality_silver); examples assembled for every ready day."""
+    cfg = make_config(tmp_path_factory.mktemp("examples"), start_ds=S, attribution_window_days=W)
+    events = _planted() + _random_traffic()
+    path = lakehouse.ensure_table(spark, cfg, BRONZE_AD_EVENTS)
+    spark.createDataFrame(events, BRONZE_AD_EVENTS.spark_schema()).write.format("delta").mode("append").save(path)
+    _append_records(spark, cfg, _records("validate_events", day_range(S, LAST)) + _records("validate_silver", ASSEMBLED))
+    for day in day_range(S, D):
+        build_sequences.run(cfg, day, spark)
+    for day in ASSEMBLED:
+        build_features.run(cfg, day, spark)
+    results = {day: assemble_examples.run(cfg, day, spark) for day in ASSEMBLED}
+    return cfg, events, results
+
+
+def _examples(spark, cfg, ds: str | None = None) -> dict[str, dict[str, Any]]:
+    df = lakehouse.read_table(spark, cfg, SILVER_TRAINING_EXAMPLES)
+    if ds is not None:
+        df = df.where(f"ds = DATE'{ds}'")
+    return {r["impression_id"]: r.asDict() for r in df.collect()}
+
+
+def _quarantine(spark, cfg) -> dict[str, dict[str, Any]]:
+    return {r["conversion_id"]: r.asDict() for r in lakehouse.read_table(spark, cfg, SILVER_ATTRIBUTION_QUARANTINE).collect()}
+
+
+def _labels(row: dict[str, Any]) -> dict[str, int]:
+    return {t: row[c] for t, c in LABEL_COLUMNS.items()}
+
+
+def test_attribution_window_edge(spark, assembled):
+    cfg, _, _ = assembled
+    ex, q = _examples(spark, cfg), _quarantine(spark, cfg)
+    # The lead on D+W that arrived on D+W counts; nothing else does.
+    assert _labels(ex["e-imp"]) == {"click": 1, "lead": 1, "app_install": 0, "offsite_purchase": 0}
+    assert ex["e-imp"]["attributed_conversions"] == 1
+    # Happened on D+W but arrived on D+W+1: too late for D's impression.
+    assert q["e-conv-late"]["reason"] == "after_impression_window" and q["e-conv-late"]["impression_id"] == "e-imp"
+    # Happened on D+W+1: the click is outside the window before it.
+    assert q["e-conv-out"]["reason"] == "no_click_in_window"
+    assert {q[c]["ds"].isoformat() for c in ("e-conv-late", "e-conv-out")} == {shift_day(D, W + 1)}
+
+
+def test_last_click_and_click_links(spark, assembled):
+    cfg, _, _ = assembled
+    ex = _examples(spark, cfg)
+    assert (ex["l-imp-a"]["label_click"], ex["l-imp-a"]["label_lead"]) == (1, 0)
+    assert (ex["l-imp-b"]["label_click"], ex["l-imp-b"]["label_lead"]) == (1, 1)
+    assert ex["m-imp"]["ds"].isoformat() == D and ex["m-imp"]["label_click"] == 1
+    assert ex["n-imp"]["label_click"] == 0  # its click came 2 hours later: outside the click window
+    assert _labels(ex["s-after"]) == {"click": 1, "lead": 0, "app_install": 0, "offsite_purchase": 0}
+    assert ex["s-target"]["label_click"] == 0
+
+
+def test_unmatched_conversions_quarantined_and_counts_reconcile(spark, assembled):
+    cfg, events, results = assembled
+    q = _quarantine(spark, cfg)
+    assert q["o-conv"]["reason"] == "no_click_in_window" and q["o-conv"]["click_id"] is None
+    assert q["n-conv"]["reason"] == "click_without_impression" and q["n-conv"]["click_id"] == "n-clk"
+    for day, r in results.items():
+        arrived = [e for e in events if e["event_type"] == "conversion" and e["ds"].isoformat() == day]
+        impressions = [e for e in events if e["event_type"] == "impression" and e["ds"].isoformat() == day]
+        assert r.conversions_in == len(arrived)
+        assert r.attributed + sum(r.quarantined_by_reason.values()) == len(arrived)
+        assert r.examples == len(impressions)
+        record = lakehouse.completion(spark, cfg, "assemble_examples", day)
+        assert record["rows_in"] == len(arrived) + len(impressions)
+        assert record["rows_quarantined"] == sum(1 for c in q.values() if c["ds"].isoformat() == day)
+    # Attributed conversions land on examples: every day whose conversions can only go to assembled
+    # impression days (arrival day X attributes to X-W..X) sums up on both sides.
+    closed = [d for d in ASSEMBLED if shift_day(d, -W) >= S]
+    attributed_by_arrival = sum(results[d].attributed for d in closed)
+    ex = _examples(spark, cfg)
+    conversion_arrival = {e["event_id"]: e["ds"].isoformat() for e in events if e["event_type"] == "conversion"}
+    assert attributed_by_arrival == _reference_attributed_count(events, closed, conversion_arrival)
+    assert sum(row["attributed_conversions"] for row in ex.values()) >= attributed_by_arrival
+
+
+def _reference_attributed_count(events, days, conversion_arrival) -> int:
+    outcomes = _reference_outcomes(events)
+    return sum(1 for cid, (reason, _) in outcomes.items() if reason is None and conversion_arrival[cid] in days)
+
+
+# --------------------------------------------------------------------------------------------------
+# A plain Python implementation of schemas/examples.py's rules.
+
+
+def _reference_links(events) -> dict[str, dict[str, Any] | None]:
+    imps = [e for e in events if e["event_type"] == "impression"]
+    links = {}
+    for k in (e for e in events if e["event_type"] == "click"):
+        cands = [i for i in imps if (i["user_id"], i["ad_id"], i["surface"]) == (k["user_id"], k["ad_id"], k["surface"])
+                 and k["event_time"] - dt.timedelta(minutes=60) <= i["event_time"] <= k["event_time"]
+                 and i["ds"] <= k["ds"]]
+        links[k["event_id"]] = max(cands, key=lambda i: (i["event_time"], i["event_id"])) if cands else None
+    return links
+
+
+def _reference_outcomes(events) -> dict[str, tuple[str | None, dict[str, Any] | None]]:
+    """conversion id -> (reason or None, the impression it is attributed to)."""
+    links = _reference_links(events)
+    clicks = [e for e in events if e["event_type"] == "click"]
+    out = {}
+    for c in (e for e in events if e["event_type"] == "conversion"):
+        day = c["event_time"].date()
+        if (c["ds"] - day).days > W:
+            out[c["event_id"]] = ("arrived_after_window", None)
+            continue
+        cands = [k for k in clicks if (k["user_id"], k["ad_id"]) == (c["user_id"], c["ad_id"])
+                 and k["event_time"] <= c["event_time"] and (day - k["event_time"].date()).days <= W
+                 and k["ds"] <= c["ds"]]
+        if not cands:
+            out[c["event_id"]] = ("no_click_in_window", None)
+            continue
+        imp = links[max(cands, key=lambda k: (k["event_time"], k["event_id"]))["event_id"]]
+        if imp is None:
+            out[c["event_id"]] = ("click_without_impression", None)
+        elif (c["ds"] - imp["ds"]).days > W:
+            out[c["event_id"]] = ("after_impression_window", imp)
+        else:
+            out[c["event_id"]] = (None, imp)
+    return out
+
+
+def test_labels_and_quarantine_equal_a_plain_python_reference(spark, assembled):
+    cfg, events, _ = assembled
+    by_id = {e["event_id"]: e for e in events}
+    click_days: dict[str, list[dt.date]] = {}  # impression id -> arrival days of its clicks
+    for kid, imp in _reference_links(events).items():
+        if imp is not None:
+            click_days.setdefault(imp["event_id"], []).append(by_id[kid]["ds"])
+    outcomes = _reference_outcomes(events)
+    converted: dict[str, set[str]] = {}  # impression id -> conversion types attributed
+    for cid, (reason, imp) in outcomes.items():
+        if reason is None:
+            converted.setdefault(imp["event_id"], set()).add(by_id[cid]["conversion_type"])
+    expected: dict[str, dict[str, int]] = {}
+    for i in (e for e in events if e["event_type"] == "impression" and e["ds"].isoformat() in ASSEMBLED):
+        window_end = dt.date.fromisoformat(shift_day(i["ds"].isoformat(), W))
+        labels = {t: int(t in converted.get(i["event_id"], set())) for t in LABEL_COLUMNS}
+        labels["click"] = int(any(d <= window_end for d in click_days.get(i["event_id"], [])))
+        expected[i["event_id"]] = labels
+    got = {iid: _labels(row) for iid, row in _examples(spark, cfg).items()}
+    assert got == expected
+    assert sum(v["click"] for v in got.values()) > 50 and sum(v["lead"] for v in got.values()) > 5
+    expected_q = {cid: reason for cid, (reason, _) in outcomes.items()
+                  if reason is not None and by_id[cid]["ds"].isoformat() in ASSEMBLED}
+    assert {cid: r["reason"] for cid, r in _quarantine(spark, cfg).items()} == expected_q
+    assert len(set(expected_q.values())) == 4  # every reason occurs
+
+
+def test_features_are_the_impression_days_counters(spark, assembled):
+    cfg, _, _ = assembled
+    row = _examples(spark, cfg, D)["s-target"]
+    user = lakehouse.read_table(spark, cfg, build_features.SILVER_USER_FEATURES).where(
+        f"ds = DATE'{D}' AND user_id = 'u_seq'").collect()[0]
+    assert row["features_ds"].isoformat() == D and row["sequence_ds"].isoformat() == D
+    # As of the end of D-1: S's impression + click and D-1's impression; nothing of D.
+    assert (row["user_impressions_28d"], row["user_clicks_28d"]) == (user["impressions_28d"], user["clicks_28d"]) == (2, 1)
+    assert row["user_impressions_1d"] == 1 and row["ad_impressions_28d"] == 0  # a_z first shown on D
+
+
+def test_materialized_sequence_is_strictly_before_the_impression(spark, assembled):
+    cfg, _, _ = assembled
+    ex = _examples(spark, cfg, D)
+    snapshot = lakehouse.read_table(spark, cfg, SILVER_USER_SEQUENCES).where(
+        f"ds = DATE'{ex['s-target']['sequence_ds']}' AND user_id = 'u_seq'").collect()[0].asDict(recursive=True)
+    ids = {}
+    for event_type, (seq, _) in SEQUENCE_COLUMNS.items():
+        ids[event_type] = [e["event_id"] for e in cut_before(snapshot[seq], ex["s-target"]["impression_time"])]
+    # Earlier days and the click a millisecond before; not the target, its same-millisecond
+    # neighbour, or anything after.
+    assert ids == {"impression": ["s-old-imp", "s-prev-imp"], "click": ["s-old-clk", "s-before"], "conversion": []}
+    # The impression a millisecond later sees both impressions at T and the click before it.
+    after = [e["event_id"] for e in cut_before(snapshot["impressions"], ex["s-after"]["impression_time"])]
+    assert after == ["s-old-imp", "s-prev-imp", "s-same-ms", "s-target"]
+
+
+def test_rerun_is_idempotent(spark, assembled):
+    cfg, _, results = assembled
+    before = (_examples(spark, cfg, D), sorted(_quarantine(spark, cfg)))
+    again = assemble_examples.run(cfg, D, spark)
+    assert (again.examples, again.attributed, again.quarantined_by_reason) == (
+        results[D].examples, results[D].attributed, results[D].quarantined_by_reason)
+    assert (_examples(spark, cfg, D), sorted(_quarantine(spark, cfg))) == before
+
+
+def test_missing_inputs_fail_naming_the_stage(spark, tmp_path):
+    cfg = make_config(tmp_path, start_ds=S, attribution_window_days=W)
+    _append_records(spark, cfg, _records("validate_events", day_range(S, shift_day(D, W - 1))))
+    with pytest.raises(lakehouse.MissingInputError, match=f"validate_events.*ds={shift_day(D, W)}"):
+        assemble_examples.run(cfg, D, spark)
+
+
+def test_cli_ready_on_before_any_window_closes_exits_99(tmp_path):
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(f"lakehouse_uri: {tmp_path / 'lake'}\nstart_ds: '{S}'\nattribution_window_days: {W}\n")
+    proc = subprocess.run(
+        [PYTHON, "-m", "jobs.assemble_examples", "--ready-on", shift_day(S, W - 1)],
+        cwd=REPO, env=subprocess_env(cfg_path), capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == assemble_examples.NOTHING_READY_EXIT, proc.stderr
+    assert "nothing to do" in proc.stdout
