@@ -1,6 +1,6 @@
-"""gem_daily: one day of events, landing -> bronze -> validated -> sequences + features, for ds = the interval start day.
+"""gem_daily: one day of ads data, landing -> bronze -> silver sequences, features and training examples.
 
-Thin on purpose: every task is a `python -m jobs.<name> --ds <ds>` subprocess (so Spark never
+Thin on purpose: every task is a `python -m jobs.<name> --ds <ds>` (or `--ready-on <ds>`) subprocess (so Spark never
 runs inside the Airflow worker), and the dates, schedule and commands come from
 gem.orchestration. The jobs read their config from $GEM_CONFIG in the worker's environment.
 
@@ -14,27 +14,33 @@ from airflow.sdk import DAG
 
 from gem.orchestration import (
     REPO_ROOT,
+    JobTask,
     daily_timetable,
     default_args,
-    job_command,
     job_env,
     partition_ds,
     start_date,
 )
 
-# job -> the jobs it waits for. Sequences and features both read validated bronze; neither needs
-# the other, so they run side by side.
-UPSTREAM: dict[str, tuple[str, ...]] = {
-    "generate_events": (),
-    "ingest_events": ("generate_events",),
-    "validate_events": ("ingest_events",),
-    "build_sequences": ("validate_events",),
-    "build_features": ("validate_events",),
+# task -> the job it runs and the tasks it waits for. Sequences and features both read validated
+# bronze and run side by side; examples are assembled for the day whose attribution window closes
+# on this run's day (--ready-on), from validated silver.
+TASKS: dict[str, JobTask] = {
+    "generate_events": JobTask("generate_events"),
+    "ingest_events": JobTask("ingest_events", upstream=("generate_events",)),
+    "validate_events": JobTask("validate_events", upstream=("ingest_events",)),
+    "build_sequences": JobTask("build_sequences", upstream=("validate_events",)),
+    "build_features": JobTask("build_features", upstream=("validate_events",)),
+    "validate_silver": JobTask("validate_silver", upstream=("build_sequences", "build_features")),
+    "assemble_examples": JobTask("assemble_examples", upstream=("validate_silver",), ready_on=True),
+    "validate_examples": JobTask(
+        "validate_silver", upstream=("assemble_examples",), extra_args="--examples", ready_on=True
+    ),
 }
 
 with DAG(
     dag_id="gem_daily",
-    description="Daily ad events: landing -> bronze Delta -> validated -> user sequences and features.",
+    description="Daily ads data: landing -> bronze -> validated -> sequences + features -> training examples.",
     schedule=daily_timetable(),
     start_date=start_date(),
     catchup=False,  # backfills go through `airflow backfill create`
@@ -45,15 +51,16 @@ with DAG(
     doc_md=__doc__,
 ) as dag:
     tasks = {}
-    for job, upstream in UPSTREAM.items():
-        tasks[job] = BashOperator(
-            task_id=job,
-            bash_command=job_command(job),
+    for task_id, job in TASKS.items():
+        tasks[task_id] = BashOperator(
+            task_id=task_id,
+            bash_command=job.command,
             cwd=str(REPO_ROOT),
             env=job_env(),
             append_env=True,  # inherit GEM_CONFIG, GEM__*, PATH, JAVA_HOME from the worker
-            skip_on_exit_code=None,  # any non-zero exit is a failure (99 would otherwise mean "skipped")
+            # Only a --ready-on job's 99 ("nothing ready yet") means skipped; any other non-zero fails.
+            skip_on_exit_code=job.skip_on_exit_code,
             do_xcom_push=False,  # the last log line is not a result
         )
-        for name in upstream:
-            tasks[name] >> tasks[job]
+        for name in job.upstream:
+            tasks[name] >> tasks[task_id]

@@ -27,6 +27,7 @@ import datetime as dt
 import os
 import shlex
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +48,9 @@ RETRIES_ENV = "GEM_TASK_RETRIES"
 RETRY_DELAY_ENV = "GEM_TASK_RETRY_DELAY_S"
 DEFAULT_RETRIES = 2
 DEFAULT_RETRY_DELAY_S = 300
+DAY_FLAGS = ("--ds", "--ready-on")
+# A --ready-on job exits with this when no partition is ready on the run's day (BashOperator skips).
+NOTHING_READY_EXIT = 99
 
 
 def partition_ds(data_interval_start: dt.datetime | None) -> str:
@@ -77,18 +81,44 @@ def start_date() -> dt.datetime:
     return dt.datetime.fromisoformat(START_DS).replace(tzinfo=dt.UTC)
 
 
-def job_command(module: str, extra_args: str = "", python: str | None = None) -> str:
+def job_command(module: str, extra_args: str = "", python: str | None = None, day_flag: str = "--ds") -> str:
     """Bash command running `jobs.<module>` for the run's partition with this venv's interpreter.
 
-    Only the ds (and, via `extra_args`, paths) go on the command line; everything else comes
-    from the config the job loads ($GEM_CONFIG, inherited from the worker's environment).
-    The ds is a Jinja expression rendered at run time from the run's data interval.
+    Only the day (and, via `extra_args`, flags and paths) go on the command line; everything else
+    comes from the config the job loads ($GEM_CONFIG, inherited from the worker's environment).
+    The day is a Jinja expression rendered at run time from the run's data interval; `day_flag`
+    is `--ds` (process that partition) or `--ready-on` (process what becomes ready that day).
     """
     if not module.isidentifier():
         raise ValueError(f"job module must be a bare module name under jobs/, got {module!r}")
+    if day_flag not in DAY_FLAGS:
+        raise ValueError(f"day_flag must be one of {DAY_FLAGS}, got {day_flag!r}")
     exe = shlex.quote(python or sys.executable)
-    cmd = f"{exe} -m jobs.{module} --ds {{{{ partition_ds(data_interval_start) }}}}"
+    cmd = f"{exe} -m jobs.{module} {day_flag} {{{{ partition_ds(data_interval_start) }}}}"
     return f"{cmd} {extra_args}".strip() if extra_args else cmd
+
+
+@dataclass(frozen=True)
+class JobTask:
+    """One DAG task: which job module runs, with which extra flags, after which tasks.
+
+    ready_on: the job takes `--ready-on <run ds>` and works out its own partition (e.g. the
+    impression day whose attribution window closes on the run's day); it exits 99 when nothing is
+    ready yet, which the task reports as skipped.
+    """
+
+    module: str
+    upstream: tuple[str, ...] = ()
+    extra_args: str = ""
+    ready_on: bool = False
+
+    @property
+    def command(self) -> str:
+        return job_command(self.module, self.extra_args, day_flag="--ready-on" if self.ready_on else "--ds")
+
+    @property
+    def skip_on_exit_code(self) -> int | None:
+        return NOTHING_READY_EXIT if self.ready_on else None
 
 
 def job_env() -> dict[str, str]:

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 
 from gem.cli import day_range, examples_parser, resolve_examples_day, shift_day
 from gem.config import GemConfig, load_config
+from gem.orchestration import NOTHING_READY_EXIT  # exit code: nothing ready yet, the task is skipped
 from schemas.events import BRONZE_AD_EVENTS
 from schemas.examples import (
     AD_FEATURE_PREFIX,
@@ -54,7 +55,6 @@ if TYPE_CHECKING:
 STAGE = "assemble_examples"
 VALIDATE_EVENTS_STAGE = "validate_events"
 VALIDATE_SILVER_STAGE = "validate_silver"
-NOTHING_READY_EXIT = 99  # BashOperator's default skip_on_exit_code: the task shows as skipped
 
 
 @dataclass(frozen=True)

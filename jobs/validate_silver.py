@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from gem.cli import examples_parser, iso_day, resolve_examples_day
 from gem.config import GemConfig, load_config
+from gem.orchestration import NOTHING_READY_EXIT  # exit code: nothing ready yet, the task is skipped
 
 if TYPE_CHECKING:
     from great_expectations.expectations import Expectation
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
 
 SILVER_STAGE = "validate_silver"
 EXAMPLES_STAGE = "validate_examples"
-NOTHING_READY_EXIT = 99
 
 
 @dataclass

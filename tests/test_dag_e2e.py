@@ -27,7 +27,19 @@ pytestmark = pytest.mark.slow
 DS = "2026-01-01"
 # CronDataIntervalTimetable + `dags test DATE` process the last complete day before DATE.
 LOGICAL_DATE = manual_logical_date(DS)  # "2026-01-02"
-JOBS = ["generate_events", "ingest_events", "validate_events", "build_sequences", "build_features"]
+# task id -> the command line it must have run (a window of 0 days makes the examples of DS ready
+# in the same run, so every task does work).
+COMMANDS = {
+    "generate_events": f"-m jobs.generate_events --ds {DS}",
+    "ingest_events": f"-m jobs.ingest_events --ds {DS}",
+    "validate_events": f"-m jobs.validate_events --ds {DS}",
+    "build_sequences": f"-m jobs.build_sequences --ds {DS}",
+    "build_features": f"-m jobs.build_features --ds {DS}",
+    "validate_silver": f"-m jobs.validate_silver --ds {DS}",
+    "assemble_examples": f"-m jobs.assemble_examples --ready-on {DS}",
+    "validate_examples": f"-m jobs.validate_silver --ready-on {DS} --examples",
+}
+JOBS = list(COMMANDS)
 RUN_TIMEOUT_S = 1800
 
 
@@ -47,6 +59,7 @@ def _config(tmp: Path) -> Path:
     path = tmp / "gem.yaml"
     cfg = {
         "lakehouse_uri": str(tmp / "lakehouse"),
+        "attribution_window_days": 0,
         "spark": {"master": "local[2]", "shuffle_partitions": 2, "driver_memory": "2g"},
         "generator": {
             "users": 300,
@@ -62,7 +75,7 @@ def _config(tmp: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def dag_run(tmp_path_factory: pytest.TempPathFactory) -> DagRunResult:
-    missing = [j for j in JOBS if not (REPO_ROOT / "jobs" / f"{j}.py").exists()]
+    missing = [j for j in JOBS if not (REPO_ROOT / "jobs" / f"{COMMANDS[j].split()[1][5:]}.py").exists()]
     if missing:
         pytest.fail(f"jobs not written yet: {missing}; the DAG would fail at the first of them")
     tmp = tmp_path_factory.mktemp("dag_e2e")
@@ -123,8 +136,8 @@ def test_dag_run_succeeded(dag_run: DagRunResult) -> None:
 
 
 def test_jobs_got_the_interval_start_ds(dag_run: DagRunResult) -> None:
-    for job in JOBS:
-        assert f"-m jobs.{job} --ds {DS}" in dag_run.log, f"{job} did not run for ds={DS}\n{dag_run.tail()}"
+    for task, command in COMMANDS.items():
+        assert command in dag_run.log, f"{task} did not run `{command}`\n{dag_run.tail()}"
 
 
 def test_bronze_and_completions(dag_run: DagRunResult, spark: Any) -> None:
@@ -143,7 +156,10 @@ def test_bronze_and_completions(dag_run: DagRunResult, spark: Any) -> None:
         r.stage: r
         for r in spark.read.format("delta").load(f"{lake}/_ops/completions").where(f"ds = DATE'{DS}'").collect()
     }
-    assert {"ingest_events", "validate_events", "build_sequences", "build_features"} <= set(done), sorted(done)
+    assert set(done) == {
+        "ingest_events", "validate_events", "build_sequences", "build_features", "validate_silver",
+        "assemble_examples", "validate_examples",
+    }, sorted(done)
     ingest = done["ingest_events"]
     assert ingest.rows_written == bronze_rows
     assert ingest.rows_quarantined == quarantined
@@ -159,3 +175,13 @@ def test_user_sequences_cover_every_active_user(dag_run: DagRunResult, spark: An
     sequences = spark.read.format("delta").load(f"{lake}/silver/user_sequences").where(f"ds = DATE'{DS}'")
     assert sequences.count() == users
     assert sequences.where("n_impressions + n_clicks + n_conversions = 0").count() == 0
+
+
+def test_training_examples_one_per_impression_with_labels(dag_run: DagRunResult, spark: Any) -> None:
+    assert dag_run.returncode == 0, "the DAG run failed; see test_dag_run_succeeded"
+    lake = str(dag_run.lakehouse)
+    impressions = spark.read.format("delta").load(f"{lake}/bronze/ad_events").where("event_type = 'impression'")
+    examples = spark.read.format("delta").load(f"{lake}/silver/training_examples")
+    assert examples.count() == impressions.count()
+    assert examples.select("impression_id").distinct().count() == examples.count()
+    assert examples.where("label_click = 1").count() > 0

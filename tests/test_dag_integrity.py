@@ -31,7 +31,12 @@ UPSTREAM = {
     "validate_events": {"ingest_events"},
     "build_sequences": {"validate_events"},
     "build_features": {"validate_events"},
+    "validate_silver": {"build_sequences", "build_features"},
+    "assemble_examples": {"validate_silver"},
+    "validate_examples": {"assemble_examples"},
 }
+# Tasks that take --ready-on (process the day whose window closes on the run's day) and skip on 99.
+READY_ON = {"assemble_examples": "assemble_examples", "validate_examples": "validate_silver --examples"}
 JOBS = list(UPSTREAM)
 HEAVY = ["pyspark", "torch", "pandas", "great_expectations", "delta", "deltalake", "numpy"]
 
@@ -100,9 +105,15 @@ def test_tasks_run_jobs_in_repo_with_inherited_env(dag: Any) -> None:
         # The worker's GEM_CONFIG must reach the job: inherit, never bake the parser's value in.
         assert task.append_env is True
         assert "GEM_CONFIG" not in (task.env or {})
-        assert not task.skip_on_exit_code, "a job exiting 99 must fail, not skip"
-        assert f"-m jobs.{task.task_id} " in task.bash_command
         assert task.bash_command.startswith(job_command(task.task_id).split(" ")[0])
+        if task.task_id in READY_ON:
+            module, *flags = READY_ON[task.task_id].split(" ")
+            assert f"-m jobs.{module} --ready-on " in task.bash_command
+            assert all(f in task.bash_command for f in flags)
+            assert task.skip_on_exit_code == [99], "nothing ready yet (exit 99) shows as skipped"
+        else:
+            assert f"-m jobs.{task.task_id} --ds " in task.bash_command
+            assert not task.skip_on_exit_code, "a job exiting 99 must fail, not skip"
 
 
 def test_timetable_is_daily_data_interval(dag: Any) -> None:
