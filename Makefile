@@ -45,6 +45,7 @@ test: setup
 
 bench: setup
 	$(PY) -m bench.ingest_throughput
+	$(PY) -m bench.silver_incremental
 
 clean-data:
 	rm -rf lakehouse .airflow

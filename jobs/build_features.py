@@ -17,7 +17,8 @@ Which bronze partitions: arrival days ds in [max(D-28, start_ds), D-1]. This ran
 Flow (the transform is pure; I/O is the thin shell around it):
   gate: a validate_events completion record for every bronze day read;
   bronze window --> window_events (time filter, narrow projection, one flag column per window)
-  --> user_counters / ad_counters: ONE groupBy each, every counter a conditional sum;
+  --> user_counters / ad_counters: a narrow count per (entity, surface, type, window flags), then
+      one groupBy per entity, every counter a conditional sum of those counts;
   commit: withdraw the (build_features, D) record; replace both partitions ds=D; publish the
   record LAST. A rerun reads only bronze, so it rewrites ds=D with identical contents.
 """
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
 STAGE = "build_features"
 VALIDATE_STAGE = "validate_events"
 LONGEST_WINDOW_DAYS = max(WINDOW_DAYS)
+PARTIAL_COUNT = "_n"  # events behind one row of _partial_counts
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,24 @@ def _count(event_type: str, window_days: int, surface: str | None) -> SparkColum
     if surface is not None:
         hit = hit & (F.col("surface") == surface)
     name = counter_name(COUNT_METRICS[event_type], window_days, surface)
-    return F.sum(F.when(hit, F.lit(1)).otherwise(F.lit(0))).cast("long").alias(name)
+    return F.sum(F.when(hit, F.col(PARTIAL_COUNT)).otherwise(F.lit(0))).cast("long").alias(name)
+
+
+def _partial_counts(events: DataFrame, key: str, latest_metadata: bool = False) -> DataFrame:
+    """window_events rows -> one row per (key, surface, event_type, window flags) with its event
+    count (and, for ads, the latest metadata struct among those events).
+
+    Why two steps: this narrow group-by has a handful of keys and one counter, which Spark
+    aggregates fast; the ~100 conditional sums of the counters then run over these few rows per
+    entity (at most 6 surfaces x 3 types x 3 nested flag combinations) instead of over every event.
+    """
+    from pyspark.sql import functions as F
+
+    aggs = [F.count(F.lit(1)).alias(PARTIAL_COUNT)]
+    if latest_metadata:
+        aggs.append(_latest_ad_metadata())
+    flags = [_window_flag(w) for w in WINDOW_DAYS]
+    return events.groupBy(key, "surface", "event_type", *flags).agg(*aggs)
 
 
 def _rate(rate: str, window_days: int, surface: str | None) -> SparkColumn:
@@ -165,7 +184,7 @@ def user_counters(events: DataFrame, ds: str) -> DataFrame:
         {"ds": ds, "user_id": "u1", "impressions_1d": 4, "clicks_1d": 1, "ctr_1d": 0.25,
          "cvr_1d": 0.0, "reels_impressions_1d": 4, "fb_feed_impressions_1d": 0, "fb_feed_ctr_1d": None, ...}
     """
-    counted = events.groupBy("user_id").agg(*_all_counts())
+    counted = _partial_counts(events, "user_id").groupBy("user_id").agg(*_all_counts())
     return _with_ds(counted.select("*", *_all_rates()), ds).select(*SILVER_USER_FEATURES.column_names)
 
 
@@ -174,7 +193,8 @@ def ad_counters(events: DataFrame, ds: str) -> DataFrame:
     user_counters plus the ad's latest advertiser_id, campaign_id, objective and creative_type."""
     from pyspark.sql import functions as F
 
-    counted = events.groupBy("ad_id").agg(_latest_ad_metadata(), *_all_counts())
+    partial = _partial_counts(events, "ad_id", latest_metadata=True)
+    counted = partial.groupBy("ad_id").agg(F.max("_latest").alias("_latest"), *_all_counts())
     metadata = [F.col(f"_latest.{c}").alias(c) for c in AD_METADATA_COLUMNS]
     with_rates = counted.select("*", *metadata, *_all_rates())
     return _with_ds(with_rates, ds).select(*SILVER_AD_FEATURES.column_names)

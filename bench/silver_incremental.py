@@ -1,0 +1,315 @@
+"""Silver build cost: the incremental day-N update vs a full recompute of day N, and Spark vs DuckDB.
+
+    python -m bench.silver_incremental [--events-per-day 2000000] [--days 30] [--users 1000000]
+                                       [--root /tmp/gem-bench-silver] [--master local[2]]
+
+One run, side by side, on this machine:
+  1. bronze.ad_events for `days` days is synthesized straight into Delta with Spark (ingest has its
+     own benchmark): skewed user activity (user = floor(U * r^3): a few heavy users, a long tail
+     seen rarely), 95.5% impressions / 3% clicks / 1.5% conversions, 6 surfaces, 2,000 ads.
+     validate_events records are written for every day (the silver jobs gate on them).
+  2. Spark, the production jobs: build_sequences for days 1..N-1 (the incremental chain, timed per
+     day), then day N (the incremental update), then build_features for day N.
+  3. Spark full recompute of day N: every user's sequences from all N days of bronze with the same
+     merge logic (jobs.build_sequences.merge_sequences over all events at once), written to a
+     separate Delta table; features have a fixed 28-day window, so their full recompute is the
+     same job as their daily run and is timed once.
+  4. DuckDB, the same logic in SQL over the same Parquet files (listed from the Delta log with the
+     `deltalake` package), 2 threads: the full sequences recompute of day N and the features of
+     day N, written to Parquet. Outputs are checked against Spark's (rows, summed lengths, summed
+     counters) before any figure is printed.
+
+Ratios are of wall-clock seconds measured in this one run. Not a test: nothing here gates CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from gem import lakehouse
+from gem.cli import day_range, shift_day
+from gem.config import GemConfig, load_config
+from jobs import build_features, build_sequences
+from schemas.events import BRONZE_AD_EVENTS
+from schemas.features import COUNT_METRICS, RATE_METRICS, SCOPES, WINDOW_DAYS, counter_name
+from schemas.ops import COMPLETIONS
+from schemas.sequences import SEQUENCE_COLUMNS, SEQUENCE_FIELDS, SILVER_USER_SEQUENCES
+from schemas.tasks import CREATIVE_TYPES, OBJECTIVES, SURFACES
+
+START = "2026-01-01"
+ADS = 2_000
+
+
+def _config(root: Path, master: str) -> GemConfig:
+    return load_config(
+        overrides={
+            "lakehouse_uri": str(root / "lakehouse"),
+            "start_ds": START,
+            "spark": {"master": master, "driver_memory": "10g", "shuffle_partitions": 8},
+        },
+        environ={},
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# 1. Synthetic bronze.
+
+
+def synth_bronze(spark: Any, cfg: GemConfig, days: list[str], events_per_day: int, users: int, seed: int = 3) -> int:
+    from pyspark.sql import functions as F
+
+    def pick(values: tuple[str, ...], index: Any) -> Any:
+        return F.element_at(F.array(*[F.lit(v) for v in values]), (index % len(values) + 1).cast("int"))
+
+    n = events_per_day * len(days)
+    ids = spark.range(0, n, 1, numPartitions=max(2, len(days)))
+    day_idx = (F.col("id") / F.lit(events_per_day)).cast("int")
+    ds = F.date_add(F.lit(START).cast("date"), day_idx)
+    kind = F.rand(seed + 1)
+    event_type = F.when(kind < 0.955, "impression").when(kind < 0.985, "click").otherwise("conversion")
+    ad = F.floor(F.lit(ADS) * F.pow(F.rand(seed + 2), 2)).cast("long")
+    rows = ids.select(
+        F.concat(F.lit("b-"), F.col("id").cast("string")).alias("event_id"),
+        event_type.alias("event_type"),
+        (ds.cast("timestamp") + F.make_dt_interval(secs=F.rand(seed + 3) * 86_399)).alias("event_time"),
+        F.concat(F.lit("u"), F.floor(F.lit(users) * F.pow(F.rand(seed), 3)).cast("long").cast("string")).alias("user_id"),
+        F.concat(F.lit("a"), ad.cast("string")).alias("ad_id"),
+        F.concat(F.lit("adv"), (ad % 200).cast("string")).alias("advertiser_id"),
+        F.concat(F.lit("c"), (ad % 600).cast("string")).alias("campaign_id"),
+        pick(OBJECTIVES, ad).alias("objective"),
+        pick(CREATIVE_TYPES, ad).alias("creative_type"),
+        pick(SURFACES, F.floor(F.rand(seed + 4) * 6)).alias("surface"),
+        F.floor(F.rand(seed + 5) * 10).cast("int").alias("position"),
+        F.lit(None).cast("string").alias("conversion_type"),
+        F.lit(None).cast("map<string,string>").alias("user_attrs"),
+        ds.alias("ds"),
+    )
+    rows = rows.withColumn("position", F.when(F.col("event_type") != "conversion", F.col("position"))).withColumn(
+        "conversion_type", F.when(F.col("event_type") == "conversion", F.lit("offsite_purchase"))
+    )
+    path = lakehouse.ensure_table(spark, cfg, BRONZE_AD_EVENTS)
+    rows.select(*BRONZE_AD_EVENTS.column_names).write.format("delta").mode("append").save(path)
+    now = dt.datetime.now()
+    records = [{"stage": "validate_events", "ds": dt.date.fromisoformat(d), "run_id": f"bench:{d}",
+                "rows_in": events_per_day, "rows_written": events_per_day, "rows_quarantined": 0,
+                "quarantined_by_reason": {}, "table_versions": {}, "completed_at": now} for d in days]
+    completions = lakehouse.ensure_table(spark, cfg, COMPLETIONS)
+    spark.createDataFrame(records, COMPLETIONS.spark_schema()).write.format("delta").mode("append").save(completions)
+    return n
+
+
+# --------------------------------------------------------------------------------------------------
+# 3. Spark full recompute.
+
+
+def spark_full_sequences(spark: Any, cfg: GemConfig, ds: str, out: str) -> dict[str, int]:
+    """Every user's sequences as of the end of ds from all bronze up to ds, written to `out`."""
+    from pyspark.sql import functions as F
+
+    events = lakehouse.read_table(spark, cfg, BRONZE_AD_EVENTS).where(F.col("ds") <= F.lit(ds).cast("date"))
+    empty = spark.createDataFrame([], SILVER_USER_SEQUENCES.spark_schema())
+    rows = build_sequences.merge_sequences(empty, events.withColumn("ds", F.lit(ds).cast("date")), cfg.sequence_caps)
+    rows.write.format("delta").mode("overwrite").save(out)
+    return _sequence_totals(spark.read.format("delta").load(out))
+
+
+def _sequence_totals(rows: Any) -> dict[str, int]:
+    from pyspark.sql import functions as F
+
+    aggs = [F.count("*").alias("rows")]
+    for seq, n in SEQUENCE_COLUMNS.values():
+        aggs += [F.sum(F.size(seq)).alias(f"len_{seq}"), F.sum(n).alias(n)]
+    return {k: int(v) for k, v in rows.agg(*aggs).collect()[0].asDict().items()}
+
+
+def _feature_totals_spark(rows: Any) -> dict[str, int]:
+    from pyspark.sql import functions as F
+
+    cols = [counter_name(m, w) for w in WINDOW_DAYS for m in COUNT_METRICS.values()]
+    r = rows.agg(F.count("*").alias("rows"), *[F.sum(c).alias(c) for c in cols]).collect()[0].asDict()
+    return {k: int(v) for k, v in r.items()}
+
+
+# --------------------------------------------------------------------------------------------------
+# 4. DuckDB: the same logic over the same files.
+
+
+def bronze_files(cfg: GemConfig, first: str, last: str) -> list[str]:
+    """Parquet files of bronze arrival days first..last, from the Delta log (not a folder listing)."""
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    path = lakehouse.table_path(cfg, BRONZE_AD_EVENTS)
+    actions = pa.table(DeltaTable(path).get_add_actions(flatten=True))
+    days = [d.isoformat() if isinstance(d, dt.date) else str(d) for d in actions["partition.ds"].to_pylist()]
+    return [f"{path}/{p}" for p, d in zip(actions["path"].to_pylist(), days) if first <= d <= last]
+
+
+def _duck(threads: int) -> Any:
+    import duckdb
+
+    con = duckdb.connect()
+    con.execute(f"SET threads = {threads}; SET preserve_insertion_order = false; SET TimeZone = 'UTC'")
+    return con
+
+
+def _files_sql(files: list[str]) -> str:
+    quoted = ", ".join(f"'{f}'" for f in files)
+    return f"read_parquet([{quoted}], hive_partitioning = true)"
+
+
+def duck_full_sequences(cfg: GemConfig, ds: str, out: str, threads: int) -> dict[str, int]:
+    """The build_sequences merge from an empty state: per user and type, events deduplicated on
+    event_id, ordered by (event_time, event_id), the last `cap` kept, uncapped counts."""
+    con = _duck(threads)
+    parts = []
+    for event_type, (seq, n) in SEQUENCE_COLUMNS.items():
+        cap = int(getattr(cfg.sequence_caps, event_type))
+        fields = ", ".join(f"{f} := {f}" for f in SEQUENCE_FIELDS[event_type])
+        ordered = f"list(struct_pack({fields}) ORDER BY event_time, event_id) FILTER (WHERE event_type = '{event_type}')"
+        parts.append(f"coalesce(({ordered})[-{cap}:], []) AS {seq}")
+        parts.append(f"count(*) FILTER (WHERE event_type = '{event_type}') AS {n}")
+    sql = f"""
+        COPY (
+          SELECT DATE '{ds}' AS ds, user_id, {", ".join(parts)}, max(event_time) AS last_event_time
+          FROM (SELECT DISTINCT ON (event_id) * FROM {_files_sql(bronze_files(cfg, START, ds))})
+          GROUP BY user_id
+        ) TO '{out}' (FORMAT parquet)
+    """
+    con.execute(sql)
+    aggs = ["count(*)"] + [f"sum(len({seq})), sum({n})" for seq, n in SEQUENCE_COLUMNS.values()]
+    row = con.execute(f"SELECT {', '.join(aggs)} FROM read_parquet('{out}')").fetchone()
+    keys = ["rows"] + [k for seq, n in SEQUENCE_COLUMNS.values() for k in (f"len_{seq}", n)]
+    return dict(zip(keys, (int(v) for v in row), strict=True))
+
+
+def duck_features(cfg: GemConfig, ds: str, out: str, threads: int) -> dict[str, int]:
+    """silver.user_features of ds: the build_features counters as FILTERed counts, then the rates."""
+    con = _duck(threads)
+    first = max(shift_day(ds, -max(WINDOW_DAYS)), cfg.start_ds)
+    counts, rates = [], []
+    for w in WINDOW_DAYS:
+        since = f"TIMESTAMP '{shift_day(ds, -w)} 00:00:00'"
+        for s in SCOPES:
+            where_surface = "" if s is None else f" AND surface = '{s}'"
+            for event_type, metric in COUNT_METRICS.items():
+                counts.append(
+                    f"count(*) FILTER (WHERE event_type = '{event_type}' AND event_time >= {since}{where_surface}) "
+                    f"AS {counter_name(metric, w, s)}"
+                )
+            for rate, (num, den) in RATE_METRICS.items():
+                n, d = counter_name(num, w, s), counter_name(den, w, s)
+                rates.append(f"CASE WHEN {d} > 0 THEN {n}::DOUBLE / {d} END AS {counter_name(rate, w, s)}")
+    window = (
+        f"event_time >= TIMESTAMP '{shift_day(ds, -max(WINDOW_DAYS))} 00:00:00' "
+        f"AND event_time < TIMESTAMP '{ds} 00:00:00'"
+    )
+    sql = f"""
+        COPY (
+          SELECT DATE '{ds}' AS ds, *, {", ".join(rates)} FROM (
+            SELECT user_id, {", ".join(counts)}
+            FROM {_files_sql(bronze_files(cfg, first, shift_day(ds, -1)))} WHERE {window}
+            GROUP BY user_id)
+        ) TO '{out}' (FORMAT parquet)
+    """
+    con.execute(sql)
+    cols = [counter_name(m, w) for w in WINDOW_DAYS for m in COUNT_METRICS.values()]
+    row = con.execute(f"SELECT count(*), {', '.join(f'sum({c})' for c in cols)} FROM read_parquet('{out}')").fetchone()
+    return dict(zip(["rows", *cols], (int(v) for v in row), strict=True))
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+def _timed(fn: Any, *args: Any) -> tuple[Any, float]:
+    t0 = time.perf_counter()
+    out = fn(*args)
+    return out, time.perf_counter() - t0
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from pyspark.sql import functions as F
+
+    from gem.spark import get_spark
+
+    root = Path(args.root)
+    shutil.rmtree(root, ignore_errors=True)
+    cfg = _config(root, args.master)
+    spark = get_spark(cfg, app_name="bench-silver")
+    days = day_range(START, shift_day(START, args.days - 1))
+    last = days[-1]
+    n_events, synth_s = _timed(synth_bronze, spark, cfg, days, args.events_per_day, args.users)
+    print(f"synthesized {n_events:,} bronze events over {len(days)} days in {synth_s:.0f}s", flush=True)
+
+    chain_s = []
+    for d in days[:-1]:
+        _, s = _timed(build_sequences.run, cfg, d, spark)
+        chain_s.append(s)
+        print(f"  build_sequences {d}: {s:.1f}s", flush=True)
+    seq_inc, seq_inc_s = _timed(build_sequences.run, cfg, last, spark)
+    feats, feat_s = _timed(build_features.run, cfg, last, spark)
+    print(f"incremental {last}: sequences {seq_inc_s:.1f}s ({seq_inc.users:,} active users), features {feat_s:.1f}s",
+          flush=True)
+
+    full_path = str(root / "full_sequences")
+    full_totals, seq_full_s = _timed(spark_full_sequences, spark, cfg, last, full_path)
+    print(f"full recompute {last}: sequences {seq_full_s:.1f}s ({full_totals['rows']:,} users)", flush=True)
+
+    # Correctness before figures: the incremental day-N rows equal the full recompute's for those users.
+    inc_rows = lakehouse.read_table(spark, cfg, SILVER_USER_SEQUENCES).where(F.col("ds") == F.lit(last).cast("date"))
+    full_active = spark.read.format("delta").load(full_path).join(inc_rows.select("user_id"), "user_id", "left_semi")
+    inc_totals, full_active_totals = _sequence_totals(inc_rows), _sequence_totals(full_active)
+    assert inc_totals == full_active_totals, (inc_totals, full_active_totals)
+    spark_features = _feature_totals_spark(
+        lakehouse.read_table(spark, cfg, build_features.SILVER_USER_FEATURES).where(F.col("ds") == F.lit(last).cast("date"))
+    )
+    spark.stop()  # DuckDB gets the machine to itself
+
+    duck_seq, duck_seq_s = _timed(duck_full_sequences, cfg, last, str(root / "duck_sequences.parquet"), args.threads)
+    duck_feat, duck_feat_s = _timed(duck_features, cfg, last, str(root / "duck_features.parquet"), args.threads)
+    assert duck_seq == full_totals, (duck_seq, full_totals)
+    assert duck_feat == spark_features, (duck_feat, spark_features)
+
+    feature_events = args.events_per_day * min(args.days - 1, max(WINDOW_DAYS))
+    result = {
+        "events_per_day": args.events_per_day, "days": args.days, "users": args.users, "bronze_events": n_events,
+        "active_users_day_n": seq_inc.users, "users_total": full_totals["rows"],
+        "spark_sequences_chain_mean_s": sum(chain_s) / len(chain_s) if chain_s else None,
+        "spark_sequences_incremental_s": seq_inc_s, "spark_sequences_full_s": seq_full_s,
+        "spark_features_s": feat_s, "duckdb_sequences_full_s": duck_seq_s, "duckdb_features_s": duck_feat_s,
+        "incremental_over_full_sequences": seq_inc_s / seq_full_s,
+        "incremental_over_full_sequences_plus_features": (seq_inc_s + feat_s) / (seq_full_s + feat_s),
+        "spark_full_sequences_events_per_s": n_events / seq_full_s,
+        "duckdb_full_sequences_events_per_s": n_events / duck_seq_s,
+        "spark_features_events_per_s": feature_events / feat_s,
+        "duckdb_features_events_per_s": feature_events / duck_feat_s,
+        "spark_over_duckdb_speed_sequences": duck_seq_s / seq_full_s,
+        "spark_over_duckdb_speed_features": duck_feat_s / feat_s,
+    }
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events-per-day", type=int, default=2_000_000)
+    parser.add_argument("--days", type=int, default=30)
+    parser.add_argument("--users", type=int, default=1_000_000)
+    parser.add_argument("--root", default="/tmp/gem-bench-silver")
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--threads", type=int, default=2, help="DuckDB threads (match the Spark cores)")
+    parser.add_argument("--json", default="", help="also write the result to this file")
+    args = parser.parse_args()
+    result = run(args)
+    print(json.dumps(result, indent=2))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
