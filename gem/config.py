@@ -153,6 +153,67 @@ class SequenceCaps:
     conversion: int = 64
 
 
+MIX_POLICIES = ("fixed", "proportional", "temperature")
+
+
+@dataclass(frozen=True)
+class MixConfig:
+    """How much of each source (task x day range) training sees; see jobs/mix.py.
+
+    policy: "proportional" draws every source at `max_rate` (shares follow volume); "temperature"
+    gives source s a share proportional to rows_s ** (1 / temperature) (T=1 is proportional, large T
+    tends to uniform), scaled so the largest rate is `max_rate`; "fixed" takes `fixed_rates`.
+    """
+
+    policy: str = "temperature"
+    temperature: float = 2.0
+    max_rate: float = 1.0
+    # task name ("reels/click") -> rate, for policy "fixed"; a task not listed gets `max_rate`.
+    fixed_rates: dict[str, float] = field(default_factory=dict)
+    # Rows whose label for the source's task is 0 are kept with this extra probability (1 = all).
+    negative_rate: float = 1.0
+    # Training sources cover this many closed example days, ending the day before the held-out day.
+    train_days: int = 14
+    seed: int = 17
+
+    def __post_init__(self) -> None:
+        if self.policy not in MIX_POLICIES:
+            raise ConfigError(f"mix.policy must be one of {MIX_POLICIES}, got {self.policy!r}")
+        if self.temperature <= 0:
+            raise ConfigError(f"mix.temperature must be > 0, got {self.temperature}")
+        for name, rate in {"max_rate": self.max_rate, "negative_rate": self.negative_rate,
+                           **{f"fixed_rates[{k}]": v for k, v in self.fixed_rates.items()}}.items():
+            if not 0.0 < rate <= 1.0:
+                raise ConfigError(f"mix.{name} must be in (0, 1], got {rate}")
+        if self.train_days < 1:
+            raise ConfigError(f"mix.train_days must be >= 1, got {self.train_days}")
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    """The training loader (gem/data/loader.py)."""
+
+    batch_size: int = 512
+    num_workers: int = 2
+    # Longest sequence prefix per event type handed to the model (the most recent events before the
+    # impression); at most the stored caps.
+    max_impressions: int = 256
+    max_clicks: int = 128
+    max_conversions: int = 32
+    # Day snapshots of silver.user_sequences each worker keeps indexed in memory.
+    snapshot_cache_days: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "max_impressions", "max_clicks", "max_conversions", "snapshot_cache_days"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"loader.{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_workers < 0:
+            raise ConfigError(f"loader.num_workers must be >= 0, got {self.num_workers}")
+
+    def max_length(self, event_type: str) -> int:
+        return int(getattr(self, f"max_{event_type}s"))
+
+
 @dataclass(frozen=True)
 class DemoConfig:
     start_ds: str = "2026-01-01"
@@ -183,6 +244,8 @@ class GemConfig:
     generator: GeneratorConfig = field(default_factory=GeneratorConfig)
     ingest: IngestConfig = field(default_factory=IngestConfig)
     quality: QualityConfig = field(default_factory=QualityConfig)
+    mix: MixConfig = field(default_factory=MixConfig)
+    loader: LoaderConfig = field(default_factory=LoaderConfig)
     demo: DemoConfig = field(default_factory=DemoConfig)
 
     def __post_init__(self) -> None:
@@ -205,6 +268,15 @@ class GemConfig:
             raise ConfigError(
                 f"click_window_minutes must be in [1, {MAX_CLICK_WINDOW_MINUTES}], got {self.click_window_minutes}"
             )
+        for event_type in ("impression", "click", "conversion"):
+            if self.loader.max_length(event_type) > getattr(self.sequence_caps, event_type):
+                raise ConfigError(
+                    f"loader.max_{event_type}s={self.loader.max_length(event_type)} exceeds "
+                    f"sequence_caps.{event_type}={getattr(self.sequence_caps, event_type)}"
+                )
+        unknown = sorted(set(self.mix.fixed_rates) - {f"{s}/{t}" for s, t in self.tasks})
+        if unknown:
+            raise ConfigError(f"mix.fixed_rates names unknown tasks {unknown}; tasks are surface/label_type")
         floor = self.attribution_window_days + self.training_horizon_days
         if self.retention_days <= floor:
             raise ConfigError(

@@ -103,14 +103,16 @@ class JobTask:
     """One DAG task: which job module runs, with which extra flags, after which tasks.
 
     ready_on: the job takes `--ready-on <run ds>` and works out its own partition (e.g. the
-    impression day whose attribution window closes on the run's day); it exits 99 when nothing is
-    ready yet, which the task reports as skipped.
+    impression day whose attribution window closes on the run's day).
+    skippable: the job exits 99 when nothing is ready yet, which the task reports as skipped
+    (every ready_on job is skippable).
     """
 
     module: str
     upstream: tuple[str, ...] = ()
     extra_args: str = ""
     ready_on: bool = False
+    skippable: bool = False
 
     @property
     def command(self) -> str:
@@ -118,7 +120,7 @@ class JobTask:
 
     @property
     def skip_on_exit_code(self) -> int | None:
-        return NOTHING_READY_EXIT if self.ready_on else None
+        return NOTHING_READY_EXIT if (self.ready_on or self.skippable) else None
 
 
 def job_env() -> dict[str, str]:

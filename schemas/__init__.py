@@ -6,6 +6,7 @@
 from schemas.events import BRONZE_AD_EVENTS, BRONZE_QUARANTINE, LANDING_EVENTS
 from schemas.examples import SILVER_ATTRIBUTION_QUARANTINE, SILVER_TRAINING_EXAMPLES
 from schemas.features import SILVER_AD_FEATURES, SILVER_USER_FEATURES
+from schemas.mixture import GOLD_MIXTURE_MANIFEST
 from schemas.ops import COMPLETIONS
 from schemas.sequences import SILVER_USER_SEQUENCES
 from schemas.table import Column, TableSchema
@@ -21,6 +22,7 @@ TABLES: dict[str, TableSchema] = {
         SILVER_AD_FEATURES,
         SILVER_TRAINING_EXAMPLES,
         SILVER_ATTRIBUTION_QUARANTINE,
+        GOLD_MIXTURE_MANIFEST,
     )
 }
 

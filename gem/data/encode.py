@@ -1,0 +1,62 @@
+"""Arrow columns -> numpy/torch model inputs: id hashing, small vocabularies, dense counters.
+
+Id policy (the model buckets these further, see its config): free-form ids (user, ad, advertiser,
+campaign) become stable 63-bit hashes (blake2b of the text), so an id never seen before still gets
+a value; closed vocabularies (surface, objective, creative type, conversion type) become their
+index in schemas.tasks + 1, with 0 for null or unknown.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from gem.data.sampling import stable_hash
+from schemas.examples import AD_FEATURE_PREFIX, USER_FEATURE_PREFIX
+from schemas.features import COUNTER_COLUMNS
+from schemas.tasks import CONVERSION_TYPES, CREATIVE_TYPES, OBJECTIVES, SURFACES
+
+HASHED_IDS: tuple[str, ...] = ("user_id", "ad_id", "advertiser_id", "campaign_id")
+VOCABULARIES: dict[str, tuple[str, ...]] = {
+    "surface": SURFACES,
+    "objective": OBJECTIVES,
+    "creative_type": CREATIVE_TYPES,
+    "conversion_type": CONVERSION_TYPES,
+}
+# Dense inputs: every counter of the user and of the ad; counts as log1p, rates as they are (0 if null).
+DENSE_COLUMNS: tuple[str, ...] = tuple(f"{p}{c.name}" for p in (USER_FEATURE_PREFIX, AD_FEATURE_PREFIX) for c in COUNTER_COLUMNS)
+_COUNT_DENSE = frozenset(f"{p}{c.name}" for p in (USER_FEATURE_PREFIX, AD_FEATURE_PREFIX) for c in COUNTER_COLUMNS if not c.nullable)
+_MASK63 = (1 << 63) - 1
+
+
+def hash_ids(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """(n,) int64 >= 0: each string's stable hash; null -> 0. Hashes each distinct value once."""
+    encoded = pc.dictionary_encode(column)
+    chunks = encoded.chunks if isinstance(encoded, pa.ChunkedArray) else [encoded]
+    parts = []
+    for chunk in chunks:
+        table = np.array([stable_hash(v) & _MASK63 for v in chunk.dictionary.to_pylist()] + [0], dtype=np.int64)
+        indices = chunk.indices.fill_null(len(table) - 1).to_numpy(zero_copy_only=False)
+        parts.append(table[indices])
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def vocab_index(column: pa.Array | pa.ChunkedArray, vocabulary: tuple[str, ...]) -> np.ndarray:
+    """(n,) int64: index in the vocabulary + 1; 0 for null or a value outside it."""
+    idx = pc.index_in(column, value_set=pa.array(vocabulary))
+    return (pc.fill_null(idx, -1).to_numpy(zero_copy_only=False).astype(np.int64)) + 1
+
+
+def dense_matrix(table: pa.Table) -> np.ndarray:
+    """(n, len(DENSE_COLUMNS)) float32 from the example table's counter columns."""
+    out = np.empty((table.num_rows, len(DENSE_COLUMNS)), dtype=np.float32)
+    for j, name in enumerate(DENSE_COLUMNS):
+        values = pc.fill_null(table[name], 0).to_numpy(zero_copy_only=False).astype(np.float32)
+        out[:, j] = np.log1p(values) if name in _COUNT_DENSE else values
+    return out
+
+
+def timestamps_us(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """(n,) int64 microseconds since the epoch (UTC) of a timestamp column."""
+    return pc.cast(column, pa.timestamp("us")).cast(pa.int64()).to_numpy(zero_copy_only=False)

@@ -1,0 +1,315 @@
+"""Stream a mixture manifest as training batches: sampled, sharded, resumable, sequences cut late.
+
+Semantics (each one tested in tests/test_loader.py):
+  * Draws. In pass k, a row of file f is drawn for source s (a task of the file's surface) iff
+    u(seed, k, s, f, row) < p, with p = sampling_rate if the row's label for the task is 1, else
+    sampling_rate * negative_rate (gem.data.sampling). So each source is drawn at its rate, and
+    within one pass a row is drawn at most once per source. A row drawn for several tasks of its
+    surface is one example whose label_mask holds those tasks.
+  * Weights. An example carries, per drawn task, the importance weight 1 / p; the loss and the
+    calibration metrics weight by it, so weighted rates estimate the unsampled data's rates.
+  * Sharding. The files of a pass are shuffled with (seed, k) and dealt round-robin to
+    world_size x num_workers shards; each file is read by exactly one shard, and a row lives in one
+    file, so across ranks and workers no row is emitted twice in a pass. Rows of a file are
+    shuffled with (seed, k, file).
+  * Determinism and resume. Everything above depends only on (seed, k, file, row), so a pass is
+    reproducible. Every batch carries its shard and the cursor (file position, row position) just
+    after it; `ResumableLoader.state_dict()` is those cursors plus the pass and which worker is next
+    (DataLoader takes workers round-robin), a few integers. Loading it continues with exactly the
+    batches an uninterrupted run would have produced next.
+  * Sequences. Each example's sequences come from the user_sequences row (user_id, sequence_ds) at
+    the manifest's pinned version, cut strictly before impression_time, the most recent
+    `loader.max_<type>s` kept. A worker indexes a day's snapshot once (gem.data.snapshots) and serves
+    all that day's files from it, instead of reading a snapshot per example.
+
+Batches hold fewer than batch_size examples only at the end of a shard's pass.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from gem.config import LoaderConfig
+from gem.data.batch import Batch, Jagged, Sparse
+from gem.data.delta_log import LoggedFile, logged_files, require_file
+from gem.data.encode import DENSE_COLUMNS, HASHED_IDS, VOCABULARIES, dense_matrix, hash_ids, timestamps_us, vocab_index
+from gem.data.manifest import Manifest
+from gem.data.sampling import keep_probability, row_uniforms, stable_hash
+from gem.data.snapshots import MODEL_FIELDS, DaySnapshot, load_day
+from schemas.examples import LABEL_COLUMNS
+from schemas.sequences import SEQUENCE_COLUMNS
+
+SPARSE_FEATURES: tuple[str, ...] = ("user_id", "ad_id", "advertiser_id", "campaign_id", "surface", "objective",
+                                    "creative_type", "position")
+# Columns read from an example file. Its partition values (ds, surface) are not stored in Delta data
+# files; the surface comes from the manifest.
+EXAMPLE_COLUMNS: list[str] = [
+    "impression_id", "impression_time", "user_id", "ad_id", "advertiser_id", "campaign_id",
+    "objective", "creative_type", "position", "sequence_ds", *LABEL_COLUMNS.values(), *DENSE_COLUMNS,
+]
+MAX_POSITION = 63  # positions above share one value
+
+
+@dataclass(frozen=True)
+class Cursor:
+    file_pos: int  # index into the shard's file order of this pass
+    row_pos: int  # index into that file's drawn rows, in their shuffled order
+
+    def as_tuple(self) -> tuple[int, int]:
+        return (self.file_pos, self.row_pos)
+
+
+def _rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    if rank is not None and world_size is not None:
+        return rank, world_size
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+class ExampleStream(IterableDataset):
+    """IterableDataset of `Batch`es over one split of a manifest (module doc for the semantics).
+
+    tasks: the model's task names, e.g. ("fb_feed/click", ..., "reels/lead"): the label columns.
+    """
+
+    def __init__(self, manifest: Manifest, tasks: tuple[str, ...], cfg: LoaderConfig,
+                 rank: int | None = None, world_size: int | None = None) -> None:
+        super().__init__()
+        self.manifest, self.tasks, self.cfg = manifest, tuple(tasks), cfg
+        self.rank, self.world_size = _rank_world(rank, world_size)
+        self.num_workers = max(1, cfg.num_workers)
+        self.task_index = {t: i for i, t in enumerate(self.tasks)}
+        self.sources_by_surface: dict[str, list[Any]] = {}
+        for s in manifest.sources:
+            if s.name in self.task_index:
+                self.sources_by_surface.setdefault(s.surface, []).append(s)
+        # Resolved here, in the parent: deltalake's runtime does not survive the fork into DataLoader
+        # workers, so workers only read Parquet files with pyarrow.
+        days = set(manifest.file_ds.values())
+        self.sequence_files: dict[str, list[LoggedFile]] = {d: [] for d in days}
+        for f in logged_files(manifest.sequences_path, manifest.sequences_version):
+            if f.partition["ds"] in days:
+                self.sequence_files[f.partition["ds"]].append(f)
+        self.pass_index, self.rotation = 0, 0
+        self.cursors: dict[int, tuple[int, int]] = {}
+        self._snapshots: OrderedDict[str, DaySnapshot] = OrderedDict()
+
+    # ---- resume plumbing (set by ResumableLoader before each iteration) ----------------------------
+    def configure(self, pass_index: int, cursors: dict[int, tuple[int, int]], rotation: int) -> None:
+        self.pass_index, self.cursors, self.rotation = pass_index, dict(cursors), rotation
+
+    # ---- which files a shard reads ----------------------------------------------------------------
+    @property
+    def num_shards(self) -> int:
+        return self.world_size * self.num_workers
+
+    def shard_files(self, pass_index: int, shard: int) -> list[str]:
+        files = self.manifest.files
+        order = np.random.default_rng([self.manifest.seed, pass_index, 0x5EED]).permutation(len(files))
+        return [files[i] for i in order[shard :: self.num_shards]]
+
+    def read_file(self, path: str) -> pa.Table:
+        table = pq.read_table(path, columns=EXAMPLE_COLUMNS)
+        surface = pa.array([self.manifest.file_surface[path]] * table.num_rows, pa.string())
+        return table.append_column("surface", surface)
+
+    # ---- draws ------------------------------------------------------------------------------------
+    def draw(self, path: str, table: pa.Table, pass_index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(rows drawn in shuffled order, mask (rows, T) bool, weights (rows, T)) for one file."""
+        surface = table["surface"][0].as_py() if table.num_rows else None
+        n, mask = table.num_rows, np.zeros((table.num_rows, len(self.tasks)), dtype=bool)
+        weights = np.zeros((n, len(self.tasks)), dtype=np.float32)
+        for source in self.sources_by_surface.get(surface, []):
+            if path not in source.files:
+                continue
+            labels = table[LABEL_COLUMNS[source.label_type]].to_numpy(zero_copy_only=False)
+            p = keep_probability(source.sampling_rate, source.negative_rate, labels)
+            drawn = row_uniforms(self.manifest.seed, pass_index, source.name, path, n) < p
+            j = self.task_index[source.name]
+            mask[:, j] = drawn
+            weights[:, j] = np.where(drawn, 1.0 / p, 0.0)
+        rows = np.flatnonzero(mask.any(axis=1))
+        shuffle = np.random.default_rng([self.manifest.seed, pass_index, stable_hash(path) & 0x7FFFFFFF])
+        return rows[shuffle.permutation(len(rows))], mask, weights
+
+    # ---- sequences --------------------------------------------------------------------------------
+    def snapshot(self, ds: str) -> DaySnapshot:
+        if ds in self._snapshots:
+            self._snapshots.move_to_end(ds)
+            return self._snapshots[ds]
+        snap = load_day(self.sequence_files[ds], ds, f"manifest {self.manifest.mixture_id}")
+        self._snapshots[ds] = snap
+        while len(self._snapshots) > self.cfg.snapshot_cache_days:
+            self._snapshots.popitem(last=False)
+        return snap
+
+    def cut_sequences(self, users: list[str], sequence_ds: list[str], times: np.ndarray) -> dict[str, Jagged]:
+        """Per event type, each example's events strictly before its impression time, newest kept."""
+        out = {}
+        snaps = {d: self.snapshot(d) for d in sorted(set(sequence_ds))}
+        for event_type in SEQUENCE_COLUMNS:
+            max_len = self.cfg.max_length(event_type)
+            take, lengths = [], np.zeros(len(users), dtype=np.int64)
+            for i, (user, ds) in enumerate(zip(users, sequence_ds, strict=True)):
+                snap = snaps[ds]
+                row = snap.user_row.get(user)
+                if row is None:  # no history up to that day
+                    continue
+                flat = snap.sequences[event_type]
+                start, end = int(flat.offsets[row]), int(flat.offsets[row + 1])
+                cut = start + int(np.searchsorted(flat.times[start:end], times[i], side="left"))
+                first = max(start, cut - max_len)
+                take.append(np.arange(first, cut, dtype=np.int64))
+                lengths[i] = cut - first
+            index = np.concatenate(take) if take else np.zeros(0, dtype=np.int64)
+            # Flat arrays of different days are gathered per day, then put back in example order.
+            values: dict[str, list[np.ndarray]] = {}
+            gap: list[np.ndarray] = []
+            pos = 0
+            for i, (user, ds) in enumerate(zip(users, sequence_ds, strict=True)):
+                n = int(lengths[i])
+                if n == 0:
+                    continue
+                flat, idx = snaps[ds].sequences[event_type], index[pos : pos + n]
+                pos += n
+                for name, arr in flat.fields.items():
+                    values.setdefault(name, []).append(arr[idx])
+                gap.append((times[i] - flat.times[idx]) / 1e6)
+            offsets = np.concatenate([[0], np.cumsum(lengths)])
+            tensors = {name: torch.from_numpy(np.concatenate(v)) for name, v in values.items()}
+            for name in MODEL_FIELDS[event_type]:  # present even when no example has history
+                tensors.setdefault(name, torch.zeros(0, dtype=torch.int64))
+            tensors["gap_s"] = torch.from_numpy(np.concatenate(gap).astype(np.float32) if gap else np.zeros(0, np.float32))
+            out[event_type] = Jagged(tensors, torch.from_numpy(offsets.astype(np.int64)))
+        return out
+
+    # ---- batches ----------------------------------------------------------------------------------
+    def make_batch(self, table: pa.Table, mask: np.ndarray, weights: np.ndarray, meta: dict[str, Any]) -> Batch:
+        n = table.num_rows
+        times = timestamps_us(table["impression_time"])
+        sparse = {}
+        for name in SPARSE_FEATURES:
+            if name in HASHED_IDS:
+                values = hash_ids(table[name])
+            elif name in VOCABULARIES:
+                values = vocab_index(table[name], VOCABULARIES[name])
+            else:  # position: 0 = none, else position + 1 (capped)
+                pos = table[name].to_numpy(zero_copy_only=False)
+                values = np.where(np.isnan(pos.astype(np.float64)), 0, np.minimum(np.nan_to_num(pos), MAX_POSITION) + 1)
+            sparse[name] = Sparse(torch.from_numpy(np.asarray(values, dtype=np.int64)), torch.ones(n, dtype=torch.int32))
+        labels = np.zeros((n, len(self.tasks)), dtype=np.float32)
+        surfaces = table["surface"].to_pylist()
+        for task, j in self.task_index.items():
+            surface, label_type = task.split("/")
+            on_surface = np.array([s == surface for s in surfaces])
+            labels[:, j] = np.where(on_surface, table[LABEL_COLUMNS[label_type]].to_numpy(zero_copy_only=False), 0)
+        sequence_ds = [d.isoformat() for d in table["sequence_ds"].to_pylist()]
+        return Batch(
+            dense=torch.from_numpy(dense_matrix(table)),
+            sparse=sparse,
+            sequences=self.cut_sequences(table["user_id"].to_pylist(), sequence_ds, times),
+            labels=torch.from_numpy(labels),
+            label_mask=torch.from_numpy(mask),
+            weights=torch.from_numpy(weights),
+            tasks=self.tasks,
+            impression_times=torch.from_numpy(np.array(times, dtype=np.int64)),
+            example_ids=table["impression_id"].to_pylist(),
+            meta=meta,
+        )
+
+    def __iter__(self) -> Iterator[Batch]:
+        info = get_worker_info()
+        worker = info.id if info is not None else 0
+        local = (worker + self.rotation) % self.num_workers if info is not None else 0
+        shards = [self.rank * self.num_workers + local] if info is not None else [
+            self.rank * self.num_workers + (w + self.rotation) % self.num_workers for w in range(self.num_workers)
+        ]
+        for shard in shards:  # one shard per worker process; all of this rank's shards in-process
+            yield from self._iter_shard(shard, worker)
+
+    def _iter_shard(self, shard: int, worker: int) -> Iterator[Batch]:
+        files = self.shard_files(self.pass_index, shard)
+        file_pos, row_pos = self.cursors.get(shard, (0, 0))
+        pending: list[tuple[pa.Table, np.ndarray, np.ndarray]] = []
+        pending_rows = 0
+        context = f"manifest {self.manifest.mixture_id}"
+        for fp in range(file_pos, len(files)):
+            path = files[fp]
+            require_file(path, context)
+            table = self.read_file(path)
+            rows, mask, weights = self.draw(path, table, self.pass_index)
+            pos = row_pos if fp == file_pos else 0
+            while pos < len(rows):
+                take = rows[pos : pos + self.cfg.batch_size - pending_rows]
+                pending.append((table.take(pa.array(take)), mask[take], weights[take]))
+                pending_rows += len(take)
+                pos += len(take)
+                if pending_rows == self.cfg.batch_size:
+                    yield self._emit(pending, shard, worker, Cursor(fp, pos))
+                    pending, pending_rows = [], 0
+        if pending_rows:
+            yield self._emit(pending, shard, worker, Cursor(len(files), 0))
+
+    def _emit(self, pending: list[tuple[pa.Table, np.ndarray, np.ndarray]], shard: int, worker: int,
+              cursor: Cursor) -> Batch:
+        table = pa.concat_tables([t for t, _, _ in pending])
+        mask = np.concatenate([m for _, m, _ in pending])
+        weights = np.concatenate([w for _, _, w in pending])
+        meta = {"shard": shard, "worker": worker, "cursor": cursor.as_tuple(), "pass": self.pass_index}
+        return self.make_batch(table, mask, weights, meta)
+
+
+class ResumableLoader:
+    """Iterates an ExampleStream through a DataLoader (cfg.num_workers processes) pass after pass,
+    tracking the small state that makes a resumed run continue exactly.
+
+    state_dict() -> {"pass": k, "cursors": {shard: (file_pos, row_pos)}, "rotation": r}
+    """
+
+    def __init__(self, stream: ExampleStream) -> None:
+        self.stream = stream
+        self.state: dict[str, Any] = {"pass": 0, "cursors": {}, "rotation": 0}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"pass": self.state["pass"], "cursors": dict(self.state["cursors"]), "rotation": self.state["rotation"]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        cursors = {int(k): tuple(v) for k, v in state["cursors"].items()}
+        self.state = {"pass": int(state["pass"]), "cursors": cursors, "rotation": int(state["rotation"])}
+
+    def _loader(self) -> DataLoader:
+        workers = self.stream.cfg.num_workers
+        return DataLoader(self.stream, batch_size=None, num_workers=workers,
+                          prefetch_factor=2 if workers else None, persistent_workers=False)
+
+    def epoch(self) -> Iterator[Batch]:
+        """The rest of the current pass; afterwards the state points at the start of the next pass."""
+        self.stream.configure(self.state["pass"], self.state["cursors"], self.state["rotation"])
+        workers = max(1, self.stream.cfg.num_workers)
+        start_rotation = self.state["rotation"]
+        for batch in self._loader():
+            self.state["cursors"][batch.meta["shard"]] = batch.meta["cursor"]
+            # DataLoader asks workers round-robin: the next batch comes from the following worker.
+            self.state["rotation"] = (start_rotation + batch.meta["worker"] + 1) % workers
+            yield batch
+        self.state = {"pass": self.state["pass"] + 1, "cursors": {}, "rotation": 0}
+
+    def batches(self, limit: int | None = None) -> Iterator[Batch]:
+        """Batches across passes, forever or up to `limit`."""
+        n = 0
+        while True:
+            for batch in self.epoch():
+                yield batch
+                n += 1
+                if limit is not None and n >= limit:
+                    return

@@ -1,0 +1,99 @@
+"""Read one gold.mixture_manifest partition into sources the loader streams (no Spark).
+
+Checks what a stale manifest can point at: the pinned table versions must still load from the
+Delta log, and every listed file must exist; either failure names the manifest, the table and
+the fix (re-run jobs.mix).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gem.config import GemConfig
+from gem.data.delta_log import logged_files, require_file, table_version
+from schemas.mixture import GOLD_MIXTURE_MANIFEST
+
+
+class ManifestError(RuntimeError):
+    """A manifest that cannot be read as asked (no such day or split)."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """One task's rows in one split: the files, and the rates each row is drawn with."""
+
+    name: str  # "reels/click"
+    surface: str
+    label_type: str
+    sampling_rate: float
+    negative_rate: float
+    rows: int
+    positives: int
+    files: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    mixture_id: str
+    ds: str
+    split: str
+    seed: int
+    examples_path: str
+    examples_version: int
+    sequences_path: str
+    sequences_version: int
+    sources: tuple[Source, ...]
+    file_ds: dict[str, str]  # file path -> its example day (the sequence snapshot day of its rows)
+    file_rows: dict[str, int]
+    file_surface: dict[str, str]  # file path -> its surface partition value
+
+    @property
+    def files(self) -> list[str]:
+        """Every data file of the split once, sorted (a file serves all tasks of its surface)."""
+        return sorted(self.file_ds)
+
+
+def read_manifest(cfg: GemConfig, ds: str, split: str = "train", check_files: bool = True) -> Manifest:
+    """The `split` sources of the manifest written by `jobs.mix --ds ds`."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    path = GOLD_MIXTURE_MANIFEST.path(cfg.lakehouse_uri)
+    files = [f for f in logged_files(path, table_version(path)) if f.partition["ds"] == ds]
+    if not files:
+        raise ManifestError(f"no gold.mixture_manifest partition ds={ds} in {path}; run `python -m jobs.mix --ds {ds}`")
+    import pyarrow as pa
+
+    table = pa.concat_tables([pq.read_table(f.path) for f in files])
+    table = table.filter(pc.equal(table["split"], split))
+    if table.num_rows == 0:
+        raise ManifestError(f"manifest ds={ds} in {path} has no {split!r} sources")
+    rows = table.to_pylist()
+    first = rows[0]
+    context = f"manifest {first['mixture_id']} (gold.mixture_manifest ds={ds})"
+    # Pinned versions must still be readable: this raises UnavailableVersionError when vacuumed away.
+    logged_files(first["table_path"], int(first["table_version"]))
+    logged_files(first["sequences_path"], int(first["sequences_version"]))
+    by_source: dict[str, list[dict]] = {}
+    for r in rows:
+        by_source.setdefault(r["source"], []).append(r)
+    sources = tuple(
+        Source(
+            name=name, surface=rs[0]["surface"], label_type=rs[0]["label_type"],
+            sampling_rate=float(rs[0]["sampling_rate"]), negative_rate=float(rs[0]["negative_rate"]),
+            rows=int(rs[0]["source_rows"]), positives=int(rs[0]["source_positives"]),
+            files=tuple(sorted(r["file_path"] for r in rs)),
+        )
+        for name, rs in sorted(by_source.items())
+    )
+    file_ds = {r["file_path"]: r["file_ds"].isoformat() for r in rows}
+    if check_files:
+        for f in file_ds:
+            require_file(f, context)
+    return Manifest(
+        mixture_id=first["mixture_id"], ds=ds, split=split, seed=int(first["seed"]),
+        examples_path=first["table_path"], examples_version=int(first["table_version"]),
+        sequences_path=first["sequences_path"], sequences_version=int(first["sequences_version"]),
+        sources=sources, file_ds=file_ds, file_rows={r["file_path"]: int(r["file_rows"]) for r in rows},
+        file_surface={r["file_path"]: r["surface"] for r in rows},
+    )

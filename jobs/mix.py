@@ -1,0 +1,215 @@
+"""Write gold.mixture_manifest for one day: which example files training reads, at which rates.
+
+    python -m jobs.mix --ds R [--config FILE]
+
+Cost-free mixing: nothing is copied or rewritten. The manifest pins silver.training_examples and
+silver.user_sequences at their current Delta versions and lists, from the Delta log, the files of
+each source with their row counts (schemas/mixture.py). Days, with W = attribution_window_days:
+  eval:  the latest closed example day, E = R - W (held out, later than every training day);
+  train: the `mix.train_days` days before E (from start_ds on).
+Nothing to train on yet (E - 1 < start_ds) exits 99, which the DAG shows as skipped.
+
+Rates per training source s with n_s rows (`mix.policy`, see gem.config.MixConfig):
+  proportional  p_s = max_rate
+  temperature   p_s = max_rate * (n_s / n_min) ** (1/T - 1): realized share ~ n_s ** (1/T),
+                the smallest source is drawn at max_rate and larger ones are down-sampled
+  fixed         p_s = fixed_rates[s] (default max_rate)
+plus `mix.negative_rate` on rows whose label for the task is 0. Eval sources use rate 1, no
+negative down-sampling. Gate: validate_examples for every example day used.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from gem.cli import day_range, job_parser, shift_day
+from gem.config import GemConfig, MixConfig, load_config
+from gem.data.delta_log import LoggedFile, logged_files, table_version
+from gem.orchestration import NOTHING_READY_EXIT
+from schemas.examples import LABEL_COLUMNS, SILVER_TRAINING_EXAMPLES
+from schemas.mixture import GOLD_MIXTURE_MANIFEST
+from schemas.sequences import SILVER_USER_SEQUENCES
+from schemas.tasks import task_name
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+STAGE = "mix"
+GATE_STAGE = "validate_examples"
+
+
+@dataclass(frozen=True)
+class MixDays:
+    train: tuple[str, ...]
+    eval: str
+
+
+@dataclass(frozen=True)
+class MixResult:
+    ds: str
+    mixture_id: str
+    rows: int
+    sources: int
+    examples_version: int
+    seconds: float
+
+
+# --------------------------------------------------------------------------------------------------
+# Pure decisions.
+
+
+def mix_days(cfg: GemConfig, ds: str) -> MixDays | None:
+    """Held-out day and training days for the mix of run day ds; None if nothing to train on yet.
+
+    Example: window 1, train_days 14, start 2026-01-01, ds 2026-01-03 -> eval 2026-01-02,
+    train ("2026-01-01",).
+    """
+    eval_day = shift_day(ds, -cfg.attribution_window_days)
+    first = max(shift_day(eval_day, -cfg.mix.train_days), cfg.start_ds)
+    train = tuple(day_range(first, shift_day(eval_day, -1)))
+    return MixDays(train, eval_day) if train else None
+
+
+def sampling_rates(rows_by_source: Mapping[str, int], mix: MixConfig) -> dict[str, float]:
+    """Training source -> probability a positive row is drawn per pass (mix.policy; module doc).
+
+    Example (temperature 2, max_rate 1): {"a": 100, "b": 400} -> {"a": 1.0, "b": 0.5}: draws
+    100 and 200, shares 1:2 = sqrt(100):sqrt(400).
+    """
+    if mix.policy == "fixed":
+        return {s: float(mix.fixed_rates.get(s, mix.max_rate)) for s in rows_by_source}
+    if mix.policy == "proportional":
+        return {s: float(mix.max_rate) for s in rows_by_source}
+    nonempty = [n for n in rows_by_source.values() if n > 0]
+    if not nonempty:
+        return {s: float(mix.max_rate) for s in rows_by_source}
+    smallest, exponent = min(nonempty), 1.0 / mix.temperature - 1.0
+    return {s: float(mix.max_rate * (max(n, smallest) / smallest) ** exponent) for s, n in rows_by_source.items()}
+
+
+# --------------------------------------------------------------------------------------------------
+# Files (listed from the Delta log by gem.data.delta_log).
+
+
+def label_positives(files: list[LoggedFile], label_types: tuple[str, ...]) -> dict[tuple[str, str], int]:
+    """(file path, label type) -> rows with that label 1; reads only the label columns."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    out = {}
+    for f in files:
+        labels = pq.read_table(f.path, columns=[LABEL_COLUMNS[t] for t in label_types])
+        for t in label_types:
+            out[(f.path, t)] = int(pc.sum(labels[LABEL_COLUMNS[t]]).as_py() or 0)
+    return out
+
+
+def manifest_rows(cfg: GemConfig, ds: str, days: MixDays, examples_path: str, examples_version: int,
+                  sequences_path: str, sequences_version: int) -> tuple[str, list[dict[str, Any]]]:
+    """(mixture_id, gold.mixture_manifest rows) for the run day ds."""
+    files = [f for f in logged_files(examples_path, examples_version) if f.partition["surface"] in cfg.surfaces]
+    split_days = {"train": set(days.train), "eval": {days.eval}}
+    by_split = {split: [f for f in files if f.partition["ds"] in wanted] for split, wanted in split_days.items()}
+    positives = label_positives(by_split["train"] + by_split["eval"], cfg.label_types)
+
+    sources: list[tuple[str, str, str, list[LoggedFile]]] = []  # (split, surface, label type, files)
+    for split, split_files in by_split.items():
+        for surface, label_type in cfg.tasks:
+            sources.append((split, surface, label_type, [f for f in split_files if f.partition["surface"] == surface]))
+    train_rows = {task_name(s, t): sum(f.rows for f in fs) for split, s, t, fs in sources if split == "train"}
+    train_rates = sampling_rates(train_rows, cfg.mix)
+
+    rows = []
+    for split, surface, label_type, source_files in sources:
+        name = task_name(surface, label_type)
+        is_train = split == "train"
+        first, last = (days.train[0], days.train[-1]) if is_train else (days.eval, days.eval)
+        for f in sorted(source_files, key=lambda f: f.path):
+            rows.append({
+                "ds": dt.date.fromisoformat(ds), "split": split, "source": name, "surface": surface,
+                "label_type": label_type, "first_ds": dt.date.fromisoformat(first),
+                "last_ds": dt.date.fromisoformat(last), "table_path": examples_path,
+                "table_version": examples_version, "file_path": f.path, "file_ds": dt.date.fromisoformat(f.partition["ds"]),
+                "file_rows": f.rows, "file_bytes": f.bytes, "source_rows": sum(x.rows for x in source_files),
+                "source_positives": sum(positives[(x.path, label_type)] for x in source_files),
+                "sampling_rate": train_rates[name] if is_train else 1.0,
+                "negative_rate": cfg.mix.negative_rate if is_train else 1.0,
+                "policy": cfg.mix.policy,
+                "temperature": cfg.mix.temperature if cfg.mix.policy == "temperature" else None,
+                "seed": cfg.mix.seed, "sequences_path": sequences_path, "sequences_version": sequences_version,
+            })
+    digest = hashlib.sha256(json.dumps(rows, default=str, sort_keys=True).encode()).hexdigest()[:10]
+    mixture_id = f"mix-{ds}-{digest}"
+    for r in rows:
+        r["mixture_id"] = mixture_id
+    return mixture_id, rows
+
+
+# --------------------------------------------------------------------------------------------------
+# Thin I/O.
+
+
+def require_inputs(spark: SparkSession, cfg: GemConfig, ds: str, days: MixDays) -> None:
+    from gem import lakehouse
+
+    for day in (*days.train, days.eval):
+        try:
+            lakehouse.require_completed(spark, cfg, GATE_STAGE, day)
+        except lakehouse.MissingInputError as e:
+            raise lakehouse.MissingInputError(
+                f"{STAGE} ds={ds} mixes example days {days.train[0]}..{days.eval}, each validated: {e}"
+            ) from e
+
+
+def run(cfg: GemConfig, ds: str, spark: SparkSession | None = None) -> MixResult | None:
+    from gem import lakehouse
+    from gem.spark import get_spark
+
+    t0 = time.time()
+    days = mix_days(cfg, ds)
+    if days is None:
+        return None
+    spark = spark or get_spark(cfg, app_name=f"{STAGE}:{ds}")
+    require_inputs(spark, cfg, ds, days)
+    examples_path = lakehouse.table_path(cfg, SILVER_TRAINING_EXAMPLES)
+    sequences_path = lakehouse.table_path(cfg, SILVER_USER_SEQUENCES)
+    examples_version, sequences_version = table_version(examples_path), table_version(sequences_path)
+    mixture_id, rows = manifest_rows(cfg, ds, days, examples_path, examples_version, sequences_path, sequences_version)
+    run_id = lakehouse.new_run_id(STAGE, ds)
+
+    lakehouse.clear_completion(spark, cfg, STAGE, ds)
+    df = spark.createDataFrame(rows, GOLD_MIXTURE_MANIFEST.spark_schema())
+    meta = json.dumps({"run_id": run_id, "stage": STAGE, "ds": ds, "mixture_id": mixture_id})
+    version = lakehouse.replace_partition(df, cfg, GOLD_MIXTURE_MANIFEST, {"ds": ds}, meta)
+    lakehouse.publish_completion(
+        spark, cfg, STAGE, ds, run_id, len(rows), len(rows), {},
+        {GOLD_MIXTURE_MANIFEST.name: version, SILVER_TRAINING_EXAMPLES.name: examples_version,
+         SILVER_USER_SEQUENCES.name: sequences_version},
+    )
+    n_sources = len({(r["split"], r["source"]) for r in rows})
+    return MixResult(ds, mixture_id, len(rows), n_sources, examples_version, time.time() - t0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = job_parser(__doc__.splitlines()[0]).parse_args(argv)
+    cfg = load_config(args.config)
+    result = run(cfg, args.ds)
+    if result is None:
+        print(f"{STAGE} ds={args.ds}: no closed example day before the held-out one yet; nothing to do")
+        return NOTHING_READY_EXIT
+    print(
+        f"{STAGE} ds={result.ds}: {result.mixture_id}: {result.sources} sources, {result.rows} manifest rows "
+        f"(examples version {result.examples_version}) in {result.seconds:.1f}s"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,296 @@
+"""jobs.mix and gem.data: the manifest lists the Delta log's files at pinned versions and rewrites
+nothing; the loader draws each source at its rate, never twice per pass across ranks and workers,
+resumes exactly, cuts sequences strictly before the impression (brute-force reference), and its
+importance weights recover the true base rate; stale manifests fail clearly."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import math
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from gem import lakehouse
+from gem.cli import day_range, shift_day
+from gem.config import MixConfig
+from gem.data.delta_log import MissingDataFileError, UnavailableVersionError, logged_files, table_version
+from gem.data.encode import hash_ids
+from gem.data.loader import ExampleStream, ResumableLoader
+from gem.data.manifest import read_manifest
+from gem.data.sampling import row_uniforms
+from jobs import assemble_examples, build_features, build_sequences, mix
+from schemas.events import BRONZE_AD_EVENTS
+from schemas.examples import LABEL_COLUMNS, SILVER_TRAINING_EXAMPLES
+from schemas.ops import COMPLETIONS
+from schemas.sequences import SEQUENCE_COLUMNS
+from tests.conftest import make_config
+from tests.landing_lines import bronze_event
+
+S = "2026-01-01"
+W = 1
+DAYS = day_range(S, shift_day(S, 4))  # bronze S..S+4
+EXAMPLE_DAYS = DAYS[:-W]  # S..S+3 assembled; the mix of S+4 holds out S+3 and trains on S..S+2
+MIX_DS = DAYS[-1]
+SURFACES = ("reels", "fb_feed")
+TASKS = tuple(f"{s}/{t}" for s in SURFACES for t in LABEL_COLUMNS)
+
+
+def _traffic(seed: int = 5) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    rows = []
+    for day in DAYS:
+        for n in range(500):
+            user, ad = f"u{rng.randint(0, 39)}", f"a{rng.randint(0, 9)}"
+            surface = SURFACES[0] if rng.random() < 0.75 else SURFACES[1]  # unequal volumes
+            t = dt.datetime.fromisoformat(day) + dt.timedelta(seconds=rng.uniform(0, 86_000))
+            common = {"event_time": t, "user_id": user, "ad_id": ad, "surface": surface, "user_attrs": None}
+            rows.append(bronze_event(f"{day}-{n}-i", day, "impression", **common))
+            if rng.random() < 0.2:
+                common["event_time"] = t + dt.timedelta(seconds=20)
+                rows.append(bronze_event(f"{day}-{n}-k", day, "click", **common))
+                if rng.random() < 0.3 and t.hour < 20:
+                    common["event_time"] = t + dt.timedelta(hours=1)
+                    rows.append(bronze_event(f"{day}-{n}-c", day, "conversion", conversion_type="lead", **common))
+    return rows
+
+
+def _records(stage: str, days: list[str]) -> list[dict[str, Any]]:
+    now = dt.datetime(2026, 2, 1)
+    return [{"stage": stage, "ds": dt.date.fromisoformat(d), "run_id": "test", "rows_in": 0, "rows_written": 0,
+             "rows_quarantined": 0, "quarantined_by_reason": {}, "table_versions": {}, "completed_at": now}
+            for d in days]
+
+
+def _append(spark, cfg, schema, rows) -> None:
+    path = lakehouse.ensure_table(spark, cfg, schema)
+    spark.createDataFrame(rows, schema.spark_schema()).write.format("delta").mode("append").save(path)
+
+
+@pytest.fixture(scope="module")
+def lake(spark, tmp_path_factory):
+    """Real silver tables from planted bronze (validation records stand in for the DQ stages),
+    then jobs.mix with temperature mixing and negatives down-sampled to 0.5."""
+    cfg = make_config(
+        tmp_path_factory.mktemp("loader"), start_ds=S, attribution_window_days=W, surfaces=list(SURFACES),
+        mix={"policy": "temperature", "temperature": 2.0, "negative_rate": 0.5, "seed": 23},
+        loader={"batch_size": 64, "num_workers": 0, "max_impressions": 8, "max_clicks": 4, "max_conversions": 2},
+    )
+    _append(spark, cfg, BRONZE_AD_EVENTS, _traffic())
+    _append(spark, cfg, COMPLETIONS, _records("validate_events", DAYS) + _records("validate_silver", EXAMPLE_DAYS)
+            + _records("validate_examples", EXAMPLE_DAYS))
+    for day in EXAMPLE_DAYS:
+        build_sequences.run(cfg, day, spark)
+        build_features.run(cfg, day, spark)
+        assemble_examples.run(cfg, day, spark)
+    examples_version = table_version(lakehouse.table_path(cfg, SILVER_TRAINING_EXAMPLES))
+    result = mix.run(cfg, MIX_DS, spark)
+    return cfg, result, examples_version
+
+
+def _stream(cfg, split="train", rank=None, world=None, **loader) -> ExampleStream:
+    loader_cfg = dataclasses.replace(cfg.loader, **loader)
+    return ExampleStream(read_manifest(cfg, MIX_DS, split), TASKS, loader_cfg, rank=rank, world_size=world)
+
+
+def _pass(stream: ExampleStream, pass_index: int = 0) -> list[Any]:
+    loader = ResumableLoader(stream)
+    loader.load_state_dict({"pass": pass_index, "cursors": {}, "rotation": 0})
+    return list(loader.epoch())
+
+
+# --------------------------------------------------------------------------------------------------
+# jobs.mix
+
+
+def test_temperature_rates_follow_volume_to_the_power_one_over_t():
+    rates = mix.sampling_rates({"a": 100, "b": 400, "c": 0}, MixConfig(policy="temperature", temperature=2.0))
+    assert rates["a"] == 1.0 and rates["b"] == pytest.approx(0.5)
+    assert 400 * rates["b"] / (100 * rates["a"]) == pytest.approx(math.sqrt(400 / 100))
+    assert mix.sampling_rates({"a": 5, "b": 50}, MixConfig(policy="proportional", max_rate=0.3)) == {"a": 0.3, "b": 0.3}
+    fixed = MixConfig(policy="fixed", fixed_rates={"reels/click": 0.2}, max_rate=0.9)
+    assert mix.sampling_rates({"reels/click": 9, "reels/lead": 9}, fixed) == {"reels/click": 0.2, "reels/lead": 0.9}
+
+
+def test_manifest_lists_the_logs_files_at_a_pinned_version_and_rewrites_nothing(spark, lake):
+    cfg, result, examples_version = lake
+    assert result.examples_version == examples_version  # mixing wrote nothing to the examples table
+    assert table_version(lakehouse.table_path(cfg, SILVER_TRAINING_EXAMPLES)) == examples_version
+    train, held_out = read_manifest(cfg, MIX_DS, "train"), read_manifest(cfg, MIX_DS, "eval")
+    logged = {f.path: f for f in logged_files(train.examples_path, train.examples_version)}
+    expected_train = {p for p, f in logged.items() if f.partition["ds"] in EXAMPLE_DAYS[:-1]}
+    assert set(train.files) == expected_train
+    assert {held_out.file_ds[f] for f in held_out.files} == {EXAMPLE_DAYS[-1]}
+    for source in train.sources:
+        assert source.rows == sum(logged[f].rows for f in source.files)
+        assert source.negative_rate == 0.5
+    rates = {s.name: s.sampling_rate for s in train.sources}
+    rows = {s.name: s.rows for s in train.sources}
+    assert rates["fb_feed/click"] == 1.0 and rates["reels/click"] == pytest.approx(
+        (rows["reels/click"] / rows["fb_feed/click"]) ** -0.5)
+    assert all(s.sampling_rate == 1.0 and s.negative_rate == 1.0 for s in held_out.sources)
+
+
+# --------------------------------------------------------------------------------------------------
+# gem.data.loader
+
+
+def test_sources_are_drawn_at_their_rates(lake):
+    cfg, _, _ = lake
+    stream = _stream(cfg)
+    passes = 6
+    drawn = {t: 0 for t in TASKS}
+    for k in range(passes):
+        for batch in _pass(stream, k):
+            for j, t in enumerate(batch.tasks):
+                drawn[t] += int(batch.label_mask[:, j].sum())
+    for s in stream.manifest.sources:
+        p_pos, p_neg = s.sampling_rate, s.sampling_rate * s.negative_rate
+        mean = passes * (s.positives * p_pos + (s.rows - s.positives) * p_neg)
+        var = passes * (s.positives * p_pos * (1 - p_pos) + (s.rows - s.positives) * p_neg * (1 - p_neg))
+        assert abs(drawn[s.name] - mean) <= 4 * math.sqrt(var) + 1, (s.name, drawn[s.name], mean)
+
+
+def test_no_row_twice_per_pass_across_two_ranks_and_two_workers(lake):
+    cfg, _, _ = lake
+    ids = []
+    for rank in (0, 1):
+        for batch in _pass(_stream(cfg, rank=rank, world=2, num_workers=2)):
+            ids += batch.example_ids
+    single = [i for b in _pass(_stream(cfg, rank=0, world=1)) for i in b.example_ids]
+    assert len(ids) == len(set(ids)) and set(ids) == set(single)
+    # Per task, a row is drawn at most once: its mask row is a set of tasks, not counts.
+    assert len(single) == len(set(single)) > 100
+
+
+def test_resume_continues_exactly(lake):
+    cfg, _, _ = lake
+
+    def key(batch):
+        return (batch.example_ids, batch.weights.tolist(), batch.meta["shard"])
+
+    uninterrupted = ResumableLoader(_stream(cfg, num_workers=2))
+    reference = [key(b) for b in uninterrupted.batches(limit=30)]
+    first = ResumableLoader(_stream(cfg, num_workers=2))
+    got = [key(b) for b in first.batches(limit=7)]
+    state = first.state_dict()
+    assert set(state) == {"pass", "cursors", "rotation"}
+    resumed = ResumableLoader(_stream(cfg, num_workers=2))
+    resumed.load_state_dict(state)
+    got += [key(b) for b in resumed.batches(limit=23)]
+    assert got == reference  # crosses into the second pass too (a pass is ~12 batches here)
+
+
+def test_sequences_equal_a_brute_force_cut(lake):
+    cfg, _, _ = lake
+    stream = _stream(cfg, "eval")
+    snapshot_rows = {}
+    for f in logged_files(stream.manifest.sequences_path, stream.manifest.sequences_version):
+        for r in pq.read_table(f.path).to_pylist():
+            snapshot_rows[(f.partition["ds"], r["user_id"])] = r
+    checked = 0
+    for batch in _pass(stream)[:3]:
+        users = batch.sparse["user_id"].values.tolist()
+        for i, iid in enumerate(batch.example_ids):
+            t_us = int(batch.impression_times[i])
+            ds = stream.manifest.file_ds[next(f for f in stream.manifest.files)]  # eval: one day
+            row = next(r for (d, u), r in snapshot_rows.items() if d == ds and hash_ids(_arr([u]))[0] == users[i])
+            for event_type, (seq, _) in SEQUENCE_COLUMNS.items():
+                before = [e for e in row[seq] if _us(e["event_time"]) < t_us][-cfg.loader.max_length(event_type):]
+                jag = batch.sequences[event_type]
+                lo, hi = int(jag.offsets[i]), int(jag.offsets[i + 1])
+                assert jag.values["ad_id"][lo:hi].tolist() == hash_ids(_arr([e["ad_id"] for e in before])).tolist(), iid
+                gaps = [(t_us - _us(e["event_time"])) / 1e6 for e in before]
+                assert jag.values["gap_s"][lo:hi].tolist() == pytest.approx(gaps)
+                assert all(g > 0 for g in gaps)
+                checked += hi - lo
+    assert checked > 100
+
+
+def _arr(values):
+    import pyarrow as pa
+
+    return pa.array(values, pa.string())
+
+
+def _us(t: dt.datetime) -> int:
+    epoch = dt.datetime(1970, 1, 1, tzinfo=t.tzinfo)
+    return (t - epoch) // dt.timedelta(microseconds=1)
+
+
+def test_importance_weights_recover_the_base_rate(lake):
+    cfg, _, _ = lake
+    stream = _stream(cfg)
+    for s in stream.manifest.sources:
+        if s.label_type != "click":
+            continue
+        true_rate = s.positives / s.rows
+        num = den = 0.0
+        for k in range(8):
+            for b in _pass(stream, k):
+                j = b.tasks.index(s.name)
+                num += float((b.weights[:, j] * b.labels[:, j]).sum())
+                den += float(b.weights[:, j].sum())
+        unweighted = sum(float(b.labels[b.label_mask[:, b.tasks.index(s.name)], b.tasks.index(s.name)].sum())
+                         for b in _pass(stream)) / sum(int(b.label_mask[:, b.tasks.index(s.name)].sum())
+                                                       for b in _pass(stream))
+        assert num / den == pytest.approx(true_rate, rel=0.1), s.name
+        assert unweighted > 1.3 * true_rate  # negatives kept at 0.5: the unweighted rate is biased up
+
+
+def test_batch_layout_and_kjt(lake):
+    cfg, _, _ = lake
+    batch = _pass(_stream(cfg))[0]
+    b = batch.size
+    assert batch.dense.shape[0] == b and batch.labels.shape == batch.weights.shape == (b, len(TASKS))
+    assert torch.all(batch.weights[~batch.label_mask] == 0) and torch.all(batch.weights[batch.label_mask] >= 1)
+    kjt = batch.to_kjt()
+    assert kjt.keys() == list(batch.sparse) and kjt.lengths().tolist() == [1] * (b * len(batch.sparse))
+    seq = batch.sequence_kjt("ad_id")
+    assert seq.keys() == list(SEQUENCE_COLUMNS)
+    assert seq["impression"].lengths().tolist() == batch.sequences["impression"].lengths.tolist()
+
+
+def test_draws_are_deterministic_and_differ_by_pass():
+    a = row_uniforms(1, 0, "reels/click", "/f", 1000)
+    assert np.array_equal(a, row_uniforms(1, 0, "reels/click", "/f", 1000))
+    assert not np.array_equal(a, row_uniforms(1, 1, "reels/click", "/f", 1000))
+    assert 0.0 <= a.min() and a.max() < 1.0 and abs(a.mean() - 0.5) < 0.05
+
+
+def _repoint(table_root: Path, old: str, new: str) -> None:
+    """Rewrite the path columns of every manifest file under table_root from `old` to `new`."""
+    import pyarrow.compute as pc
+
+    for f in table_root.rglob("*.parquet"):
+        t = pq.read_table(f)
+        for c in ("file_path", "table_path", "sequences_path"):
+            t = t.set_column(t.schema.get_field_index(c), c, pc.replace_substring(t[c], old, new))
+        pq.write_table(t, f)
+
+
+def test_stale_manifests_fail_clearly(lake, tmp_path):
+    cfg, _, examples_version = lake
+    copy = tmp_path / "lake"
+    shutil.copytree(cfg.lakehouse_uri, copy)
+    _repoint(copy / "gold" / "mixture_manifest", cfg.lakehouse_uri, str(copy))
+    moved = dataclasses.replace(cfg, lakehouse_uri=str(copy))
+    victim = Path(read_manifest(moved, MIX_DS).files[0])
+    victim.unlink()  # as VACUUM would
+    with pytest.raises(MissingDataFileError, match=victim.name):
+        read_manifest(moved, MIX_DS)
+    # A pinned version whose log entries are gone (log cleanup after VACUUM): remove every commit and
+    # checkpoint up to it.
+    log = copy / "silver" / "training_examples" / "_delta_log"
+    for entry in log.iterdir():
+        if entry.name[:20].isdigit() and int(entry.name[:20]) <= examples_version:
+            entry.unlink()
+    with pytest.raises(UnavailableVersionError, match="training_examples"):
+        read_manifest(moved, MIX_DS, check_files=False)
