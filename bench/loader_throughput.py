@@ -1,0 +1,225 @@
+"""Loader and mixing costs, side by side in one run.
+
+    python -m bench.loader_throughput [--lakehouse lakehouse --mix-ds 2026-01-04]
+                                      [--examples 200000 --users 5000 --workers 2 --batches 60]
+
+1. Mixing is a manifest, not a copy: the bytes jobs.mix wrote for the manifest partition of
+   --mix-ds (its Parquet files, from the Delta log) vs the bytes of a materialized mixed copy (the
+   rows one pass of the loader draws, written as Parquet with the same codec). Needs a lakehouse
+   with a manifest (`make demo` leaves one); skipped otherwise.
+2. Loader examples/s on synthetic Delta tables written with the `deltalake` package (no Spark):
+   one day of examples on 5 surfaces and a user_sequences snapshot whose users each hold exactly L
+   impressions (L/4 clicks, L/16 conversions) before the day:
+     a. a 5-source mix (click on each surface, rates 1.0 .. 0.6) vs 1 source (click on one surface,
+        rate 1) over the same files, L = 256 (goal: the mix at >= 0.95x the single source);
+     b. L = 256 vs L = 1024 (the model takes the whole prefix: loader max lengths = L).
+   Each figure is the median of 3 timed runs of `--batches` batches after one warm-up pass of the
+   worker processes. Not a test: nothing here gates CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from gem.config import LoaderConfig, load_config
+from gem.data.loader import ExampleStream, ResumableLoader
+from gem.data.manifest import Manifest, Source, read_manifest
+from schemas.examples import LABEL_COLUMNS, SILVER_TRAINING_EXAMPLES
+from schemas.tasks import SURFACES
+
+DAY = "2026-01-10"
+BENCH_SURFACES = SURFACES[:5]
+
+
+# --------------------------------------------------------------------------------------------------
+# 1. Manifest bytes vs a materialized copy.
+
+
+def mixing_bytes(lakehouse: str, mix_ds: str) -> dict[str, Any] | None:
+    from gem.data.delta_log import logged_files, table_version
+    from schemas.mixture import GOLD_MIXTURE_MANIFEST
+
+    cfg = load_config(overrides={"lakehouse_uri": lakehouse}, environ={})
+    path = GOLD_MIXTURE_MANIFEST.path(lakehouse)
+    if not Path(path, "_delta_log").is_dir():
+        return None
+    manifest_files = [f for f in logged_files(path, table_version(path)) if f.partition["ds"] == mix_ds]
+    if not manifest_files:
+        return None
+    manifest = read_manifest(cfg, mix_ds, "train")
+    stream = ExampleStream(manifest, tuple(s.name for s in manifest.sources), dataclasses.replace(cfg.loader, num_workers=0))
+    copy_bytes, drawn = 0, 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, f in enumerate(manifest.files):
+            table = pq.read_table(f)
+            rows, _, _ = stream.draw(f, stream.read_file(f), 0)
+            out = Path(tmp) / f"part-{i}.parquet"
+            pq.write_table(table.take(pa.array(np.sort(rows))), out, compression="snappy")
+            copy_bytes += out.stat().st_size
+            drawn += len(rows)
+    return {"manifest_bytes": sum(f.bytes for f in manifest_files), "manifest_rows": sum(f.rows for f in manifest_files),
+            "materialized_copy_bytes": copy_bytes, "rows_drawn_one_pass": drawn,
+            "source_files_bytes": sum(Path(f).stat().st_size for f in manifest.files)}
+
+
+# --------------------------------------------------------------------------------------------------
+# 2. Synthetic tables.
+
+
+def _strings(prefix: str, indices: np.ndarray, pool: int) -> pa.Array:
+    dictionary = pa.array([f"{prefix}{i}" for i in range(pool)])
+    return pa.DictionaryArray.from_arrays(pa.array(indices.astype(np.int32)), dictionary).cast(pa.string())
+
+
+def _sequence_column(rng: np.random.Generator, users: int, length: int, with_conversion_type: bool) -> pa.Array:
+    n = users * length
+    day_start = np.datetime64(f"{DAY}T00:00:00", "us").astype(np.int64)
+    # Each user's events spread over the 60 days before DAY, ascending.
+    times = day_start - np.sort(rng.integers(1, 60 * 86_400_000_000, size=(users, length)), axis=1)[:, ::-1]
+    ads = rng.integers(0, 2_000, size=n)
+    fields = [
+        pa.array(times.reshape(-1), pa.timestamp("us", tz="UTC")),
+        pa.array(np.char.add("e", np.arange(n).astype(str))),
+        _strings("a", ads, 2_000), _strings("adv", ads % 200, 200), _strings("c", ads % 600, 600),
+        pa.array(np.array(SURFACES)[rng.integers(0, len(SURFACES), size=n)]),
+        pa.array(np.array(["sales", "traffic"])[rng.integers(0, 2, size=n)]),
+    ]
+    names = ["event_time", "event_id", "ad_id", "advertiser_id", "campaign_id", "surface", "objective"]
+    if with_conversion_type:
+        fields.append(pa.array(np.array(["lead", "app_install"])[rng.integers(0, 2, size=n)]))
+        names.append("conversion_type")
+    elements = pa.StructArray.from_arrays(fields, names=names)
+    offsets = pa.array(np.arange(0, n + 1, length, dtype=np.int32))
+    return pa.ListArray.from_arrays(offsets, elements)
+
+
+def write_synthetic(root: Path, examples: int, users: int, length: int, seed: int = 0) -> dict[str, Any]:
+    """Examples (5 surfaces) and a sequences snapshot as Delta tables; their paths and versions."""
+    from deltalake import write_deltalake
+
+    rng = np.random.default_rng(seed)
+    seq_path, ex_path = str(root / "silver" / "user_sequences"), str(root / "silver" / "training_examples")
+    sequences = pa.table({
+        "ds": pa.array([dt.date.fromisoformat(DAY)] * users, pa.date32()),
+        "user_id": pa.array([f"u{i}" for i in range(users)]),
+        "impressions": _sequence_column(rng, users, length, False),
+        "clicks": _sequence_column(rng, users, max(1, length // 4), False),
+        "conversions": _sequence_column(rng, users, max(1, length // 16), True),
+    })
+    write_deltalake(seq_path, sequences, partition_by=["ds"])
+    user = rng.integers(0, users, size=examples)
+    ads = rng.integers(0, 2_000, size=examples)
+    day_start = np.datetime64(f"{DAY}T00:00:00", "us").astype(np.int64)
+    columns: dict[str, Any] = {}
+    for c in SILVER_TRAINING_EXAMPLES.columns:
+        if c.dtype == "long":
+            columns[c.name] = pa.array(rng.poisson(3, size=examples).astype(np.int64))
+        elif c.dtype == "double":
+            columns[c.name] = pa.array(rng.random(examples))
+    columns.update({
+        "ds": pa.array([dt.date.fromisoformat(DAY)] * examples, pa.date32()),
+        "surface": pa.array(np.array(BENCH_SURFACES)[rng.integers(0, len(BENCH_SURFACES), size=examples)]),
+        "impression_id": pa.array(np.char.add("i", np.arange(examples).astype(str))),
+        "impression_time": pa.array(day_start + rng.integers(0, 86_400_000_000, size=examples), pa.timestamp("us", tz="UTC")),
+        "user_id": _strings("u", user, users), "ad_id": _strings("a", ads, 2_000),
+        "advertiser_id": _strings("adv", ads % 200, 200), "campaign_id": _strings("c", ads % 600, 600),
+        "objective": pa.array(["sales"] * examples), "creative_type": pa.array(["image"] * examples),
+        "position": pa.array(rng.integers(0, 10, size=examples).astype(np.int32)),
+        "sequence_ds": pa.array([dt.date.fromisoformat(DAY)] * examples, pa.date32()),
+        "features_ds": pa.array([dt.date.fromisoformat(DAY)] * examples, pa.date32()),
+        "attributed_conversions": pa.array(np.zeros(examples, np.int32)),
+    })
+    for t, col in LABEL_COLUMNS.items():
+        columns[col] = pa.array((rng.random(examples) < (0.05 if t == "click" else 0.005)).astype(np.int32))
+    write_deltalake(ex_path, pa.table({name: columns[name] for name in SILVER_TRAINING_EXAMPLES.column_names}),
+                    partition_by=["ds", "surface"])
+    return {"examples_path": ex_path, "sequences_path": seq_path}
+
+
+def synthetic_manifest(paths: dict[str, Any], rates: dict[str, float]) -> Manifest:
+    from gem.data.delta_log import logged_files, table_version
+
+    ex_version, seq_version = table_version(paths["examples_path"]), table_version(paths["sequences_path"])
+    files = logged_files(paths["examples_path"], ex_version)
+    sources = []
+    for surface, rate in rates.items():
+        mine = tuple(sorted(f.path for f in files if f.partition["surface"] == surface))
+        rows = sum(f.rows for f in files if f.partition["surface"] == surface)
+        sources.append(Source(f"{surface}/click", surface, "click", rate, 1.0, rows, 0, mine))
+    used = {p for s in sources for p in s.files}
+    return Manifest(
+        mixture_id="bench", ds=DAY, split="train", seed=1, examples_path=paths["examples_path"],
+        examples_version=ex_version, sequences_path=paths["sequences_path"], sequences_version=seq_version,
+        sources=tuple(sources), file_ds={f.path: DAY for f in files if f.path in used},
+        file_rows={f.path: f.rows for f in files if f.path in used},
+        file_surface={f.path: f.partition["surface"] for f in files if f.path in used},
+    )
+
+
+def examples_per_second(manifest: Manifest, cfg: LoaderConfig, batches: int, repeats: int = 3) -> float:
+    tasks = tuple(s.name for s in manifest.sources)
+    rates = []
+    for r in range(repeats + 1):  # the first run warms the page cache and the worker start-up path
+        loader = ResumableLoader(ExampleStream(manifest, tasks, cfg))
+        loader.load_state_dict({"pass": r, "cursors": {}, "rotation": 0})
+        t0, n = time.perf_counter(), 0
+        for batch in loader.batches(limit=batches):
+            n += batch.size
+        if r:
+            rates.append(n / (time.perf_counter() - t0))
+    return statistics.median(rates)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lakehouse", default="lakehouse")
+    parser.add_argument("--mix-ds", default="2026-01-04")
+    parser.add_argument("--examples", type=int, default=200_000)
+    parser.add_argument("--users", type=int, default=5_000)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--batches", type=int, default=60)
+    parser.add_argument("--batch-size", type=int, default=512)
+    args = parser.parse_args()
+
+    mixing = mixing_bytes(args.lakehouse, args.mix_ds)
+    if mixing is None:
+        print(f"mixing bytes: skipped (no gold.mixture_manifest ds={args.mix_ds} under {args.lakehouse})")
+    else:
+        print(f"mixing bytes: manifest {mixing['manifest_bytes']:,} B ({mixing['manifest_rows']} rows) vs materialized "
+              f"copy of one pass {mixing['materialized_copy_bytes']:,} B ({mixing['rows_drawn_one_pass']:,} rows; "
+              f"source files {mixing['source_files_bytes']:,} B): ratio "
+              f"{mixing['materialized_copy_bytes'] / mixing['manifest_bytes']:.0f}x")
+
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for length in (256, 1024):
+            paths = write_synthetic(Path(tmp) / f"L{length}", args.examples, args.users, length)
+            cfg = LoaderConfig(batch_size=args.batch_size, num_workers=args.workers, max_impressions=length,
+                               max_clicks=max(1, length // 4), max_conversions=max(1, length // 16))
+            if length == 256:
+                five = synthetic_manifest(paths, dict(zip(BENCH_SURFACES, (1.0, 0.9, 0.8, 0.7, 0.6), strict=True)))
+                one = synthetic_manifest(paths, {BENCH_SURFACES[0]: 1.0})
+                results["one_source"] = examples_per_second(one, cfg, args.batches)
+                results["five_sources"] = examples_per_second(five, cfg, args.batches)
+            all_rate_one = synthetic_manifest(paths, {s: 1.0 for s in BENCH_SURFACES})
+            results[f"length_{length}"] = examples_per_second(all_rate_one, cfg, args.batches)
+    print(f"loader, {args.workers} workers, batch {args.batch_size}, examples/s (median of 3):")
+    print(f"  1 source {results['one_source']:,.0f} | 5-source mix {results['five_sources']:,.0f} "
+          f"| ratio {results['five_sources'] / results['one_source']:.2f}x (goal >= 0.95x)")
+    print(f"  sequences L=256 {results['length_256']:,.0f} | L=1024 {results['length_1024']:,.0f} "
+          f"| ratio {results['length_1024'] / results['length_256']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
