@@ -46,6 +46,7 @@ test: setup
 bench: setup
 	$(PY) -m bench.ingest_throughput
 	$(PY) -m bench.silver_incremental
+	$(PY) -m bench.loader_throughput
 
 clean-data:
 	rm -rf lakehouse .airflow
