@@ -1,0 +1,1 @@
+"""Model ops: each has a plain PyTorch reference (`*_reference`) and a faster path tested against it."""

@@ -1,0 +1,35 @@
+"""Jagged <-> padded: a batch's sequences as (values (N, d), offsets (B+1,)) or as (B, L, d) + lengths.
+
+Example: offsets [0, 2, 2, 5] -> lengths [2, 0, 3]; padded row 1 is all padding.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def to_padded(values: torch.Tensor, offsets: torch.Tensor, max_len: int | None = None) -> torch.Tensor:
+    """(N, *rest) values -> (B, L, *rest), zeros after each example's length."""
+    lengths = offsets[1:] - offsets[:-1]
+    b = lengths.numel()
+    max_len = int(lengths.max()) if max_len is None and b else (max_len or 0)
+    out = values.new_zeros((b, max_len, *values.shape[1:]))
+    if values.shape[0]:
+        row = torch.repeat_interleave(torch.arange(b, device=values.device), lengths)  # (N,)
+        col = torch.arange(values.shape[0], device=values.device) - offsets[:-1][row]  # (N,)
+        keep = col < max_len
+        out[row[keep], col[keep]] = values[keep]
+    return out
+
+
+def to_jagged(padded: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """(B, L, *rest) -> (N, *rest): each example's first `length` positions, concatenated."""
+    mask = torch.arange(padded.shape[1], device=padded.device)[None, :] < lengths[:, None]
+    return padded[mask]
+
+
+def padding_ratio(lengths: torch.Tensor, max_len: int | None = None) -> float:
+    """Share of a padded (B, L) block that is padding: 1 - sum(lengths) / (B * L)."""
+    b = lengths.numel()
+    max_len = int(lengths.max()) if max_len is None and b else (max_len or 0)
+    return 0.0 if b * max_len == 0 else 1.0 - float(lengths.sum()) / (b * max_len)

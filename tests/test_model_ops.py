@@ -1,0 +1,67 @@
+"""Model ops against their plain references: GDPA, masks (nothing past the window, nothing from the
+future, no padding), jagged <-> padded; values and gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gem.model.ops.gdpa import gdpa, gdpa_reference
+from gem.model.ops.jagged import padding_ratio, to_jagged, to_padded
+from gem.model.ops.masks import sliding_window_mask, sliding_window_mask_reference
+
+torch.manual_seed(0)
+
+
+@pytest.mark.parametrize("activations", [("silu",) * 4, ("silu", "gelu", "relu", "sigmoid")])
+def test_gdpa_matches_reference_values_and_gradients(activations):
+    q = torch.randn(3, 4, 6, 8, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(3, 4, 5, 8, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(3, 4, 5, 8, dtype=torch.float64, requires_grad=True)
+    mask = torch.rand(3, 1, 6, 5) > 0.3
+    args = dict(activations=activations, alpha=8 ** -0.5, scale=1 / 5, mask=mask)
+    fast, ref = gdpa(q, k, v, **args), gdpa_reference(q, k, v, **args)
+    assert torch.allclose(fast, ref)
+    grads_fast = torch.autograd.grad(fast.square().sum(), (q, k, v))
+    grads_ref = torch.autograd.grad(ref.square().sum(), (q, k, v))
+    for a, b in zip(grads_fast, grads_ref, strict=True):
+        assert torch.allclose(a, b)
+
+
+def test_gdpa_masked_keys_contribute_nothing():
+    q, k, v = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4)
+    mask = torch.tensor([True, True, False, False, False]).view(1, 1, 1, 5)
+    out = gdpa(q, k, v, ("gelu", "silu"), 0.5, 1.0, mask)
+    v2 = v.clone()
+    v2[..., 2:, :] = 1e6  # changing masked values (even to huge ones) changes nothing
+    k2 = k.clone()
+    k2[..., 2:, :] = 3.0
+    assert torch.allclose(out, gdpa(q, k2, v2, ("gelu", "silu"), 0.5, 1.0, mask))
+
+
+def test_gdpa_rejects_bad_activations():
+    x = torch.randn(1, 2, 3, 4)
+    with pytest.raises(ValueError, match="2 heads"):
+        gdpa(x, x, x, ("silu",), 1.0, 1.0)
+    with pytest.raises(ValueError, match="unknown"):
+        gdpa(x, x, x, ("silu", "swish9"), 1.0, 1.0)
+
+
+@pytest.mark.parametrize("window", [None, 1, 3])
+def test_sliding_window_mask_matches_the_rule(window):
+    lengths = [5, 0, 2, 7]
+    fast = sliding_window_mask(torch.tensor(lengths), 7, window)
+    assert torch.equal(fast, sliding_window_mask_reference(lengths, 7, window))
+    i, j = torch.meshgrid(torch.arange(7), torch.arange(7), indexing="ij")
+    assert not fast[:, 0][:, j > i].any()  # nothing from the future
+    if window is not None:
+        assert not fast[:, 0][:, i - j >= window].any()  # nothing past the window
+
+
+def test_jagged_padded_round_trip_and_padding_ratio():
+    offsets = torch.tensor([0, 2, 2, 5])
+    values = torch.arange(10.0).view(5, 2)
+    padded = to_padded(values, offsets)
+    assert padded.shape == (3, 3, 2) and torch.equal(padded[1], torch.zeros(3, 2))
+    assert torch.equal(to_jagged(padded, offsets.diff()), values)
+    assert padding_ratio(offsets.diff()) == pytest.approx(1 - 5 / 9)
