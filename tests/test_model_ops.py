@@ -65,3 +65,25 @@ def test_jagged_padded_round_trip_and_padding_ratio():
     assert padded.shape == (3, 3, 2) and torch.equal(padded[1], torch.zeros(3, 2))
     assert torch.equal(to_jagged(padded, offsets.diff()), values)
     assert padding_ratio(offsets.diff()) == pytest.approx(1 - 5 / 9)
+
+
+def test_sum_kron_linear_matches_reference_and_is_a_kronecker_sum():
+    from gem.model.ops.sum_kron import sum_kron_linear, sum_kron_linear_reference
+
+    x = torch.randn(2, 6, 4, dtype=torch.float64, requires_grad=True)
+    z, w = torch.randn(3, 6, 2, dtype=torch.float64), torch.randn(3, 4, 5, dtype=torch.float64)
+    fast, ref = sum_kron_linear(x, z, w), sum_kron_linear_reference(x, z, w)
+    assert fast.shape == (2, 2, 5) and torch.allclose(fast, ref)
+    # As one linear map on the flattened input: sum_i kron(Z_i, W_i).
+    big = sum(torch.kron(z[i], w[i]) for i in range(3))  # (6*4, 2*5)
+    assert torch.allclose(fast.reshape(2, -1), x.reshape(2, -1) @ big)
+    g_fast, = torch.autograd.grad(fast.sum(), x)
+    g_ref, = torch.autograd.grad(ref.sum(), x)
+    assert torch.allclose(g_fast, g_ref)
+
+
+def test_time_gap_buckets_are_log_scaled():
+    from gem.model.ops.time_encoding import time_gap_buckets
+
+    gaps = torch.tensor([-5.0, 0.0, 30.0, 60.0, 3600.0, 86400.0 * 30, 1e12])
+    assert time_gap_buckets(gaps, 16).tolist() == [0, 0, 0, 1, 5, 15, 15]
