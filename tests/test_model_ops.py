@@ -87,3 +87,27 @@ def test_time_gap_buckets_are_log_scaled():
 
     gaps = torch.tensor([-5.0, 0.0, 30.0, 60.0, 3600.0, 86400.0 * 30, 1e12])
     assert time_gap_buckets(gaps, 16).tolist() == [0, 0, 0, 1, 5, 15, 15]
+
+
+def test_wukong_layer_matches_its_formula():
+    from gem.model.wukong import WukongLayer
+
+    layer = WukongLayer(tokens=6, dim=4, rank=3, fmb_tokens=2, mlp_hidden=8).double()
+    x = torch.randn(2, 6, 4, dtype=torch.float64)
+    ref = []
+    for b in range(2):
+        inter = x[b] @ (x[b].T @ layer.y)  # (n, k)
+        fmb = layer.fmb_mlp(layer.fmb_norm(inter.reshape(-1))).view(2, 4)
+        lcb = layer.lcb.weight @ x[b]  # (n - n_fmb, d)
+        ref.append(layer.out_norm(torch.cat([fmb, lcb]) + x[b]))
+    assert torch.allclose(layer(x), torch.stack(ref))
+
+
+def test_mixture_of_wukong_experts_keeps_experts_on_their_tokens():
+    from gem.model.wukong import MixtureOfWukongExperts
+
+    moe = MixtureOfWukongExperts(experts=2, layers=2, tokens=8, dim=4, rank=2, mlp_hidden=8)
+    x = torch.randn(3, 8, 4, requires_grad=True)
+    out = moe(x)
+    grad, = torch.autograd.grad(out[:, :4].sum(), x)
+    assert out.shape == x.shape and grad[:, 4:].abs().max() == 0  # expert 0 never sees expert 1's block
