@@ -111,3 +111,10 @@ def test_mixture_of_wukong_experts_keeps_experts_on_their_tokens():
     out = moe(x)
     grad, = torch.autograd.grad(out[:, :4].sum(), x)
     assert out.shape == x.shape and grad[:, 4:].abs().max() == 0  # expert 0 never sees expert 1's block
+
+
+def test_keep_last_takes_the_most_recent():
+    from gem.model.ops.jagged import keep_last
+
+    index, offsets = keep_last(torch.tensor([0, 3, 4, 4, 9]), 2)
+    assert index.tolist() == [1, 2, 3, 7, 8] and offsets.tolist() == [0, 2, 3, 3, 5]

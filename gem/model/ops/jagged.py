@@ -33,3 +33,17 @@ def padding_ratio(lengths: torch.Tensor, max_len: int | None = None) -> float:
     b = lengths.numel()
     max_len = int(lengths.max()) if max_len is None and b else (max_len or 0)
     return 0.0 if b * max_len == 0 else 1.0 - float(lengths.sum()) / (b * max_len)
+
+
+def keep_last(offsets: torch.Tensor, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(index (M,), new offsets (B+1,)): per example, the positions of its last `max_len` values.
+
+    Example: offsets [0, 3, 4], max_len 2 -> index [1, 2, 3], offsets [0, 2, 3].
+    """
+    lengths = offsets[1:] - offsets[:-1]
+    kept = lengths.clamp(max=max_len)
+    row = torch.repeat_interleave(torch.arange(lengths.numel(), device=offsets.device), kept)
+    within = torch.arange(int(kept.sum()), device=offsets.device) - torch.repeat_interleave(
+        torch.cumsum(kept, 0) - kept, kept)
+    index = offsets[1:][row] - kept[row] + within
+    return index, torch.cat([offsets.new_zeros(1), torch.cumsum(kept, 0)])

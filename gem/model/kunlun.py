@@ -1,0 +1,228 @@
+"""Kunlun (arXiv 2602.10016): two token streams, non-sequence X and per-event-type sequences S.
+
+Per layer l (../shared/reference/MODELS.md):
+    X_sum = Gate(LCE(X))                  compress n_x tokens to n_sum; gate Z * sigmoid(MLP(Z))
+    H_e   = HSP_e(S_e)                    on GDPA layers (even l); odd layers reuse the cached H_e (CompSkip)
+    X     = X + Proj(MoWE([X_sum || H]))  global interaction, back to n_x tokens
+    S_e   = S_e + GDPA(Q=S_e, K,V = X_sum)      even l: personalized FFN as attention
+    S_e   = S_e + SlidingWindowGDPA(S_e)        odd l: causal self-attention within window_e
+    head input = [Gate(LCE(X)) || HSP_e(S_e)] of the final streams (a readout pooling, so the last
+                 layer's sequence updates reach the heads too)
+
+Event-level personalization: each event type has its own width, heads (each with its own
+activation), HSP seeds and summary tokens, depth (layers it takes part in) and window.
+Sequence tokens = id embedding + surface + objective + log time-gap bucket embeddings. Everything
+here is plain torch; sparse id embeddings arrive already looked up (gem.model.embeddings), so this
+module runs without torchrec.
+
+Shapes: X (B, n_x, d); S_e (B, L_e, w_e) padded with lengths (B,); H_e (B, T_e, d).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from gem.model.ops.gdpa import gdpa
+from gem.model.ops.jagged import keep_last, to_padded
+from gem.model.ops.masks import padding_mask, sliding_window_mask
+from gem.model.ops.sum_kron import SumKronLinear
+from gem.model.ops.time_encoding import time_gap_buckets
+from gem.model.wukong import MixtureOfWukongExperts
+
+
+@dataclass(frozen=True)
+class EventConfig:
+    width: int = 32
+    activations: tuple[str, ...] = ("silu", "gelu")  # one per head
+    seeds: int = 8  # HSP seeds (overcomplete)
+    summary_tokens: int = 2  # HSP output tokens T_e
+    kron_rank: int = 2
+    depth: int = 2  # layers the sequence takes part in (it keeps its last H_e afterwards)
+    window: int = 32  # sliding-window self-attention
+    max_len: int = 64  # longest prefix fed (the loader's max length for the type)
+
+
+@dataclass(frozen=True)
+class KunlunConfig:
+    dim: int = 32
+    layers: int = 2
+    summary_tokens: int = 4
+    dense_tokens: int = 2
+    experts: int = 2
+    expert_layers: int = 1
+    wukong_rank: int = 4
+    mlp_hidden: int = 64
+    time_buckets: int = 24
+    vocab_sizes: dict[str, int] = field(default_factory=lambda: {"surface": 7, "objective": 6, "conversion_type": 4})
+    events: dict[str, EventConfig] = field(default_factory=lambda: {
+        "impression": EventConfig(width=32, depth=2, window=32, max_len=64),
+        "click": EventConfig(width=32, depth=2, window=16, max_len=32),
+        "conversion": EventConfig(width=16, activations=("silu",), summary_tokens=2, depth=1, window=8, max_len=8),
+    })
+
+    def __post_init__(self) -> None:
+        tokens = self.summary_tokens + sum(e.summary_tokens for e in self.events.values())
+        if tokens % self.experts or tokens // self.experts < 2:
+            raise ValueError(f"{tokens} interaction tokens must split into {self.experts} experts of >= 2 tokens")
+        for name, e in self.events.items():
+            if e.width % len(e.activations):
+                raise ValueError(f"events.{name}: width {e.width} not divisible by {len(e.activations)} heads")
+            if not 1 <= e.depth <= self.layers:
+                raise ValueError(f"events.{name}: depth must be in [1, {self.layers}], got {e.depth}")
+
+    @property
+    def interaction_tokens(self) -> int:
+        return self.summary_tokens + sum(e.summary_tokens for e in self.events.values())
+
+
+class GatedCompression(nn.Module):
+    """X (B, n, d) -> Z * sigmoid(MLP(Z)), Z = LCE(X) (B, m, d): tokens mixed linearly (LCE), then gated."""
+
+    def __init__(self, tokens: int, out_tokens: int, dim: int) -> None:
+        super().__init__()
+        self.lce = nn.Linear(tokens, out_tokens)
+        self.gate = nn.Sequential(nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = self.lce(x.transpose(1, 2)).transpose(1, 2)  # (B, m, d)
+        return z * torch.sigmoid(self.gate(z))
+
+
+class HSP(nn.Module):
+    """Hierarchical seed pooling: learnable seeds attend to the sequence (GDPA, padding masked),
+    then SumKronLinear compresses the seeds to T tokens of width d."""
+
+    def __init__(self, cfg: EventConfig, dim: int) -> None:
+        super().__init__()
+        self.cfg, heads = cfg, len(cfg.activations)
+        self.seeds = nn.Parameter(torch.randn(cfg.seeds, cfg.width) * 0.02)
+        self.kv = nn.Linear(cfg.width, 2 * cfg.width)
+        self.compress = SumKronLinear(cfg.seeds, cfg.summary_tokens, cfg.width, dim, cfg.kron_rank)
+        self.heads, self.head_dim = heads, cfg.width // heads
+
+    def forward(self, s: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        b, length, _ = s.shape
+        k, v = self.kv(s).view(b, length, 2, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (B, H, L, Dh) x2
+        q = self.seeds.view(1, -1, self.heads, self.head_dim).transpose(1, 2).expand(b, -1, -1, -1)
+        mask = padding_mask(lengths, length)[:, None, None, :]  # (B, 1, 1, L)
+        pooled = gdpa(q, k, v, self.cfg.activations, self.head_dim ** -0.5, 1.0 / self.cfg.max_len, mask)
+        pooled = pooled.transpose(1, 2).reshape(b, self.cfg.seeds, self.cfg.width)  # (B, seeds, w)
+        return self.compress(pooled)  # (B, T, d)
+
+
+class SequenceLayer(nn.Module):
+    """One layer of one event type's stream: GDPA from X_sum (even layers) or windowed self-GDPA (odd)."""
+
+    def __init__(self, cfg: EventConfig, dim: int, personalized: bool) -> None:
+        super().__init__()
+        self.cfg, self.personalized = cfg, personalized
+        self.heads, self.head_dim = len(cfg.activations), cfg.width // len(cfg.activations)
+        self.norm = nn.LayerNorm(cfg.width)
+        self.q = nn.Linear(cfg.width, cfg.width)
+        self.kv = nn.Linear(dim if personalized else cfg.width, 2 * cfg.width)
+        self.out = nn.Linear(cfg.width, cfg.width)
+        self.ffn = nn.Sequential(nn.LayerNorm(cfg.width), nn.Linear(cfg.width, 2 * cfg.width), nn.GELU(),
+                                 nn.Linear(2 * cfg.width, cfg.width))
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, _ = x.shape
+        return x.view(b, n, self.heads, self.head_dim).transpose(1, 2)  # (B, H, n, Dh)
+
+    def forward(self, s: torch.Tensor, lengths: torch.Tensor, x_sum: torch.Tensor) -> torch.Tensor:
+        b, length, w = s.shape
+        h = self.norm(s)
+        src = x_sum if self.personalized else h
+        k, v = self.kv(src).chunk(2, dim=-1)
+        real = padding_mask(lengths, length)  # (B, L)
+        if self.personalized:  # every real sequence position reads the summary tokens
+            mask = real[:, None, :, None].expand(b, 1, length, x_sum.shape[1])
+            scale = 1.0 / x_sum.shape[1]
+        else:
+            mask = sliding_window_mask(lengths, length, self.cfg.window)
+            scale = 1.0 / self.cfg.window
+        att = gdpa(self._heads(self.q(h)), self._heads(k), self._heads(v), self.cfg.activations,
+                   self.head_dim ** -0.5, scale, mask)
+        s = s + self.out(att.transpose(1, 2).reshape(b, length, w))
+        s = s + self.ffn(s)
+        return s * real[:, :, None].to(s.dtype)  # padding stays exactly 0
+
+
+class KunlunLayer(nn.Module):
+    def __init__(self, cfg: KunlunConfig, x_tokens: int, index: int) -> None:
+        super().__init__()
+        self.index = index
+        self.compress = GatedCompression(x_tokens, cfg.summary_tokens, cfg.dim)
+        self.fresh_hsp = index % 2 == 0  # CompSkip: GDPA layers pool afresh, the others reuse H
+        self.hsp = nn.ModuleDict({e: HSP(c, cfg.dim) for e, c in cfg.events.items() if index < c.depth and self.fresh_hsp})
+        self.seq = nn.ModuleDict({e: SequenceLayer(c, cfg.dim, personalized=index % 2 == 0)
+                                  for e, c in cfg.events.items() if index < c.depth})
+        self.interaction = MixtureOfWukongExperts(cfg.experts, cfg.expert_layers, cfg.interaction_tokens, cfg.dim,
+                                                  cfg.wukong_rank, cfg.mlp_hidden)
+        self.back = nn.Linear(cfg.interaction_tokens, x_tokens)  # interaction tokens -> n_x tokens
+        self.x_norm = nn.LayerNorm(cfg.dim)
+
+    def forward(self, x: torch.Tensor, seqs: dict[str, tuple[torch.Tensor, torch.Tensor]],
+                cache: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+        x_sum = self.compress(x)  # (B, n_sum, d)
+        for e, module in self.hsp.items():
+            cache[e] = module(*seqs[e])  # (B, T_e, d)
+        tokens = torch.cat([x_sum, *[cache[e] for e in sorted(cache)]], dim=1)  # (B, n_int, d)
+        mixed = self.interaction(tokens)
+        x = self.x_norm(x + self.back(mixed.transpose(1, 2)).transpose(1, 2))
+        seqs = {e: (self.seq[e](s, n, x_sum), n) if e in self.seq else (s, n) for e, (s, n) in seqs.items()}
+        return x, seqs
+
+
+class Kunlun(nn.Module):
+    """Dense Kunlun: embedded inputs -> (B, n_int * d) representation for the task heads.
+
+    forward(sparse, dense, sequences):
+        sparse: name -> (B, d) embeddings of the non-sequence ids
+        dense: (B, D) float
+        sequences: event type -> dict with "id_emb" (N, w_e), "surface", "objective" (N,) int64,
+                   "gap_s" (N,) float, "offsets" (B+1,) int64
+    """
+
+    def __init__(self, cfg: KunlunConfig, sparse_features: tuple[str, ...], dense_dim: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.sparse_features = sparse_features
+        x_tokens = len(sparse_features) + cfg.dense_tokens
+        self.dense_mlp = nn.Sequential(nn.Linear(dense_dim, cfg.mlp_hidden), nn.GELU(),
+                                       nn.Linear(cfg.mlp_hidden, cfg.dense_tokens * cfg.dim))
+        self.event_embed = nn.ModuleDict({
+            e: nn.ModuleDict({
+                "surface": nn.Embedding(cfg.vocab_sizes["surface"], c.width),
+                "objective": nn.Embedding(cfg.vocab_sizes["objective"], c.width),
+                "time": nn.Embedding(cfg.time_buckets, c.width),
+            }) for e, c in cfg.events.items()
+        })
+        self.layers = nn.ModuleList(KunlunLayer(cfg, x_tokens, i) for i in range(cfg.layers))
+        # Readout: the final X and sequences, pooled once more, so every layer's updates reach the heads.
+        self.final_compress = GatedCompression(x_tokens, cfg.summary_tokens, cfg.dim)
+        self.final_hsp = nn.ModuleDict({e: HSP(c, cfg.dim) for e, c in cfg.events.items()})
+        self.out_dim = cfg.interaction_tokens * cfg.dim
+
+    def sequence_tokens(self, event: str, seq: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        c, emb = self.cfg.events[event], self.event_embed[event]
+        tokens = (seq["id_emb"] + emb["surface"](seq["surface"]) + emb["objective"](seq["objective"])
+                  + emb["time"](time_gap_buckets(seq["gap_s"], self.cfg.time_buckets)))
+        index, offsets = keep_last(seq["offsets"], c.max_len)  # the most recent max_len events
+        tokens = tokens[index]
+        lengths = offsets[1:] - offsets[:-1]
+        return to_padded(tokens, offsets, max(1, int(lengths.max()) if lengths.numel() else 1)), lengths
+
+    def forward(self, sparse: dict[str, torch.Tensor], dense: torch.Tensor,
+                sequences: dict[str, dict[str, torch.Tensor]]) -> torch.Tensor:
+        b = dense.shape[0]
+        x = torch.cat([torch.stack([sparse[f] for f in self.sparse_features], dim=1),
+                       self.dense_mlp(dense).view(b, self.cfg.dense_tokens, self.cfg.dim)], dim=1)
+        seqs = {e: self.sequence_tokens(e, sequences[e]) for e in self.cfg.events}
+        cache: dict[str, torch.Tensor] = {}
+        for layer in self.layers:
+            x, seqs = layer(x, seqs, cache)
+        tokens = [self.final_compress(x)] + [self.final_hsp[e](*seqs[e]) for e in sorted(seqs)]
+        return torch.cat(tokens, dim=1).reshape(b, -1)  # (B, n_int * d)
