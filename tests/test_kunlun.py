@@ -21,7 +21,7 @@ def _inputs(lengths: dict[str, list[int]], b: int, cfg: KunlunConfig, seed: int 
     for e, ls in lengths.items():
         n = sum(ls)
         seqs[e] = {
-            "id_emb": torch.randn(n, cfg.events[e].width, generator=g),
+            "id_emb": torch.randn(n, cfg.dim, generator=g),
             "surface": torch.randint(0, 7, (n,), generator=g),
             "objective": torch.randint(0, 6, (n,), generator=g),
             "gap_s": torch.rand(n, generator=g) * 1e6,

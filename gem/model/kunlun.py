@@ -182,7 +182,7 @@ class Kunlun(nn.Module):
     forward(sparse, dense, sequences):
         sparse: name -> (B, d) embeddings of the non-sequence ids
         dense: (B, D) float
-        sequences: event type -> dict with "id_emb" (N, w_e), "surface", "objective" (N,) int64,
+        sequences: event type -> dict with "id_emb" (N, d), "surface", "objective" (N,) int64,
                    "gap_s" (N,) float, "offsets" (B+1,) int64
     """
 
@@ -195,6 +195,7 @@ class Kunlun(nn.Module):
                                        nn.Linear(cfg.mlp_hidden, cfg.dense_tokens * cfg.dim))
         self.event_embed = nn.ModuleDict({
             e: nn.ModuleDict({
+                "id": nn.Linear(cfg.dim, c.width),  # shared id table (width dim) -> this event's width
                 "surface": nn.Embedding(cfg.vocab_sizes["surface"], c.width),
                 "objective": nn.Embedding(cfg.vocab_sizes["objective"], c.width),
                 "time": nn.Embedding(cfg.time_buckets, c.width),
@@ -208,7 +209,7 @@ class Kunlun(nn.Module):
 
     def sequence_tokens(self, event: str, seq: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         c, emb = self.cfg.events[event], self.event_embed[event]
-        tokens = (seq["id_emb"] + emb["surface"](seq["surface"]) + emb["objective"](seq["objective"])
+        tokens = (emb["id"](seq["id_emb"]) + emb["surface"](seq["surface"]) + emb["objective"](seq["objective"])
                   + emb["time"](time_gap_buckets(seq["gap_s"], self.cfg.time_buckets)))
         index, offsets = keep_last(seq["offsets"], c.max_len)  # the most recent max_len events
         tokens = tokens[index]

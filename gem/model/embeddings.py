@@ -1,0 +1,46 @@
+"""Sparse id embeddings in plain torch (the torchrec path wraps the same tables, see gem/model/sparse.py).
+
+Id policy, per feature: the loader hands stable 63-bit hashes (free-form ids) or vocabulary
+indices + 1 (closed vocabularies, 0 = unknown); a table of `buckets[feature]` rows takes value
+% buckets. So an id never seen in training still lands in some row (shared with others by hashing),
+and a vocabulary value outside the schema lands in row 0. Sequence ad ids share the ad_id table, so
+an ad's embedding is the same as a candidate and as a past event.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+
+def _default_buckets() -> dict[str, int]:
+    return {"user_id": 50_000, "ad_id": 10_000, "advertiser_id": 1_000, "campaign_id": 5_000,
+            "surface": 8, "objective": 8, "creative_type": 8, "position": 65}
+
+
+@dataclass(frozen=True)
+class EmbeddingConfig:
+    dim: int = 32
+    buckets: dict[str, int] = field(default_factory=_default_buckets)
+    sequence_table: str = "ad_id"  # the table sequence elements' ids are looked up in
+
+
+class PlainEmbeddings(nn.Module):
+    """sparse ids (B,) per feature -> (B, dim); sequence ids (N,) -> (N, dim)."""
+
+    def __init__(self, cfg: EmbeddingConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.tables = nn.ModuleDict({f: nn.Embedding(n, cfg.dim) for f, n in cfg.buckets.items()})
+        for t in self.tables.values():
+            nn.init.normal_(t.weight, std=0.02)
+
+    def lookup(self, feature: str, ids: torch.Tensor) -> torch.Tensor:
+        return self.tables[feature](torch.remainder(ids, self.cfg.buckets[feature]))
+
+    def forward(self, sparse: dict[str, torch.Tensor], sequence_ids: dict[str, torch.Tensor]
+                ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        return ({f: self.lookup(f, v) for f, v in sparse.items()},
+                {e: self.lookup(self.cfg.sequence_table, v) for e, v in sequence_ids.items()})

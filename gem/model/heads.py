@@ -1,0 +1,41 @@
+"""Task heads with domain experts: one logit per task (surface, label type).
+
+Each surface has its own expert MLP; a few shared experts serve every surface. Task t of surface s
+mixes [expert_s, shared_1..M] with a softmax gate computed from the input, then a linear tower
+gives its logit. So tasks of one surface share their surface's expert, and all tasks share the
+shared experts in proportions they learn.
+
+Shapes: x (B, in_dim) -> logits (B, T).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class DomainExpertHeads(nn.Module):
+    def __init__(self, in_dim: int, tasks: tuple[str, ...], hidden: int, shared_experts: int) -> None:
+        super().__init__()
+        self.tasks = tasks
+        self.surfaces = tuple(dict.fromkeys(t.split("/")[0] for t in tasks))
+
+        def expert() -> nn.Module:
+            return nn.Sequential(nn.Linear(in_dim, hidden), nn.GELU(), nn.Linear(hidden, hidden), nn.GELU())
+
+        self.surface_experts = nn.ModuleDict({s: expert() for s in self.surfaces})
+        self.shared = nn.ModuleList(expert() for _ in range(shared_experts))
+        self.gates = nn.Linear(in_dim, len(tasks) * (1 + shared_experts))
+        self.towers = nn.Parameter(torch.randn(len(tasks), hidden) * hidden ** -0.5)
+        self.bias = nn.Parameter(torch.zeros(len(tasks)))
+        self.task_surface = [self.surfaces.index(t.split("/")[0]) for t in tasks]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b = x.shape[0]
+        surface_out = torch.stack([self.surface_experts[s](x) for s in self.surfaces], dim=1)  # (B, S, h)
+        shared_out = torch.stack([e(x) for e in self.shared], dim=1) if len(self.shared) else x.new_zeros(b, 0, 1)
+        own = surface_out[:, self.task_surface]  # (B, T, h)
+        experts = torch.cat([own[:, :, None], shared_out[:, None].expand(-1, len(self.tasks), -1, -1)], dim=2)
+        gate = torch.softmax(self.gates(x).view(b, len(self.tasks), -1), dim=-1)  # (B, T, 1 + M)
+        mixed = (gate[..., None] * experts).sum(dim=2)  # (B, T, h)
+        return (mixed * self.towers).sum(-1) + self.bias  # (B, T)

@@ -1,0 +1,50 @@
+"""The train task: embeddings + dense body + task heads, and the loss it owns.
+
+    loss = sum_t task_weight_t * [sum_b mask_bt * w_bt * BCE(logit_bt, y_bt)] / [sum_b mask_bt * w_bt]
+
+mask: the example was drawn for task t (the loader's label_mask); w: the loader's importance weight
+1 / p, so the loss estimates the unsampled data's loss. Tasks with no drawn example in a batch add 0.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gem.data.batch import Batch
+
+
+def masked_weighted_bce(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor,
+                        task_weights: torch.Tensor) -> torch.Tensor:
+    w = weights * mask.to(weights.dtype)  # (B, T)
+    per = F.binary_cross_entropy_with_logits(logits, labels, reduction="none") * w
+    denom = w.sum(0)  # (T,)
+    per_task = torch.where(denom > 0, per.sum(0) / denom.clamp_min(1e-12), torch.zeros_like(denom))
+    return (per_task * task_weights).sum()
+
+
+class GemTrainTask(nn.Module):
+    """Batch -> (loss, logits). `body` maps (sparse emb, dense, sequences) -> (B, body.out_dim)."""
+
+    def __init__(self, embeddings: nn.Module, body: nn.Module, heads: nn.Module, task_weights: torch.Tensor) -> None:
+        super().__init__()
+        self.embeddings, self.body, self.heads = embeddings, body, heads
+        self.register_buffer("task_weights", task_weights.float())
+
+    def logits(self, batch: Batch) -> torch.Tensor:
+        sparse, seq_ids = self.embeddings(
+            {f: s.values for f, s in batch.sparse.items()},
+            {e: j.values["ad_id"] for e, j in batch.sequences.items()},
+        )
+        sequences = {
+            e: {"id_emb": seq_ids[e], "surface": j.values["surface"], "objective": j.values["objective"],
+                "gap_s": j.values["gap_s"], "offsets": j.offsets}
+            for e, j in batch.sequences.items()
+        }
+        return self.heads(self.body(sparse, batch.dense, sequences))
+
+    def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.logits(batch)
+        loss = masked_weighted_bce(logits, batch.labels, batch.label_mask, batch.weights, self.task_weights)
+        return loss, logits
