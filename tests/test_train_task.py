@@ -64,10 +64,10 @@ def test_task_trains_on_a_loader_batch():
     loss, logits = task(batch)
     assert logits.shape == (16, 4) and torch.isfinite(loss)
     opt = torch.optim.Adam(task.parameters(), lr=3e-3)
-    first = float(loss)
+    first = float(loss.detach())
     for _ in range(30):
         opt.zero_grad()
         loss, _ = task(batch)
         loss.backward()
         opt.step()
-    assert float(loss) < 0.5 * first
+    assert float(loss.detach()) < 0.5 * first

@@ -9,22 +9,10 @@ an ad's embedding is the same as a candidate and as a past event.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 from torch import nn
 
-
-def _default_buckets() -> dict[str, int]:
-    return {"user_id": 50_000, "ad_id": 10_000, "advertiser_id": 1_000, "campaign_id": 5_000,
-            "surface": 8, "objective": 8, "creative_type": 8, "position": 65}
-
-
-@dataclass(frozen=True)
-class EmbeddingConfig:
-    dim: int = 32
-    buckets: dict[str, int] = field(default_factory=_default_buckets)
-    sequence_table: str = "ad_id"  # the table sequence elements' ids are looked up in
+from gem.model.configs import EmbeddingConfig
 
 
 class PlainEmbeddings(nn.Module):

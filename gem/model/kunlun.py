@@ -20,62 +20,16 @@ Shapes: X (B, n_x, d); S_e (B, L_e, w_e) padded with lengths (B,); H_e (B, T_e, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 from torch import nn
 
+from gem.model.configs import EventConfig, KunlunConfig
 from gem.model.ops.gdpa import gdpa
 from gem.model.ops.jagged import keep_last, to_padded
 from gem.model.ops.masks import padding_mask, sliding_window_mask
 from gem.model.ops.sum_kron import SumKronLinear
 from gem.model.ops.time_encoding import time_gap_buckets
 from gem.model.wukong import MixtureOfWukongExperts
-
-
-@dataclass(frozen=True)
-class EventConfig:
-    width: int = 32
-    activations: tuple[str, ...] = ("silu", "gelu")  # one per head
-    seeds: int = 8  # HSP seeds (overcomplete)
-    summary_tokens: int = 2  # HSP output tokens T_e
-    kron_rank: int = 2
-    depth: int = 2  # layers the sequence takes part in (it keeps its last H_e afterwards)
-    window: int = 32  # sliding-window self-attention
-    max_len: int = 64  # longest prefix fed (the loader's max length for the type)
-
-
-@dataclass(frozen=True)
-class KunlunConfig:
-    dim: int = 32
-    layers: int = 2
-    summary_tokens: int = 4
-    dense_tokens: int = 2
-    experts: int = 2
-    expert_layers: int = 1
-    wukong_rank: int = 4
-    mlp_hidden: int = 64
-    time_buckets: int = 24
-    vocab_sizes: dict[str, int] = field(default_factory=lambda: {"surface": 7, "objective": 6, "conversion_type": 4})
-    events: dict[str, EventConfig] = field(default_factory=lambda: {
-        "impression": EventConfig(width=32, depth=2, window=32, max_len=64),
-        "click": EventConfig(width=32, depth=2, window=16, max_len=32),
-        "conversion": EventConfig(width=16, activations=("silu",), summary_tokens=2, depth=1, window=8, max_len=8),
-    })
-
-    def __post_init__(self) -> None:
-        tokens = self.summary_tokens + sum(e.summary_tokens for e in self.events.values())
-        if tokens % self.experts or tokens // self.experts < 2:
-            raise ValueError(f"{tokens} interaction tokens must split into {self.experts} experts of >= 2 tokens")
-        for name, e in self.events.items():
-            if e.width % len(e.activations):
-                raise ValueError(f"events.{name}: width {e.width} not divisible by {len(e.activations)} heads")
-            if not 1 <= e.depth <= self.layers:
-                raise ValueError(f"events.{name}: depth must be in [1, {self.layers}], got {e.depth}")
-
-    @property
-    def interaction_tokens(self) -> int:
-        return self.summary_tokens + sum(e.summary_tokens for e in self.events.values())
 
 
 class GatedCompression(nn.Module):
