@@ -135,7 +135,10 @@ def latest_previous_rows(sequences: "DataFrame", users: "DataFrame", ds: str) ->
         .groupBy("user_id")
         .agg(F.max("ds").alias("ds"))
     )
-    return before.join(latest, ["user_id", "ds"], "inner")
+    # Broadcast the (user_id, ds) keys: the wide history rows are then filtered where they are
+    # scanned instead of being shuffled to a sort-merge join (the shuffle of every earlier row's
+    # arrays made the daily update grow with the days of history).
+    return before.join(F.broadcast(latest), ["user_id", "ds"], "inner")
 
 
 # --------------------------------------------------------------------------------------------------
