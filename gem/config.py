@@ -26,6 +26,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from gem.model.configs import ModelConfig
 from schemas.tasks import LABEL_TYPES, SURFACES  # the one task vocabulary
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -215,6 +216,29 @@ class LoaderConfig:
 
 
 @dataclass(frozen=True)
+class TrainConfig:
+    """Pretraining (gem/train.py)."""
+
+    steps: int = 200
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    seed: int = 0
+    # Checkpoint every this many steps (and at the end); root defaults to {lakehouse}/_checkpoints/<run>.
+    checkpoint_every: int = 50
+    checkpoint_root: str = ""
+    # Loss weight per task name; a task not listed weighs 1.
+    task_weights: dict[str, float] = field(default_factory=dict)
+    log_every: int = 10
+    # GPU only: bf16 autocast and torch.compile of the dense body.
+    bf16: bool = True
+    compile: bool = False
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.checkpoint_every < 1:
+            raise ConfigError(f"train.steps and train.checkpoint_every must be >= 1, got {self.steps}, {self.checkpoint_every}")
+
+
+@dataclass(frozen=True)
 class DemoConfig:
     start_ds: str = "2026-01-01"
     days: int = 2
@@ -246,6 +270,8 @@ class GemConfig:
     quality: QualityConfig = field(default_factory=QualityConfig)
     mix: MixConfig = field(default_factory=MixConfig)
     loader: LoaderConfig = field(default_factory=LoaderConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
     demo: DemoConfig = field(default_factory=DemoConfig)
 
     def __post_init__(self) -> None:
@@ -345,7 +371,9 @@ def _build(cls: type, data: Mapping[str, Any], path: str) -> Any:
     kwargs = {k: _coerce(v, hints[k], f"{path}.{k}" if path else k) for k, v in data.items()}
     try:
         return cls(**kwargs)
-    except TypeError as e:
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as e:  # includes the model configs' own validation
         raise ConfigError(f"{path or 'config'}: {e}") from e
 
 

@@ -1,0 +1,126 @@
+"""Checkpoints: torch.distributed.checkpoint shards + a small JSON of everything else, published atomically.
+
+A checkpoint of step n is the folder `{root}/step-{n:08d}`:
+    *.distcp, .metadata   model and optimizer state (torch.distributed.checkpoint; sharded per rank)
+    extra.json            step, loader state, RNG states, the config, code version, losses so far
+
+It is written under `{root}/.tmp-step-{n:08d}-{nonce}` and renamed into place only when complete,
+so a crash leaves at most a `.tmp-*` folder, which is never loaded. An existing step folder is
+never overwritten (a second writer of the same step fails). `latest(root)` is the highest complete
+step; `load` refuses a folder whose extra.json or shards are missing or unreadable, naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import uuid
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+
+EXTRA = "extra.json"
+PREFIX = "step-"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that is incomplete, corrupted, or would overwrite another."""
+
+
+@contextmanager
+def _single_process_ok() -> Iterator[None]:
+    """Without a process group dcp warns that it assumes one process: that is the intent here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"{PREFIX}{step:08d}"
+
+
+def rng_state() -> dict[str, Any]:
+    return {
+        "torch": torch.get_rng_state().tolist(),
+        "numpy": [np.random.get_state()[0], np.random.get_state()[1].tolist(), *np.random.get_state()[2:]],
+        "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+
+
+def _is_rank0() -> bool:
+    return not (torch.distributed.is_available() and torch.distributed.is_initialized()) or torch.distributed.get_rank() == 0
+
+
+def save(root: Path, step: int, state: dict[str, Any], extra: dict[str, Any]) -> Path:
+    """Write state (tensors / state_dicts) and extra (JSON-able) as step `step`; returns the folder."""
+    root.mkdir(parents=True, exist_ok=True)
+    final = step_dir(root, step)
+    if final.exists():
+        raise CheckpointError(f"checkpoint {final} already exists; checkpoints are never overwritten")
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    nonce = uuid.uuid4().hex[:8]
+    if distributed:  # every rank must write into the same temporary folder
+        box = [nonce]
+        torch.distributed.broadcast_object_list(box, src=0)
+        nonce = box[0]
+    tmp = root / f".tmp-{PREFIX}{step:08d}-{nonce}"
+    with _single_process_ok():
+        dcp.save(state, checkpoint_id=str(tmp))
+    if _is_rank0():
+        (tmp / EXTRA).write_text(json.dumps({"step": step, **extra}))
+        os.rename(tmp, final)  # atomic on one filesystem
+    if distributed:
+        torch.distributed.barrier()
+    return final
+
+
+def latest(root: Path) -> Path | None:
+    """The complete checkpoint with the highest step under root, if any (`.tmp-*` folders ignored)."""
+    if not root.is_dir():
+        return None
+    steps = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX))
+    return steps[-1] if steps else None
+
+
+def load(path: Path, state: dict[str, Any]) -> dict[str, Any]:
+    """Load shards into `state` (in place, as dcp does) and return extra.json; refuses broken folders."""
+    if path.name.startswith(".tmp-"):
+        raise CheckpointError(f"{path} is an unpublished (partial) checkpoint; it is never loaded")
+    extra_path = path / EXTRA
+    if not extra_path.is_file():
+        raise CheckpointError(f"checkpoint {path} is incomplete: {EXTRA} is missing")
+    try:
+        extra = json.loads(extra_path.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"checkpoint {path} is corrupted: {EXTRA} is not valid JSON ({e})") from e
+    try:
+        with _single_process_ok():
+            dcp.load(state, checkpoint_id=str(path))
+    except (Exception, CheckpointException) as e:  # CheckpointException derives from BaseException
+        raise CheckpointError(f"checkpoint {path} is corrupted or incomplete: its shards cannot be read ({e})") from e
+    return extra
+
+
+def discard_partials(root: Path) -> list[Path]:
+    """Remove `.tmp-*` folders left by crashed writers; returns what was removed."""
+    removed = [p for p in root.glob(".tmp-*") if p.is_dir()] if root.is_dir() else []
+    for p in removed:
+        shutil.rmtree(p)
+    return removed
