@@ -123,3 +123,115 @@ class Trainer:
             bar.close()
         result.steps, result.losses, result.seconds = self.step, list(self.losses), time.perf_counter() - t0
         return result
+
+
+# --------------------------------------------------------------------------------------------------
+# The command line: one day's continued pretraining from the mixture manifest.
+
+PROMOTED = "promoted.json"
+
+
+def code_version() -> str:
+    import subprocess
+
+    from gem.config import REPO_ROOT
+
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
+        return out.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def promote(root: Path, run_dir: Path, step: int, mix_ds: str) -> None:
+    """Point `root/promoted.json` at this run's final checkpoint (atomic replace)."""
+    import json
+    import os
+
+    tmp = root / f".{PROMOTED}.tmp"
+    tmp.write_text(json.dumps({"run_dir": str(run_dir), "step": step, "mix_ds": mix_ds}))
+    os.replace(tmp, root / PROMOTED)
+
+
+def promoted_run(root: Path) -> Path | None:
+    import json
+
+    path = root / PROMOTED
+    return Path(json.loads(path.read_text())["run_dir"]) if path.is_file() else None
+
+
+def write_metrics(cfg: Any, rows: list[dict[str, Any]]) -> None:
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from schemas.metrics import GOLD_METRICS
+
+    schema = GOLD_METRICS.arrow_schema()
+    table = pa.Table.from_pylist(rows, schema=schema)
+    write_deltalake(GOLD_METRICS.path(cfg.lakehouse_uri), table, mode="append", partition_by=["ds"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import datetime as dt
+    import json
+    import uuid
+
+    from gem.cli import iso_day
+    from gem.config import add_config_arg, load_config
+    from gem.data.encode import DENSE_COLUMNS
+    from gem.data.loader import SPARSE_FEATURES, ExampleStream, ResumableLoader
+    from gem.data.manifest import read_manifest
+    from gem.evaluate import evaluate
+    from gem.model.build import build_task
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_config_arg(parser)
+    parser.add_argument("--mix-ds", required=True, type=iso_day, help="the gold.mixture_manifest day to train on")
+    parser.add_argument("--run-dir", default=None, help="checkpoint folder (default: under train.checkpoint_root)")
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    cfg = load_config(args.config)
+    torch.manual_seed(cfg.train.seed)
+    root = Path(cfg.train.checkpoint_root or f"{cfg.lakehouse_uri.rstrip('/')}/_checkpoints")
+    run_dir = Path(args.run_dir) if args.run_dir else root / f"{cfg.model.arch}-{args.mix_ds}"
+
+    train_manifest, eval_manifest = read_manifest(cfg, args.mix_ds, "train"), read_manifest(cfg, args.mix_ds, "eval")
+    tasks = tuple(f"{s}/{t}" for s, t in cfg.tasks if f"{s}/{t}" in {x.name for x in train_manifest.sources})
+    stream = ResumableLoader(ExampleStream(train_manifest, tasks, cfg.loader))
+    task = build_task(cfg.model, tasks, SPARSE_FEATURES, len(DENSE_COLUMNS), cfg.train.task_weights)
+    trainer = Trainer(task, stream, cfg.train, run_dir, config_snapshot=cfg.to_dict())
+    if trainer.resume():
+        print(f"resumed {run_dir} at step {trainer.step}")
+    elif (previous := promoted_run(root)) is not None and previous != run_dir:
+        print(f"warm start from {trainer.warm_start(previous)}")
+    result = trainer.fit(steps=args.steps, progress=not args.no_progress)
+    seconds = max(result.seconds, 1e-9)
+    print(f"trained {result.steps} steps; {result.examples:,} examples in {result.seconds:.1f}s "
+          f"({result.examples / seconds:,.0f} examples/s)")
+
+    eval_stream = ResumableLoader(ExampleStream(eval_manifest, tasks, cfg.loader))
+    scores = evaluate(task, eval_stream.epoch())
+    run_id = f"{cfg.model.arch}:{args.mix_ds}:{uuid.uuid4().hex[:8]}"
+    now = dt.datetime.now(dt.UTC)
+    rows = [{
+        "ds": dt.date.fromisoformat(args.mix_ds), "run_id": run_id, "arch": cfg.model.arch, "task": name,
+        "split": "eval", "examples": s["examples"], "positives": s["positives"], "ne": s["ne"], "auc": s["auc"],
+        "calibration": s["calibration"], "train_steps": result.steps, "mixture_id": eval_manifest.mixture_id,
+        "examples_version": eval_manifest.examples_version, "sequences_version": eval_manifest.sequences_version,
+        "code_version": code_version(), "config": json.dumps(cfg.to_dict(), default=str), "created_at": now,
+    } for name, s in scores.items()]
+    write_metrics(cfg, rows)
+    promote(root, run_dir, result.steps, args.mix_ds)
+    print(f"held-out day {eval_manifest.file_ds[eval_manifest.files[0]]} ({run_id}):")
+    print(f"  {'task':<28} {'examples':>9} {'positives':>9} {'NE':>7} {'AUC':>7} {'calib':>7}")
+    for name, s in scores.items():
+        fmt = lambda v: "   n/a" if v is None else f"{v:7.4f}"  # noqa: E731
+        print(f"  {name:<28} {s['examples']:>9,} {s['positives']:>9.0f} {fmt(s['ne'])} {fmt(s['auc'])} "
+              f"{fmt(s['calibration'])}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -102,6 +102,23 @@ def _tree_spark(tree: tuple[Any, ...]) -> Any:
     return T.StructType([T.StructField(name, _tree_spark(sub), True) for name, sub in tree[1]])
 
 
+def _tree_arrow(tree: tuple[Any, ...]) -> Any:
+    import pyarrow as pa
+
+    kind = tree[0]
+    if kind == "simple":
+        return {
+            "string": pa.string(), "long": pa.int64(), "int": pa.int32(), "double": pa.float64(),
+            "float": pa.float32(), "boolean": pa.bool_(), "timestamp": pa.timestamp("us", tz="UTC"),
+            "date": pa.date32(),
+        }[tree[1]]
+    if kind == "map":
+        return pa.map_(_tree_arrow(tree[1]), _tree_arrow(tree[2]))
+    if kind == "array":
+        return pa.list_(_tree_arrow(tree[1]))
+    return pa.struct([pa.field(name, _tree_arrow(sub)) for name, sub in tree[1]])
+
+
 @dataclass(frozen=True)
 class Column:
     """One column. `allowed`, `min` and `max` become CHECK constraints and expectations.
@@ -193,6 +210,12 @@ class TableSchema:
         from pyspark.sql import types as T
 
         return T.StructType([T.StructField(c.name, c.spark_type(), c.nullable) for c in self.columns])
+
+    def arrow_schema(self) -> Any:
+        """The same columns as a pyarrow schema (for writers and readers without Spark)."""
+        import pyarrow as pa
+
+        return pa.schema([pa.field(c.name, _tree_arrow(_parse_dtype(c.dtype)), c.nullable) for c in self.columns])
 
     def check_constraints(self) -> list[tuple[str, str]]:
         """All CHECK constraints: one per constrained column plus the table-level ones."""

@@ -1,0 +1,43 @@
+"""Evaluate a train task on a batch stream: per task NE, AUC and calibration (gem.model.metrics).
+
+Only the examples drawn for a task (label_mask) count for it, each with its importance weight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from gem.data.batch import Batch
+from gem.model import metrics
+
+
+@torch.no_grad()
+def evaluate(task: torch.nn.Module, batches: Iterable[Batch]) -> dict[str, dict[str, float | None]]:
+    task.eval()
+    preds: dict[str, list[torch.Tensor]] = {}
+    labels: dict[str, list[torch.Tensor]] = {}
+    weights: dict[str, list[torch.Tensor]] = {}
+    names: tuple[str, ...] = ()
+    for batch in batches:
+        names = batch.tasks
+        prob = torch.sigmoid(task.logits(batch).float())
+        for j, name in enumerate(batch.tasks):
+            m = batch.label_mask[:, j]
+            preds.setdefault(name, []).append(prob[m, j])
+            labels.setdefault(name, []).append(batch.labels[m, j])
+            weights.setdefault(name, []).append(batch.weights[m, j])
+    out: dict[str, dict[str, float | None]] = {}
+    for name in names:
+        p, y, w = (torch.cat(x[name]) for x in (preds, labels, weights))
+        positives = float((w * y).sum())
+        both = 0 < positives < float(w.sum())
+        out[name] = {
+            "examples": int(p.numel()),
+            "positives": positives,
+            "ne": float(metrics.ne(p, y, w)) if both else None,
+            "auc": float(metrics.auc(p, y, w)) if both else None,
+            "calibration": float(metrics.calibration(p, y, w)) if positives > 0 else None,
+        }
+    return out

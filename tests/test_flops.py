@@ -1,0 +1,33 @@
+"""The FLOP formulas equal what torch's FLOP counter measures on a forward pass at full lengths."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from gem.model.configs import KunlunConfig
+from gem.model.flops import kunlun_flops
+from gem.model.heads import DomainExpertHeads
+from gem.model.kunlun import Kunlun
+
+SPARSE = ("user_id", "ad_id", "surface", "objective")
+TASKS = ("reels/click", "reels/lead", "fb_feed/click")
+
+
+def test_formulas_match_the_flop_counter():
+    cfg = KunlunConfig(layers=3)
+    body = Kunlun(cfg, SPARSE, dense_dim=10)
+    heads = DomainExpertHeads(body.out_dim, TASKS, hidden=24, shared_experts=2)
+    b = 3
+    sequences = {}
+    for e, c in cfg.events.items():
+        n = b * c.max_len  # every example at full length: padded == real
+        sequences[e] = {"id_emb": torch.randn(n, cfg.dim), "surface": torch.zeros(n, dtype=torch.long),
+                        "objective": torch.zeros(n, dtype=torch.long), "gap_s": torch.rand(n),
+                        "offsets": torch.arange(0, n + 1, c.max_len)}
+    sparse = {f: torch.randn(b, cfg.dim) for f in SPARSE}
+    with FlopCounterMode(display=False) as counter:
+        heads(body(sparse, torch.randn(b, 10), sequences))
+    formula = kunlun_flops(cfg, n_sparse=len(SPARSE), dense_dim=10, tasks=len(TASKS), surfaces=2, head_hidden=24,
+                           shared_experts=2)
+    assert counter.get_total_flops() == b * formula["total"]
