@@ -18,7 +18,7 @@ Flow (the transform is pure; I/O is the thin shell around it):
   gate: a validate_events completion record for every bronze day read;
   bronze window --> window_events (time filter, narrow projection, one flag column per window)
   --> user_counters / ad_counters: a narrow count per (entity, surface, type, window flags), then
-      one groupBy per entity, every counter a conditional sum of those counts;
+      one groupBy per entity summing those counts per surface (the all-surfaces counters are sums of these);
   commit: withdraw the (build_features, D) record; replace both partitions ds=D; publish the
   record LAST. A rerun reads only bronze, so it rewrites ds=D with identical contents.
 """
@@ -155,8 +155,24 @@ def _rate(rate: str, window_days: int, surface: str | None) -> SparkColumn:
     return ratio.alias(counter_name(rate, window_days, surface))
 
 
-def _all_counts() -> list[SparkColumn]:
-    return [_count(t, w, s) for w in WINDOW_DAYS for s in SCOPES for t in COUNT_METRICS]
+def _surface_counts() -> list[SparkColumn]:
+    """The aggregates: per surface, window and event type (the all-surfaces counts are their sums,
+    computed after the aggregation by `_all_surface_counts`). 54 aggregates rather than 63 keeps
+    the aggregation under Spark's whole-stage codegen field limit (spark.sql.codegen.maxFields)."""
+    return [_count(t, w, s) for w in WINDOW_DAYS for s in SCOPES if s is not None for t in COUNT_METRICS]
+
+
+def _all_surface_counts() -> list[SparkColumn]:
+    """Counters of the all-surfaces scope: the sum of the per-surface counters."""
+    from functools import reduce
+    from operator import add
+
+    from pyspark.sql import functions as F
+
+    return [
+        reduce(add, [F.col(counter_name(metric, w, s)) for s in SCOPES if s is not None]).alias(counter_name(metric, w))
+        for w in WINDOW_DAYS for metric in COUNT_METRICS.values()
+    ]
 
 
 def _all_rates() -> list[SparkColumn]:
@@ -184,7 +200,8 @@ def user_counters(events: DataFrame, ds: str) -> DataFrame:
         {"ds": ds, "user_id": "u1", "impressions_1d": 4, "clicks_1d": 1, "ctr_1d": 0.25,
          "cvr_1d": 0.0, "reels_impressions_1d": 4, "fb_feed_impressions_1d": 0, "fb_feed_ctr_1d": None, ...}
     """
-    counted = _partial_counts(events, "user_id").groupBy("user_id").agg(*_all_counts())
+    per_surface = _partial_counts(events, "user_id").groupBy("user_id").agg(*_surface_counts())
+    counted = per_surface.select("*", *_all_surface_counts())
     return _with_ds(counted.select("*", *_all_rates()), ds).select(*SILVER_USER_FEATURES.column_names)
 
 
@@ -194,7 +211,8 @@ def ad_counters(events: DataFrame, ds: str) -> DataFrame:
     from pyspark.sql import functions as F
 
     partial = _partial_counts(events, "ad_id", latest_metadata=True)
-    counted = partial.groupBy("ad_id").agg(F.max("_latest").alias("_latest"), *_all_counts())
+    per_surface = partial.groupBy("ad_id").agg(F.max("_latest").alias("_latest"), *_surface_counts())
+    counted = per_surface.select("*", *_all_surface_counts())
     metadata = [F.col(f"_latest.{c}").alias(c) for c in AD_METADATA_COLUMNS]
     with_rates = counted.select("*", *metadata, *_all_rates())
     return _with_ds(with_rates, ds).select(*SILVER_AD_FEATURES.column_names)

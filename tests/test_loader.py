@@ -294,3 +294,42 @@ def test_stale_manifests_fail_clearly(lake, tmp_path):
             entry.unlink()
     with pytest.raises(UnavailableVersionError, match="training_examples"):
         read_manifest(moved, MIX_DS, check_files=False)
+
+
+def _plain(x):
+    """Config dict -> YAML-safe (tuples as lists)."""
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    return x
+
+
+def test_train_cli_trains_evaluates_and_warm_starts(lake, tmp_path, capsys):
+    import yaml
+    from deltalake import DeltaTable
+
+    from gem import train
+    from schemas.metrics import GOLD_METRICS
+
+    cfg, _, _ = lake
+    data = _plain(cfg.to_dict())
+    data["train"].update({"steps": 4, "checkpoint_every": 2, "checkpoint_root": str(tmp_path / "ckpt")})
+    data["loader"]["num_workers"] = 0
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert train.main(["--config", str(path), "--mix-ds", MIX_DS, "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "held-out day" in out and "reels/click" in out
+    metrics_path = GOLD_METRICS.path(cfg.lakehouse_uri)
+    import pyarrow as pa
+
+    actions = pa.table(DeltaTable(metrics_path).get_add_actions(flatten=True))
+    assert sum(actions.column("num_records").to_pylist()) == len(TASKS)
+    rows = pq.read_table(f"{metrics_path}/{actions.column('path').to_pylist()[0]}").to_pylist()
+    click = next(r for r in rows if r["task"] == "reels/click")
+    assert click["examples"] > 0 and 0 < click["auc"] <= 1 and click["train_steps"] == 4
+    # The next day's run (another run folder) starts from the promoted weights.
+    assert train.main(["--config", str(path), "--mix-ds", MIX_DS, "--no-progress", "--run-dir",
+                       str(tmp_path / "ckpt" / "next-day")]) == 0
+    assert "warm start from" in capsys.readouterr().out
