@@ -43,9 +43,10 @@ day's busiest user leaves less than `quality.min_sequence_margin` of a cap for t
 
 from __future__ import annotations
 
+from schemas.events import BRONZE_AD_EVENTS
 from schemas.features import COUNTER_COLUMNS
 from schemas.table import Column, TableSchema
-from schemas.tasks import CONVERSION_TYPES, CREATIVE_TYPES, LABEL_TYPES, OBJECTIVES, SURFACES
+from schemas.tasks import CONVERSION_TYPES, LABEL_TYPES, SURFACES
 
 # Label type -> its 0/1 column.
 LABEL_COLUMNS: dict[str, str] = {label_type: f"label_{label_type}" for label_type in LABEL_TYPES}
@@ -62,6 +63,9 @@ ATTRIBUTION_REASONS: tuple[str, ...] = (
     "after_impression_window",
 )
 
+IMPRESSION_ATTRIBUTES: tuple[str, ...] = (
+    "user_id", "ad_id", "advertiser_id", "campaign_id", "objective", "creative_type", "position",
+)
 USER_FEATURE_PREFIX = "user_"
 AD_FEATURE_PREFIX = "ad_"
 
@@ -84,13 +88,8 @@ SILVER_TRAINING_EXAMPLES = TableSchema(
         Column("surface", "string", nullable=False, allowed=SURFACES),
         Column("impression_id", "string", nullable=False, doc="bronze event_id of the impression"),
         Column("impression_time", "timestamp", nullable=False, doc="UTC; sequences are cut strictly before it"),
-        Column("user_id", "string", nullable=False),
-        Column("ad_id", "string", nullable=False),
-        Column("advertiser_id", "string", nullable=False),
-        Column("campaign_id", "string", nullable=False),
-        Column("objective", "string", nullable=False, allowed=OBJECTIVES),
-        Column("creative_type", "string", nullable=False, allowed=CREATIVE_TYPES),
-        Column("position", "int", doc="slot position; null when the impression carried none"),
+        # The impression's own attributes, defined once in the event contract.
+        *(BRONZE_AD_EVENTS.column(c) for c in IMPRESSION_ATTRIBUTES),
         Column("sequence_ds", "date", nullable=False, doc="silver.user_sequences partition holding the user's row"),
         Column("features_ds", "date", nullable=False, doc="silver.*_features partition joined: the impression's day"),
     )
