@@ -47,6 +47,10 @@ class Trainer:
     def __init__(self, task: torch.nn.Module, stream: BatchStream, cfg: TrainConfig, run_dir: Path,
                  config_snapshot: dict[str, Any] | None = None) -> None:
         self.task, self.stream, self.cfg, self.run_dir = task, stream, cfg, run_dir
+        # Under torchrun (a process group is up) the dense model trains data-parallel: DDP averages
+        # the gradients of the ranks, each of which reads its own shard of the mixture.
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        self.model = torch.nn.parallel.DistributedDataParallel(task) if distributed else task
         self.optimizer = torch.optim.AdamW(task.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.config_snapshot = config_snapshot or {"train": asdict(cfg)}
         self.step = 0
@@ -104,10 +108,10 @@ class Trainer:
 
             bar = tqdm(total=total, initial=self.step, desc="train", unit="step")
         t0 = time.perf_counter()
-        self.task.train()
+        self.model.train()
         for batch in self.stream.batches(limit=total - self.step):
             self.optimizer.zero_grad(set_to_none=True)
-            loss, _ = self.task(batch)
+            loss, _ = self.model(batch)
             loss.backward()
             self.optimizer.step()
             self.step += 1
