@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-ARCHITECTURES = ("kunlun",)
+ARCHITECTURES = ("kunlun", "hstu")
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,26 @@ class EmbeddingConfig:
     sequence_table: str = "ad_id"  # the table sequence elements' ids are looked up in
 
 
+def _default_hstu_lengths() -> dict[str, int]:
+    return {"impression": 64, "click": 32, "conversion": 8}
+
+
+@dataclass(frozen=True)
+class HSTUConfig:
+    dim: int = 32
+    heads: int = 2
+    layers: int = 2
+    mlp_hidden: int = 64
+    rab_buckets: int = 12
+    time_buckets: int = 24
+    # Most recent events per type in the one merged sequence.
+    max_len: dict[str, int] = field(default_factory=_default_hstu_lengths)
+
+    def __post_init__(self) -> None:
+        if self.dim % self.heads:
+            raise ValueError(f"hstu.dim {self.dim} not divisible by {self.heads} heads")
+
+
 @dataclass(frozen=True)
 class HeadConfig:
     hidden: int = 64
@@ -78,11 +98,13 @@ class HeadConfig:
 class ModelConfig:
     arch: str = "kunlun"
     kunlun: KunlunConfig = field(default_factory=KunlunConfig)
+    hstu: HSTUConfig = field(default_factory=HSTUConfig)
     embeddings: EmbeddingConfig = field(default_factory=EmbeddingConfig)
     heads: HeadConfig = field(default_factory=HeadConfig)
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHITECTURES:
             raise ValueError(f"model.arch must be one of {ARCHITECTURES}, got {self.arch!r}")
-        if self.embeddings.dim != self.kunlun.dim:
-            raise ValueError(f"embeddings.dim={self.embeddings.dim} must equal kunlun.dim={self.kunlun.dim}")
+        body_dim = {"kunlun": self.kunlun.dim, "hstu": self.hstu.dim}[self.arch]
+        if self.embeddings.dim != body_dim:
+            raise ValueError(f"embeddings.dim={self.embeddings.dim} must equal {self.arch}.dim={body_dim}")
