@@ -197,7 +197,7 @@ class LoaderConfig:
     batch_size: int = 512
     num_workers: int = 2
     # Longest sequence prefix per event type handed to the model (the most recent events before the
-    # impression); at most the stored caps.
+    # impression). Above the stored cap (sequence_caps) it simply means "all that is stored".
     max_impressions: int = 256
     max_clicks: int = 128
     max_conversions: int = 32
@@ -294,12 +294,6 @@ class GemConfig:
             raise ConfigError(
                 f"click_window_minutes must be in [1, {MAX_CLICK_WINDOW_MINUTES}], got {self.click_window_minutes}"
             )
-        for event_type in ("impression", "click", "conversion"):
-            if self.loader.max_length(event_type) > getattr(self.sequence_caps, event_type):
-                raise ConfigError(
-                    f"loader.max_{event_type}s={self.loader.max_length(event_type)} exceeds "
-                    f"sequence_caps.{event_type}={getattr(self.sequence_caps, event_type)}"
-                )
         unknown = sorted(set(self.mix.fixed_rates) - {f"{s}/{t}" for s, t in self.tasks})
         if unknown:
             raise ConfigError(f"mix.fixed_rates names unknown tasks {unknown}; tasks are surface/label_type")

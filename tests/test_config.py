@@ -52,8 +52,15 @@ def test_missing_config_file_is_named(tmp_path):
 def test_demo_config_loads_and_extends_the_default():
     from gem.demo import DEFAULT_CONFIG
 
+    from gem.cli import shift_day
+    from jobs.mix import mix_days
+
     cfg = load_config(DEFAULT_CONFIG, environ={})
-    assert isinstance(cfg, GemConfig) and cfg.demo.days == 2
+    assert isinstance(cfg, GemConfig)
+    # The demo's last day mixes: a training day and a later held-out day, both with closed windows.
+    last = shift_day(cfg.demo.start_ds, cfg.demo.days - 1)
+    days = mix_days(cfg, last)
+    assert days is not None and days.train and days.eval > days.train[-1]
 
 
 def test_task_vocabulary_is_surface_by_label_type():
