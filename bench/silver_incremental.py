@@ -44,6 +44,7 @@ from schemas.tasks import CREATIVE_TYPES, OBJECTIVES, SURFACES
 
 START = "2026-01-01"
 ADS = 2_000
+DUCKDB_MEMORY_LIMIT = "8GB"
 
 
 def _config(root: Path, master: str) -> GemConfig:
@@ -151,11 +152,14 @@ def bronze_files(cfg: GemConfig, first: str, last: str) -> list[str]:
     return [f"{path}/{p}" for p, d in zip(actions["path"].to_pylist(), days) if first <= d <= last]
 
 
-def _duck(threads: int) -> Any:
+def _duck(threads: int, spill_dir: str) -> Any:
+    """2 threads, and a memory cap with a spill folder: the list aggregation over millions of users
+    was OOM-killed at DuckDB's default limit (80% of RAM) on this 24 GB machine."""
     import duckdb
 
     con = duckdb.connect()
-    con.execute(f"SET threads = {threads}; SET preserve_insertion_order = false; SET TimeZone = 'UTC'")
+    con.execute(f"SET threads = {threads}; SET preserve_insertion_order = false; SET TimeZone = 'UTC'; "
+                f"SET memory_limit = '{DUCKDB_MEMORY_LIMIT}'; SET temp_directory = '{spill_dir}'")
     return con
 
 
@@ -167,7 +171,7 @@ def _files_sql(files: list[str]) -> str:
 def duck_full_sequences(cfg: GemConfig, ds: str, out: str, threads: int) -> dict[str, int]:
     """The build_sequences merge from an empty state: per user and type, events deduplicated on
     event_id, ordered by (event_time, event_id), the last `cap` kept, uncapped counts."""
-    con = _duck(threads)
+    con = _duck(threads, f"{out}.spill")
     parts = []
     for event_type, (seq, n) in SEQUENCE_COLUMNS.items():
         cap = int(getattr(cfg.sequence_caps, event_type))
@@ -191,7 +195,7 @@ def duck_full_sequences(cfg: GemConfig, ds: str, out: str, threads: int) -> dict
 
 def duck_features(cfg: GemConfig, ds: str, out: str, threads: int) -> dict[str, int]:
     """silver.user_features of ds: the build_features counters as FILTERed counts, then the rates."""
-    con = _duck(threads)
+    con = _duck(threads, f"{out}.spill")
     first = max(shift_day(ds, -max(WINDOW_DAYS)), cfg.start_ds)
     counts, rates = [], []
     for w in WINDOW_DAYS:
