@@ -99,6 +99,7 @@ def _sequence_column(rng: np.random.Generator, users: int, length: int, with_con
     if with_conversion_type:
         fields.append(pa.array(np.array(["lead", "app_install"])[rng.integers(0, 2, size=n)]))
         names.append("conversion_type")
+    fields = [f.combine_chunks() if isinstance(f, pa.ChunkedArray) else f for f in fields]
     elements = pa.StructArray.from_arrays(fields, names=names)
     offsets = pa.array(np.arange(0, n + 1, length, dtype=np.int32))
     return pa.ListArray.from_arrays(offsets, elements)
