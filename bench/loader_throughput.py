@@ -1,6 +1,6 @@
 """Loader and mixing costs, side by side in one run.
 
-    python -m bench.loader_throughput [--lakehouse lakehouse --mix-ds 2026-01-04]
+    python -m bench.loader_throughput [--lakehouse lakehouse --mix-ds 2026-01-03]
                                       [--examples 200000 --users 5000 --workers 2 --batches 60]
 
 1. Mixing is a manifest, not a copy: the bytes jobs.mix wrote for the manifest partition of
@@ -185,7 +185,7 @@ def examples_per_second(manifest: Manifest, cfg: LoaderConfig, batches: int, rep
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lakehouse", default="lakehouse")
-    parser.add_argument("--mix-ds", default="2026-01-04")
+    parser.add_argument("--mix-ds", default="2026-01-03")  # the demo's last day
     parser.add_argument("--examples", type=int, default=200_000)
     parser.add_argument("--users", type=int, default=5_000)
     parser.add_argument("--workers", type=int, default=2)
