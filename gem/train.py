@@ -205,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     tasks = tuple(f"{s}/{t}" for s, t in cfg.tasks if f"{s}/{t}" in {x.name for x in train_manifest.sources})
     stream = ResumableLoader(ExampleStream(train_manifest, tasks, cfg.loader))
     task = build_task(cfg.model, tasks, SPARSE_FEATURES, len(DENSE_COLUMNS), cfg.train.task_weights)
+    task.heads.init_from_base_rates({s.name: s.positives / s.rows for s in train_manifest.sources if s.rows})
     trainer = Trainer(task, stream, cfg.train, run_dir, config_snapshot=cfg.to_dict())
     if trainer.resume():
         print(f"resumed {run_dir} at step {trainer.step}")

@@ -71,3 +71,13 @@ def test_task_trains_on_a_loader_batch():
         loss.backward()
         opt.step()
     assert float(loss.detach()) < 0.5 * first
+
+
+def test_heads_start_at_the_base_rate():
+    task = _task()
+    task.heads.init_from_base_rates({"reels/click": 0.02, "fb_feed/lead": 0.001})
+    with torch.no_grad():
+        task.heads.towers.zero_()  # only the bias remains
+        p = torch.sigmoid(task.logits(_batch()))
+    assert torch.allclose(p[:, 0], torch.full_like(p[:, 0], 0.02)) and torch.allclose(p[:, 3], torch.full_like(p[:, 3], 0.001))
+    assert torch.allclose(p[:, 1], torch.full_like(p[:, 1], 0.5))  # no rate given: unchanged

@@ -30,6 +30,15 @@ class DomainExpertHeads(nn.Module):
         self.bias = nn.Parameter(torch.zeros(len(tasks)))
         self.task_surface = [self.surfaces.index(t.split("/")[0]) for t in tasks]
 
+    @torch.no_grad()
+    def init_from_base_rates(self, rates: dict[str, float]) -> None:
+        """Start each task's logit at its base rate (logit(p)), not at p = 0.5: training then begins
+        from the base-rate model (NE 1) instead of spending steps on the global offset."""
+        for j, task in enumerate(self.tasks):
+            if task in rates:
+                p = min(max(rates[task], 1e-6), 1 - 1e-6)
+                self.bias[j] = torch.logit(torch.tensor(p))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b = x.shape[0]
         surface_out = torch.stack([self.surface_experts[s](x) for s in self.surfaces], dim=1)  # (B, S, h)
