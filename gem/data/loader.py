@@ -159,7 +159,9 @@ class ExampleStream(IterableDataset):
         snaps = {d: self.snapshot(d) for d in sorted(set(sequence_ds))}
         for event_type in SEQUENCE_COLUMNS:
             max_len = self.cfg.max_length(event_type)
-            take, lengths = [], np.zeros(len(users), dtype=np.int64)
+            lengths = np.zeros(len(users), dtype=np.int64)
+            values: dict[str, list[np.ndarray]] = {}
+            gap: list[np.ndarray] = []
             for i, (user, ds) in enumerate(zip(users, sequence_ds, strict=True)):
                 snap = snaps[ds]
                 row = snap.user_row.get(user)
@@ -169,22 +171,12 @@ class ExampleStream(IterableDataset):
                 start, end = int(flat.offsets[row]), int(flat.offsets[row + 1])
                 cut = start + int(np.searchsorted(flat.times[start:end], times[i], side="left"))
                 first = max(start, cut - max_len)
-                take.append(np.arange(first, cut, dtype=np.int64))
                 lengths[i] = cut - first
-            index = np.concatenate(take) if take else np.zeros(0, dtype=np.int64)
-            # Flat arrays of different days are gathered per day, then put back in example order.
-            values: dict[str, list[np.ndarray]] = {}
-            gap: list[np.ndarray] = []
-            pos = 0
-            for i, (user, ds) in enumerate(zip(users, sequence_ds, strict=True)):
-                n = int(lengths[i])
-                if n == 0:
+                if cut == first:
                     continue
-                flat, idx = snaps[ds].sequences[event_type], index[pos : pos + n]
-                pos += n
-                for name, arr in flat.fields.items():
-                    values.setdefault(name, []).append(arr[idx])
-                gap.append((times[i] - flat.times[idx]) / 1e6)
+                for name, arr in flat.fields.items():  # slices of the flat arrays: no index array needed
+                    values.setdefault(name, []).append(arr[first:cut])
+                gap.append((times[i] - flat.times[first:cut]) / 1e6)
             offsets = np.concatenate([[0], np.cumsum(lengths)])
             tensors = {name: torch.from_numpy(np.concatenate(v)) for name, v in values.items()}
             for name in MODEL_FIELDS[event_type]:  # present even when no example has history
