@@ -125,6 +125,15 @@ def latest_version(spark: "SparkSession", path: str) -> int:
     return int(DeltaTable.forPath(spark, path).history(1).collect()[0]["version"])
 
 
+def rows_committed(spark: "SparkSession", cfg: GemConfig, schema: TableSchema, version: int) -> int:
+    """Rows the commit `version` of the table wrote (Delta's numOutputRows), without rereading them."""
+    from delta.tables import DeltaTable
+
+    history = DeltaTable.forPath(spark, table_path(cfg, schema)).history()
+    row = history.where(f"version = {int(version)}").collect()[0]
+    return int((row["operationMetrics"] or {}).get("numOutputRows", 0))
+
+
 def read_table(spark: "SparkSession", cfg: GemConfig, schema: TableSchema, version: int | None = None) -> "DataFrame":
     reader = spark.read.format("delta")
     if version is not None:

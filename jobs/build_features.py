@@ -19,8 +19,8 @@ Flow (the transform is pure; I/O is the thin shell around it):
   bronze window --> window_events (time filter, narrow projection, one flag column per window)
   --> user_counters / ad_counters: a narrow count per (entity, surface, type, window flags), then
       one groupBy per entity summing those counts per surface (the all-surfaces counters are sums of these);
-  commit: withdraw the (build_features, D) record; replace both partitions ds=D; publish the
-  record LAST. A rerun reads only bronze, so it rewrites ds=D with identical contents.
+  commit: withdraw the (build_features, D) record; replace both partitions ds=D (each computed by
+  its write); publish the record LAST. A rerun reads only bronze, so it rewrites ds=D with identical contents.
 """
 
 from __future__ import annotations
@@ -144,6 +144,18 @@ def _partial_counts(events: DataFrame, key: str, latest_metadata: bool = False) 
     return events.groupBy(key, "surface", "event_type", *flags).agg(*aggs)
 
 
+def _partitioned_by(events: DataFrame, key: str) -> DataFrame:
+    """The narrow columns the counters read, hash-partitioned by `key`.
+
+    Why: both group-bys then find their input already clustered by the entity, so neither adds a
+    shuffle. Without it the second group-by shuffles its partial aggregates, one row of 54 counters
+    per entity and map task, which cost more than shuffling the narrow events once (measured: users
+    of a 7-day window of 14M events, 40 s -> 30 s on 2 cores). Only for users: there are few ads,
+    so their partial aggregates are small and shuffling raw events would cost more.
+    """
+    return events.select(key, "surface", "event_type", *[_window_flag(w) for w in WINDOW_DAYS]).repartition(key)
+
+
 def _rate(rate: str, window_days: int, surface: str | None) -> SparkColumn:
     """numerator / denominator of already aggregated counters; null when the denominator is 0."""
     from pyspark.sql import functions as F
@@ -200,7 +212,8 @@ def user_counters(events: DataFrame, ds: str) -> DataFrame:
         {"ds": ds, "user_id": "u1", "impressions_1d": 4, "clicks_1d": 1, "ctr_1d": 0.25,
          "cvr_1d": 0.0, "reels_impressions_1d": 4, "fb_feed_impressions_1d": 0, "fb_feed_ctr_1d": None, ...}
     """
-    per_surface = _partial_counts(events, "user_id").groupBy("user_id").agg(*_surface_counts())
+    partial = _partial_counts(_partitioned_by(events, "user_id"), "user_id")
+    per_surface = partial.groupBy("user_id").agg(*_surface_counts())
     counted = per_surface.select("*", *_all_surface_counts())
     return _with_ds(counted.select("*", *_all_rates()), ds).select(*SILVER_USER_FEATURES.column_names)
 
@@ -270,8 +283,6 @@ def _bronze_window(spark: SparkSession, cfg: GemConfig, days: list[str]) -> Data
 
 
 def run(cfg: GemConfig, ds: str, spark: SparkSession | None = None) -> BuildResult:
-    from pyspark import StorageLevel
-
     from gem import lakehouse
     from gem.spark import get_spark
 
@@ -280,21 +291,21 @@ def run(cfg: GemConfig, ds: str, spark: SparkSession | None = None) -> BuildResu
     days = require_inputs(spark, cfg, ds)
     run_id = lakehouse.new_run_id(STAGE, ds)
 
-    # The window is scanned once; both aggregations read the persisted narrow projection.
-    events = window_events(_bronze_window(spark, cfg, days), ds).persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        users = user_counters(events, ds).localCheckpoint(eager=True)
-        ads = ad_counters(events, ds).localCheckpoint(eager=True)
-    finally:
-        events.unpersist()
-    n_users, n_ads = users.count(), ads.count()
-
+    # Each table is computed once, by its Delta write: no cache or checkpoint of the window (the
+    # columnar scan is cheaper than serializing the events), row counts from the commits' metrics.
+    events = window_events(_bronze_window(spark, cfg, days), ds)
     lakehouse.clear_completion(spark, cfg, STAGE, ds)
     meta = json.dumps({"run_id": run_id, "stage": STAGE, "ds": ds})
     versions = {
-        SILVER_USER_FEATURES.name: lakehouse.replace_partition(users, cfg, SILVER_USER_FEATURES, {"ds": ds}, meta),
-        SILVER_AD_FEATURES.name: lakehouse.replace_partition(ads, cfg, SILVER_AD_FEATURES, {"ds": ds}, meta),
+        SILVER_USER_FEATURES.name: lakehouse.replace_partition(
+            user_counters(events, ds), cfg, SILVER_USER_FEATURES, {"ds": ds}, meta
+        ),
+        SILVER_AD_FEATURES.name: lakehouse.replace_partition(
+            ad_counters(events, ds), cfg, SILVER_AD_FEATURES, {"ds": ds}, meta
+        ),
     }
+    n_users = lakehouse.rows_committed(spark, cfg, SILVER_USER_FEATURES, versions[SILVER_USER_FEATURES.name])
+    n_ads = lakehouse.rows_committed(spark, cfg, SILVER_AD_FEATURES, versions[SILVER_AD_FEATURES.name])
     # rows_in counts the entities (users + ads) seen in the window: each becomes exactly one row.
     lakehouse.publish_completion(spark, cfg, STAGE, ds, run_id, n_users + n_ads, n_users + n_ads, {}, versions)
     return BuildResult(ds, n_users, n_ads, versions, time.time() - t0)

@@ -364,8 +364,8 @@ def run(cfg: GemConfig, ds: str, spark: "SparkSession | None" = None) -> IngestR
         crash_point(f"{STAGE}:after_quarantine")
 
         # Reconcile against what the commits say they wrote, not only what we counted.
-        written = _rows_committed(spark, lakehouse.table_path(cfg, BRONZE_AD_EVENTS), v_bronze)
-        quarantined = _rows_committed(spark, lakehouse.table_path(cfg, BRONZE_QUARANTINE), v_quarantine)
+        written = lakehouse.rows_committed(spark, cfg, BRONZE_AD_EVENTS, v_bronze)
+        quarantined = lakehouse.rows_committed(spark, cfg, BRONZE_QUARANTINE, v_quarantine)
         if written != rows_written or quarantined != sum(by_reason.values()):
             raise RuntimeError(
                 f"{STAGE} ds={ds}: commits wrote {written} bronze / {quarantined} quarantine rows, "
@@ -378,13 +378,6 @@ def run(cfg: GemConfig, ds: str, spark: "SparkSession | None" = None) -> IngestR
             if cached is not None:
                 cached.unpersist()
     return IngestResult(ds, rows_in, rows_written, dict(sorted(by_reason.items())), versions, time.time() - t0)
-
-
-def _rows_committed(spark: "SparkSession", path: str, version: int) -> int:
-    from delta.tables import DeltaTable
-
-    row = DeltaTable.forPath(spark, path).history().where(f"version = {version}").collect()[0]
-    return int((row["operationMetrics"] or {}).get("numOutputRows", 0))
 
 
 def main(argv: list[str] | None = None) -> int:
