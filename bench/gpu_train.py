@@ -23,9 +23,9 @@ import torch
 from torch import nn
 
 from gem.model.configs import EventConfig, HSTUConfig, KunlunConfig
-from gem.model.flops import kunlun_flops
+from gem.model.flops import hstu_body_flops, kunlun_flops
 from gem.model.heads import DomainExpertHeads
-from gem.model.hstu import HSTU, hstu_flops
+from gem.model.hstu import HSTU
 from gem.model.kunlun import Kunlun
 
 H200_BF16_SPEC_TFLOPS = 989.0
@@ -165,8 +165,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     hstu = Bench(HSTU(hstu_cfg, SPARSE, DENSE_DIM, VOCAB), args.dim).to(device)
     k_flops = kunlun_flops(kunlun_cfg, len(SPARSE), DENSE_DIM, len(TASKS), 6, 64, 2)["total"]
     hstu_len = sum(lengths.values()) + 1
-    h_flops = (hstu_flops(hstu_cfg, hstu_len) + 2 * (len(SPARSE) * args.dim + DENSE_DIM) * hstu_cfg.mlp_hidden
-               + 2 * hstu_cfg.mlp_hidden * args.dim + heads_flops_per_example(hstu.body.out_dim))
+    h_flops = (sum(hstu_body_flops(hstu_cfg, len(SPARSE), DENSE_DIM, hstu_len).values())
+               + heads_flops_per_example(hstu.body.out_dim))
     results = {
         "kunlun": run_model("kunlun", kunlun, inputs, k_flops, args.steps, device, bf16),
         "hstu": run_model("hstu", hstu, inputs, h_flops, args.steps, device, bf16),

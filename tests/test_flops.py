@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from gem.model.configs import KunlunConfig
-from gem.model.flops import kunlun_flops
+from gem.model.build import build_task
+from gem.model.configs import ARCHITECTURES, KunlunConfig
+from gem.model.flops import kunlun_flops, model_flops
 from gem.model.heads import DomainExpertHeads
 from gem.model.kunlun import Kunlun
 
@@ -31,3 +33,27 @@ def test_formulas_match_the_flop_counter():
     formula = kunlun_flops(cfg, n_sparse=len(SPARSE), dense_dim=10, tasks=len(TASKS), surfaces=2, head_hidden=24,
                            shared_experts=2)
     assert counter.get_total_flops() == b * formula["total"]
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_every_architecture_formula_matches_the_flop_counter(arch):
+    """model_flops of each config equals torch's count of the whole task (body + heads) at full lengths."""
+    from tests.test_baselines import _model_config
+
+    cfg = _model_config(arch)
+    tasks = ("reels/click", "reels/lead", "fb_feed/click")
+    sparse_names = ("user_id", "ad_id", "surface")
+    task = build_task(cfg, tasks, sparse_names, dense_dim=6)
+    lengths = cfg.body_config().max_len if arch != "kunlun" else {e: c.max_len for e, c in cfg.kunlun.events.items()}
+    b = 2
+    sequences = {}
+    for e, n_max in lengths.items():
+        n = b * n_max
+        sequences[e] = {"id_emb": torch.randn(n, cfg.embeddings.dim), "surface": torch.zeros(n, dtype=torch.long),
+                        "objective": torch.zeros(n, dtype=torch.long), "gap_s": torch.rand(n),
+                        "offsets": torch.arange(0, n + 1, n_max)}
+    sparse = {f: torch.randn(b, cfg.embeddings.dim) for f in sparse_names}
+    with FlopCounterMode(display=False) as counter:
+        task.heads(task.body(sparse, torch.randn(b, 6), sequences))
+    formula = model_flops(cfg, n_sparse=len(sparse_names), dense_dim=6, tasks=len(tasks), surfaces=2)
+    assert counter.get_total_flops() == b * formula["total"], (counter.get_total_flops() / b, formula)

@@ -7,7 +7,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from gem.model.configs import HSTUConfig
-from gem.model.hstu import HSTU, HSTULayer, hstu_flops
+from gem.model.flops import hstu_body_flops
+from gem.model.hstu import HSTU, HSTULayer
 
 SPARSE = ("user_id", "ad_id", "surface")
 VOCAB = {"surface": 7, "objective": 6}
@@ -47,4 +48,4 @@ def test_stu_flops_formula_matches_counter():
     x = torch.randn(3, 50, 32)
     with FlopCounterMode(display=False) as counter:
         layer(x, torch.full((3,), 50))
-    assert counter.get_total_flops() == 3 * hstu_flops(HSTUConfig(dim=32, heads=2, layers=1), 50)
+    assert counter.get_total_flops() == 3 * hstu_body_flops(HSTUConfig(dim=32, heads=2, layers=1), 0, 0, 50)["layer0.stu"]

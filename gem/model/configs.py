@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-ARCHITECTURES = ("kunlun", "hstu")
+ARCHITECTURES = ("kunlun", "hstu", "interformer", "wukong", "dlrm")
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,68 @@ class HSTUConfig:
 
 
 @dataclass(frozen=True)
+class InterFormerConfig:
+    """InterFormer (arXiv 2411.09852): cross, interaction and sequence arches, per layer."""
+
+    dim: int = 32
+    layers: int = 2
+    heads: int = 2
+    summary_tokens: int = 4  # X_sum tokens (cross arch: Gate(LCE(X)))
+    dense_tokens: int = 2
+    cls_tokens: int = 4  # learnable tokens prepended to S at layer 1 (paper config: 4 CLS, 2 PMA, 2 recent)
+    pma_tokens: int = 2
+    recent_tokens: int = 2
+    wukong_rank: int = 4
+    mlp_hidden: int = 64
+    time_buckets: int = 24
+    max_len: dict[str, int] = field(default_factory=_default_hstu_lengths)
+
+    def __post_init__(self) -> None:
+        if self.dim % self.heads or (self.dim // self.heads) % 2:
+            raise ValueError(f"interformer.dim {self.dim} must split into {self.heads} heads of even width (RoPE)")
+        if min(self.summary_tokens, self.cls_tokens, self.pma_tokens, self.recent_tokens) < 1:
+            raise ValueError("interformer summary, cls, pma and recent token counts must be >= 1")
+
+    @property
+    def sequence_summary_tokens(self) -> int:
+        return self.cls_tokens + self.pma_tokens + self.recent_tokens
+
+
+@dataclass(frozen=True)
+class WukongConfig:
+    """Wukong (arXiv 2403.02545) alone: the interaction stack over feature tokens; each sequence
+    enters as one mean-pooled token of its most recent `max_len` ids (no sequence model)."""
+
+    dim: int = 32
+    layers: int = 3
+    rank: int = 4
+    dense_tokens: int = 2
+    mlp_hidden: int = 64
+    max_len: dict[str, int] = field(default_factory=_default_hstu_lengths)
+
+    def __post_init__(self) -> None:
+        if self.layers < 1 or self.rank < 1:
+            raise ValueError("wukong.layers and wukong.rank must be >= 1")
+
+
+@dataclass(frozen=True)
+class DLRMConfig:
+    """DLRM as in torchrec.models.dlrm: DenseArch MLP, pairwise dot InteractionArch, OverArch MLP.
+    Sequences enter as mean-pooled bags of their most recent `max_len` ids (an EmbeddingBag each)."""
+
+    dim: int = 32
+    dense_arch: tuple[int, ...] = (64, 32)  # the last size must equal dim (dot products with embeddings)
+    over_arch: tuple[int, ...] = (128, 64)  # the last size is the representation the task heads read
+    max_len: dict[str, int] = field(default_factory=_default_hstu_lengths)
+
+    def __post_init__(self) -> None:
+        if not self.dense_arch or self.dense_arch[-1] != self.dim:
+            raise ValueError(f"dlrm.dense_arch must end in dim={self.dim}, got {self.dense_arch}")
+        if not self.over_arch:
+            raise ValueError("dlrm.over_arch needs at least one layer")
+
+
+@dataclass(frozen=True)
 class HeadConfig:
     hidden: int = 64
     shared_experts: int = 2
@@ -99,12 +161,19 @@ class ModelConfig:
     arch: str = "kunlun"
     kunlun: KunlunConfig = field(default_factory=KunlunConfig)
     hstu: HSTUConfig = field(default_factory=HSTUConfig)
+    interformer: InterFormerConfig = field(default_factory=InterFormerConfig)
+    wukong: WukongConfig = field(default_factory=WukongConfig)
+    dlrm: DLRMConfig = field(default_factory=DLRMConfig)
     embeddings: EmbeddingConfig = field(default_factory=EmbeddingConfig)
     heads: HeadConfig = field(default_factory=HeadConfig)
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHITECTURES:
             raise ValueError(f"model.arch must be one of {ARCHITECTURES}, got {self.arch!r}")
-        body_dim = {"kunlun": self.kunlun.dim, "hstu": self.hstu.dim}[self.arch]
+        body_dim = self.body_config().dim
         if self.embeddings.dim != body_dim:
             raise ValueError(f"embeddings.dim={self.embeddings.dim} must equal {self.arch}.dim={body_dim}")
+
+    def body_config(self) -> KunlunConfig | HSTUConfig | InterFormerConfig | WukongConfig | DLRMConfig:
+        """The config of the architecture `arch` selects."""
+        return getattr(self, self.arch)

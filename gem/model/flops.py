@@ -15,7 +15,15 @@ Example:
 
 from __future__ import annotations
 
-from gem.model.configs import EventConfig, KunlunConfig
+from gem.model.configs import (
+    DLRMConfig,
+    EventConfig,
+    HSTUConfig,
+    InterFormerConfig,
+    KunlunConfig,
+    ModelConfig,
+    WukongConfig,
+)
 
 
 def _linear(n_in: int, n_out: int, rows: int = 1) -> int:
@@ -78,3 +86,90 @@ def kunlun_flops(cfg: KunlunConfig, n_sparse: int, dense_dim: int, tasks: int, s
 def heads_flops(in_dim: int, tasks: int, surfaces: int, hidden: int, shared_experts: int) -> int:
     expert = _linear(in_dim, hidden) + _linear(hidden, hidden)
     return (surfaces + shared_experts) * expert + _linear(in_dim, tasks * (1 + shared_experts))
+
+
+def _mlp(sizes: list[int] | tuple[int, ...]) -> int:
+    return sum(_linear(a, b) for a, b in zip(sizes[:-1], sizes[1:], strict=True))
+
+
+def hstu_body_flops(cfg: HSTUConfig, n_sparse: int, dense_dim: int, length: int | None = None) -> dict[str, int]:
+    """HSTU at sequence length `length` (default: every type at max_len, plus the candidate token)."""
+    length = length if length is not None else sum(cfg.max_len.values()) + 1
+    d = cfg.dim
+    per_layer = _linear(d, 4 * d, length) + _linear(d, d, length) + 2 * (2 * length * length * d)
+    out = {f"layer{i}.stu": per_layer for i in range(cfg.layers)}
+    out["context_mlp"] = _mlp([n_sparse * d + dense_dim, cfg.mlp_hidden, d])
+    return out
+
+
+def interformer_body_flops(cfg: InterFormerConfig, n_sparse: int, dense_dim: int,
+                           length: int | None = None) -> dict[str, int]:
+    """InterFormer at history length `length` (default: every type at max_len), CLS tokens included."""
+    d, n_x = cfg.dim, n_sparse + cfg.dense_tokens
+    s_len = cfg.cls_tokens + (length if length is not None else sum(cfg.max_len.values()))
+    n_ssum, n_int = cfg.sequence_summary_tokens, n_sparse + cfg.dense_tokens + cfg.sequence_summary_tokens
+
+    def summary() -> int:
+        kv = _linear(d, 2 * d, s_len)
+        pma = 2 * (2 * cfg.pma_tokens * s_len * d)
+        return kv + pma + 2 * _linear(d, d, n_ssum)  # + the gate's MLP
+
+    out: dict[str, int] = {"dense_mlp": _mlp([dense_dim, cfg.mlp_hidden, cfg.dense_tokens * d])}
+    for i in range(cfg.layers):
+        out[f"layer{i}.cross"] = _compress(n_x, cfg.summary_tokens, d) + summary()
+        out[f"layer{i}.interaction"] = (_wukong_layer(n_int, d, cfg.wukong_rank, n_int // 2, cfg.mlp_hidden)
+                                        + _linear(n_int, n_x, d))
+        pffn = 2 * d * cfg.summary_tokens * d + _linear(d, d, s_len)
+        mha = _linear(d, 3 * d, s_len) + 2 * (2 * s_len * s_len * d) + _linear(d, d, s_len)
+        out[f"layer{i}.sequence"] = pffn + mha + _linear(d, 2 * d, s_len) + _linear(2 * d, d, s_len)
+    out["readout"] = _compress(n_x, cfg.summary_tokens, d) + summary()
+    return out
+
+
+def wukong_body_flops(cfg: WukongConfig, n_sparse: int, dense_dim: int) -> dict[str, int]:
+    tokens = n_sparse + cfg.dense_tokens + len(cfg.max_len)
+    out = {"dense_mlp": _mlp([dense_dim, cfg.mlp_hidden, cfg.dense_tokens * cfg.dim])}
+    for i in range(cfg.layers):
+        out[f"layer{i}.wukong"] = _wukong_layer(tokens, cfg.dim, cfg.rank, tokens // 2, cfg.mlp_hidden)
+    return out
+
+
+def dlrm_body_flops(cfg: DLRMConfig, n_sparse: int, dense_dim: int) -> dict[str, int]:
+    n = n_sparse + len(cfg.max_len)  # id features + one pooled bag per event type
+    return {
+        "dense_arch": _mlp([dense_dim, *cfg.dense_arch]),
+        "interaction": 2 * (n + 1) * (n + 1) * cfg.dim,  # the (F+1) x (F+1) Gram matrix
+        "over_arch": _mlp([cfg.dim + n * (n + 1) // 2, *cfg.over_arch]),
+    }
+
+
+def body_out_dim(cfg: ModelConfig, n_sparse: int) -> int:
+    """The width of the representation the heads read (as the modules compute it)."""
+    if cfg.arch == "kunlun":
+        return cfg.kunlun.interaction_tokens * cfg.kunlun.dim
+    if cfg.arch == "hstu":
+        return 2 * cfg.hstu.dim
+    if cfg.arch == "interformer":
+        c = cfg.interformer
+        return (c.summary_tokens + c.sequence_summary_tokens) * c.dim
+    if cfg.arch == "wukong":
+        return (n_sparse + cfg.wukong.dense_tokens + len(cfg.wukong.max_len)) * cfg.wukong.dim
+    return cfg.dlrm.over_arch[-1]
+
+
+def model_flops(cfg: ModelConfig, n_sparse: int, dense_dim: int, tasks: int, surfaces: int) -> dict[str, int]:
+    """Forward FLOPs per example of any architecture's config, by module, plus "heads" and "total";
+    sequences at their configured maximum lengths."""
+    heads = heads_flops(body_out_dim(cfg, n_sparse), tasks, surfaces, cfg.heads.hidden, cfg.heads.shared_experts)
+    if cfg.arch == "kunlun":
+        return kunlun_flops(cfg.kunlun, n_sparse, dense_dim, tasks, surfaces, cfg.heads.hidden,
+                            cfg.heads.shared_experts)
+    body = {
+        "hstu": lambda: hstu_body_flops(cfg.hstu, n_sparse, dense_dim),
+        "interformer": lambda: interformer_body_flops(cfg.interformer, n_sparse, dense_dim),
+        "wukong": lambda: wukong_body_flops(cfg.wukong, n_sparse, dense_dim),
+        "dlrm": lambda: dlrm_body_flops(cfg.dlrm, n_sparse, dense_dim),
+    }[cfg.arch]()
+    out = {**body, "heads": heads}
+    out["total"] = sum(out.values())
+    return out

@@ -99,10 +99,3 @@ class HSTU(nn.Module):
         context = self.context(torch.cat([*(sparse[f] for f in self.sparse_features), dense], dim=1))
         return torch.cat([target, context], dim=1)
 
-
-def hstu_flops(cfg: HSTUConfig, length: int) -> int:
-    """Forward FLOPs per example of the STU stack at sequence length `length` (full attention counted)."""
-    d = cfg.dim
-    per_layer = 2 * length * d * 4 * d + 2 * length * d * d + 2 * 2 * length * length * d
-    return cfg.layers * per_layer
-

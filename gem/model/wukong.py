@@ -15,8 +15,15 @@ Example:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
+
+from gem.model.ops.jagged import recent_mean
+
+if TYPE_CHECKING:
+    from gem.model.configs import WukongConfig
 
 
 class WukongLayer(nn.Module):
@@ -88,3 +95,29 @@ class MixtureOfWukongExperts(nn.Module):
 
     def flops(self) -> int:
         return sum(e.flops() for e in self.experts)
+
+
+class WukongModel(nn.Module):
+    """The Wukong baseline body: feature tokens -> Wukong stack -> flattened (B, n * d).
+
+    Tokens: one per sparse id feature, `dense_tokens` from an MLP of the dense features, and one per
+    event type: the mean of its most recent `max_len` id embeddings (a pooled bag; Wukong has no
+    sequence model). Same interface as Kunlun: (sparse, dense, sequences) -> (B, out_dim).
+    """
+
+    def __init__(self, cfg: "WukongConfig", sparse_features: tuple[str, ...], dense_dim: int) -> None:
+        super().__init__()
+        self.cfg, self.sparse_features = cfg, sparse_features
+        self.tokens = len(sparse_features) + cfg.dense_tokens + len(cfg.max_len)
+        self.dense_mlp = nn.Sequential(nn.Linear(dense_dim, cfg.mlp_hidden), nn.GELU(),
+                                       nn.Linear(cfg.mlp_hidden, cfg.dense_tokens * cfg.dim))
+        self.stack = WukongStack(cfg.layers, self.tokens, cfg.dim, cfg.rank, self.tokens // 2, cfg.mlp_hidden)
+        self.out_dim = self.tokens * cfg.dim
+
+    def forward(self, sparse: dict[str, torch.Tensor], dense: torch.Tensor,
+                sequences: dict[str, dict[str, torch.Tensor]]) -> torch.Tensor:
+        b = dense.shape[0]
+        bags = [recent_mean(sequences[e]["id_emb"], sequences[e]["offsets"], n) for e, n in self.cfg.max_len.items()]
+        x = torch.cat([torch.stack([*(sparse[f] for f in self.sparse_features), *bags], dim=1),
+                       self.dense_mlp(dense).view(b, self.cfg.dense_tokens, self.cfg.dim)], dim=1)  # (B, n, d)
+        return self.stack(x).reshape(b, -1)

@@ -47,3 +47,21 @@ def keep_last(offsets: torch.Tensor, max_len: int) -> tuple[torch.Tensor, torch.
         torch.cumsum(kept, 0) - kept, kept)
     index = offsets[1:][row] - kept[row] + within
     return index, torch.cat([offsets.new_zeros(1), torch.cumsum(kept, 0)])
+
+
+def jagged_mean(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """(N, d) values, (B+1,) offsets -> (B, d): each example's mean (an EmbeddingBag with mean
+    pooling); zeros for an example with no values.
+
+    Example: values [[1], [3], [5]], offsets [0, 2, 2, 3] -> [[2], [0], [5]].
+    """
+    lengths = offsets[1:] - offsets[:-1]
+    row = torch.repeat_interleave(torch.arange(lengths.numel(), device=values.device), lengths)  # (N,)
+    sums = values.new_zeros(lengths.numel(), values.shape[1]).index_add_(0, row, values)
+    return sums / lengths.clamp(min=1)[:, None].to(values.dtype)
+
+
+def recent_mean(values: torch.Tensor, offsets: torch.Tensor, max_len: int) -> torch.Tensor:
+    """(N, d), (B+1,) -> (B, d): the mean of each example's last `max_len` values."""
+    index, kept = keep_last(offsets, max_len)
+    return jagged_mean(values[index], kept)
