@@ -20,9 +20,10 @@ def evaluate(task: torch.nn.Module, batches: Iterable[Batch]) -> dict[str, dict[
     labels: dict[str, list[torch.Tensor]] = {}
     weights: dict[str, list[torch.Tensor]] = {}
     names: tuple[str, ...] = ()
+    device = next(task.parameters()).device
     for batch in batches:
         names = batch.tasks
-        prob = torch.sigmoid(task.logits(batch).float())
+        prob = torch.sigmoid(task.logits(batch.to(device)).float()).cpu()
         for j, name in enumerate(batch.tasks):
             m = batch.label_mask[:, j]
             preds.setdefault(name, []).append(prob[m, j])

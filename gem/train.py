@@ -41,12 +41,22 @@ class TrainResult:
     examples: int = 0
     seconds: float = 0.0
     checkpoint: Path | None = None
+    # Per event type, the share of the padded (B, max length in batch) sequence blocks of this
+    # run's batches that is padding: what a padded kernel wastes and a jagged one does not.
+    padding_ratio: dict[str, float] = field(default_factory=dict)
 
 
 class Trainer:
     def __init__(self, task: torch.nn.Module, stream: BatchStream, cfg: TrainConfig, run_dir: Path,
                  config_snapshot: dict[str, Any] | None = None) -> None:
         self.task, self.stream, self.cfg, self.run_dir = task, stream, cfg, run_dir
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        task.to(self.device)
+        # GPU only: bf16 autocast, and torch.compile of the dense body in place (parameter names,
+        # hence checkpoints, stay the same as uncompiled).
+        self.autocast = self.device.type == "cuda" and cfg.bf16
+        if cfg.compile and self.device.type == "cuda":
+            task.body.compile()
         # Under torchrun (a process group is up) the dense model trains data-parallel: DDP averages
         # the gradients of the ranks, each of which reads its own shard of the mixture.
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
@@ -87,12 +97,21 @@ class Trainer:
         return True
 
     def warm_start(self, other_run: Path) -> Path:
-        """Weights from another run's latest checkpoint (optimizer and loader start fresh)."""
+        """Weights from another run's latest checkpoint (optimizer and loader start fresh).
+
+        Refused with a clear error when that checkpoint was trained with another model config
+        (its config is saved inside it): its tensors would not fit, or would mean something else.
+        """
         path = checkpoint.latest(other_run)
         if path is None:
             raise checkpoint.CheckpointError(f"warm start: no checkpoint in {other_run}")
         state = {"model": self.task.state_dict()}
-        checkpoint.load(path, state)
+        extra = checkpoint.load(path, state)
+        theirs, ours = extra.get("config", {}).get("model"), self.config_snapshot.get("model")
+        if theirs is not None and ours is not None and _jsonable(theirs) != _jsonable(ours):
+            raise checkpoint.CheckpointError(
+                f"warm start: {path} was trained with model config {theirs}, this run's is {ours}; "
+                f"start this architecture fresh or point --run-dir elsewhere")
         self.task.load_state_dict(state["model"])
         return path
 
@@ -109,9 +128,17 @@ class Trainer:
             bar = tqdm(total=total, initial=self.step, desc="train", unit="step")
         t0 = time.perf_counter()
         self.model.train()
+        real: dict[str, int] = {}
+        padded: dict[str, int] = {}
         for batch in self.stream.batches(limit=total - self.step):
+            for event, seq in batch.sequences.items():
+                lengths = seq.lengths
+                real[event] = real.get(event, 0) + int(lengths.sum())
+                padded[event] = padded.get(event, 0) + batch.size * (int(lengths.max()) if batch.size else 0)
+            batch = batch.to(self.device)
             self.optimizer.zero_grad(set_to_none=True)
-            loss, _ = self.model(batch)
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+                loss, _ = self.model(batch)
             loss.backward()
             self.optimizer.step()
             self.step += 1
@@ -126,13 +153,22 @@ class Trainer:
         if bar is not None:
             bar.close()
         result.steps, result.losses, result.seconds = self.step, list(self.losses), time.perf_counter() - t0
+        result.padding_ratio = {e: 1.0 - real[e] / padded[e] if padded[e] else 0.0 for e in sorted(padded)}
         return result
 
 
 # --------------------------------------------------------------------------------------------------
 # The command line: one day's continued pretraining from the mixture manifest.
 
-PROMOTED = "promoted.json"
+def promoted_file(arch: str) -> str:
+    """One promoted model per architecture: day D of `arch` warm-starts from `arch`'s last promoted run."""
+    return f"promoted-{arch}.json"
+
+
+def _jsonable(x: Any) -> Any:
+    import json
+
+    return json.loads(json.dumps(x, default=str))
 
 
 def code_version() -> str:
@@ -147,20 +183,20 @@ def code_version() -> str:
         return "unknown"
 
 
-def promote(root: Path, run_dir: Path, step: int, mix_ds: str) -> None:
-    """Point `root/promoted.json` at this run's final checkpoint (atomic replace)."""
+def promote(root: Path, arch: str, run_dir: Path, step: int, mix_ds: str) -> None:
+    """Point `root/promoted-<arch>.json` at this run's final checkpoint (atomic replace)."""
     import json
     import os
 
-    tmp = root / f".{PROMOTED}.tmp"
+    tmp = root / f".{promoted_file(arch)}.tmp"
     tmp.write_text(json.dumps({"run_dir": str(run_dir), "step": step, "mix_ds": mix_ds}))
-    os.replace(tmp, root / PROMOTED)
+    os.replace(tmp, root / promoted_file(arch))
 
 
-def promoted_run(root: Path) -> Path | None:
+def promoted_run(root: Path, arch: str) -> Path | None:
     import json
 
-    path = root / PROMOTED
+    path = root / promoted_file(arch)
     return Path(json.loads(path.read_text())["run_dir"]) if path.is_file() else None
 
 
@@ -209,12 +245,13 @@ def main(argv: list[str] | None = None) -> int:
     trainer = Trainer(task, stream, cfg.train, run_dir, config_snapshot=cfg.to_dict())
     if trainer.resume():
         print(f"resumed {run_dir} at step {trainer.step}")
-    elif (previous := promoted_run(root)) is not None and previous != run_dir:
+    elif (previous := promoted_run(root, cfg.model.arch)) is not None and previous != run_dir:
         print(f"warm start from {trainer.warm_start(previous)}")
     result = trainer.fit(steps=args.steps, progress=not args.no_progress)
     seconds = max(result.seconds, 1e-9)
     print(f"trained {result.steps} steps; {result.examples:,} examples in {result.seconds:.1f}s "
-          f"({result.examples / seconds:,.0f} examples/s)")
+          f"({result.examples / seconds:,.0f} examples/s on {trainer.device}); padding share of padded sequence "
+          f"blocks: " + ", ".join(f"{e} {r:.1%}" for e, r in result.padding_ratio.items()))
 
     eval_stream = ResumableLoader(ExampleStream(eval_manifest, tasks, cfg.loader))
     scores = evaluate(task, eval_stream.epoch())
@@ -228,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         "code_version": code_version(), "config": json.dumps(cfg.to_dict(), default=str), "created_at": now,
     } for name, s in scores.items()]
     write_metrics(cfg, rows)
-    promote(root, run_dir, result.steps, args.mix_ds)
+    promote(root, cfg.model.arch, run_dir, result.steps, args.mix_ds)
     print(f"held-out day {eval_manifest.file_ds[eval_manifest.files[0]]} ({run_id}):")
     print(f"  {'task':<28} {'examples':>9} {'positives':>9} {'NE':>7} {'AUC':>7} {'calib':>7}")
     for name, s in scores.items():

@@ -101,3 +101,21 @@ def test_warm_start_loads_weights_only(tmp_path):
     assert day2.step == 0 and day2.stream.position == 0
     extra = json.loads((tmp_path / "day1" / "step-00000004" / checkpoint.EXTRA).read_text())
     assert extra["config"]["train"]["steps"] == 10 and extra["loader"] == {"position": 4}
+
+
+def test_warm_start_refuses_a_checkpoint_of_another_model_config(tmp_path):
+    day1 = Trainer(_task(), ListStream(), CFG, tmp_path / "day1", config_snapshot={"model": {"arch": "kunlun"}})
+    day1.fit(steps=2)
+    other = Trainer(_task(), ListStream(), CFG, tmp_path / "day2", config_snapshot={"model": {"arch": "hstu"}})
+    with pytest.raises(checkpoint.CheckpointError, match="trained with model config"):
+        other.warm_start(tmp_path / "day1")
+
+
+def test_padding_ratio_of_the_batches_is_reported(tmp_path):
+    trainer = _trainer(tmp_path / "run")
+    batches = list(ListStream().batches(limit=3))
+    result = trainer.fit(steps=3)
+    for event in batches[0].sequences:
+        real = sum(int(b.sequences[event].lengths.sum()) for b in batches)
+        padded = sum(b.size * int(b.sequences[event].lengths.max()) for b in batches)
+        assert result.padding_ratio[event] == pytest.approx(1 - real / padded)
