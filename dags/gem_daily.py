@@ -1,4 +1,4 @@
-"""gem_daily: one day of ads data, landing -> bronze -> silver sequences, features and training examples.
+"""gem_daily: one day of ads data, landing -> bronze -> silver -> training examples -> mixture -> pretraining.
 
 Thin on purpose: every task is a `python -m jobs.<name> --ds <ds>` (or `--ready-on <ds>`) subprocess (so Spark never
 runs inside the Airflow worker), and the dates, schedule and commands come from
@@ -13,6 +13,7 @@ from airflow.providers.standard.operators.bash import BashOperator
 from airflow.sdk import DAG
 
 from gem.orchestration import (
+    GPU_POOL,
     REPO_ROOT,
     JobTask,
     daily_timetable,
@@ -38,11 +39,14 @@ TASKS: dict[str, JobTask] = {
     ),
     # The training mixture over the closed example days; skipped until a held-out day has a training day before it.
     "mix": JobTask("mix", upstream=("validate_examples",), skippable=True),
+    # Continued pretraining on that mixture (warm start from the last promoted model), in the GPU
+    # pool; skipped with the mix.
+    "pretrain": JobTask("pretrain", upstream=("mix",), skippable=True, pool=GPU_POOL),
 }
 
 with DAG(
     dag_id="gem_daily",
-    description="Daily ads data: landing -> bronze -> validated -> sequences + features -> training examples.",
+    description="Daily ads data and model: landing -> bronze -> silver -> examples -> mixture -> pretraining.",
     schedule=daily_timetable(),
     start_date=start_date(),
     catchup=False,  # backfills go through `airflow backfill create`
@@ -63,6 +67,7 @@ with DAG(
             # Only a --ready-on job's 99 ("nothing ready yet") means skipped; any other non-zero fails.
             skip_on_exit_code=job.skip_on_exit_code,
             do_xcom_push=False,  # the last log line is not a result
+            **({"pool": job.pool} if job.pool else {}),
         )
         for name in job.upstream:
             tasks[name] >> tasks[task_id]

@@ -71,6 +71,29 @@ def summarize(cfg: GemConfig) -> str:
     return "\n".join(lines)
 
 
+def model_metrics(cfg: GemConfig) -> str:
+    """The pretraining runs' held-out NE / AUC / calibration per task, from gold.metrics (read
+    through the Delta log, file by file with pyarrow, as `summarize` does)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from deltalake import DeltaTable
+
+    from gem.evaluate import metrics_table
+    from schemas.metrics import GOLD_METRICS
+
+    path = GOLD_METRICS.path(cfg.lakehouse_uri)
+    if not Path(path, "_delta_log").is_dir():
+        return "  no pretraining run yet (gold.metrics not written)"
+    actions = pa.table(DeltaTable(path).get_add_actions(flatten=True))
+    rows = [r for p in actions["path"].to_pylist() for r in pq.read_table(f"{path}/{p}").to_pylist()]
+    lines = []
+    for run_id in sorted({r["run_id"] for r in rows}):
+        run = sorted((r for r in rows if r["run_id"] == run_id), key=lambda r: r["task"])
+        lines.append(f"  run {run_id} (held-out day of mix {run[0]['ds']}, {run[0]['train_steps']} steps):")
+        lines.append(metrics_table({r["task"]: r for r in run}, indent="    "))
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=str(DEFAULT_CONFIG))
@@ -85,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  total wall time: {time.time() - t0:.0f}s")
     print(f"  {'landing files':<22} {cfg.landing_root}")
     print(summarize(cfg))
+    print("== pretraining: held-out metrics per task (gold.metrics) ==")
+    print(model_metrics(cfg))
     return 0
 
 

@@ -42,3 +42,14 @@ def evaluate(task: torch.nn.Module, batches: Iterable[Batch]) -> dict[str, dict[
             "calibration": float(metrics.calibration(p, y, w)) if positives > 0 else None,
         }
     return out
+
+
+def metrics_table(scores: dict[str, dict[str, float | None]], indent: str = "  ") -> str:
+    """Per-task scores (as `evaluate` returns them) as an aligned text table."""
+    def fmt(v: float | None) -> str:
+        return "    n/a" if v is None else f"{v:7.4f}"
+
+    lines = [f"{indent}{'task':<28} {'examples':>9} {'positives':>9} {'NE':>7} {'AUC':>7} {'calib':>7}"]
+    lines += [f"{indent}{name:<28} {s['examples']:>9,} {s['positives']:>9.0f} {fmt(s['ne'])} {fmt(s['auc'])} "
+              f"{fmt(s['calibration'])}" for name, s in scores.items()]
+    return "\n".join(lines)

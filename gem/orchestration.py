@@ -51,6 +51,10 @@ DEFAULT_RETRY_DELAY_S = 300
 DAY_FLAGS = ("--ds", "--ready-on")
 # A --ready-on job exits with this when no partition is ready on the run's day (BashOperator skips).
 NOTHING_READY_EXIT = 99
+# The Airflow pool GPU jobs queue in (infra/airflow/init_db.sh creates it with one slot per GPU
+# host; on the embedded default the job trains on CPU, still one at a time).
+GPU_POOL = "gpu"
+GPU_POOL_SLOTS = 1
 
 
 def partition_ds(data_interval_start: dt.datetime | None) -> str:
@@ -106,6 +110,7 @@ class JobTask:
     impression day whose attribution window closes on the run's day).
     skippable: the job exits 99 when nothing is ready yet, which the task reports as skipped
     (every ready_on job is skippable).
+    pool: the Airflow pool the task queues in (None: the default pool).
     """
 
     module: str
@@ -113,6 +118,7 @@ class JobTask:
     extra_args: str = ""
     ready_on: bool = False
     skippable: bool = False
+    pool: str | None = None
 
     @property
     def command(self) -> str:

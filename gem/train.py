@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     from gem.data.encode import DENSE_COLUMNS
     from gem.data.loader import SPARSE_FEATURES, ExampleStream, ResumableLoader
     from gem.data.manifest import read_manifest
-    from gem.evaluate import evaluate
+    from gem.evaluate import evaluate, metrics_table
     from gem.model.build import build_task
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -267,11 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     write_metrics(cfg, rows)
     promote(root, cfg.model.arch, run_dir, result.steps, args.mix_ds)
     print(f"held-out day {eval_manifest.file_ds[eval_manifest.files[0]]} ({run_id}):")
-    print(f"  {'task':<28} {'examples':>9} {'positives':>9} {'NE':>7} {'AUC':>7} {'calib':>7}")
-    for name, s in scores.items():
-        fmt = lambda v: "   n/a" if v is None else f"{v:7.4f}"  # noqa: E731
-        print(f"  {name:<28} {s['examples']:>9,} {s['positives']:>9.0f} {fmt(s['ne'])} {fmt(s['auc'])} "
-              f"{fmt(s['calibration'])}")
+    print(metrics_table(scores))
     return 0
 
 

@@ -35,8 +35,10 @@ UPSTREAM = {
     "assemble_examples": {"validate_silver"},
     "validate_examples": {"assemble_examples"},
     "mix": {"validate_examples"},
+    "pretrain": {"mix"},
 }
-SKIPPABLE = {"assemble_examples", "validate_examples", "mix"}
+SKIPPABLE = {"assemble_examples", "validate_examples", "mix", "pretrain"}
+POOLS = {"pretrain": "gpu"}  # everything else runs in the default pool
 # Tasks that take --ready-on (process the day whose window closes on the run's day) and skip on 99.
 READY_ON = {"assemble_examples": "assemble_examples", "validate_examples": "validate_silver --examples"}
 JOBS = list(UPSTREAM)
@@ -93,6 +95,12 @@ def test_dag_settings(dag: Any) -> None:
     assert dag.catchup is False
     assert dag.max_active_runs == 1
     assert dag.user_defined_macros["partition_ds"] is partition_ds
+
+
+def test_pretraining_queues_in_the_gpu_pool(dag: Any) -> None:
+    assert {t.task_id: t.pool for t in dag.tasks} == {t: POOLS.get(t, "default_pool") for t in JOBS}
+    init_db = (REPO_ROOT / "infra" / "airflow" / "init_db.sh").read_text()
+    assert f"pools set {orchestration.GPU_POOL} {orchestration.GPU_POOL_SLOTS} " in init_db
 
 
 def test_every_task_retries(dag: Any) -> None:

@@ -310,6 +310,8 @@ def test_train_cli_trains_evaluates_and_warm_starts(lake, tmp_path, capsys):
     from deltalake import DeltaTable
 
     from gem import train
+    from gem.orchestration import NOTHING_READY_EXIT
+    from jobs import pretrain
     from schemas.metrics import GOLD_METRICS
 
     cfg, _, _ = lake
@@ -318,8 +320,11 @@ def test_train_cli_trains_evaluates_and_warm_starts(lake, tmp_path, capsys):
     data["loader"]["num_workers"] = 0
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(data))
-    assert train.main(["--config", str(path), "--mix-ds", MIX_DS, "--no-progress"]) == 0
+    # The DAG's job: no manifest for a day -> 99 (skipped); the mix day -> gem.train on it.
+    assert pretrain.main(["--ds", "2025-12-31", "--config", str(path)]) == NOTHING_READY_EXIT
+    assert pretrain.main(["--ds", MIX_DS, "--config", str(path)]) == 0
     out = capsys.readouterr().out
+    assert "padding share" in out
     assert "held-out day" in out and "reels/click" in out
     metrics_path = GOLD_METRICS.path(cfg.lakehouse_uri)
     import pyarrow as pa
