@@ -33,11 +33,23 @@ def build_body(cfg: ModelConfig, sparse_features: tuple[str, ...], dense_dim: in
 
 
 def build_task(cfg: ModelConfig, tasks: tuple[str, ...], sparse_features: tuple[str, ...], dense_dim: int,
-               task_weights: dict[str, float] | None = None) -> GemTrainTask:
+               task_weights: dict[str, float] | None = None, sparse_backend: str = "torch",
+               events: tuple[str, ...] = ("impression", "click", "conversion")) -> GemTrainTask:
+    """sparse_backend "torch": plain nn.Embedding tables (no torchrec; runs anywhere); "torchrec":
+    the same tables in a torchrec EmbeddingCollection fed by the batch's KJTs (gem.model.sparse),
+    to be sharded by gem.model.sharding."""
     missing = sorted(set(sparse_features) - set(cfg.embeddings.buckets))
     if missing:
         raise ValueError(f"model.embeddings.buckets has no table for sparse features {missing}")
     body = build_body(cfg, sparse_features, dense_dim)
     heads = DomainExpertHeads(body.out_dim, tasks, cfg.heads.hidden, cfg.heads.shared_experts)
     weights = torch.tensor([(task_weights or {}).get(t, 1.0) for t in tasks])
-    return GemTrainTask(PlainEmbeddings(cfg.embeddings), body, heads, weights)
+    if sparse_backend == "torch":
+        embeddings: torch.nn.Module = PlainEmbeddings(cfg.embeddings)
+    elif sparse_backend == "torchrec":
+        from gem.model.sparse import TorchrecEmbeddings
+
+        embeddings = TorchrecEmbeddings(cfg.embeddings, events)
+    else:
+        raise ValueError(f"sparse_backend must be 'torch' or 'torchrec', got {sparse_backend!r}")
+    return GemTrainTask(embeddings, body, heads, weights)

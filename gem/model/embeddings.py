@@ -1,4 +1,4 @@
-"""Sparse id embeddings in plain torch (the torchrec path wraps the same tables, see gem/model/sparse.py).
+"""Sparse id embeddings in plain torch (gem/model/sparse.py holds the same tables in a torchrec EmbeddingCollection).
 
 Id policy, per feature: the loader hands stable 63-bit hashes (free-form ids) or vocabulary
 indices + 1 (closed vocabularies, 0 = unknown); a table of `buckets[feature]` rows takes value
@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from gem.data.batch import Batch
 from gem.model.configs import EmbeddingConfig
 
 
@@ -32,3 +33,8 @@ class PlainEmbeddings(nn.Module):
                 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         return ({f: self.lookup(f, v) for f, v in sparse.items()},
                 {e: self.lookup(self.cfg.sequence_table, v) for e, v in sequence_ids.items()})
+
+    def embed(self, batch: Batch) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """A batch's ids -> ({feature: (B, dim)}, {event: (N_event, dim)}), as TorchrecEmbeddings.embed."""
+        return self({f: s.values for f, s in batch.sparse.items()},
+                    {e: j.values["ad_id"] for e, j in batch.sequences.items()})

@@ -33,10 +33,7 @@ class GemTrainTask(nn.Module):
         self.register_buffer("task_weights", task_weights.float())
 
     def logits(self, batch: Batch) -> torch.Tensor:
-        sparse, seq_ids = self.embeddings(
-            {f: s.values for f, s in batch.sparse.items()},
-            {e: j.values["ad_id"] for e, j in batch.sequences.items()},
-        )
+        sparse, seq_ids = self.embeddings.embed(batch)  # PlainEmbeddings or TorchrecEmbeddings
         sequences = {
             e: {"id_emb": seq_ids[e], "surface": j.values["surface"], "objective": j.values["objective"],
                 "gap_s": j.values["gap_s"], "offsets": j.offsets}
