@@ -1,0 +1,106 @@
+"""Each architecture learns the generator's traffic, and Kunlun uses the sequences.
+
+Traffic from jobs.generate_events' world (tests/synthetic_traffic.py): 2 days to train on, the
+next day held out. NE is the held-out cross-entropy over the base-rate model's (the held-out
+day's click rate), so the base-rate model scores 1.0. Margins (measured on this data, see the
+closing note): every architecture must reach NE <= 1 - LEARN_MARGIN on every surface's click task
+with at least MIN_POSITIVES held-out positives (each task against its own base rate); Kunlun with the user's
+histories must beat Kunlun with every history emptied by SEQUENCE_MARGIN (the generator's click
+logit adds w * h_u . a, h_u the user's decayed clicked-ad vector, which only the histories reveal).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gem.model import metrics
+from gem.model.build import build_task
+from gem.model.configs import (
+    DLRMConfig,
+    EmbeddingConfig,
+    HSTUConfig,
+    InterFormerConfig,
+    KunlunConfig,
+    ModelConfig,
+    WukongConfig,
+)
+from tests.synthetic_traffic import DENSE_DIM, SPARSE, batches, simulate
+
+LEARN_MARGIN = 0.03
+SEQUENCE_MARGIN = 0.01
+MIN_POSITIVES = 200
+DIM = 16
+LENGTHS = {"impression": 32, "click": 16, "conversion": 4}
+
+
+@pytest.fixture(scope="module")
+def traffic():
+    t = simulate(days=3, impressions_per_day=40_000, users=2_000, ads=200)
+    return t
+
+
+def _config(arch: str) -> ModelConfig:
+    from gem.model.configs import EventConfig
+
+    events = {"impression": EventConfig(width=16, depth=2, window=16, max_len=LENGTHS["impression"]),
+              "click": EventConfig(width=16, depth=2, window=8, max_len=LENGTHS["click"]),
+              "conversion": EventConfig(width=8, activations=("silu",), depth=1, window=4, max_len=4)}
+    return ModelConfig(
+        arch=arch,
+        kunlun=KunlunConfig(dim=DIM, mlp_hidden=32, events=events), hstu=HSTUConfig(dim=DIM, max_len=LENGTHS),
+        interformer=InterFormerConfig(dim=DIM, max_len=LENGTHS), wukong=WukongConfig(dim=DIM, max_len=LENGTHS),
+        dlrm=DLRMConfig(dim=DIM, dense_arch=(32, DIM), over_arch=(64, 32), max_len=LENGTHS),
+        embeddings=EmbeddingConfig(dim=DIM, buckets={"user_id": 4_096, "ad_id": 512, "surface": 8, "position": 16}),
+    )
+
+
+def train_and_score(traffic, arch: str, sequences: bool = True, epochs: int = 2) -> tuple[float, dict[str, float]]:
+    """Train on days 0-1, score day 2 -> (pooled NE, {task: NE} for tasks with enough positives)."""
+    train = batches(traffic, (0, 1), 256, LENGTHS, sequences=sequences, seed=1)
+    held_out = batches(traffic, (2,), 2048, LENGTHS, sequences=sequences, shuffle=False)
+    torch.manual_seed(0)
+    task = build_task(_config(arch), train[0].tasks, SPARSE, DENSE_DIM)
+    labels = torch.cat([b.labels for b in train])
+    masks = torch.cat([b.label_mask for b in train]).float()
+    task.heads.init_from_base_rates(dict(zip(train[0].tasks, (labels.sum(0) / masks.sum(0)).tolist(), strict=True)))
+    opt = torch.optim.Adam(task.parameters(), lr=3e-3)
+    task.train()
+    for _ in range(epochs):
+        for batch in train:
+            opt.zero_grad()
+            loss, _ = task(batch)
+            loss.backward()
+            opt.step()
+    task.eval()
+    probs, ys, tasks = [], [], []
+    with torch.no_grad():
+        for batch in held_out:
+            p = torch.sigmoid(task.logits(batch))
+            col = batch.label_mask.float().argmax(1)
+            probs.append(p[torch.arange(batch.size), col])
+            ys.append(batch.labels[torch.arange(batch.size), col])
+            tasks.append(col)
+    p, y, col = torch.cat(probs), torch.cat(ys), torch.cat(tasks)
+    per_task = {}
+    for j, name in enumerate(held_out[0].tasks):
+        m = col == j
+        if float(y[m].sum()) >= MIN_POSITIVES:
+            per_task[name] = float(metrics.ne(p[m], y[m], torch.ones_like(p[m])))
+    return float(metrics.ne(p, y, torch.ones_like(p))), per_task
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["kunlun", "hstu", "interformer", "wukong", "dlrm"])
+def test_each_architecture_learns_the_held_out_day(traffic, arch):
+    pooled, per_task = train_and_score(traffic, arch)
+    print(f"{arch}: held-out NE pooled {pooled:.4f}, per task {per_task}")
+    assert per_task and all(ne <= 1 - LEARN_MARGIN for ne in per_task.values()), (arch, per_task)
+
+
+@pytest.mark.slow
+def test_kunlun_with_sequences_beats_kunlun_without(traffic):
+    with_seq, _ = train_and_score(traffic, "kunlun", sequences=True)
+    without, _ = train_and_score(traffic, "kunlun", sequences=False)
+    print(f"kunlun held-out NE: with sequences {with_seq:.4f}, without {without:.4f}")
+    assert with_seq <= without - SEQUENCE_MARGIN, (with_seq, without)
