@@ -39,9 +39,12 @@ class Traffic:
     surfaces: tuple[str, ...]
 
 
-def simulate(days: int, impressions_per_day: int, users: int, ads: int, seed: int = 7) -> Traffic:
-    cfg = load_config(overrides={"generator": {"users": users, "ads": ads, "advertisers": max(2, ads // 10),
-                                               "seed": seed}}, environ={})
+def simulate(days: int, impressions_per_day: int, users: int, ads: int, seed: int = 7,
+             history_weight: float | None = None) -> Traffic:
+    generator = {"users": users, "ads": ads, "advertisers": max(2, ads // 10), "seed": seed}
+    if history_weight is not None:
+        generator["history_weight"] = history_weight
+    cfg = load_config(overrides={"generator": generator}, environ={})
     world = gen.build_world(cfg)
     state = gen.EngagementState.fresh(world.n_users, world.latent_dim)
     rng = np.random.default_rng(seed)

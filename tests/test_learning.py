@@ -1,9 +1,10 @@
 """Each architecture learns the generator's traffic, and Kunlun uses the sequences.
 
 Traffic from jobs.generate_events' world (tests/synthetic_traffic.py): 2 days to train on, the
-next day held out. NE is the held-out cross-entropy over the base-rate model's (the held-out
+next day held out (40k impressions a day, 500 users, 50 ads, history weight 4). NE is the held-out cross-entropy over the base-rate model's (the held-out
 day's click rate), so the base-rate model scores 1.0. Margins (measured on this data, see the
-closing note): every architecture must reach NE <= 1 - LEARN_MARGIN on every surface's click task
+closing note of session 3; per-task NE 0.85-0.93, Kunlun 0.894 with histories vs 0.925 without):
+every architecture must reach NE <= 1 - LEARN_MARGIN on every surface's click task
 with at least MIN_POSITIVES held-out positives (each task against its own base rate); Kunlun with the user's
 histories must beat Kunlun with every history emptied by SEQUENCE_MARGIN (the generator's click
 logit adds w * h_u . a, h_u the user's decayed clicked-ad vector, which only the histories reveal).
@@ -27,7 +28,7 @@ from gem.model.configs import (
 )
 from tests.synthetic_traffic import DENSE_DIM, SPARSE, batches, simulate
 
-LEARN_MARGIN = 0.03
+LEARN_MARGIN = 0.05
 SEQUENCE_MARGIN = 0.01
 MIN_POSITIVES = 200
 DIM = 16
@@ -36,8 +37,9 @@ LENGTHS = {"impression": 32, "click": 16, "conversion": 4}
 
 @pytest.fixture(scope="module")
 def traffic():
-    t = simulate(days=3, impressions_per_day=40_000, users=2_000, ads=200)
-    return t
+    # 500 users and 50 ads, so 80k training impressions teach every id's embedding; the generator's
+    # history weight raised from 1.5 to 4 so the planted sequence signal is measurable at this size.
+    return simulate(days=3, impressions_per_day=40_000, users=500, ads=50, history_weight=4.0)
 
 
 def _config(arch: str) -> ModelConfig:
@@ -55,8 +57,18 @@ def _config(arch: str) -> ModelConfig:
     )
 
 
+_SCORES: dict[tuple[str, bool], tuple[float, dict[str, float]]] = {}
+
+
 def train_and_score(traffic, arch: str, sequences: bool = True, epochs: int = 2) -> tuple[float, dict[str, float]]:
-    """Train on days 0-1, score day 2 -> (pooled NE, {task: NE} for tasks with enough positives)."""
+    """Train on days 0-1, score day 2 -> (pooled NE, {task: NE} for tasks with enough positives).
+    Memoized per (arch, sequences): the module's traffic is fixed, training is seeded."""
+    if (arch, sequences) not in _SCORES:
+        _SCORES[arch, sequences] = _train_and_score(traffic, arch, sequences, epochs)
+    return _SCORES[arch, sequences]
+
+
+def _train_and_score(traffic, arch: str, sequences: bool, epochs: int) -> tuple[float, dict[str, float]]:
     train = batches(traffic, (0, 1), 256, LENGTHS, sequences=sequences, seed=1)
     held_out = batches(traffic, (2,), 2048, LENGTHS, sequences=sequences, shuffle=False)
     torch.manual_seed(0)
