@@ -19,9 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from gem.model.configs import HSTUConfig
-from gem.model.ops.jagged import keep_last, to_padded
+from gem.model.history import HistoryTokens
 from gem.model.ops.masks import sliding_window_mask
-from gem.model.ops.time_encoding import time_gap_buckets
 
 
 class HSTULayer(nn.Module):
@@ -57,10 +56,7 @@ class HSTU(nn.Module):
         super().__init__()
         self.cfg, self.sparse_features = cfg, sparse_features
         d = cfg.dim
-        self.type_embedding = nn.Embedding(len(cfg.max_len), d)
-        self.surface = nn.Embedding(vocab_sizes["surface"], d)
-        self.objective = nn.Embedding(vocab_sizes["objective"], d)
-        self.time = nn.Embedding(cfg.time_buckets, d)
+        self.history = HistoryTokens(d, cfg.max_len, vocab_sizes, cfg.time_buckets)
         total = sum(cfg.max_len.values()) + 1
         self.layers = nn.ModuleList(HSTULayer(d, cfg.heads, total, cfg.rab_buckets) for _ in range(cfg.layers))
         self.context = nn.Sequential(nn.Linear(len(sparse_features) * d + dense_dim, cfg.mlp_hidden), nn.GELU(),
@@ -70,15 +66,8 @@ class HSTU(nn.Module):
     def forward(self, sparse: dict[str, torch.Tensor], dense: torch.Tensor,
                 sequences: dict[str, dict[str, torch.Tensor]]) -> torch.Tensor:
         b = dense.shape[0]
-        parts, lengths = [], []
-        for t, (event, max_len) in enumerate(self.cfg.max_len.items()):
-            seq = sequences[event]
-            index, offsets = keep_last(seq["offsets"], max_len)
-            tokens = (seq["id_emb"][index] + self.surface(seq["surface"][index]) + self.objective(seq["objective"][index])
-                      + self.time(time_gap_buckets(seq["gap_s"][index], self.cfg.time_buckets))
-                      + self.type_embedding.weight[t])
-            parts.append(to_padded(tokens, offsets, max_len))  # (B, max_len, d), zeros after the length
-            lengths.append(offsets[1:] - offsets[:-1])
+        blocks = self.history(sequences)
+        parts, lengths = [p for p, _, _ in blocks], [n for _, n, _ in blocks]
         # Compact each example's events to the front (types in order), then append the candidate.
         n = torch.stack(lengths, 1)  # (B, types)
         total = int(n.sum(1).max()) if b else 0

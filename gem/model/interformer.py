@@ -25,9 +25,8 @@ from torch import nn
 
 from gem.model.configs import InterFormerConfig
 from gem.model.kunlun import GatedCompression
-from gem.model.ops.jagged import keep_last, to_padded
+from gem.model.history import HistoryTokens
 from gem.model.ops.rope import rope
-from gem.model.ops.time_encoding import time_gap_buckets
 from gem.model.wukong import WukongLayer
 
 
@@ -119,10 +118,7 @@ class InterFormer(nn.Module):
         x_tokens = len(sparse_features) + cfg.dense_tokens
         self.dense_mlp = nn.Sequential(nn.Linear(dense_dim, cfg.mlp_hidden), nn.GELU(),
                                        nn.Linear(cfg.mlp_hidden, cfg.dense_tokens * d))
-        self.type_embedding = nn.Embedding(len(cfg.max_len), d)
-        self.surface = nn.Embedding(vocab_sizes["surface"], d)
-        self.objective = nn.Embedding(vocab_sizes["objective"], d)
-        self.time = nn.Embedding(cfg.time_buckets, d)
+        self.history_tokens = HistoryTokens(d, cfg.max_len, vocab_sizes, cfg.time_buckets)
         self.cls = nn.Parameter(torch.randn(cfg.cls_tokens, d) * 0.02)
         self.layers = nn.ModuleList(InterFormerLayer(cfg, x_tokens) for _ in range(cfg.layers))
         self.final_compress = GatedCompression(x_tokens, cfg.summary_tokens, d)
@@ -133,16 +129,10 @@ class InterFormer(nn.Module):
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """-> S (B, cls + sum(max_len), d), real (B, same) bool, gaps (B, same) seconds."""
         blocks, reals, gaps = [self.cls.expand(b, -1, -1)], [], []
-        for t, (event, max_len) in enumerate(self.cfg.max_len.items()):
-            seq = sequences[event]
-            index, offsets = keep_last(seq["offsets"], max_len)
-            tokens = (seq["id_emb"][index] + self.surface(seq["surface"][index]) + self.objective(seq["objective"][index])
-                      + self.time(time_gap_buckets(seq["gap_s"][index], self.cfg.time_buckets))
-                      + self.type_embedding.weight[t])
-            blocks.append(to_padded(tokens, offsets, max_len))  # (B, max_len, d)
-            gaps.append(to_padded(seq["gap_s"][index].float(), offsets, max_len))  # (B, max_len)
-            lengths = offsets[1:] - offsets[:-1]
-            reals.append(torch.arange(max_len, device=lengths.device)[None, :] < lengths[:, None])
+        for tokens, lengths, gap in self.history_tokens(sequences):
+            blocks.append(tokens)  # (B, max_len, d)
+            gaps.append(gap)  # (B, max_len)
+            reals.append(torch.arange(tokens.shape[1], device=lengths.device)[None, :] < lengths[:, None])
         cls_real = torch.ones(b, self.cfg.cls_tokens, dtype=torch.bool, device=self.cls.device)
         cls_gap = torch.zeros(b, self.cfg.cls_tokens, device=self.cls.device)
         return torch.cat(blocks, 1), torch.cat([cls_real, *reals], 1), torch.cat([cls_gap, *gaps], 1)
