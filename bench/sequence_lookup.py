@@ -1,0 +1,60 @@
+"""Where build_sequences' daily time goes: the history lookup, split, over a lakehouse that
+bench.silver_incremental left behind (run that first).
+
+    python -m bench.sequence_lookup [--root /tmp/gem-bench-silver] [--days 30]
+
+Times (noop writes, so only the reading and the computing count) for day N:
+  1. the narrow step: each active user's latest earlier (user_id, ds) key, over every history row;
+  2. that plus the wide rows of those keys (jobs.build_sequences.latest_previous_rows, broadcast filter);
+  3. decoding the wide columns of every history row (what the filter would have to avoid).
+Not a test: nothing here gates CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.silver_incremental import START, _config
+from gem import lakehouse
+from gem.cli import shift_day
+from jobs import build_sequences
+from schemas.events import BRONZE_AD_EVENTS
+from schemas.sequences import SILVER_USER_SEQUENCES
+
+
+def _noop(df: Any) -> float:
+    t0 = time.perf_counter()
+    df.write.format("noop").mode("overwrite").save()
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    from pyspark.sql import functions as F
+
+    from gem.spark import get_spark
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", default="/tmp/gem-bench-silver")
+    parser.add_argument("--days", type=int, default=30)
+    parser.add_argument("--master", default="local[2]")
+    args = parser.parse_args()
+    cfg = _config(Path(args.root), args.master)
+    spark = get_spark(cfg, app_name="bench-sequence-lookup")
+    ds = shift_day(START, args.days - 1)
+    day = F.lit(ds).cast("date")
+    sequences = lakehouse.read_table(spark, cfg, SILVER_USER_SEQUENCES)
+    users = lakehouse.read_table(spark, cfg, BRONZE_AD_EVENTS).where(F.col("ds") == day).select("user_id").distinct()
+    history = sequences.where(F.col("ds") < day)
+    latest_keys = (history.select("user_id", "ds").join(users, "user_id", "left_semi")
+                   .groupBy("user_id").agg(F.max("ds").alias("ds")))
+    print(f"day {ds}: {history.count():,} history rows, {users.count():,} active users")
+    print(f"  latest keys (narrow):             {_noop(latest_keys):6.1f}s")
+    print(f"  latest keys + their wide rows:    {_noop(build_sequences.latest_previous_rows(sequences, users, ds)):6.1f}s")
+    print(f"  wide columns of every history row: {_noop(history):6.1f}s")
+
+
+if __name__ == "__main__":
+    main()
