@@ -68,7 +68,7 @@ class EmbeddingConfig:
     sequence_table: str = "ad_id"  # the table sequence elements' ids are looked up in
 
 
-def _default_hstu_lengths() -> dict[str, int]:
+def _default_history_lengths() -> dict[str, int]:
     return {"impression": 64, "click": 32, "conversion": 8}
 
 
@@ -81,7 +81,7 @@ class HSTUConfig:
     rab_buckets: int = 12
     time_buckets: int = 24
     # Most recent events per type in the one merged sequence.
-    max_len: dict[str, int] = field(default_factory=_default_hstu_lengths)
+    max_len: dict[str, int] = field(default_factory=_default_history_lengths)
 
     def __post_init__(self) -> None:
         if self.dim % self.heads:
@@ -103,7 +103,7 @@ class InterFormerConfig:
     wukong_rank: int = 4
     mlp_hidden: int = 64
     time_buckets: int = 24
-    max_len: dict[str, int] = field(default_factory=_default_hstu_lengths)
+    max_len: dict[str, int] = field(default_factory=_default_history_lengths)
 
     def __post_init__(self) -> None:
         if self.dim % self.heads or (self.dim // self.heads) % 2:
@@ -126,7 +126,7 @@ class WukongConfig:
     rank: int = 4
     dense_tokens: int = 2
     mlp_hidden: int = 64
-    max_len: dict[str, int] = field(default_factory=_default_hstu_lengths)
+    max_len: dict[str, int] = field(default_factory=_default_history_lengths)
 
     def __post_init__(self) -> None:
         if self.layers < 1 or self.rank < 1:
@@ -141,7 +141,7 @@ class DLRMConfig:
     dim: int = 32
     dense_arch: tuple[int, ...] = (64, 32)  # the last size must equal dim (dot products with embeddings)
     over_arch: tuple[int, ...] = (128, 64)  # the last size is the representation the task heads read
-    max_len: dict[str, int] = field(default_factory=_default_hstu_lengths)
+    max_len: dict[str, int] = field(default_factory=_default_history_lengths)
 
     def __post_init__(self) -> None:
         if not self.dense_arch or self.dense_arch[-1] != self.dim:

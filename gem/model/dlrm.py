@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from gem.model.configs import DLRMConfig
-from gem.model.ops.jagged import recent_mean
+from gem.model.history import pooled_histories
 
 
 def mlp(sizes: list[int], relu_last: bool) -> nn.Sequential:
@@ -51,6 +51,6 @@ class DLRM(nn.Module):
 
     def forward(self, sparse: dict[str, torch.Tensor], dense: torch.Tensor,
                 sequences: dict[str, dict[str, torch.Tensor]]) -> torch.Tensor:
-        bags = [recent_mean(sequences[e]["id_emb"], sequences[e]["offsets"], n) for e, n in self.cfg.max_len.items()]
+        bags = pooled_histories(sequences, self.cfg.max_len)  # types x (B, d)
         embedded = torch.stack([*(sparse[f] for f in self.sparse_features), *bags], dim=1)  # (B, F, d)
         return self.over_arch(dot_interaction(self.dense_arch(dense), embedded))

@@ -5,6 +5,8 @@ stream (HSTU, InterFormer): each event type's most recent `max_len` events, olde
 
 padded per type to (B, max_len, d), with each example's lengths and time gaps (seconds before the
 request) alongside. Kunlun embeds each event type at its own width instead (gem/model/kunlun.py).
+The models without a sequence module (Wukong, DLRM) read `pooled_histories`: one mean-pooled bag of
+id embeddings per event type.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gem.model.ops.jagged import keep_last, to_padded
+from gem.model.ops.jagged import keep_last, recent_mean, to_padded
 from gem.model.ops.time_encoding import time_gap_buckets
 
 
@@ -40,3 +42,9 @@ class HistoryTokens(nn.Module):
             out.append((to_padded(tokens, offsets, max_len), offsets[1:] - offsets[:-1],
                         to_padded(gap.float(), offsets, max_len)))
         return out
+
+
+def pooled_histories(sequences: dict[str, dict[str, torch.Tensor]], max_len: dict[str, int]) -> list[torch.Tensor]:
+    """Per event type (in max_len order), the mean id embedding of its most recent max_len events:
+    (B, d) each, zeros for an empty history (an EmbeddingBag with mean pooling)."""
+    return [recent_mean(sequences[e]["id_emb"], sequences[e]["offsets"], n) for e, n in max_len.items()]

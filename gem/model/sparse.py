@@ -42,7 +42,7 @@ class TorchrecEmbeddings(nn.Module):
             for name, rows in cfg.buckets.items()
         ]
         self.collection = EmbeddingCollection(tables=tables, device=device or torch.device("cpu"))
-        self.rows = {name: rows for name, rows in cfg.buckets.items()} | {
+        self.rows = dict(cfg.buckets) | {
             sequence_key(e): cfg.buckets[cfg.sequence_table] for e in events}
         for table in self.collection.embeddings.values():
             nn.init.normal_(table.weight, std=0.02)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from gem.model.ops.jagged import recent_mean
+from gem.model.history import pooled_histories
 
 if TYPE_CHECKING:
     from gem.model.configs import WukongConfig
@@ -117,7 +117,7 @@ class WukongModel(nn.Module):
     def forward(self, sparse: dict[str, torch.Tensor], dense: torch.Tensor,
                 sequences: dict[str, dict[str, torch.Tensor]]) -> torch.Tensor:
         b = dense.shape[0]
-        bags = [recent_mean(sequences[e]["id_emb"], sequences[e]["offsets"], n) for e, n in self.cfg.max_len.items()]
+        bags = pooled_histories(sequences, self.cfg.max_len)  # types x (B, d)
         x = torch.cat([torch.stack([*(sparse[f] for f in self.sparse_features), *bags], dim=1),
                        self.dense_mlp(dense).view(b, self.cfg.dense_tokens, self.cfg.dim)], dim=1)  # (B, n, d)
         return self.stack(x).reshape(b, -1)
