@@ -99,23 +99,68 @@ def latest(root: Path) -> Path | None:
     return steps[-1] if steps else None
 
 
-def load(path: Path, state: dict[str, Any]) -> dict[str, Any]:
-    """Load shards into `state` (in place, as dcp does) and return extra.json; refuses broken folders."""
+def read_extra(path: Path) -> dict[str, Any]:
+    """extra.json of a published checkpoint; refuses partial folders and missing or broken JSON."""
     if path.name.startswith(".tmp-"):
         raise CheckpointError(f"{path} is an unpublished (partial) checkpoint; it is never loaded")
     extra_path = path / EXTRA
     if not extra_path.is_file():
         raise CheckpointError(f"checkpoint {path} is incomplete: {EXTRA} is missing")
     try:
-        extra = json.loads(extra_path.read_text())
+        return json.loads(extra_path.read_text())
     except json.JSONDecodeError as e:
         raise CheckpointError(f"checkpoint {path} is corrupted: {EXTRA} is not valid JSON ({e})") from e
+
+
+def load(path: Path, state: dict[str, Any]) -> dict[str, Any]:
+    """Load shards into `state` (in place, as dcp does) and return extra.json; refuses broken folders."""
+    extra = read_extra(path)
     try:
         with _single_process_ok():
             dcp.load(state, checkpoint_id=str(path))
     except (Exception, CheckpointException) as e:  # CheckpointException derives from BaseException
         raise CheckpointError(f"checkpoint {path} is corrupted or incomplete: its shards cannot be read ({e})") from e
     return extra
+
+
+def _create_optimizer_slots(optimizer: torch.optim.Optimizer) -> None:
+    """Give an optimizer that has not stepped its state tensors, without moving any weight: one
+    step on zero gradients at learning rate 0 (for Adam(W): the update and the decay are both
+    multiplied by lr, so each weight gets exactly + 0)."""
+    lrs = [group["lr"] for group in optimizer.param_groups]
+    grads = {}
+    for group in optimizer.param_groups:
+        group["lr"] = 0.0
+        for p in group["params"]:
+            grads[p] = p.grad
+            p.grad = torch.zeros_like(p)
+    optimizer.step()
+    for group, lr in zip(optimizer.param_groups, lrs, strict=True):
+        group["lr"] = lr
+    for p, g in grads.items():
+        p.grad = g
+
+
+def optimizer_state(named_parameters: Iterator[tuple[str, torch.Tensor]], optimizer: torch.optim.Optimizer
+                    ) -> dict[str, dict[str, Any]]:
+    """The optimizer's per-parameter state keyed by parameter NAME, holding its live tensors.
+
+    Names, not positions: the same state then loads whatever order a model lists its parameters in.
+    A fresh optimizer first gets its slots (`_create_optimizer_slots`) so that dcp.load has
+    tensors to fill in place. Example: {"body.proj.weight": {"step": tensor(4.), "exp_avg": ...}}.
+    """
+    if not optimizer.state:
+        _create_optimizer_slots(optimizer)
+    names = {id(p): n for n, p in named_parameters}
+    return {names[id(p)]: optimizer.state[p] for group in optimizer.param_groups for p in group["params"]}
+
+
+def load_optimizer_state(named_parameters: Iterator[tuple[str, torch.Tensor]], optimizer: torch.optim.Optimizer,
+                         state: dict[str, dict[str, Any]]) -> None:
+    """Put a loaded `optimizer_state` back (its non-tensor entries come back as new objects)."""
+    params = dict(named_parameters)
+    for name, slots in state.items():
+        optimizer.state[params[name]].update(slots)
 
 
 def discard_partials(root: Path) -> list[Path]:

@@ -215,6 +215,9 @@ class LoaderConfig:
         return int(getattr(self, f"max_{event_type}s"))
 
 
+EMBEDDING_OPTIMIZERS = ("sgd", "rowwise_adagrad")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Pretraining (gem/train.py)."""
@@ -232,8 +235,15 @@ class TrainConfig:
     # GPU only: bf16 autocast and torch.compile of the dense body.
     bf16: bool = True
     compile: bool = False
+    # model.embeddings.backend "torchrec" only: the tables' optimizer, fused into the backward
+    # (gem/model/sharding.py); the dense part keeps AdamW at `lr`.
+    embedding_optimizer: str = "rowwise_adagrad"
+    embedding_lr: float = 0.05
 
     def __post_init__(self) -> None:
+        if self.embedding_optimizer not in EMBEDDING_OPTIMIZERS:
+            raise ConfigError(f"train.embedding_optimizer must be one of {EMBEDDING_OPTIMIZERS}, "
+                              f"got {self.embedding_optimizer!r}")
         if self.steps < 1 or self.checkpoint_every < 1:
             raise ConfigError(f"train.steps and train.checkpoint_every must be >= 1, got {self.steps}, {self.checkpoint_every}")
 
@@ -264,6 +274,9 @@ class GemConfig:
     # Delta log and removed-file retention; must exceed attribution window + training horizon.
     retention_days: int = 60
     sequence_caps: SequenceCaps = field(default_factory=SequenceCaps)
+    # Every this many days build_sequences compacts silver.user_sequences into one snapshot of all
+    # users (schemas/sequences.py), so its daily lookup stays bounded; 0 never compacts.
+    sequence_compaction_days: int = 7
     spark: SparkConfig = field(default_factory=SparkConfig)
     generator: GeneratorConfig = field(default_factory=GeneratorConfig)
     ingest: IngestConfig = field(default_factory=IngestConfig)
@@ -287,6 +300,8 @@ class GemConfig:
         missing = sorted(set(self.surfaces) - set(self.generator.surface_params))
         if missing:
             raise ConfigError(f"generator.surface_params lacks surfaces {missing}")
+        if self.sequence_compaction_days < 0:
+            raise ConfigError(f"sequence_compaction_days must be >= 0 (0: never), got {self.sequence_compaction_days}")
         if self.attribution_window_days < 0:
             raise ConfigError(f"attribution_window_days must be >= 0, got {self.attribution_window_days}")
         if not 1 <= self.click_window_minutes <= MAX_CLICK_WINDOW_MINUTES:

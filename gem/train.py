@@ -1,14 +1,17 @@
 """Pretraining loop: steps over a resumable batch stream, checkpoints that resume exactly.
 
-    python -m gem.train --config FILE --mix-ds D [--run-dir DIR] [--steps N] [--warm-start DIR]
+    python -m gem.train --config FILE --mix-ds D [--run-dir DIR] [--steps N]
+    torchrun --nproc-per-node 2 -m gem.train --config FILE --mix-ds D     # gloo on CPU, NCCL on GPU
 
-Each step: batch -> GemTrainTask (masked, importance-weighted loss) -> AdamW. Every
-`train.checkpoint_every` steps and at the end, gem.checkpoint writes model, optimizer, loader
-state and RNG states; a run started on a folder that holds checkpoints continues from the latest
-one, so a killed run resumed with the same config produces the same losses and final weights as
-an uninterrupted one (tested on CPU). `--warm-start DIR` initialises the weights (not the
-optimizer or the loader) from another run's latest checkpoint: day D's run starts from the
-promoted model of an earlier day.
+Each step: batch -> GemTrainTask (masked, importance-weighted loss) -> AdamW on the dense part;
+with model.embeddings.backend "torchrec" the tables are sharded by an explicit plan and trained by
+a fused in-backward optimizer (Trainer). Every `train.checkpoint_every` steps and at the end,
+gem.checkpoint writes model, optimizers, loader state and RNG states; a run started on a folder
+that holds checkpoints continues from the latest one, so a killed run resumed with the same config
+produces the same losses and final weights as an uninterrupted one (tested on CPU, both backends).
+A new run folder warm-starts its weights (not the optimizers or the loader) from the last promoted
+run of its architecture: day D's run continues the model of an earlier day. After training, rank 0
+scores the held-out day with a plain-torch copy of the model, writes gold.metrics and promotes the run.
 """
 
 from __future__ import annotations
@@ -47,33 +50,66 @@ class TrainResult:
 
 
 class Trainer:
+    """Owns the model replica(s), the optimizers and the checkpoints of one run.
+
+    Two sparse backends (task.embeddings.backend):
+      "torch"    the whole task is one module; under a process group DDP averages all gradients.
+      "torchrec" DistributedModelParallel: the tables sharded by gem.model.sharding's explicit plan,
+                 trained by a fused in-backward optimizer (train.embedding_optimizer), the dense rest
+                 in DDP under AdamW. A single process gets a one-rank gloo group.
+    Checkpoints hold the model (tables as sharded tensors), the dense optimizer's state by
+    parameter name, the tables' fused optimizer state, the loader's position and the RNG states.
+    """
+
     def __init__(self, task: torch.nn.Module, stream: BatchStream, cfg: TrainConfig, run_dir: Path,
                  config_snapshot: dict[str, Any] | None = None) -> None:
         self.task, self.stream, self.cfg, self.run_dir = task, stream, cfg, run_dir
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-        task.to(self.device)
+        self.sharded = getattr(task.embeddings, "backend", "torch") == "torchrec"
         # GPU only: bf16 autocast, and torch.compile of the dense body in place (parameter names,
         # hence checkpoints, stay the same as uncompiled).
         self.autocast = self.device.type == "cuda" and cfg.bf16
         if cfg.compile and self.device.type == "cuda":
             task.body.compile()
-        # Under torchrun (a process group is up) the dense model trains data-parallel: DDP averages
-        # the gradients of the ranks, each of which reads its own shard of the mixture.
-        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-        self.model = torch.nn.parallel.DistributedDataParallel(task) if distributed else task
-        self.optimizer = torch.optim.AdamW(task.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.owns_process_group = False
+        if self.sharded:
+            from gem.model.sharding import dense_parameters, ensure_process_group, shard_task
+
+            self.owns_process_group = ensure_process_group(self.device)
+            self.model, self.plan = shard_task(task, cfg.embedding_lr, self.device, cfg.embedding_optimizer)
+            dense = dense_parameters(self.model)
+        else:
+            task.to(self.device)
+            # Under torchrun (a process group is up) the dense model trains data-parallel: DDP averages
+            # the gradients of the ranks, each of which reads its own shard of the mixture.
+            distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+            self.model = torch.nn.parallel.DistributedDataParallel(task) if distributed else task
+            dense = list(task.parameters())
+        self.optimizer = torch.optim.AdamW(dense, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.config_snapshot = config_snapshot or {"train": asdict(cfg)}
         self.step = 0
         self.losses: list[float] = []
 
-    # ---- checkpoints ------------------------------------------------------------------------------
-    def _state(self) -> dict[str, Any]:
-        # get_state_dict creates the optimizer's state tensors if it has none yet, so a fresh
-        # optimizer has slots for dcp.load to fill (a plain state_dict() of it is empty).
-        from torch.distributed.checkpoint.state_dict import get_state_dict
+    def close(self) -> None:
+        """Tear down the one-rank group this trainer started (a torchrun group belongs to the caller)."""
+        if self.owns_process_group and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+            self.owns_process_group = False
 
-        model, optimizer = get_state_dict(self.task, self.optimizer)
-        return {"model": model, "optimizer": optimizer}
+    # ---- checkpoints ------------------------------------------------------------------------------
+    def _model_state(self) -> dict[str, Any]:
+        # DMP's state dict names the tables as the task does, holding ShardedTensors (each rank its own).
+        return self.model.state_dict() if self.sharded else self.task.state_dict()
+
+    def _state(self) -> dict[str, Any]:
+        named = self.model.named_parameters() if self.sharded else self.task.named_parameters()
+        state = {"model": self._model_state(), "optimizer": checkpoint.optimizer_state(named, self.optimizer)}
+        if self.sharded:
+            state["embedding_optimizer"] = self.model.fused_optimizer.state_dict()
+        return state
+
+    def _load_model_state(self, model_state: dict[str, Any]) -> None:
+        (self.model if self.sharded else self.task).load_state_dict(model_state)
 
     def save(self) -> Path:
         extra = {"losses": self.losses, "loader": self.stream.state_dict(), "rng": checkpoint.rng_state(),
@@ -85,37 +121,61 @@ class Trainer:
         path = checkpoint.latest(self.run_dir)
         if path is None:
             return False
-        from torch.distributed.checkpoint.state_dict import set_state_dict
-
         state = self._state()
-        extra = checkpoint.load(path, state)
-        set_state_dict(self.task, self.optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optimizer"])
+        extra = checkpoint.load(path, state)  # tensors in place; the loads below also take the rest
+        self._load_model_state(state["model"])
+        named = self.model.named_parameters() if self.sharded else self.task.named_parameters()
+        checkpoint.load_optimizer_state(named, self.optimizer, state["optimizer"])
+        if self.sharded:
+            self.model.fused_optimizer.load_state_dict(state["embedding_optimizer"])
         self.stream.load_state_dict(extra["loader"])
         checkpoint.set_rng_state(extra["rng"])
         self.step, self.losses = int(extra["step"]), list(extra["losses"])
         return True
 
     def warm_start(self, other_run: Path) -> Path:
-        """Weights from another run's latest checkpoint (optimizer and loader start fresh).
+        """Weights from another run's latest checkpoint (optimizers and loader start fresh).
 
         Refused with a clear error when that checkpoint was trained with another model config
-        (its config is saved inside it): its tensors would not fit, or would mean something else.
+        (its config, embeddings backend included, is saved inside it): its tensors would not fit,
+        or would mean something else.
         """
         path = checkpoint.latest(other_run)
         if path is None:
             raise checkpoint.CheckpointError(f"warm start: no checkpoint in {other_run}")
-        state = {"model": self.task.state_dict()}
-        extra = checkpoint.load(path, state)
+        extra = checkpoint.read_extra(path)
         theirs, ours = extra.get("config", {}).get("model"), self.config_snapshot.get("model")
         if theirs is not None and ours is not None and _jsonable(theirs) != _jsonable(ours):
             raise checkpoint.CheckpointError(
                 f"warm start: {path} was trained with model config {theirs}, this run's is {ours}; "
                 f"start this architecture fresh or point --run-dir elsewhere")
-        self.task.load_state_dict(state["model"])
+        state = {"model": self._model_state()}
+        checkpoint.load(path, state)
+        self._load_model_state(state["model"])
         return path
 
+    def plain_state(self) -> dict[str, torch.Tensor] | None:
+        """The trained weights for a plain-torch ("torch" backend) task, on rank 0; every rank calls it.
+
+        Evaluation runs that plain model on rank 0 alone, for either backend."""
+        if self.sharded:
+            from gem.model.sharding import unsharded_state
+
+            return unsharded_state(self.model)
+        rank0 = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+        return {k: v.detach().cpu() for k, v in self.task.state_dict().items()} if rank0 else None
+
     # ---- the loop ---------------------------------------------------------------------------------
+    @staticmethod
+    def _mean_over_ranks(loss: torch.Tensor) -> float:
+        """The step's loss averaged over the ranks: the objective DDP trains, the same on every rank
+        (so the losses that rank 0 saves in a checkpoint are every rank's to resume with)."""
+        if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+            loss = loss.clone()
+            torch.distributed.all_reduce(loss)
+            loss /= torch.distributed.get_world_size()
+        return float(loss)
+
     def fit(self, steps: int | None = None, progress: bool = False) -> TrainResult:
         total = steps or self.cfg.steps
         result = TrainResult(steps=self.step)
@@ -142,7 +202,7 @@ class Trainer:
             loss.backward()
             self.optimizer.step()
             self.step += 1
-            self.losses.append(float(loss.detach()))
+            self.losses.append(self._mean_over_ranks(loss.detach()))
             result.examples += batch.size
             if bar is not None:
                 seconds = time.perf_counter() - t0
@@ -188,6 +248,7 @@ def promote(root: Path, arch: str, run_dir: Path, step: int, mix_ds: str) -> Non
     import json
     import os
 
+    root.mkdir(parents=True, exist_ok=True)  # the run folder may live elsewhere (--run-dir)
     tmp = root / f".{promoted_file(arch)}.tmp"
     tmp.write_text(json.dumps({"run_dir": str(run_dir), "step": step, "mix_ds": mix_ds}))
     os.replace(tmp, root / promoted_file(arch))
@@ -211,18 +272,28 @@ def write_metrics(cfg: Any, rows: list[dict[str, Any]]) -> None:
     write_deltalake(GOLD_METRICS.path(cfg.lakehouse_uri), table, mode="append", partition_by=["ds"])
 
 
+def init_from_torchrun(device_type: str) -> bool:
+    """Join the process group torchrun describes (WORLD_SIZE, RANK, MASTER_ADDR/PORT in the
+    environment): gloo on CPU, NCCL on GPU, one GPU per local rank. False when not under torchrun."""
+    import os
+
+    if "WORLD_SIZE" not in os.environ or torch.distributed.is_initialized():
+        return False
+    if device_type == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    torch.distributed.init_process_group("nccl" if device_type == "cuda" else "gloo")
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
-    import datetime as dt
-    import json
-    import uuid
 
     from gem.cli import iso_day
     from gem.config import add_config_arg, load_config
     from gem.data.encode import DENSE_COLUMNS
     from gem.data.loader import SPARSE_FEATURES, ExampleStream, ResumableLoader
     from gem.data.manifest import read_manifest
-    from gem.evaluate import evaluate, metrics_table
+    from gem.evaluate import evaluate
     from gem.model.build import build_task
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -233,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     cfg = load_config(args.config)
+    joined = init_from_torchrun("cuda" if torch.cuda.is_available() else "cpu")
+    rank = torch.distributed.get_rank() if joined else 0
     torch.manual_seed(cfg.train.seed)
     root = Path(cfg.train.checkpoint_root or f"{cfg.lakehouse_uri.rstrip('/')}/_checkpoints")
     run_dir = Path(args.run_dir) if args.run_dir else root / f"{cfg.model.arch}-{args.mix_ds}"
@@ -247,28 +320,47 @@ def main(argv: list[str] | None = None) -> int:
         print(f"resumed {run_dir} at step {trainer.step}")
     elif (previous := promoted_run(root, cfg.model.arch)) is not None and previous != run_dir:
         print(f"warm start from {trainer.warm_start(previous)}")
-    result = trainer.fit(steps=args.steps, progress=not args.no_progress)
+    result = trainer.fit(steps=args.steps, progress=not args.no_progress and rank == 0)
     seconds = max(result.seconds, 1e-9)
-    print(f"trained {result.steps} steps; {result.examples:,} examples in {result.seconds:.1f}s "
+    print(f"[rank {rank}] trained {result.steps} steps; {result.examples:,} examples in {result.seconds:.1f}s "
           f"({result.examples / seconds:,.0f} examples/s on {trainer.device}); padding share of padded sequence "
           f"blocks: " + ", ".join(f"{e} {r:.1%}" for e, r in result.padding_ratio.items()))
+    state = trainer.plain_state()  # every rank takes part (tables are gathered from their owners)
+    trainer.close()
+    if rank == 0:
+        # Rank 0 alone scores the whole held-out day with a plain-torch copy of the trained model.
+        eval_task = build_task(cfg.model, tasks, SPARSE_FEATURES, len(DENSE_COLUMNS), cfg.train.task_weights,
+                               sparse_backend="torch")
+        eval_task.load_state_dict(state)
+        eval_stream = ResumableLoader(ExampleStream(eval_manifest, tasks, cfg.loader, rank=0, world_size=1))
+        _report(cfg, args.mix_ds, evaluate(eval_task, eval_stream.epoch()), result.steps, eval_manifest)
+        promote(root, cfg.model.arch, run_dir, result.steps, args.mix_ds)
+    if joined:
+        torch.distributed.barrier()  # nobody exits before rank 0 has published
+        torch.distributed.destroy_process_group()
+    return 0
 
-    eval_stream = ResumableLoader(ExampleStream(eval_manifest, tasks, cfg.loader))
-    scores = evaluate(task, eval_stream.epoch())
-    run_id = f"{cfg.model.arch}:{args.mix_ds}:{uuid.uuid4().hex[:8]}"
+
+def _report(cfg: Any, mix_ds: str, scores: dict[str, dict[str, Any]], steps: int, eval_manifest: Any) -> None:
+    """Write the held-out scores to gold.metrics (with run id, config, code and table versions) and print them."""
+    import datetime as dt
+    import json
+    import uuid
+
+    from gem.evaluate import metrics_table
+
+    run_id = f"{cfg.model.arch}:{mix_ds}:{uuid.uuid4().hex[:8]}"
     now = dt.datetime.now(dt.UTC)
     rows = [{
-        "ds": dt.date.fromisoformat(args.mix_ds), "run_id": run_id, "arch": cfg.model.arch, "task": name,
+        "ds": dt.date.fromisoformat(mix_ds), "run_id": run_id, "arch": cfg.model.arch, "task": name,
         "split": "eval", "examples": s["examples"], "positives": s["positives"], "ne": s["ne"], "auc": s["auc"],
-        "calibration": s["calibration"], "train_steps": result.steps, "mixture_id": eval_manifest.mixture_id,
+        "calibration": s["calibration"], "train_steps": steps, "mixture_id": eval_manifest.mixture_id,
         "examples_version": eval_manifest.examples_version, "sequences_version": eval_manifest.sequences_version,
         "code_version": code_version(), "config": json.dumps(cfg.to_dict(), default=str), "created_at": now,
     } for name, s in scores.items()]
     write_metrics(cfg, rows)
-    promote(root, cfg.model.arch, run_dir, result.steps, args.mix_ds)
     print(f"held-out day {eval_manifest.file_ds[eval_manifest.files[0]]} ({run_id}):")
     print(metrics_table(scores))
-    return 0
 
 
 if __name__ == "__main__":

@@ -4,16 +4,20 @@
 
 Layout (schemas/sequences.py): partition ds=D holds ONLY users with events in bronze ds=D, with
 their full capped sequences as of the end of D. A user's snapshot for day D is their row with the
-greatest ds <= D; users without events on D cost no work and keep their earlier row.
+greatest ds <= D; users without events on D keep their earlier row and are not rewritten.
 
 Flow (the transform is pure; I/O is the thin shell around it):
   gate: completion of validate_events for D, and of build_sequences for D-1 unless D == start_ds;
-  bronze ds=D --> the users present on D --> each one's latest previous row (greatest ds < D);
+  bronze ds=D --> the users present on D --> each one's latest previous row (greatest ds < D),
+  looked up in the last compaction C < D plus the daily partitions (C, D), not the whole history;
   merge_sequences(previous, day events, caps): per type, old sequence + new events (dedup on
   event_id), sorted by (event_time, event_id), last `cap` kept;
-  commit: withdraw the (build_sequences, D) record; replace silver ds=D; publish the record LAST.
+  commit: withdraw the (build_sequences, D) record; replace silver ds=D; publish the record LAST;
+  on a compaction day (every `sequence_compaction_days` from start_ds) also write every user's
+  snapshot as of D to silver.user_sequences_compacted ds=D, with its own completion record.
 
-A rerun reads only rows with ds < D, so it rewrites ds=D with identical contents.
+A rerun reads only rows with ds < D (and a compaction before D), so it rewrites ds=D, and the
+compaction of D, with identical contents.
 """
 
 from __future__ import annotations
@@ -27,13 +31,19 @@ from typing import TYPE_CHECKING
 from gem.cli import job_parser, shift_day
 from gem.config import GemConfig, SequenceCaps, load_config
 from schemas.events import BRONZE_AD_EVENTS
-from schemas.sequences import SEQUENCE_COLUMNS, SEQUENCE_FIELDS, SILVER_USER_SEQUENCES
+from schemas.sequences import (
+    SEQUENCE_COLUMNS,
+    SEQUENCE_FIELDS,
+    SILVER_USER_SEQUENCES,
+    SILVER_USER_SEQUENCES_COMPACTED,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import Column as SparkColumn
     from pyspark.sql import DataFrame, SparkSession
 
 STAGE = "build_sequences"
+COMPACT_STAGE = "compact_sequences"  # the completion record of a compaction (written by this job)
 VALIDATE_STAGE = "validate_events"
 
 
@@ -43,6 +53,35 @@ class BuildResult:
     users: int  # distinct users with events on ds = rows written
     table_version: int
     seconds: float
+    compacted_users: int | None = None  # rows of the compaction written on ds, if ds is a compaction day
+    compaction_seconds: float = 0.0  # part of `seconds`
+
+
+# --------------------------------------------------------------------------------------------------
+# The compaction schedule.
+
+
+def is_compaction_day(cfg: GemConfig, ds: str) -> bool:
+    """Every `sequence_compaction_days`-th day counted from start_ds (its last day, so a compaction
+    folds in a full period). Example: start 2026-01-01, every 7 -> 2026-01-07, 2026-01-14, ..."""
+    import datetime as dt
+
+    k = cfg.sequence_compaction_days
+    days = (dt.date.fromisoformat(ds) - dt.date.fromisoformat(cfg.start_ds)).days
+    return k > 0 and days >= 0 and days % k == k - 1
+
+
+def last_compaction_before(cfg: GemConfig, ds: str) -> str | None:
+    """The latest compaction day < ds, or None (none yet, or compaction off)."""
+    import datetime as dt
+
+    k = cfg.sequence_compaction_days
+    days = (dt.date.fromisoformat(ds) - dt.date.fromisoformat(cfg.start_ds)).days
+    if k <= 0 or days < k:
+        return None
+    # Compaction days are start + (j*k - 1); the greatest one strictly before ds.
+    j = days // k
+    return shift_day(cfg.start_ds, j * k - 1)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -120,25 +159,25 @@ def merge_sequences(previous: "DataFrame", day_events: "DataFrame", caps: Sequen
     return joined.select(*out, *counts, last).select(*SILVER_USER_SEQUENCES.column_names)
 
 
-def latest_previous_rows(sequences: "DataFrame", users: "DataFrame", ds: str) -> "DataFrame":
-    """silver rows, users (user_id) -> for each of those users, their row with the greatest ds < `ds`.
+def latest_rows(history: "DataFrame") -> "DataFrame":
+    """silver rows (any days) -> each user's row with the greatest ds: the snapshots as of the last day.
 
-    The max(ds) per user is found from the two narrow columns (user_id, ds) only; the wide sequence
-    columns are then read just for the matching (user_id, ds) pairs, not for every user's history.
+    The max(ds) per user is found from the two narrow columns (user_id, ds); the wide rows are then
+    kept by a broadcast join on those keys, filtered where they are scanned, never shuffled (a
+    shuffle of every row's arrays costs more than the whole daily build).
     """
     from pyspark.sql import functions as F
 
-    before = sequences.where(F.col("ds") < F.lit(ds).cast("date"))
-    latest = (
-        before.select("user_id", "ds")
-        .join(users, "user_id", "left_semi")
-        .groupBy("user_id")
-        .agg(F.max("ds").alias("ds"))
-    )
-    # Broadcast the (user_id, ds) keys: the wide history rows are then filtered where they are
-    # scanned instead of being shuffled to a sort-merge join (the shuffle of every earlier row's
-    # arrays made the daily update grow with the days of history).
-    return before.join(F.broadcast(latest), ["user_id", "ds"], "inner")
+    latest = history.select("user_id", "ds").groupBy("user_id").agg(F.max("ds").alias("ds"))
+    return history.join(F.broadcast(latest), ["user_id", "ds"], "inner")
+
+
+def latest_previous_rows(history: "DataFrame", users: "DataFrame", ds: str) -> "DataFrame":
+    """silver rows, users (user_id) -> for each of those users, their row with the greatest ds < `ds`."""
+    from pyspark.sql import functions as F
+
+    before = history.where(F.col("ds") < F.lit(ds).cast("date"))
+    return latest_rows(before.join(users, "user_id", "left_semi"))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -166,6 +205,26 @@ def require_inputs(spark: "SparkSession", cfg: GemConfig, ds: str) -> None:
         ) from e
 
 
+def history_through(spark: "SparkSession", cfg: GemConfig, last_day: str, base_ds: str | None) -> "DataFrame":
+    """Rows whose latest per user is each user's snapshot as of the end of `last_day`: the compaction
+    of base_ds (a day <= last_day, used when its record exists) plus the daily partitions
+    (base_ds, last_day]; without one, every daily partition <= last_day.
+
+    With a compaction the scan is bounded by the users plus `sequence_compaction_days` days of
+    active users, however long the history; without one it grows with every day built.
+    """
+    from pyspark.sql import functions as F
+
+    from gem import lakehouse
+
+    daily = lakehouse.read_table(spark, cfg, SILVER_USER_SEQUENCES).where(F.col("ds") <= F.lit(last_day).cast("date"))
+    if base_ds is None or lakehouse.completion(spark, cfg, COMPACT_STAGE, base_ds) is None:
+        return daily
+    base_day = F.lit(base_ds).cast("date")
+    base = lakehouse.read_table(spark, cfg, SILVER_USER_SEQUENCES_COMPACTED).where(F.col("ds") == base_day)
+    return base.unionByName(daily.where(F.col("ds") > base_day))
+
+
 def _previous_rows(spark: "SparkSession", cfg: GemConfig, ds: str, users: "DataFrame") -> "DataFrame":
     from delta.tables import DeltaTable
 
@@ -175,7 +234,27 @@ def _previous_rows(spark: "SparkSession", cfg: GemConfig, ds: str, users: "DataF
     # The first day starts fresh, whatever an earlier experiment left in the table.
     if ds == cfg.start_ds or not DeltaTable.isDeltaTable(spark, path):
         return spark.createDataFrame([], SILVER_USER_SEQUENCES.spark_schema())
-    return latest_previous_rows(lakehouse.read_table(spark, cfg, SILVER_USER_SEQUENCES), users, ds)
+    history = history_through(spark, cfg, shift_day(ds, -1), last_compaction_before(cfg, ds))
+    return latest_previous_rows(history, users, ds)
+
+
+def compact(spark: "SparkSession", cfg: GemConfig, ds: str, run_id: str) -> int:
+    """Write every user's snapshot as of the end of ds to silver.user_sequences_compacted ds; -> rows."""
+    from pyspark.sql import functions as F
+
+    from gem import lakehouse
+
+    # The previous compaction plus the days since: never this day's own compaction (being replaced).
+    history = history_through(spark, cfg, ds, last_compaction_before(cfg, ds))
+    snapshots = latest_rows(history).withColumn("ds", F.lit(ds).cast("date"))
+    lakehouse.clear_completion(spark, cfg, COMPACT_STAGE, ds)
+    meta = json.dumps({"run_id": run_id, "stage": COMPACT_STAGE, "ds": ds})
+    rows = snapshots.select(*SILVER_USER_SEQUENCES_COMPACTED.column_names)
+    version = lakehouse.replace_partition(rows, cfg, SILVER_USER_SEQUENCES_COMPACTED, {"ds": ds}, user_metadata=meta)
+    n = lakehouse.rows_committed(spark, cfg, SILVER_USER_SEQUENCES_COMPACTED, version)
+    lakehouse.publish_completion(spark, cfg, COMPACT_STAGE, ds, run_id, n, n, {},
+                                 {SILVER_USER_SEQUENCES_COMPACTED.name: version})
+    return n
 
 
 def run(cfg: GemConfig, ds: str, spark: "SparkSession | None" = None) -> BuildResult:
@@ -204,16 +283,20 @@ def run(cfg: GemConfig, ds: str, spark: "SparkSession | None" = None) -> BuildRe
     lakehouse.publish_completion(
         spark, cfg, STAGE, ds, run_id, rows_in, rows_written, {}, {SILVER_USER_SEQUENCES.name: version}
     )
-    return BuildResult(ds, rows_written, version, time.time() - t0)
+    compacted, t1 = None, time.time()
+    if is_compaction_day(cfg, ds):
+        compacted = compact(spark, cfg, ds, run_id)
+    return BuildResult(ds, rows_written, version, time.time() - t0, compacted, time.time() - t1)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = job_parser(__doc__.splitlines()[0]).parse_args(argv)
     cfg = load_config(args.config)
     result = run(cfg, args.ds)
-    print(
-        f"{STAGE} ds={result.ds}: users={result.users} version={result.table_version} in {result.seconds:.1f}s"
-    )
+    compaction = (f"; compacted {result.compacted_users} users in {result.compaction_seconds:.1f}s"
+                  if result.compacted_users is not None else "")
+    print(f"{STAGE} ds={result.ds}: users={result.users} version={result.table_version} in "
+          f"{result.seconds:.1f}s{compaction}")
     return 0
 
 

@@ -8,7 +8,7 @@ from schemas.examples import SILVER_ATTRIBUTION_QUARANTINE, SILVER_TRAINING_EXAM
 from schemas.features import SILVER_AD_FEATURES, SILVER_USER_FEATURES
 from schemas.mixture import GOLD_MIXTURE_MANIFEST
 from schemas.ops import COMPLETIONS
-from schemas.sequences import SILVER_USER_SEQUENCES
+from schemas.sequences import SILVER_USER_SEQUENCES, SILVER_USER_SEQUENCES_COMPACTED
 from schemas.table import Column, TableSchema
 
 TABLES: dict[str, TableSchema] = {
@@ -18,6 +18,7 @@ TABLES: dict[str, TableSchema] = {
         BRONZE_QUARANTINE,
         COMPLETIONS,
         SILVER_USER_SEQUENCES,
+        SILVER_USER_SEQUENCES_COMPACTED,
         SILVER_USER_FEATURES,
         SILVER_AD_FEATURES,
         SILVER_TRAINING_EXAMPLES,

@@ -61,6 +61,17 @@ def _array_of_struct(fields: tuple[tuple[str, str], ...]) -> str:
     return "array<struct<" + ",".join(f"{name}:{dtype}" for name, dtype in fields) + ">>"
 
 
+_SEQUENCE_STATE_COLUMNS: tuple[Column, ...] = (
+    Column("user_id", "string", nullable=False),
+    Column("impressions", _array_of_struct(_EVENT_FIELDS), nullable=False, doc="oldest first, capped"),
+    Column("clicks", _array_of_struct(_EVENT_FIELDS), nullable=False, doc="oldest first, capped"),
+    Column("conversions", _array_of_struct(_CONVERSION_FIELDS), nullable=False, doc="oldest first, capped"),
+    Column("n_impressions", "long", nullable=False, min=0, doc="all impressions up to ds, uncapped"),
+    Column("n_clicks", "long", nullable=False, min=0, doc="all clicks up to ds, uncapped"),
+    Column("n_conversions", "long", nullable=False, min=0, doc="all conversions up to ds, uncapped"),
+    Column("last_event_time", "timestamp", nullable=False, doc="latest event_time of any type up to ds"),
+)
+
 SILVER_USER_SEQUENCES = TableSchema(
     name="silver.user_sequences",
     doc=(
@@ -69,14 +80,27 @@ SILVER_USER_SEQUENCES = TableSchema(
     ),
     columns=(
         Column("ds", "date", nullable=False, doc="arrival day whose events this row includes last"),
-        Column("user_id", "string", nullable=False),
-        Column("impressions", _array_of_struct(_EVENT_FIELDS), nullable=False, doc="oldest first, capped"),
-        Column("clicks", _array_of_struct(_EVENT_FIELDS), nullable=False, doc="oldest first, capped"),
-        Column("conversions", _array_of_struct(_CONVERSION_FIELDS), nullable=False, doc="oldest first, capped"),
-        Column("n_impressions", "long", nullable=False, min=0, doc="all impressions up to ds, uncapped"),
-        Column("n_clicks", "long", nullable=False, min=0, doc="all clicks up to ds, uncapped"),
-        Column("n_conversions", "long", nullable=False, min=0, doc="all conversions up to ds, uncapped"),
-        Column("last_event_time", "timestamp", nullable=False, doc="latest event_time of any type up to ds"),
+        *_SEQUENCE_STATE_COLUMNS,
+    ),
+    partition_by=("ds",),
+    key=("ds", "user_id"),
+)
+
+# Compaction, so the daily build reads a bounded history: every `sequence_compaction_days` days
+# build_sequences also writes ds=D here, EVERY user's snapshot as of the end of D (their
+# user_sequences row with the greatest ds <= D, same columns). Day D's build then reads the last
+# compaction before D plus the daily partitions after it, never the whole history: its lookup scans
+# at most (users + compaction_days x daily active users) rows, however many days have passed.
+# Readers of snapshots (the loader) keep reading user_sequences; this table only serves the build.
+SILVER_USER_SEQUENCES_COMPACTED = TableSchema(
+    name="silver.user_sequences_compacted",
+    doc=(
+        "Every user's silver.user_sequences snapshot as of the end of ds, written on compaction days; "
+        "build_sequences reads the latest one before its day instead of every earlier partition."
+    ),
+    columns=(
+        Column("ds", "date", nullable=False, doc="the compaction day: snapshots as of its end"),
+        *_SEQUENCE_STATE_COLUMNS,
     ),
     partition_by=("ds",),
     key=("ds", "user_id"),

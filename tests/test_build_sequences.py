@@ -1,5 +1,6 @@
 """silver.user_sequences: capped per-type sequences, incremental build equal to a full recompute,
-only active users written per day, late events in place, idempotent reruns, gated inputs."""
+only active users written per day, late events in place, idempotent reruns, gated inputs; the
+compaction every 2 days holds every user's snapshot, and a build reads it instead of older days."""
 
 from __future__ import annotations
 
@@ -14,7 +15,12 @@ from gem import lakehouse
 from gem.cli import shift_day
 from jobs import build_sequences
 from schemas.events import BRONZE_AD_EVENTS
-from schemas.sequences import SEQUENCE_COLUMNS, SEQUENCE_FIELDS, SILVER_USER_SEQUENCES
+from schemas.sequences import (
+    SEQUENCE_COLUMNS,
+    SEQUENCE_FIELDS,
+    SILVER_USER_SEQUENCES,
+    SILVER_USER_SEQUENCES_COMPACTED,
+)
 from tests.conftest import PYTHON, REPO, make_config, subprocess_env
 from tests.landing_lines import bronze_event
 
@@ -24,6 +30,7 @@ CAPS = {"impression": 4, "click": 2, "conversion": 2}
 HEAVY_USER = "u0"  # many events every day: its sequences overflow every cap
 LATE_USER = "u6"  # a conversion arriving on day 2 that happened between its two day-1 conversions
 USERS = [f"u{i}" for i in range(7)]
+COMPACTION_DAYS = 2  # compactions on DAYS[1] and DAYS[3]: the 5-day chain reads through both
 
 
 def _event(
@@ -107,7 +114,8 @@ def _snapshot_on(silver: dict[tuple[str, str], Any], user: str, ds: str) -> Any:
 @pytest.fixture(scope="module")
 def built(spark, tmp_path_factory):
     """Five days loaded into bronze and built incrementally, one build per day."""
-    cfg = make_config(tmp_path_factory.mktemp("sequences"), start_ds=START, sequence_caps=CAPS)
+    cfg = make_config(tmp_path_factory.mktemp("sequences"), start_ds=START, sequence_caps=CAPS,
+                      sequence_compaction_days=COMPACTION_DAYS)
     days = _random_days()
     results = {}
     for ds in DAYS:
@@ -128,6 +136,43 @@ def test_incremental_build_equals_full_recompute_every_user_every_day(spark, bui
                 assert row is None, (user, ds)
                 continue
             assert _snapshot_of(row) == _reference_snapshot(events), (user, ds)
+
+
+def test_compaction_holds_every_users_snapshot(spark, built):
+    cfg, _, results = built
+    silver = _silver_rows(spark, cfg)
+    compacted = lakehouse.read_table(spark, cfg, SILVER_USER_SEQUENCES_COMPACTED).collect()
+    assert sorted({r["ds"].isoformat() for r in compacted}) == [DAYS[1], DAYS[3]]
+    for ds in (DAYS[1], DAYS[3]):
+        rows = {r["user_id"]: r for r in compacted if r["ds"].isoformat() == ds}
+        expected = {u: _snapshot_on(silver, u, ds) for u in USERS if _snapshot_on(silver, u, ds) is not None}
+        assert set(rows) == set(expected), ds
+        for user, row in rows.items():
+            assert _snapshot_of(row) == _snapshot_of(expected[user]), (user, ds)
+        assert results[ds].compacted_users == len(expected)
+        assert lakehouse.require_completed(spark, cfg, build_sequences.COMPACT_STAGE, ds)["rows_written"] == len(rows)
+    assert all(results[d].compacted_users is None for d in (DAYS[0], DAYS[2], DAYS[4]))
+
+
+def test_a_build_reads_the_last_compaction_not_the_days_before_it(spark, built, tmp_path):
+    """Day 5 built after every daily partition up to the day-4 compaction is deleted equals day 5 of the
+    full chain: its lookup reads the compaction (and the days after it) only."""
+    cfg_full, days, _ = built
+    cfg = make_config(tmp_path, start_ds=START, sequence_caps=CAPS, sequence_compaction_days=COMPACTION_DAYS)
+    for ds in DAYS[:4]:
+        _load_bronze_day(spark, cfg, ds, days[ds])
+        build_sequences.run(cfg, ds, spark)
+    from delta.tables import DeltaTable
+
+    DeltaTable.forPath(spark, lakehouse.table_path(cfg, SILVER_USER_SEQUENCES)).delete(f"ds <= DATE'{DAYS[3]}'")
+    _load_bronze_day(spark, cfg, DAYS[4], days[DAYS[4]])
+    build_sequences.run(cfg, DAYS[4], spark)
+
+    def day5(c) -> dict[str, Any]:
+        rows = lakehouse.read_table(spark, c, SILVER_USER_SEQUENCES).where(f"ds = DATE'{DAYS[4]}'").collect()
+        return {r["user_id"]: _snapshot_of(r) for r in rows}
+
+    assert day5(cfg) == day5(cfg_full) and day5(cfg)
 
 
 def test_caps_keep_the_most_recent_events_per_type(spark, built):
@@ -184,6 +229,14 @@ def test_rerun_rewrites_identical_partition_contents(spark, built):
     before = partition()
     build_sequences.run(cfg, ds, spark)
     assert partition() == before
+
+    def compaction(day: str) -> list[tuple]:
+        rows = lakehouse.read_table(spark, cfg, SILVER_USER_SEQUENCES_COMPACTED).where(f"ds = DATE'{day}'").collect()
+        return sorted((r["user_id"], repr(r.asDict(recursive=True))) for r in rows)
+
+    compacted = compaction(DAYS[3])
+    build_sequences.run(cfg, DAYS[3], spark)  # a compaction day: its compaction is rewritten too
+    assert compaction(DAYS[3]) == compacted and compacted
     records = lakehouse.read_table(spark, cfg, lakehouse.COMPLETIONS).where(
         f"stage = 'build_sequences' AND ds = DATE'{ds}'"
     ).count()

@@ -338,3 +338,46 @@ def test_train_cli_trains_evaluates_and_warm_starts(lake, tmp_path, capsys):
     assert train.main(["--config", str(path), "--mix-ds", MIX_DS, "--no-progress", "--run-dir",
                        str(tmp_path / "ckpt" / "next-day")]) == 0
     assert "warm start from" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_train_cli_under_torchrun_shards_tables_and_resumes(lake, tmp_path):
+    """`torchrun --nproc-per-node 2 -m gem.train` with the torchrec backend: 2 gloo ranks, each reading
+    its shard of the mixture, tables sharded; rank 0 alone writes gold.metrics; a rerun resumes."""
+    import subprocess
+
+    import pyarrow as pa
+    import yaml
+    from deltalake import DeltaTable
+
+    from schemas.metrics import GOLD_METRICS
+    from tests.conftest import PYTHON, REPO, subprocess_env
+
+    cfg, _, _ = lake
+    data = _plain(cfg.to_dict())
+    data["model"]["embeddings"]["backend"] = "torchrec"
+    data["train"].update({"steps": 4, "checkpoint_every": 2, "checkpoint_root": str(tmp_path / "ckpt")})
+    data["loader"]["num_workers"] = 0
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(data))
+    metrics_path = GOLD_METRICS.path(cfg.lakehouse_uri)
+    before = DeltaTable(metrics_path).version() if DeltaTable.is_deltatable(metrics_path) else -1
+
+    def torchrun(*extra: str) -> str:
+        cmd = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               "-m", "gem.train", "--config", str(path), "--mix-ds", MIX_DS, "--no-progress",
+               "--run-dir", str(tmp_path / "ckpt" / "run"), *extra]
+        done = subprocess.run(cmd, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return done.stdout
+
+    out = torchrun()
+    assert "[rank 0] trained 4 steps" in out and "[rank 1] trained 4 steps" in out
+    assert out.count("held-out day") == 1 and "reels/click" in out
+    assert len(list((tmp_path / "ckpt" / "run" / "step-00000004").glob("*.distcp"))) == 2
+    table = DeltaTable(metrics_path)
+    added = [a for a in table.history() if a["version"] > before]
+    assert len(added) == 1  # one append, by rank 0
+    actions = pa.table(table.get_add_actions(flatten=True))
+    assert sum(actions.column("num_records").to_pylist()) >= len(TASKS)
+    assert "resumed" in torchrun("--steps", "6")

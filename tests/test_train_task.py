@@ -39,12 +39,19 @@ def _batch(b: int = 16, seed: int = 0) -> Batch:
     )
 
 
-def _task() -> GemTrainTask:
+def _task(backend: str = "torch") -> GemTrainTask:
+    """A small Kunlun task; backend "torchrec" puts the same tables in a torchrec EmbeddingCollection."""
     torch.manual_seed(0)
-    emb_cfg = EmbeddingConfig(dim=16, buckets={"user_id": 100, "ad_id": 50, "surface": 8})
+    emb_cfg = EmbeddingConfig(dim=16, buckets={"user_id": 100, "ad_id": 50, "surface": 8}, backend=backend)
     cfg = KunlunConfig(dim=16, mlp_hidden=32)
     body = Kunlun(cfg, SPARSE, dense_dim=6)
-    return GemTrainTask(PlainEmbeddings(emb_cfg), body, DomainExpertHeads(body.out_dim, TASKS, 32, 2), torch.ones(4))
+    if backend == "torchrec":
+        from gem.model.sparse import TorchrecEmbeddings
+
+        embeddings: torch.nn.Module = TorchrecEmbeddings(emb_cfg, ("impression", "click", "conversion"))
+    else:
+        embeddings = PlainEmbeddings(emb_cfg)
+    return GemTrainTask(embeddings, body, DomainExpertHeads(body.out_dim, TASKS, 32, 2), torch.ones(4))
 
 
 def test_loss_is_masked_and_weighted():

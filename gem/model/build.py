@@ -33,11 +33,12 @@ def build_body(cfg: ModelConfig, sparse_features: tuple[str, ...], dense_dim: in
 
 
 def build_task(cfg: ModelConfig, tasks: tuple[str, ...], sparse_features: tuple[str, ...], dense_dim: int,
-               task_weights: dict[str, float] | None = None, sparse_backend: str = "torch",
+               task_weights: dict[str, float] | None = None, sparse_backend: str | None = None,
                events: tuple[str, ...] = ("impression", "click", "conversion")) -> GemTrainTask:
-    """sparse_backend "torch": plain nn.Embedding tables (no torchrec; runs anywhere); "torchrec":
-    the same tables in a torchrec EmbeddingCollection fed by the batch's KJTs (gem.model.sparse),
-    to be sharded by gem.model.sharding."""
+    """sparse_backend (default: cfg.embeddings.backend) "torch": plain nn.Embedding tables (no
+    torchrec; runs anywhere); "torchrec": the same tables in a torchrec EmbeddingCollection fed by
+    the batch's KJTs (gem.model.sparse), to be sharded by gem.model.sharding."""
+    sparse_backend = sparse_backend or cfg.embeddings.backend
     missing = sorted(set(sparse_features) - set(cfg.embeddings.buckets))
     if missing:
         raise ValueError(f"model.embeddings.buckets has no table for sparse features {missing}")

@@ -56,6 +56,9 @@ class KunlunConfig:
         return self.summary_tokens + sum(e.summary_tokens for e in self.events.values())
 
 
+EMBEDDING_BACKENDS = ("torch", "torchrec")
+
+
 def _default_buckets() -> dict[str, int]:
     return {"user_id": 50_000, "ad_id": 10_000, "advertiser_id": 1_000, "campaign_id": 5_000,
             "surface": 8, "objective": 8, "creative_type": 8, "position": 65}
@@ -66,6 +69,13 @@ class EmbeddingConfig:
     dim: int = 32
     buckets: dict[str, int] = field(default_factory=_default_buckets)
     sequence_table: str = "ad_id"  # the table sequence elements' ids are looked up in
+    # "torch": plain nn.Embedding tables (runs anywhere, e.g. a GPU machine without fbgemm);
+    # "torchrec": one EmbeddingCollection on the batch's KJTs, sharded by an explicit plan in training.
+    backend: str = "torch"
+
+    def __post_init__(self) -> None:
+        if self.backend not in EMBEDDING_BACKENDS:
+            raise ValueError(f"model.embeddings.backend must be one of {EMBEDDING_BACKENDS}, got {self.backend!r}")
 
 
 def _default_history_lengths() -> dict[str, int]:

@@ -19,6 +19,8 @@ from gem.model.configs import EmbeddingConfig
 class PlainEmbeddings(nn.Module):
     """sparse ids (B,) per feature -> (B, dim); sequence ids (N,) -> (N, dim)."""
 
+    backend = "torch"  # model.embeddings.backend
+
     def __init__(self, cfg: EmbeddingConfig) -> None:
         super().__init__()
         self.cfg = cfg

@@ -9,6 +9,9 @@ DDP. torchrec is imported only here and in gem.model.sparse.
     task = build_task(cfg, ..., sparse_backend="torchrec")
     model, plan = shard_task(task, embedding_lr=0.05)        # inside an initialized process group
     loss, logits = model(batch)                              # ids go through batch.to_kjt()
+    plain_state = unsharded_state(model)                     # rank 0: loads into a "torch"-backend task
+
+A single process gets a one-rank gloo group (`ensure_process_group`): DMP needs one.
 """
 
 from __future__ import annotations
@@ -39,16 +42,39 @@ def sharding_plan(task: torch.nn.Module, world_size: int, device_type: str, pg: 
     return planner.plan(task, sharders)
 
 
-def shard_task(task: torch.nn.Module, embedding_lr: float, device: torch.device | None = None) -> tuple[Any, Any]:
-    """-> (DistributedModelParallel of the task, its plan). The tables train with exact SGD fused
-    into the backward at `embedding_lr`; the caller's optimizer covers the dense parameters
-    (`dense_parameters`)."""
+def ensure_process_group(device: torch.device) -> bool:
+    """Start a one-rank group when none is up (DMP needs one); True when this call started it."""
+    if torch.distributed.is_initialized():
+        return False
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    torch.distributed.init_process_group(backend, store=torch.distributed.HashStore(), rank=0, world_size=1)
+    return True
+
+
+def _embedding_optimizer(name: str) -> type:
+    """train.embedding_optimizer -> the optimizer class torchrec fuses into the table kernel."""
+    if name == "sgd":
+        return torch.optim.SGD
+    if name == "rowwise_adagrad":  # one accumulator per row: the usual choice for large id tables
+        from torchrec.optim import RowWiseAdagrad
+
+        return RowWiseAdagrad
+    raise ValueError(f"unknown embedding optimizer {name!r}; expected 'sgd' or 'rowwise_adagrad'")
+
+
+def shard_task(task: torch.nn.Module, embedding_lr: float, device: torch.device | None = None,
+               optimizer: str = "sgd") -> tuple[Any, Any]:
+    """-> (DistributedModelParallel of the task, its plan). The tables train with `optimizer`
+    ("sgd" | "rowwise_adagrad") fused into the backward at `embedding_lr`; its state is
+    `model.fused_optimizer`. The caller's optimizer covers the dense parameters (`dense_parameters`)."""
     from torchrec.distributed.embedding import EmbeddingCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
     device = device or torch.device("cpu")
-    apply_optimizer_in_backward(torch.optim.SGD, task.embeddings.collection.parameters(), {"lr": embedding_lr})
+    ensure_process_group(device)
+    apply_optimizer_in_backward(_embedding_optimizer(optimizer), task.embeddings.collection.parameters(),
+                                {"lr": embedding_lr})
     world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
     plan = sharding_plan(task, world, device.type)
     model = DistributedModelParallel(task, device=device, plan=plan, sharders=[EmbeddingCollectionSharder()])
@@ -60,3 +86,25 @@ def dense_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
     return [p for _, p in in_backward_optimizer_filter(model.named_parameters())]
+
+
+def unsharded_state(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+    """The sharded task's full state under the plain ("torch" backend) task's names, on rank 0
+    (None on other ranks). Every rank must call it: each table is gathered from its owner.
+
+    Why: evaluation, export and embedding precompute then run a plain-torch model, with no
+    torchrec and no collectives (a rank with fewer eval batches cannot stall the others).
+    """
+    from gem.model.sparse import plain_state_key
+
+    rank = torch.distributed.get_rank()
+    out: dict[str, torch.Tensor] = {}
+    for key, value in model.state_dict().items():
+        if hasattr(value, "local_shards"):  # ShardedTensor: a table, gathered on rank 0
+            full = torch.empty(value.size(), dtype=value.dtype) if rank == 0 else None
+            value.gather(dst=0, out=full)
+            if rank == 0:
+                out[plain_state_key(key)] = full
+        else:
+            out[key] = value.detach().cpu()
+    return out if rank == 0 else None

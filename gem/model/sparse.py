@@ -22,12 +22,27 @@ from gem.data.batch import Batch
 from gem.model.configs import EmbeddingConfig
 
 
+COLLECTION_PREFIX = "embeddings.collection.embeddings."
+
+
+def plain_state_key(key: str) -> str:
+    """A task state key of this module -> the same table's key in PlainEmbeddings.
+
+    "embeddings.collection.embeddings.user_id.weight" -> "embeddings.tables.user_id.weight"
+    """
+    if not key.startswith(COLLECTION_PREFIX):
+        raise ValueError(f"{key!r} is not a table of the embedding collection")
+    return "embeddings.tables." + key[len(COLLECTION_PREFIX):]
+
+
 def sequence_key(event: str) -> str:
     """The KJT key of an event type's history ids (a feature of the shared sequence table)."""
     return f"{event}_history"
 
 
 class TorchrecEmbeddings(nn.Module):
+    backend = "torchrec"  # model.embeddings.backend: sharded by gem.model.sharding in training
+
     def __init__(self, cfg: EmbeddingConfig, events: tuple[str, ...], device: torch.device | None = None) -> None:
         super().__init__()
         from torchrec import EmbeddingCollection
