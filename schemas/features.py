@@ -125,3 +125,50 @@ SILVER_AD_FEATURES = TableSchema(
     key=("ds", "ad_id"),
     checks=(_counters_non_negative(),),
 )
+
+
+# --------------------------------------------------------------------------------------------------
+# Feature state: what build_features carries from day to day, so a day's update reads one bronze
+# day instead of 28. Partition ds=D holds, per entity with any event in the longest window of D,
+# its counts per EVENT DAY (not arrival day) of every event known by the end of D-1 whose event day
+# is in [D-28, D-1]. The counters of D are sums over these days (event_day >= D-w for the w-day
+# window), so a late event simply adds to its own event day, and a day leaves the state when it
+# leaves the longest window. Example `days` element:
+#     {"event_day": 2026-01-05, "fb_feed_impressions": 3, "fb_feed_clicks": 1, ..., "reels_conversions": 0}
+
+
+def day_counter_name(metric: str, surface: str) -> str:
+    """('clicks', 'reels') -> 'reels_clicks': one event day's count in the feature state."""
+    return f"{surface}_{metric}"
+
+
+DAY_COUNTERS: tuple[str, ...] = tuple(day_counter_name(m, s) for s in SURFACES for m in COUNT_METRICS.values())
+_DAYS_TYPE = "array<struct<event_day:date," + ",".join(f"{c}:long" for c in DAY_COUNTERS) + ">>"
+_DAYS_DOC = "per event day in the longest window (oldest first): that day's counts per surface and metric"
+
+SILVER_USER_FEATURE_STATE = TableSchema(
+    name="silver.user_feature_state",
+    doc="build_features' day-to-day state per user: counts per event day in the 28 days before ds, known by ds-1.",
+    columns=(
+        Column("ds", "date", nullable=False, doc="the features day this state serves (events known by ds-1)"),
+        Column("user_id", "string", nullable=False),
+        Column("days", _DAYS_TYPE, nullable=False, doc=_DAYS_DOC),
+    ),
+    partition_by=("ds",),
+    key=("ds", "user_id"),
+)
+
+SILVER_AD_FEATURE_STATE = TableSchema(
+    name="silver.ad_feature_state",
+    doc="build_features' day-to-day state per ad: as silver.user_feature_state, plus the ad's latest event.",
+    columns=(
+        Column("ds", "date", nullable=False, doc="the features day this state serves (events known by ds-1)"),
+        Column("ad_id", "string", nullable=False),
+        Column("days", _DAYS_TYPE, nullable=False, doc=_DAYS_DOC),
+        Column("latest", "struct<event_time:timestamp,event_id:string,"
+               + ",".join(f"{c}:string" for c in AD_METADATA_COLUMNS) + ">", nullable=False,
+               doc="the ad's latest event in the window (by event_time, then event_id): its attributes"),
+    ),
+    partition_by=("ds",),
+    key=("ds", "ad_id"),
+)
