@@ -76,6 +76,11 @@ class Trainer:
             from gem.model.sharding import dense_parameters, ensure_process_group, shard_task
 
             self.owns_process_group = ensure_process_group(self.device)
+            # The dense part goes to the device here; the tables move as DMP shards them.
+            for name, child in task.named_children():
+                if name != "embeddings":
+                    child.to(self.device)
+            task.task_weights = task.task_weights.to(self.device)
             self.model, self.plan = shard_task(task, cfg.embedding_lr, self.device, cfg.embedding_optimizer)
             dense = dense_parameters(self.model)
         else:

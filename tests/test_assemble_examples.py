@@ -136,7 +136,7 @@ def assembled(spark, tmp_path_factory):
     for day in day_range(S, D):
         build_sequences.run(cfg, day, spark)
     for day in ASSEMBLED:
-        build_features.run(cfg, day, spark, full=True)  # only these days, each from its window
+        build_features.run(cfg, day, spark)
     results = {day: assemble_examples.run(cfg, day, spark) for day in ASSEMBLED}
     return cfg, events, results
 

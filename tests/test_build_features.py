@@ -160,69 +160,8 @@ def built(spark, tmp_path_factory):
     events = _hand_events() + _edge_events() + _generated_events()
     start_result = build_features.run(cfg, START, spark)  # no bronze read at all on the first day
     _load_bronze(spark, cfg, events)
-    result = build_features.run(cfg, D, spark, full=True)  # the whole window, not a day-to-day update
+    result = build_features.run(cfg, D, spark)
     return cfg, events, result, start_result
-
-
-@pytest.fixture(scope="module")
-def chained(spark, built, tmp_path_factory):
-    """The same bronze built day after day, each day updating the previous day's state."""
-    cfg = make_config(tmp_path_factory.mktemp("features_chain"), start_ds=START)
-    _, events, _, _ = built
-    _load_bronze(spark, cfg, events)
-    results = {day: build_features.run(cfg, day, spark) for day in [*BRONZE_DAYS, shift_day(D, 1)]}
-    return cfg, events, results
-
-
-def test_day_to_day_updates_equal_the_plain_recount_every_day(spark, chained):
-    """Every day's update from the previous state (late arrivals, the 1- and 7-day window edges
-    passing over the data) equals the counters recomputed from bronze."""
-    cfg, events, results = chained
-    assert [r.incremental for r in results.values()] == [False] + [True] * (len(results) - 1)  # START: empty
-    for day in results:
-        users = _partition(spark, cfg, SILVER_USER_FEATURES, "user_id", day)
-        ads = _partition(spark, cfg, SILVER_AD_FEATURES, "ad_id", day)
-        for key, got in (("user_id", users), ("ad_id", ads)):
-            known = [e for e in events if e["ds"].isoformat() < day and e["event_time"] >= _at(shift_day(day, -28))]
-            entities = {e[key] for e in known}
-            assert set(got) == entities, (key, day)
-            for entity, row in got.items():
-                expected = _reference_row([e for e in events if e[key] == entity], day)
-                assert _rounded({k: row[k] for k in expected}) == _rounded(expected), (key, entity, day)
-
-
-def test_day_to_day_update_equals_the_full_window_build(spark, built, chained):
-    full_cfg = built[0]
-    cfg, _, _ = chained
-    for schema, key in ((SILVER_USER_FEATURES, "user_id"), (SILVER_AD_FEATURES, "ad_id")):
-        assert _partition(spark, cfg, schema, key) == _partition(spark, full_cfg, schema, key)
-
-
-def test_the_state_drops_days_that_leave_the_longest_window(spark):
-    """An event day 28 days before ds stays; 29 days before, it leaves (and so does an entity with no day left)."""
-    from schemas.features import DAY_COUNTERS, SILVER_USER_FEATURE_STATE
-
-    ds = "2026-02-10"
-    zero = {c: 0 for c in DAY_COUNTERS}
-
-    def day(d: str, **counts: int) -> dict[str, Any]:
-        return {"event_day": dt.date.fromisoformat(d), **zero, **counts}
-
-    schema = SILVER_USER_FEATURE_STATE.spark_schema()
-    previous = spark.createDataFrame([
-        {"ds": dt.date.fromisoformat(shift_day(ds, -1)), "user_id": "kept",
-         "days": [day(shift_day(ds, -29), reels_impressions=5), day(shift_day(ds, -28), reels_impressions=2)]},
-        {"ds": dt.date.fromisoformat(shift_day(ds, -1)), "user_id": "gone",
-         "days": [day(shift_day(ds, -29), reels_clicks=1)]},
-    ], schema).drop("ds")
-    arrivals = spark.createDataFrame([  # a late event of D-28 and a new user's event of D-1
-        {"ds": dt.date.fromisoformat(ds), "user_id": "kept", "days": [day(shift_day(ds, -28), reels_impressions=1)]},
-        {"ds": dt.date.fromisoformat(ds), "user_id": "new", "days": [day(shift_day(ds, -1), ig_feed_clicks=3)]},
-    ], schema).drop("ds")
-    rows = {r["user_id"]: r["days"] for r in build_features.advance_state(previous, arrivals, "user_id", ds).collect()}
-    assert set(rows) == {"kept", "new"}
-    assert [(d["event_day"].isoformat(), d["reels_impressions"]) for d in rows["kept"]] == [(shift_day(ds, -28), 3)]
-    assert rows["new"][0]["ig_feed_clicks"] == 3
 
 
 def test_nothing_from_day_d_or_arrived_on_d_counts(spark, built):
@@ -296,8 +235,7 @@ def test_first_day_has_empty_partitions_and_a_record(spark, built):
     assert (start_result.users, start_result.ads) == (0, 0)
     record = lakehouse.require_completed(spark, cfg, "build_features", START)
     assert record["rows_written"] == 0
-    assert set(record["table_versions"]) == {SILVER_USER_FEATURES.name, SILVER_AD_FEATURES.name,
-                                             "silver.user_feature_state", "silver.ad_feature_state"}
+    assert set(record["table_versions"]) == {SILVER_USER_FEATURES.name, SILVER_AD_FEATURES.name}
 
 
 def test_rerun_rewrites_identical_partitions(spark, built):
@@ -308,7 +246,7 @@ def test_rerun_rewrites_identical_partitions(spark, built):
                 for t, k in ((SILVER_USER_FEATURES, "user_id"), (SILVER_AD_FEATURES, "ad_id"))]
 
     before = snapshot()
-    again = build_features.run(cfg, D, spark, full=True)
+    again = build_features.run(cfg, D, spark)
     assert snapshot() == before
     assert (again.users, again.ads) == (result.users, result.ads)
     records = lakehouse.read_table(spark, cfg, lakehouse.COMPLETIONS).where(
@@ -324,17 +262,6 @@ def test_missing_validate_events_record_fails_naming_the_day(spark, built):
         lakehouse.MissingInputError,
         match=f"'validate_events' has no completion record for ds={gap_day}.*jobs.validate_events --ds {gap_day}",
     ):
-        build_features.run(cfg, day, spark)
-    assert lakehouse.completion(spark, cfg, "build_features", day) is None
-
-
-def test_a_missing_previous_state_fails_naming_it(spark, built):
-    cfg, _, _, _ = built
-    gap_day, day = shift_day(D, 2), shift_day(D, 3)  # build_features never ran for gap_day
-    for validated in (shift_day(D, 1), gap_day):
-        lakehouse.publish_completion(spark, cfg, "validate_events", validated, "test", 0, 0, {}, {})
-    with pytest.raises(lakehouse.MissingInputError,
-                       match=f"updates the feature state of ds={gap_day}.*'build_features' has no completion.*--full"):
         build_features.run(cfg, day, spark)
     assert lakehouse.completion(spark, cfg, "build_features", day) is None
 

@@ -88,7 +88,7 @@ def lake(spark, tmp_path_factory):
             + _records("validate_examples", EXAMPLE_DAYS))
     for day in EXAMPLE_DAYS:
         build_sequences.run(cfg, day, spark)
-        build_features.run(cfg, day, spark, full=True)  # only these days, each from its window
+        build_features.run(cfg, day, spark)
         assemble_examples.run(cfg, day, spark)
     examples_version = table_version(lakehouse.table_path(cfg, SILVER_TRAINING_EXAMPLES))
     result = mix.run(cfg, MIX_DS, spark)
