@@ -88,7 +88,9 @@ class Trainer:
             # Under torchrun (a process group is up) the dense model trains data-parallel: DDP averages
             # the gradients of the ranks, each of which reads its own shard of the mixture.
             distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-            self.model = torch.nn.parallel.DistributedDataParallel(task) if distributed else task
+            # find_unused_parameters: a batch can leave parts of the model without gradient.
+            self.model = (torch.nn.parallel.DistributedDataParallel(task, find_unused_parameters=True)
+                          if distributed else task)
             dense = list(task.parameters())
         self.optimizer = torch.optim.AdamW(dense, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.config_snapshot = config_snapshot or {"train": asdict(cfg)}

@@ -122,3 +122,27 @@ def test_two_rank_sharded_training_resumes_exactly(tmp_path):
         assert torch.equal(tensor, resumed["weights"][name]), name
     # The checkpoint holds both ranks' shards.
     assert len(list((tmp_path / "full" / "step-00000008").glob("*.distcp"))) == 2
+
+
+def test_a_batch_without_any_history_of_one_event_type_still_trains(tmp_path):
+    """Real batches can hold no conversion history at all: the parts of the model that read it get
+    no gradient that step, which a static-graph DDP inside DMP rejects (seen on the demo's data)."""
+    from dataclasses import replace
+
+    from gem.data.batch import Jagged
+
+    def without_conversions(seed: int):
+        batch = _batch(seed=seed)
+        empty = Jagged({k: v[:0] for k, v in batch.sequences["conversion"].values.items()},
+                       torch.zeros(batch.size + 1, dtype=torch.long))
+        return replace(batch, sequences={**batch.sequences, "conversion": empty})
+
+    stream = ListStream()
+    stream.items = [_batch(seed=1), without_conversions(2), _batch(seed=3), without_conversions(4)]
+    torch.manual_seed(0)
+    trainer = Trainer(_task("torchrec"), stream, CFG, tmp_path / "run")
+    try:
+        losses = trainer.fit(steps=4).losses
+    finally:
+        trainer.close()
+    assert len(losses) == 4 and all(torch.isfinite(torch.tensor(losses)))

@@ -68,7 +68,7 @@ def shard_task(task: torch.nn.Module, embedding_lr: float, device: torch.device 
     ("sgd" | "rowwise_adagrad") fused into the backward at `embedding_lr`; its state is
     `model.fused_optimizer`. The caller's optimizer covers the dense parameters (`dense_parameters`)."""
     from torchrec.distributed.embedding import EmbeddingCollectionSharder
-    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.model_parallel import DefaultDataParallelWrapper, DistributedModelParallel
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
     device = device or torch.device("cpu")
@@ -77,7 +77,11 @@ def shard_task(task: torch.nn.Module, embedding_lr: float, device: torch.device 
                                 {"lr": embedding_lr})
     world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
     plan = sharding_plan(task, world, device.type)
-    model = DistributedModelParallel(task, device=device, plan=plan, sharders=[EmbeddingCollectionSharder()])
+    # Not a static graph: a batch can leave parts of the model without gradient (e.g. an event type
+    # with no history in any example), which DMP's default static-graph DDP rejects mid-training.
+    wrapper = DefaultDataParallelWrapper(static_graph=False, find_unused_parameters=True)
+    model = DistributedModelParallel(task, device=device, plan=plan, sharders=[EmbeddingCollectionSharder()],
+                                     data_parallel_wrapper=wrapper)
     return model, plan
 
 
