@@ -104,19 +104,24 @@ class Trainer:
             self.owns_process_group = False
 
     # ---- checkpoints ------------------------------------------------------------------------------
+    @property
+    def _checkpointed(self) -> torch.nn.Module:
+        """The module whose state and parameter names a checkpoint holds: DMP when sharded (it names
+        the tables as the task does, holding ShardedTensors, each rank its own), else the bare task."""
+        return self.model if self.sharded else self.task
+
     def _model_state(self) -> dict[str, Any]:
-        # DMP's state dict names the tables as the task does, holding ShardedTensors (each rank its own).
-        return self.model.state_dict() if self.sharded else self.task.state_dict()
+        return self._checkpointed.state_dict()
 
     def _state(self) -> dict[str, Any]:
-        named = self.model.named_parameters() if self.sharded else self.task.named_parameters()
+        named = self._checkpointed.named_parameters()
         state = {"model": self._model_state(), "optimizer": checkpoint.optimizer_state(named, self.optimizer)}
         if self.sharded:
             state["embedding_optimizer"] = self.model.fused_optimizer.state_dict()
         return state
 
     def _load_model_state(self, model_state: dict[str, Any]) -> None:
-        (self.model if self.sharded else self.task).load_state_dict(model_state)
+        self._checkpointed.load_state_dict(model_state)
 
     def save(self) -> Path:
         extra = {"losses": self.losses, "loader": self.stream.state_dict(), "rng": checkpoint.rng_state(),
@@ -131,8 +136,7 @@ class Trainer:
         state = self._state()
         extra = checkpoint.load(path, state)  # tensors in place; the loads below also take the rest
         self._load_model_state(state["model"])
-        named = self.model.named_parameters() if self.sharded else self.task.named_parameters()
-        checkpoint.load_optimizer_state(named, self.optimizer, state["optimizer"])
+        checkpoint.load_optimizer_state(self._checkpointed.named_parameters(), self.optimizer, state["optimizer"])
         if self.sharded:
             self.model.fused_optimizer.load_state_dict(state["embedding_optimizer"])
         self.stream.load_state_dict(extra["loader"])

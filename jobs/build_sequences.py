@@ -61,22 +61,22 @@ class BuildResult:
 # The compaction schedule.
 
 
+def _days_since_start(cfg: GemConfig, ds: str) -> int:
+    import datetime as dt
+
+    return (dt.date.fromisoformat(ds) - dt.date.fromisoformat(cfg.start_ds)).days
+
+
 def is_compaction_day(cfg: GemConfig, ds: str) -> bool:
     """Every `sequence_compaction_days`-th day counted from start_ds (its last day, so a compaction
     folds in a full period). Example: start 2026-01-01, every 7 -> 2026-01-07, 2026-01-14, ..."""
-    import datetime as dt
-
-    k = cfg.sequence_compaction_days
-    days = (dt.date.fromisoformat(ds) - dt.date.fromisoformat(cfg.start_ds)).days
+    k, days = cfg.sequence_compaction_days, _days_since_start(cfg, ds)
     return k > 0 and days >= 0 and days % k == k - 1
 
 
 def last_compaction_before(cfg: GemConfig, ds: str) -> str | None:
     """The latest compaction day < ds, or None (none yet, or compaction off)."""
-    import datetime as dt
-
-    k = cfg.sequence_compaction_days
-    days = (dt.date.fromisoformat(ds) - dt.date.fromisoformat(cfg.start_ds)).days
+    k, days = cfg.sequence_compaction_days, _days_since_start(cfg, ds)
     if k <= 0 or days < k:
         return None
     # Compaction days are start + (j*k - 1); the greatest one strictly before ds.
