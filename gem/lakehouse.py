@@ -84,9 +84,15 @@ def _verify_schema(spark: "SparkSession", path: str, schema: TableSchema) -> Non
 
 
 def _predicate(where: Mapping[str, Any]) -> str:
+    """{"ds": "2026-01-02"} -> "ds = '2026-01-02'"; a (first, last) pair is a closed range:
+    {"ds": ("2026-01-01", "2026-01-28")} -> "ds >= '2026-01-01' AND ds <= '2026-01-28'" (Delta's
+    replaceWhere check fails to analyze BETWEEN)."""
     terms = []
     for col, val in where.items():
-        if isinstance(val, (dt.date, str)):
+        if isinstance(val, tuple):
+            first, last = val
+            terms.append(f"{col} >= '{first}' AND {col} <= '{last}'")
+        elif isinstance(val, (dt.date, str)):
             terms.append(f"{col} = '{val}'")
         else:
             terms.append(f"{col} = {val!r}")

@@ -1,12 +1,12 @@
 """Build one day of silver.user_features and silver.ad_features: counters as of the end of ds-1.
 
-`python -m jobs.build_features --ds YYYY-MM-DD [--config FILE]`
+`python -m jobs.build_features --ds YYYY-MM-DD [--full] [--config FILE]`
 
 Semantics (schemas/features.py): partition ds=D counts impressions, clicks and conversions per
 user and per ad over EVENT-TIME windows [D-w 00:00 UTC, D 00:00 UTC) for w in 1, 7, 28, overall
 and per surface, plus CTR and CVR; ad rows also carry the ad's latest attributes.
 
-Which bronze partitions: arrival days ds in [max(D-28, start_ds), D-1]. This range is exact:
+Which bronze partitions count: arrival days ds in [max(D-28, start_ds), D-1]. This range is exact:
   * an event that arrived on D or later is not known at the end of D-1, so it must not count,
     even when its event_time is earlier (it is in bronze ds >= D, which is never read);
   * an event whose event_time is in the 28-day window cannot have arrived before D-28, because
@@ -14,13 +14,24 @@ Which bronze partitions: arrival days ds in [max(D-28, start_ds), D-1]. This ran
     late events inside the window are all read, whatever day up to D-1 they arrived on;
   * days before start_ds belong to no run of this pipeline (earlier experiments): not read.
 
-Flow (the transform is pure; I/O is the thin shell around it):
-  gate: a validate_events completion record for every bronze day read;
-  bronze window --> window_events (time filter, narrow projection, one flag column per window)
-  --> user_counters / ad_counters: a narrow count per (entity, surface, type, window flags), then
-      one groupBy per entity summing those counts per surface (the all-surfaces counters are sums of these);
-  commit: withdraw the (build_features, D) record; replace both partitions ds=D (each computed by
-  its write); publish the record LAST. A rerun reads only bronze, so it rewrites ds=D with identical contents.
+State: silver.user_daily_counts and silver.ad_daily_counts. Partition A holds the events that
+arrived on A, counted per entity and EVENT day (schemas/features.py). Every window is a sum of them.
+
+Two ways to the same rows (tests/test_build_features.py checks they agree where windows lose days):
+  * incremental, the daily run (build_features has completed D-1): reads ONE bronze day, D-1, into
+    its daily counts, then
+      users: counters(D) = counters(D-1) + the daily counts entering each window - those leaving it.
+        Entering the w-day window: arrived on D-1 with event_day in [D-w, D-1]. Leaving it: event_day
+        D-1-w, arrived by D-2 (exactly what counters(D-1) counted of that day). The 1-day window is
+        replaced rather than updated: all of its events arrived on D-1. Users left with no event in
+        28 days drop out. This rests on ingest's rule above: no event happens after its arrival day;
+      ads: the sums of the window's daily counts (a few rows per ad and day: cheap).
+  * full (`--full`, or no completion record for D-1: the first day, a lone backfill, a rebuild after
+    bronze changed): rewrites the daily counts of every arrival day in the window from bronze, then
+    sums them.
+
+Commit: withdraw the (build_features, D) record; write the daily counts; replace both partitions ds=D
+(each computed by its write); publish the record LAST. A rerun rewrites the same rows.
 """
 
 from __future__ import annotations
@@ -29,6 +40,8 @@ import json
 import sys
 import time
 from dataclasses import dataclass
+from functools import reduce
+from operator import add
 from typing import TYPE_CHECKING
 
 from gem.cli import job_parser, shift_day
@@ -39,12 +52,17 @@ from schemas.features import (
     COUNT_METRICS,
     RATE_METRICS,
     SCOPES,
+    SILVER_AD_DAILY_COUNTS,
     SILVER_AD_FEATURES,
+    SILVER_USER_DAILY_COUNTS,
     SILVER_USER_FEATURES,
     WINDOW_DAYS,
     counter_name,
+    daily_count_name,
 )
 from schemas.ops import COMPLETIONS
+from schemas.table import TableSchema
+from schemas.tasks import SURFACES
 
 if TYPE_CHECKING:
     from pyspark.sql import Column as SparkColumn
@@ -53,7 +71,6 @@ if TYPE_CHECKING:
 STAGE = "build_features"
 VALIDATE_STAGE = "validate_events"
 LONGEST_WINDOW_DAYS = max(WINDOW_DAYS)
-PARTIAL_COUNT = "_n"  # events behind one row of _partial_counts
 
 
 @dataclass(frozen=True)
@@ -63,6 +80,8 @@ class BuildResult:
     ads: int  # rows written to silver.ad_features ds
     table_versions: dict[str, int]
     seconds: float
+    incremental: bool  # users advanced from ds-1's counters (False: summed over the whole window)
+    daily_count_days: list[str]  # arrival days whose daily counts this run (re)wrote
 
 
 # --------------------------------------------------------------------------------------------------
@@ -87,73 +106,122 @@ def bronze_days(cfg: GemConfig, ds: str) -> list[str]:
 # Pure transforms.
 
 
-def _window_flag(window_days: int) -> str:
-    return f"_in_{window_days}d"
+def _day(ds: str, days_before: int) -> SparkColumn:
+    from pyspark.sql import functions as F
+
+    return F.lit(shift_day(ds, -days_before)).cast("date")
 
 
-def window_events(bronze: DataFrame, ds: str) -> DataFrame:
-    """bronze.ad_events rows (already limited to the arrival days read) -> the events in the longest
-    window, narrowed to what the counters need, with one boolean flag per window.
+def _daily_names() -> list[str]:
+    return [daily_count_name(m, s) for s in SURFACES for m in COUNT_METRICS.values()]
 
-    Example output row for ds=2026-01-08, an event at 2026-01-05 10:00:
-        {"user_id": "u1", "ad_id": "a7", "surface": "reels", "event_type": "click",
-         "event_time": 2026-01-05 10:00, "event_id": "e1", "advertiser_id": "adv3", ...,
-         "_in_1d": False, "_in_7d": True, "_in_28d": True}
+
+def _per_surface_names() -> list[str]:
+    """The 54 per-surface window counters (window, surface, metric), the all-surfaces ones excluded."""
+    return [counter_name(m, w, s) for w in WINDOW_DAYS for s in SURFACES for m in COUNT_METRICS.values()]
+
+
+def daily_counts(bronze: DataFrame, key: str) -> DataFrame:
+    """bronze.ad_events rows of some arrival days -> silver.user_daily_counts (key "user_id") or
+    silver.ad_daily_counts (key "ad_id") rows: one per (ds, key, event_day).
+
+    Example: u1's 3 reels impressions and 1 click on 2026-01-05, and a late click of 2026-01-04,
+    all arrived on 2026-01-05 ->
+        {"ds": 2026-01-05, "user_id": "u1", "event_day": 2026-01-05, "reels_impressions": 3, "reels_clicks": 1, ...0}
+        {"ds": 2026-01-05, "user_id": "u1", "event_day": 2026-01-04, "reels_clicks": 1, ...0}
+    Ad rows also carry the attributes of their latest event (max of a struct compares field by
+    field, so (event_time, event_id) first makes it "latest").
     """
     from pyspark.sql import functions as F
 
-    def day_start(days_before: int) -> SparkColumn:
-        # The session time zone is UTC (gem.spark), so this is midnight UTC.
-        return F.lit(f"{shift_day(ds, -days_before)} 00:00:00").cast("timestamp")
+    schema = SILVER_AD_DAILY_COUNTS if key == "ad_id" else SILVER_USER_DAILY_COUNTS
+    events = bronze.withColumn("event_day", F.to_date("event_time"))  # the session time zone is UTC (gem.spark)
+    # Never true after ingest (event_after_arrival); dropped so that no window counts an event
+    # before it arrived, whichever way the counters are computed.
+    events = events.where(F.col("event_day") <= F.col("ds"))
+    aggs = [
+        F.sum(F.when((F.col("surface") == s) & (F.col("event_type") == t), 1).otherwise(0)).cast("long")
+        .alias(daily_count_name(m, s))
+        for s in SURFACES for t, m in COUNT_METRICS.items()
+    ]
+    if key == "ad_id":
+        aggs.append(F.max(F.struct("event_time", "event_id", *AD_METADATA_COLUMNS)).alias("_latest"))
+    rows = events.groupBy("ds", key, "event_day").agg(*aggs)
+    if key == "ad_id":
+        latest = [F.col("_latest.event_time").alias("latest_event_time"), F.col("_latest.event_id").alias("latest_event_id")]
+        rows = rows.select("*", *latest, *[F.col(f"_latest.{c}").alias(c) for c in AD_METADATA_COLUMNS])
+    return rows.select(*schema.column_names)
 
-    end = day_start(0)
-    # event_time < D holds already for events that arrived by D-1 (ingest rejects events after
-    # their arrival day); kept so the point-in-time rule does not rest on another stage alone.
-    in_window = (F.col("event_time") >= day_start(LONGEST_WINDOW_DAYS)) & (F.col("event_time") < end)
-    flags = [(F.col("event_time") >= day_start(w)).alias(_window_flag(w)) for w in WINDOW_DAYS]
-    return bronze.where(in_window).select(
-        "user_id", "ad_id", "surface", "event_type", "event_time", "event_id", *AD_METADATA_COLUMNS, *flags
+
+def _spread(daily: DataFrame, key: str, factors: dict[int, SparkColumn], extra: tuple[str, ...] = ()) -> DataFrame:
+    """daily-count rows -> (key, 54 per-surface window counters, *extra): counter (m, w, s) is the
+    row's count of (m, s) times factors[w] (1 in the window, -1 leaving it, 0 otherwise).
+
+    Why the factors are columns of their own: inlined into 54 expressions, the window tests made
+    Spark's generated code too large to compile, and the interpreted fallback ran 4x slower (measured).
+    """
+    from pyspark.sql import functions as F
+
+    flagged = daily.select(key, *_daily_names(), *extra, *[f.alias(f"_f{w}") for w, f in factors.items()])
+    return flagged.select(
+        key, *extra,
+        *[(F.col(daily_count_name(m, s)) * F.col(f"_f{w}")).alias(counter_name(m, w, s))
+          for w in WINDOW_DAYS for s in SURFACES for m in COUNT_METRICS.values()],
     )
 
 
-def _count(event_type: str, window_days: int, surface: str | None) -> SparkColumn:
-    """Number of events of `event_type` in the window (and surface), as a conditional sum."""
+def _summed(rows: DataFrame, key: str, extra_aggs: tuple[SparkColumn, ...] = ()) -> DataFrame:
+    """Sum the per-surface counters per entity.
+
+    Why repartition first: the group-by then finds its input clustered by the entity and skips a
+    partial aggregation that, with one or two rows per user, only copies the rows (measured 2x)."""
     from pyspark.sql import functions as F
 
-    hit = (F.col("event_type") == event_type) & F.col(_window_flag(window_days))
-    if surface is not None:
-        hit = hit & (F.col("surface") == surface)
-    name = counter_name(COUNT_METRICS[event_type], window_days, surface)
-    return F.sum(F.when(hit, F.col(PARTIAL_COUNT)).otherwise(F.lit(0))).cast("long").alias(name)
+    sums = [F.sum(n).cast("long").alias(n) for n in _per_surface_names()]
+    return rows.repartition(key).groupBy(key).agg(*sums, *extra_aggs)
 
 
-def _partial_counts(events: DataFrame, key: str, latest_metadata: bool = False) -> DataFrame:
-    """window_events rows -> one row per (key, surface, event_type, window flags) with its event
-    count (and, for ads, the latest metadata struct among those events).
+def window_counters(daily: DataFrame, key: str, ds: str) -> DataFrame:
+    """daily counts of the arrival days in [max(ds-28, start_ds), ds-1] -> one row per entity with
+    an event in the 28-day window: the 54 per-surface counters (and, for ads, `_latest`)."""
+    from pyspark.sql import functions as F
 
-    Why two steps: this narrow group-by has a handful of keys and one counter, which Spark
-    aggregates fast; the ~100 conditional sums of the counters then run over these few rows per
-    entity (at most 6 surfaces x 3 types x 3 nested flag combinations) instead of over every event.
+    in_window = daily.where((F.col("event_day") >= _day(ds, LONGEST_WINDOW_DAYS)) & (F.col("event_day") < _day(ds, 0)))
+    factors = {w: (F.col("event_day") >= _day(ds, w)).cast("long") for w in WINDOW_DAYS}
+    if key != "ad_id":
+        return _summed(_spread(in_window, key, factors), key)
+    latest = F.struct("latest_event_time", "latest_event_id", *AD_METADATA_COLUMNS).alias("_latest")
+    spread = _spread(in_window.select("*", latest), key, factors, extra=("_latest",))
+    return _summed(spread, key, (F.max("_latest").alias("_latest"),))
+
+
+def advance_user_counters(previous: DataFrame, daily: DataFrame, ds: str) -> DataFrame:
+    """silver.user_features rows of ds-1 + user daily counts of the arrival days in
+    [max(ds-29, start_ds), ds-1] -> the 54 per-surface counters of ds, one row per user with an
+    event in the 28-day window (the rule is in the module docstring).
+
+    Example, 7-day window, ds=2026-01-10: u1 had reels_clicks_7d 3 on 2026-01-09; 1 click arrived on
+    2026-01-09 (event_day 01-09: entering), and 2 of the 3 happened on 2026-01-02 (leaving) -> 3 + 1 - 2 = 2.
     """
     from pyspark.sql import functions as F
 
-    aggs = [F.count(F.lit(1)).alias(PARTIAL_COUNT)]
-    if latest_metadata:
-        aggs.append(_latest_ad_metadata())
-    flags = [_window_flag(w) for w in WINDOW_DAYS]
-    return events.groupBy(key, "surface", "event_type", *flags).agg(*aggs)
-
-
-def _partitioned_by(events: DataFrame, key: str) -> DataFrame:
-    """The narrow columns the counters read, hash-partitioned by `key`.
-
-    Why: both group-bys then find their input already clustered by the entity, so neither adds a
-    shuffle. Without it the second group-by shuffles its partial aggregates, one row of 54 counters
-    per entity and map task, which cost more than shuffling the narrow events once (measured: users
-    of a 7-day window of 14M events, 40 s -> 30 s on 2 cores). Only for users: there are few ads,
-    so their partial aggregates are small and shuffling raw events would cost more.
-    """
-    return events.select(key, "surface", "event_type", *[_window_flag(w) for w in WINDOW_DAYS]).repartition(key)
+    arrived_last = F.col("ds") == _day(ds, 1)
+    counted_before = F.col("ds") <= _day(ds, 2)
+    factors = {
+        w: F.when(arrived_last & (F.col("event_day") >= _day(ds, w)) & (F.col("event_day") < _day(ds, 0)), 1)
+        .when(counted_before & (F.col("event_day") == _day(ds, w + 1)) & F.lit(w > 1), -1)
+        .otherwise(0)
+        for w in WINDOW_DAYS
+    }
+    leaving_days = [_day(ds, w + 1) for w in WINDOW_DAYS if w > 1]
+    changes = daily.where(arrived_last | F.col("event_day").isin(*leaving_days))
+    replaced = {counter_name(m, w, s) for w in WINDOW_DAYS if w == 1 for s in SURFACES for m in COUNT_METRICS.values()}
+    carried = previous.select(
+        "user_id", *[F.lit(0).cast("long").alias(n) if n in replaced else F.col(n) for n in _per_surface_names()]
+    )
+    summed = _summed(carried.unionByName(_spread(changes, "user_id", factors)), "user_id")
+    in_28_days = [F.col(counter_name(m, LONGEST_WINDOW_DAYS, s)) for s in SURFACES for m in COUNT_METRICS.values()]
+    return summed.where(reduce(add, in_28_days) > 0)
 
 
 def _rate(rate: str, window_days: int, surface: str | None) -> SparkColumn:
@@ -167,22 +235,12 @@ def _rate(rate: str, window_days: int, surface: str | None) -> SparkColumn:
     return ratio.alias(counter_name(rate, window_days, surface))
 
 
-def _surface_counts() -> list[SparkColumn]:
-    """The aggregates: per surface, window and event type (the all-surfaces counts are their sums,
-    computed after the aggregation by `_all_surface_counts`). 54 aggregates rather than 63 keeps
-    the aggregation under Spark's whole-stage codegen field limit (spark.sql.codegen.maxFields)."""
-    return [_count(t, w, s) for w in WINDOW_DAYS for s in SCOPES if s is not None for t in COUNT_METRICS]
-
-
 def _all_surface_counts() -> list[SparkColumn]:
     """Counters of the all-surfaces scope: the sum of the per-surface counters."""
-    from functools import reduce
-    from operator import add
-
     from pyspark.sql import functions as F
 
     return [
-        reduce(add, [F.col(counter_name(metric, w, s)) for s in SCOPES if s is not None]).alias(counter_name(metric, w))
+        reduce(add, [F.col(counter_name(metric, w, s)) for s in SURFACES]).alias(counter_name(metric, w))
         for w in WINDOW_DAYS for metric in COUNT_METRICS.values()
     ]
 
@@ -191,65 +249,38 @@ def _all_rates() -> list[SparkColumn]:
     return [_rate(r, w, s) for w in WINDOW_DAYS for s in SCOPES for r in RATE_METRICS]
 
 
-def _latest_ad_metadata() -> SparkColumn:
-    """The ad's attributes on its latest event (ties on event_time broken by event_id): max() of a
-    struct compares field by field, so (event_time, event_id) first makes it "latest"."""
-    from pyspark.sql import functions as F
-
-    return F.max(F.struct("event_time", "event_id", *AD_METADATA_COLUMNS)).alias("_latest")
-
-
-def _with_ds(rows: DataFrame, ds: str) -> DataFrame:
-    from pyspark.sql import functions as F
-
-    return rows.withColumn("ds", F.lit(ds).cast("date"))
-
-
-def user_counters(events: DataFrame, ds: str) -> DataFrame:
-    """window_events rows -> silver.user_features rows of ds: one per user with any event in the window.
+def feature_rows(per_surface: DataFrame, schema: TableSchema, ds: str) -> DataFrame:
+    """Per-surface counters (window_counters / advance_user_counters) -> rows of `schema` for ds:
+    the all-surfaces counters, the rates, and for ads the latest attributes.
 
     Example: u1 with 4 impressions and 1 click on reels on ds-1 ->
         {"ds": ds, "user_id": "u1", "impressions_1d": 4, "clicks_1d": 1, "ctr_1d": 0.25,
          "cvr_1d": 0.0, "reels_impressions_1d": 4, "fb_feed_impressions_1d": 0, "fb_feed_ctr_1d": None, ...}
     """
-    partial = _partial_counts(_partitioned_by(events, "user_id"), "user_id")
-    per_surface = partial.groupBy("user_id").agg(*_surface_counts())
-    counted = per_surface.select("*", *_all_surface_counts())
-    return _with_ds(counted.select("*", *_all_rates()), ds).select(*SILVER_USER_FEATURES.column_names)
-
-
-def ad_counters(events: DataFrame, ds: str) -> DataFrame:
-    """window_events rows -> silver.ad_features rows of ds: one per ad, counters as in
-    user_counters plus the ad's latest advertiser_id, campaign_id, objective and creative_type."""
     from pyspark.sql import functions as F
 
-    partial = _partial_counts(events, "ad_id", latest_metadata=True)
-    per_surface = partial.groupBy("ad_id").agg(F.max("_latest").alias("_latest"), *_surface_counts())
     counted = per_surface.select("*", *_all_surface_counts())
-    metadata = [F.col(f"_latest.{c}").alias(c) for c in AD_METADATA_COLUMNS]
-    with_rates = counted.select("*", *metadata, *_all_rates())
-    return _with_ds(with_rates, ds).select(*SILVER_AD_FEATURES.column_names)
+    metadata = [F.col(f"_latest.{c}").alias(c) for c in AD_METADATA_COLUMNS] if "_latest" in per_surface.columns else []
+    rows = counted.select("*", *metadata, *_all_rates()).withColumn("ds", F.lit(ds).cast("date"))
+    return rows.select(*schema.column_names)
 
 
 # --------------------------------------------------------------------------------------------------
 # Thin I/O.
 
 
-def require_inputs(spark: SparkSession, cfg: GemConfig, ds: str) -> list[str]:
-    """Every bronze day the build reads passed data quality; returns those days.
+def require_inputs(spark: SparkSession, cfg: GemConfig, ds: str, days: list[str]) -> None:
+    """Every bronze day in `days` (those this run reads) passed data quality.
 
-    One read of the completions table for the whole window rather than one per day.
+    One read of the completions table for the whole range rather than one per day.
     """
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
     from gem import lakehouse
 
-    if ds < cfg.start_ds:
-        raise ValueError(f"{STAGE} ds={ds} is before the pipeline's start_ds={cfg.start_ds}")
-    days = bronze_days(cfg, ds)
     if not days:
-        return days
+        return
     completed: set[str] = set()
     path = lakehouse.table_path(cfg, COMPLETIONS)
     if DeltaTable.isDeltaTable(spark, path):
@@ -267,56 +298,89 @@ def require_inputs(spark: SparkSession, cfg: GemConfig, ds: str) -> list[str]:
             f"input not ready: stage {VALIDATE_STAGE!r} has no completion record for ds={', '.join(missing)} "
             f"in {path}; run `python -m jobs.{VALIDATE_STAGE} --ds {missing[0]}` first"
         )
-    return days
 
 
-def _bronze_window(spark: SparkSession, cfg: GemConfig, days: list[str]) -> DataFrame:
-    """bronze.ad_events rows of the arrival days read (partition-pruned); none when there are none."""
+def _arrived(spark: SparkSession, cfg: GemConfig, schema: TableSchema, first: str, last: str) -> DataFrame:
+    """Rows of `schema` (bronze or daily counts) with arrival day ds in [first, last], partition-pruned."""
     from pyspark.sql import functions as F
 
     from gem import lakehouse
 
-    if not days:
-        return spark.createDataFrame([], BRONZE_AD_EVENTS.spark_schema())
-    bronze = lakehouse.read_table(spark, cfg, BRONZE_AD_EVENTS)
-    return bronze.where(F.col("ds").between(F.lit(days[0]).cast("date"), F.lit(days[-1]).cast("date")))
+    rows = lakehouse.read_table(spark, cfg, schema)
+    return rows.where(F.col("ds").between(F.lit(first).cast("date"), F.lit(last).cast("date")))
 
 
-def run(cfg: GemConfig, ds: str, spark: SparkSession | None = None) -> BuildResult:
+def _write_daily_counts(spark: SparkSession, cfg: GemConfig, days: list[str], meta: str) -> dict[str, int]:
+    """Rewrite both daily-count tables for the arrival days `days` (consecutive) from bronze, one
+    commit per table; a day without events leaves its partition empty."""
+    from gem import lakehouse
+
+    bronze = _arrived(spark, cfg, BRONZE_AD_EVENTS, days[0], days[-1])
+    where = {"ds": (days[0], days[-1])}
+    return {
+        schema.name: lakehouse.replace_partition(daily_counts(bronze, key), cfg, schema, where, meta)
+        for schema, key in ((SILVER_USER_DAILY_COUNTS, "user_id"), (SILVER_AD_DAILY_COUNTS, "ad_id"))
+    }
+
+
+def run(cfg: GemConfig, ds: str, spark: SparkSession | None = None, full: bool = False) -> BuildResult:
+    """Build ds; incremental when build_features has completed ds-1 and `full` is False."""
+    from pyspark.sql import functions as F
+
     from gem import lakehouse
     from gem.spark import get_spark
 
     t0 = time.time()
+    if ds < cfg.start_ds:
+        raise ValueError(f"{STAGE} ds={ds} is before the pipeline's start_ds={cfg.start_ds}")
     spark = spark or get_spark(cfg, app_name=f"{STAGE}:{ds}")
-    days = require_inputs(spark, cfg, ds)
+    last_day = shift_day(ds, -1)
+    incremental = not full and ds > cfg.start_ds and lakehouse.completion(spark, cfg, STAGE, last_day) is not None
+    rewritten = [last_day] if incremental else bronze_days(cfg, ds)
+    require_inputs(spark, cfg, ds, rewritten)
     run_id = lakehouse.new_run_id(STAGE, ds)
 
-    # Each table is computed once, by its Delta write: no cache or checkpoint of the window (the
-    # columnar scan is cheaper than serializing the events), row counts from the commits' metrics.
-    events = window_events(_bronze_window(spark, cfg, days), ds)
     lakehouse.clear_completion(spark, cfg, STAGE, ds)
     meta = json.dumps({"run_id": run_id, "stage": STAGE, "ds": ds})
-    versions = {
-        SILVER_USER_FEATURES.name: lakehouse.replace_partition(
-            user_counters(events, ds), cfg, SILVER_USER_FEATURES, {"ds": ds}, meta
-        ),
-        SILVER_AD_FEATURES.name: lakehouse.replace_partition(
-            ad_counters(events, ds), cfg, SILVER_AD_FEATURES, {"ds": ds}, meta
-        ),
-    }
+    versions = _write_daily_counts(spark, cfg, rewritten, meta) if rewritten else {}
+    window = bronze_days(cfg, ds)
+    if window:
+        # Incremental reads one more arrival day: the rows leaving the 28-day window arrived on ds-29 or later.
+        first = max(shift_day(ds, -LONGEST_WINDOW_DAYS - 1), cfg.start_ds) if incremental else window[0]
+        user_daily = _arrived(spark, cfg, SILVER_USER_DAILY_COUNTS, first, last_day)
+        ad_daily = _arrived(spark, cfg, SILVER_AD_DAILY_COUNTS, window[0], last_day)
+        if incremental:
+            previous = lakehouse.read_table(spark, cfg, SILVER_USER_FEATURES).where(F.col("ds") == _day(ds, 1))
+            users = advance_user_counters(previous, user_daily, ds)
+        else:
+            users = window_counters(user_daily, "user_id", ds)
+        ads = window_counters(ad_daily, "ad_id", ds)
+    else:  # the first day: nothing known yet, empty partitions
+        users = spark.createDataFrame([], SILVER_USER_FEATURES.spark_schema())
+        ads = spark.createDataFrame([], SILVER_AD_FEATURES.spark_schema())
+    for schema, rows in ((SILVER_USER_FEATURES, users), (SILVER_AD_FEATURES, ads)):
+        rows = feature_rows(rows, schema, ds) if window else rows
+        # Each table is computed once, by its Delta write; row counts from the commit's metrics.
+        versions[schema.name] = lakehouse.replace_partition(rows, cfg, schema, {"ds": ds}, meta)
     n_users = lakehouse.rows_committed(spark, cfg, SILVER_USER_FEATURES, versions[SILVER_USER_FEATURES.name])
     n_ads = lakehouse.rows_committed(spark, cfg, SILVER_AD_FEATURES, versions[SILVER_AD_FEATURES.name])
     # rows_in counts the entities (users + ads) seen in the window: each becomes exactly one row.
     lakehouse.publish_completion(spark, cfg, STAGE, ds, run_id, n_users + n_ads, n_users + n_ads, {}, versions)
-    return BuildResult(ds, n_users, n_ads, versions, time.time() - t0)
+    return BuildResult(ds, n_users, n_ads, versions, time.time() - t0, incremental, rewritten)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = job_parser(__doc__.splitlines()[0]).parse_args(argv)
+    parser = job_parser(__doc__.splitlines()[0])
+    parser.add_argument(
+        "--full", action="store_true",
+        help="rebuild the daily counts of the whole window from bronze and sum them (default: advance from ds-1)",
+    )
+    args = parser.parse_args(argv)
     cfg = load_config(args.config)
-    result = run(cfg, args.ds)
+    result = run(cfg, args.ds, full=args.full)
+    mode = "incremental" if result.incremental else "full"
     print(
-        f"{STAGE} ds={result.ds}: users={result.users} ads={result.ads} "
+        f"{STAGE} ds={result.ds} ({mode}): users={result.users} ads={result.ads} "
         f"versions={result.table_versions} in {result.seconds:.1f}s"
     )
     return 0

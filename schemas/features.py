@@ -125,3 +125,60 @@ SILVER_AD_FEATURES = TableSchema(
     key=("ds", "ad_id"),
     checks=(_counters_non_negative(),),
 )
+
+
+# --------------------------------------------------------------------------------------------------
+# Daily counts: build_features' own state, one partition per bronze arrival day. No CHECK
+# constraints (each costs a commit at creation); the feature tables built from them carry them.
+#
+# Partition ds=A holds, per entity and EVENT day, the counts of the events that ARRIVED on A (late
+# events keep their own event day, so a window by event time can still be cut exactly). Any window
+# of silver.user_features / silver.ad_features is a sum of these rows, and a day's update is the
+# previous day's counters plus the rows entering the windows minus the rows leaving them.
+
+
+def daily_count_name(metric: str, surface: str) -> str:
+    """('clicks', 'reels') -> 'reels_clicks'."""
+    return f"{surface}_{metric}"
+
+
+DAILY_COUNT_COLUMNS: tuple[Column, ...] = tuple(
+    Column(daily_count_name(metric, surface), "long", nullable=False,
+           doc=f"{metric} on surface {surface} with this event_day, arrived on ds")
+    for surface in SURFACES
+    for metric in COUNT_METRICS.values()
+)
+
+_DAILY_KEY_COLUMNS = (
+    Column("ds", "date", nullable=False, doc="arrival day (bronze ds) of the events counted"),
+    Column("event_day", "date", nullable=False, doc="UTC day of the events' event_time; <= ds"),
+)
+
+SILVER_USER_DAILY_COUNTS = TableSchema(
+    name="silver.user_daily_counts",
+    doc="Per user and event day, the events that arrived on ds, counted per surface and event type.",
+    columns=_DAILY_KEY_COLUMNS[:1] + (Column("user_id", "string", nullable=False),) + _DAILY_KEY_COLUMNS[1:]
+    + DAILY_COUNT_COLUMNS,
+    partition_by=("ds",),
+    key=("ds", "user_id", "event_day"),
+)
+
+SILVER_AD_DAILY_COUNTS = TableSchema(
+    name="silver.ad_daily_counts",
+    doc=(
+        "Per ad and event day, the events that arrived on ds, counted per surface and event type, with "
+        "the attributes of the latest of them (by event_time, then event_id)."
+    ),
+    columns=_DAILY_KEY_COLUMNS[:1] + (Column("ad_id", "string", nullable=False),) + _DAILY_KEY_COLUMNS[1:]
+    + (
+        Column("latest_event_time", "timestamp", nullable=False, doc="event_time of the latest event counted"),
+        Column("latest_event_id", "string", nullable=False, doc="its event_id (breaks event_time ties)"),
+        Column("advertiser_id", "string", nullable=False, doc="on the latest event"),
+        Column("campaign_id", "string", nullable=False, doc="on the latest event"),
+        Column("objective", "string", nullable=False, doc="on the latest event"),
+        Column("creative_type", "string", nullable=False, doc="on the latest event"),
+    )
+    + DAILY_COUNT_COLUMNS,
+    partition_by=("ds",),
+    key=("ds", "ad_id", "event_day"),
+)

@@ -280,3 +280,90 @@ def test_cli_rejects_a_malformed_day():
         capture_output=True, text=True,
     )
     assert proc.returncode == 2 and "YYYY-MM-DD" in proc.stderr
+
+
+# --------------------------------------------------------------------------------------------------
+# Incremental (advance from ds-1) == full (sum the whole window), over days where every window loses days.
+
+CHAIN_DAYS = [shift_day("2026-01-29", i) for i in range(4)]  # 01-29 (full: no 01-28) .. 02-01 (incremental)
+
+
+def _chain_events(seed: int = 11) -> list[dict[str, Any]]:
+    """Traffic on every arrival day up to the last chain day, with late arrivals (1-3 days) and
+    planted edge cases: an event that arrives already older than the 28-day window, and events
+    whose event day is exactly the one leaving the 7- and 28-day windows of a chain day."""
+    rng = random.Random(seed)
+    rows = []
+    for day in [shift_day(START, i) for i in range(32)]:  # 01-01 .. 02-01 (the last chain day's own events)
+        for n in range(15):
+            user, ad, surface = f"c{rng.randint(0, 9)}", f"ca{rng.randint(0, 3)}", rng.choice(SURFACES)
+            event_type = rng.choice(("impression", "impression", "impression", "click", "conversion"))
+            lateness = rng.choice((0, 0, 0, 0, 1, 2, 3))
+            rows.append(_event(f"c-{day}-{n}", shift_day(day, lateness), user, event_type,
+                               _at(day, rng.uniform(0, 23.9)), ad, surface, campaign_id=f"c{rng.randint(0, 2)}"))
+    d = CHAIN_DAYS[2]
+    rows += [
+        _event("c-too-old", shift_day(d, -1), "c_old", "click", _at(shift_day(d, -29), 5)),  # never counts
+        _event("c-leaves-28", shift_day(d, -27), "c_edge", "impression", _at(shift_day(d, -29), 23)),
+        _event("c-leaves-7", shift_day(d, -7), "c_edge", "click", _at(shift_day(d, -8), 0)),
+    ]
+    return rows
+
+
+@pytest.fixture(scope="module")
+def chain(spark, tmp_path_factory):
+    """Build the chain incrementally, snapshot it, rebuild every day with full=True, snapshot again."""
+    cfg = make_config(tmp_path_factory.mktemp("features_chain"), start_ds=START)
+    events = [e for e in _chain_events() if e["ds"].isoformat() <= CHAIN_DAYS[-1]]
+    bronze_days = sorted({e["ds"].isoformat() for e in events})
+    global BRONZE_DAYS
+    saved, BRONZE_DAYS = BRONZE_DAYS, bronze_days  # _load_bronze writes a validate record per BRONZE_DAYS day
+    try:
+        _load_bronze(spark, cfg, events)
+    finally:
+        BRONZE_DAYS = saved
+
+    def snapshot(ds: str) -> dict[str, Any]:
+        return {t.name: _partition(spark, cfg, t, k, ds) for t, k in
+                ((SILVER_USER_FEATURES, "user_id"), (SILVER_AD_FEATURES, "ad_id"))}
+
+    results = [build_features.run(cfg, ds, spark) for ds in CHAIN_DAYS]
+    incremental = {ds: snapshot(ds) for ds in CHAIN_DAYS}
+    rerun = build_features.run(cfg, CHAIN_DAYS[2], spark)
+    rerun_rows = snapshot(CHAIN_DAYS[2])
+    full_results = [build_features.run(cfg, ds, spark, full=True) for ds in CHAIN_DAYS]
+    full = {ds: snapshot(ds) for ds in CHAIN_DAYS}
+    return cfg, events, results, incremental, rerun, rerun_rows, full_results, full
+
+
+def test_chain_runs_incrementally_after_its_first_day(chain):
+    _, _, results, _, rerun, _, full_results, _ = chain
+    assert [r.incremental for r in results] == [False, True, True, True]
+    # The first day rewrote the daily counts of its whole window; the others only their newest day.
+    assert results[0].daily_count_days == build_features.bronze_days(chain[0], CHAIN_DAYS[0])
+    assert [r.daily_count_days for r in results[1:]] == [[shift_day(d, -1)] for d in CHAIN_DAYS[1:]]
+    assert rerun.incremental and not any(r.incremental for r in full_results)
+
+
+def test_incremental_equals_full_recompute_and_a_plain_recount(chain):
+    _, events, _, incremental, _, _, _, full = chain
+    for ds in CHAIN_DAYS:
+        assert incremental[ds] == full[ds], ds
+        for table, key in ((SILVER_USER_FEATURES.name, "user_id"), (SILVER_AD_FEATURES.name, "ad_id")):
+            rows = incremental[ds][table]
+            assert rows, (ds, table)
+            for entity, row in rows.items():
+                expected = _reference_row([e for e in events if e[key] == entity], ds)
+                assert _rounded({c: row[c] for c in expected}) == _rounded(expected), (ds, entity)
+    # The planted edges, on the day they leave: c_edge's 28-day impression and 7-day click.
+    d, before = CHAIN_DAYS[2], CHAIN_DAYS[1]
+    edge_before = incremental[before][SILVER_USER_FEATURES.name]["c_edge"]
+    assert (edge_before["impressions_28d"], edge_before["clicks_7d"]) == (1, 1)
+    edge = incremental[d][SILVER_USER_FEATURES.name]["c_edge"]
+    assert (edge["impressions_28d"], edge["clicks_7d"], edge["clicks_28d"]) == (0, 0, 1)
+    assert "c_old" not in incremental[d][SILVER_USER_FEATURES.name]
+
+
+def test_incremental_rerun_is_identical(chain):
+    _, _, _, incremental, _, rerun_rows, _, _ = chain
+    assert rerun_rows == incremental[CHAIN_DAYS[2]]
