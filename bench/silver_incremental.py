@@ -10,12 +10,13 @@ One run, side by side, on this machine:
      validate_events records are written for every day (the silver jobs gate on them).
   2. Spark, the production jobs: build_sequences for days 1..N-1 (the incremental chain, timed per
      day, compactions every `sequence_compaction_days` included), then day N (the incremental
-     update; the mean compaction spread over its period is added: "amortized"), then
-     build_features for day N.
+     update; the latest compaction spread over its period is added: "amortized"). build_features
+     for day N-1 in full (it writes the daily counts of its window: the state a daily chain leaves,
+     as tests/test_build_features.py checks), then day N incrementally (from N-1's counters).
   3. Spark full recompute of day N: every user's sequences from all N days of bronze with the same
      merge logic (jobs.build_sequences.merge_sequences over all events at once), written to a
-     separate Delta table; features have a fixed 28-day window, so their full recompute is the
-     same job as their daily run and is timed once.
+     separate Delta table; build_features day N with full=True (the daily counts of its 28-day
+     window rebuilt from bronze, then summed). Both are checked equal to the incremental results.
   4. DuckDB, the same logic in SQL over the same Parquet files (listed from the Delta log with the
      `deltalake` package), 2 threads: the full sequences recompute of day N and the features of
      day N, written to Parquet. Outputs are checked against Spark's (rows, summed lengths, summed
@@ -256,9 +257,8 @@ def duckdb_only(args: argparse.Namespace) -> dict[str, Any]:
     last = shift_day(START, args.days - 1)
     spark = get_spark(cfg, app_name="bench-silver-check")
     full_totals = _sequence_totals(spark.read.format("delta").load(str(root / "full_sequences")))
-    spark_features = _feature_totals_spark(
-        lakehouse.read_table(spark, cfg, build_features.SILVER_USER_FEATURES).where(F.col("ds") == F.lit(last).cast("date"))
-    )
+    spark_features = features_of_n()
+    assert not feats_full.incremental and spark_features == inc_features, (spark_features, inc_features)
     spark.stop()
     return {"days": args.days, "users_total": full_totals["rows"],
             **_duckdb_half(args, cfg, last, full_totals, spark_features)}
@@ -324,22 +324,30 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if seq_inc.compacted_users is not None:  # day N itself compacted: count its share, not all of it
         seq_inc_s -= seq_inc.compaction_seconds - seq_inc.compaction_seconds / period
     seq_amortized_s = seq_inc_s + (compaction_share_s if seq_inc.compacted_users is None else 0.0)
+    prep, prep_s = _timed(build_features.run, cfg, shift_day(last, -1), spark)
+    print(f"  build_features {prep.ds} (full: the state day N advances from): {prep_s:.1f}s", flush=True)
     feats, feat_s = _timed(build_features.run, cfg, last, spark)
-    print(f"incremental {last}: sequences {seq_inc_s:.1f}s ({seq_inc.users:,} active users), features {feat_s:.1f}s",
-          flush=True)
+    assert feats.incremental, "build_features day N should advance from day N-1"
+    print(f"incremental {last}: sequences {seq_inc_s:.1f}s ({seq_inc.users:,} active users), "
+          f"features {feat_s:.1f}s ({feats.users:,} users)", flush=True)
+    features_of_n = lambda: _feature_totals_spark(  # noqa: E731
+        lakehouse.read_table(spark, cfg, build_features.SILVER_USER_FEATURES).where(F.col("ds") == F.lit(last).cast("date"))
+    )
+    inc_features = features_of_n()
 
     full_path = str(root / "full_sequences")
     full_totals, seq_full_s = _timed(spark_full_sequences, spark, cfg, last, full_path)
-    print(f"full recompute {last}: sequences {seq_full_s:.1f}s ({full_totals['rows']:,} users)", flush=True)
+    feats_full, feat_full_s = _timed(build_features.run, cfg, last, spark, True)
+    print(f"full recompute {last}: sequences {seq_full_s:.1f}s ({full_totals['rows']:,} users), "
+          f"features {feat_full_s:.1f}s", flush=True)
 
     # Correctness before figures: the incremental day-N rows equal the full recompute's for those users.
     inc_rows = lakehouse.read_table(spark, cfg, SILVER_USER_SEQUENCES).where(F.col("ds") == F.lit(last).cast("date"))
     full_active = spark.read.format("delta").load(full_path).join(inc_rows.select("user_id"), "user_id", "left_semi")
     inc_totals, full_active_totals = _sequence_totals(inc_rows), _sequence_totals(full_active)
     assert inc_totals == full_active_totals, (inc_totals, full_active_totals)
-    spark_features = _feature_totals_spark(
-        lakehouse.read_table(spark, cfg, build_features.SILVER_USER_FEATURES).where(F.col("ds") == F.lit(last).cast("date"))
-    )
+    spark_features = features_of_n()
+    assert not feats_full.incremental and spark_features == inc_features, (spark_features, inc_features)
     spark.stop()  # DuckDB gets the machine to itself
     spark_result = {
         "events_per_day": args.events_per_day, "days": args.days, "users": args.users, "bronze_events": n_events,
@@ -349,18 +357,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "spark_sequences_compaction_s": compaction_s, "sequence_compaction_days": period,
         "spark_sequences_incremental_s": seq_inc_s,
         "spark_sequences_incremental_amortized_s": seq_amortized_s, "spark_sequences_full_s": seq_full_s,
-        "spark_features_s": feat_s,
+        "spark_features_prep_full_day_n_minus_1_s": prep_s,
+        "spark_features_incremental_s": feat_s, "spark_features_full_s": feat_full_s,
+        "incremental_over_full_features": feat_s / feat_full_s,
         "incremental_over_full_sequences": seq_inc_s / seq_full_s,
         "incremental_amortized_over_full_sequences": seq_amortized_s / seq_full_s,
-        "incremental_over_full_sequences_plus_features": (seq_amortized_s + feat_s) / (seq_full_s + feat_s),
+        "incremental_over_full_sequences_plus_features": (seq_amortized_s + feat_s) / (seq_full_s + feat_full_s),
         "spark_full_sequences_events_per_s": n_events / seq_full_s,
-        "spark_features_events_per_s": args.events_per_day * min(args.days - 1, max(WINDOW_DAYS)) / feat_s,
+        "spark_features_events_per_s": args.events_per_day * min(args.days - 1, max(WINDOW_DAYS)) / feat_full_s,
     }
     print(json.dumps(spark_result), flush=True)  # kept even if the DuckDB half fails
     result = {**spark_result, **_duckdb_half(args, cfg, last, full_totals, spark_features)}
     if result["duckdb_sequences_full_s"] is not None:
         result["spark_over_duckdb_speed_sequences"] = result["duckdb_sequences_full_s"] / seq_full_s
-    result["spark_over_duckdb_speed_features"] = result["duckdb_features_s"] / feat_s
+    result["spark_over_duckdb_speed_features"] = result["duckdb_features_s"] / feat_full_s
     return result
 
 
