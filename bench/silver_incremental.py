@@ -131,9 +131,11 @@ def _sequence_totals(rows: Any) -> dict[str, int]:
     return {k: int(v) for k, v in rows.agg(*aggs).collect()[0].asDict().items()}
 
 
-def _feature_totals_spark(rows: Any) -> dict[str, int]:
+def _feature_totals_of_day(spark: Any, cfg: GemConfig, ds: str) -> dict[str, int]:
+    """silver.user_features ds: its row count and the sum of each all-surfaces counter."""
     from pyspark.sql import functions as F
 
+    rows = lakehouse.read_table(spark, cfg, build_features.SILVER_USER_FEATURES).where(F.col("ds") == F.lit(ds).cast("date"))
     cols = [counter_name(m, w) for w in WINDOW_DAYS for m in COUNT_METRICS.values()]
     r = rows.agg(F.count("*").alias("rows"), *[F.sum(c).alias(c) for c in cols]).collect()[0].asDict()
     return {k: int(v) for k, v in r.items()}
@@ -248,8 +250,6 @@ def duckdb_only(args: argparse.Namespace) -> dict[str, Any]:
     """--duckdb-only: the DuckDB half over the bronze files and Spark outputs an earlier run of this
     benchmark left in --root (its Spark figures are in that run's output); the outputs are checked
     against Spark's tables before any figure is printed."""
-    from pyspark.sql import functions as F
-
     from gem.spark import get_spark
 
     root = Path(args.root)
@@ -257,8 +257,7 @@ def duckdb_only(args: argparse.Namespace) -> dict[str, Any]:
     last = shift_day(START, args.days - 1)
     spark = get_spark(cfg, app_name="bench-silver-check")
     full_totals = _sequence_totals(spark.read.format("delta").load(str(root / "full_sequences")))
-    spark_features = features_of_n()
-    assert not feats_full.incremental and spark_features == inc_features, (spark_features, inc_features)
+    spark_features = _feature_totals_of_day(spark, cfg, last)
     spark.stop()
     return {"days": args.days, "users_total": full_totals["rows"],
             **_duckdb_half(args, cfg, last, full_totals, spark_features)}
@@ -330,10 +329,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     assert feats.incremental, "build_features day N should advance from day N-1"
     print(f"incremental {last}: sequences {seq_inc_s:.1f}s ({seq_inc.users:,} active users), "
           f"features {feat_s:.1f}s ({feats.users:,} users)", flush=True)
-    features_of_n = lambda: _feature_totals_spark(  # noqa: E731
-        lakehouse.read_table(spark, cfg, build_features.SILVER_USER_FEATURES).where(F.col("ds") == F.lit(last).cast("date"))
-    )
-    inc_features = features_of_n()
+    inc_features = _feature_totals_of_day(spark, cfg, last)
 
     full_path = str(root / "full_sequences")
     full_totals, seq_full_s = _timed(spark_full_sequences, spark, cfg, last, full_path)
@@ -346,7 +342,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     full_active = spark.read.format("delta").load(full_path).join(inc_rows.select("user_id"), "user_id", "left_semi")
     inc_totals, full_active_totals = _sequence_totals(inc_rows), _sequence_totals(full_active)
     assert inc_totals == full_active_totals, (inc_totals, full_active_totals)
-    spark_features = features_of_n()
+    spark_features = _feature_totals_of_day(spark, cfg, last)
     assert not feats_full.incremental and spark_features == inc_features, (spark_features, inc_features)
     spark.stop()  # DuckDB gets the machine to itself
     spark_result = {

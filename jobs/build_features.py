@@ -215,7 +215,7 @@ def advance_user_counters(previous: DataFrame, daily: DataFrame, ds: str) -> Dat
     }
     leaving_days = [_day(ds, w + 1) for w in WINDOW_DAYS if w > 1]
     changes = daily.where(arrived_last | F.col("event_day").isin(*leaving_days))
-    replaced = {counter_name(m, w, s) for w in WINDOW_DAYS if w == 1 for s in SURFACES for m in COUNT_METRICS.values()}
+    replaced = {counter_name(m, 1, s) for s in SURFACES for m in COUNT_METRICS.values()}  # the 1-day window
     carried = previous.select(
         "user_id", *[F.lit(0).cast("long").alias(n) if n in replaced else F.col(n) for n in _per_surface_names()]
     )
@@ -336,14 +336,14 @@ def run(cfg: GemConfig, ds: str, spark: SparkSession | None = None, full: bool =
     spark = spark or get_spark(cfg, app_name=f"{STAGE}:{ds}")
     last_day = shift_day(ds, -1)
     incremental = not full and ds > cfg.start_ds and lakehouse.completion(spark, cfg, STAGE, last_day) is not None
-    rewritten = [last_day] if incremental else bronze_days(cfg, ds)
+    window = bronze_days(cfg, ds)
+    rewritten = [last_day] if incremental else window
     require_inputs(spark, cfg, ds, rewritten)
     run_id = lakehouse.new_run_id(STAGE, ds)
 
     lakehouse.clear_completion(spark, cfg, STAGE, ds)
     meta = json.dumps({"run_id": run_id, "stage": STAGE, "ds": ds})
     versions = _write_daily_counts(spark, cfg, rewritten, meta) if rewritten else {}
-    window = bronze_days(cfg, ds)
     if window:
         # Incremental reads one more arrival day: the rows leaving the 28-day window arrived on ds-29 or later.
         first = max(shift_day(ds, -LONGEST_WINDOW_DAYS - 1), cfg.start_ds) if incremental else window[0]

@@ -108,14 +108,14 @@ def _generated_events(seed: int = 5) -> list[dict[str, Any]]:
     return rows
 
 
-def _load_bronze(spark, cfg, rows: list[dict[str, Any]]) -> None:
-    """All bronze days in one append, then the validate_events records build_features gates on, in
-    one append too (two commits rather than two per day keep the fixture fast)."""
+def _load_bronze(spark, cfg, rows: list[dict[str, Any]], days: list[str] = BRONZE_DAYS) -> None:
+    """All bronze days in one append, then the validate_events records build_features gates on (one
+    per day in `days`), in one append too (two commits rather than two per day keep the fixture fast)."""
     bronze_path = lakehouse.ensure_table(spark, cfg, BRONZE_AD_EVENTS)
     spark.createDataFrame(rows, BRONZE_AD_EVENTS.spark_schema()).write.format("delta").mode("append").save(bronze_path)
     now = dt.datetime(2026, 2, 1)
     records = []
-    for day in BRONZE_DAYS:
+    for day in days:
         n = sum(r["ds"].isoformat() == day for r in rows)
         records.append({
             "stage": "validate_events", "ds": dt.date.fromisoformat(day), "run_id": f"test:{day}", "rows_in": n,
@@ -315,13 +315,7 @@ def chain(spark, tmp_path_factory):
     """Build the chain incrementally, snapshot it, rebuild every day with full=True, snapshot again."""
     cfg = make_config(tmp_path_factory.mktemp("features_chain"), start_ds=START)
     events = [e for e in _chain_events() if e["ds"].isoformat() <= CHAIN_DAYS[-1]]
-    bronze_days = sorted({e["ds"].isoformat() for e in events})
-    global BRONZE_DAYS
-    saved, BRONZE_DAYS = BRONZE_DAYS, bronze_days  # _load_bronze writes a validate record per BRONZE_DAYS day
-    try:
-        _load_bronze(spark, cfg, events)
-    finally:
-        BRONZE_DAYS = saved
+    _load_bronze(spark, cfg, events, days=sorted({e["ds"].isoformat() for e in events}))
 
     def snapshot(ds: str) -> dict[str, Any]:
         return {t.name: _partition(spark, cfg, t, k, ds) for t, k in
