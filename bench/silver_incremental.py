@@ -147,13 +147,10 @@ def _feature_totals_of_day(spark: Any, cfg: GemConfig, ds: str) -> dict[str, int
 
 def bronze_files(cfg: GemConfig, first: str, last: str) -> list[str]:
     """Parquet files of bronze arrival days first..last, from the Delta log (not a folder listing)."""
-    import pyarrow as pa
-    from deltalake import DeltaTable
+    from gem.data.delta_log import logged_files, table_version
 
     path = lakehouse.table_path(cfg, BRONZE_AD_EVENTS)
-    actions = pa.table(DeltaTable(path).get_add_actions(flatten=True))
-    days = [d.isoformat() if isinstance(d, dt.date) else str(d) for d in actions["partition.ds"].to_pylist()]
-    return [f"{path}/{p}" for p, d in zip(actions["path"].to_pylist(), days) if first <= d <= last]
+    return [f.path for f in logged_files(path, table_version(path)) if first <= f.partition["ds"] <= last]
 
 
 DUCKDB_MEMORY = {"limit": "8GB"}  # --duckdb-memory sets it

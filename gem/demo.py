@@ -10,6 +10,7 @@ their locations, row counts per day and the data-quality report's path.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import os
 import subprocess
 import sys
@@ -20,6 +21,11 @@ from gem.config import REPO_ROOT, GemConfig, load_config
 from gem.orchestration import demo_logical_dates
 
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "demo.yaml"
+
+
+def airflow_home() -> Path:
+    """Where infra/airflow/airflow_env.sh puts Airflow's files: $AIRFLOW_HOME, else <repo>/.airflow."""
+    return Path(os.environ.get("AIRFLOW_HOME") or REPO_ROOT / ".airflow")
 
 
 def _airflow(cmd: str, env: dict[str, str]) -> None:
@@ -41,57 +47,86 @@ def run_days(cfg_path: Path, cfg: GemConfig) -> list[tuple[str, float]]:
     return timings
 
 
+def task_seconds(airflow_home: Path, logical_dates: list[str]) -> str:
+    """Seconds and state of every task of the demo's runs, read from Airflow's metadata DB.
+
+    One row per task (in the order the tasks first started), one column per run (logical date).
+    """
+    import sqlite3
+
+    db = airflow_home / "airflow.db"
+    if not db.is_file():
+        return f"  (no Airflow metadata DB at {db})"
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute(
+            "SELECT substr(r.logical_date, 1, 10), t.task_id, t.state, t.start_date, t.end_date "
+            "FROM task_instance t JOIN dag_run r ON r.dag_id = t.dag_id AND r.run_id = t.run_id "
+            "WHERE t.dag_id = 'gem_daily'"
+        ).fetchall()
+    cells: dict[str, dict[str, str]] = {}
+    first_start: dict[str, str] = {}
+    totals = dict.fromkeys(logical_dates, 0.0)
+    for day, task, state, start, end in rows:
+        first_start[task] = min(first_start.get(task) or "~", start or "~")  # never started: last
+        if day not in totals:
+            continue
+        seconds = (dt.datetime.fromisoformat(end) - dt.datetime.fromisoformat(start)).total_seconds() if start and end else 0.0
+        totals[day] += seconds
+        cells.setdefault(task, {})[day] = f"{seconds:.0f}s" if state == "success" else f"{seconds:.0f}s {state}"
+    order = sorted(cells, key=lambda t: first_start[t])
+    header = "  " + f"{'task':<20}" + "".join(f"{d:>18}" for d in logical_dates)
+    lines = [header] + ["  " + f"{t:<20}" + "".join(f"{cells[t].get(d, '-'):>18}" for d in logical_dates) for t in order]
+    lines.append("  " + f"{'all tasks':<20}" + "".join(f"{totals[d]:>17.0f}s" for d in logical_dates))
+    return "\n".join(lines)
+
+
 def summarize(cfg: GemConfig) -> str:
     """Row counts per ds of each table, from the Delta log alone (the way non-Spark readers list files).
 
     The counts come from the log's per-file statistics (`num_records`, partition values), so no data
-    file is read. (Materialising tables with deltalake's `to_pyarrow_table` here made the interpreter
-    abort at exit about half the time: "terminate called without an active exception".)
+    file is read.
     """
-    import pyarrow as pa
-    from deltalake import DeltaTable
-
-    from gem.quality import docs_site_dir
+    from gem.data.delta_log import logged_files, table_version
     from schemas import TABLES
+    from schemas.metrics import GOLD_METRICS
 
     lines = []
-    for name, schema in TABLES.items():
+    for name, schema in {**TABLES, GOLD_METRICS.name: GOLD_METRICS}.items():
         path = schema.path(cfg.lakehouse_uri)
         if not Path(path, "_delta_log").is_dir():
-            lines.append(f"  {name:<22} {path}  (not written)")
+            lines.append(f"  {name:<28} {path}  (not written)")
             continue
-        table = DeltaTable(path)
-        actions = pa.table(table.get_add_actions(flatten=True))
-        rows_by_ds: dict[object, int] = {}
-        for ds, n in zip(actions["partition.ds"].to_pylist(), actions["num_records"].to_pylist()):
-            rows_by_ds[ds] = rows_by_ds.get(ds, 0) + int(n or 0)
+        version = table_version(path)
+        rows_by_ds: dict[str, int] = {}
+        for f in logged_files(path, version):
+            rows_by_ds[f.partition["ds"]] = rows_by_ds.get(f.partition["ds"], 0) + f.rows
         per_day = ", ".join(f"{ds}: {n:,}" for ds, n in sorted(rows_by_ds.items()))
-        lines.append(f"  {name:<22} {path}  (version {table.version()}; rows by ds: {per_day})")
-    lines.append(f"  {'data-quality report':<22} {docs_site_dir(cfg) / 'index.html'}")
+        lines.append(f"  {name:<28} {path}  (version {version}; rows by ds: {per_day})")
     return "\n".join(lines)
 
 
 def model_metrics(cfg: GemConfig) -> str:
-    """The pretraining runs' held-out NE / AUC / calibration per task, from gold.metrics (read
-    through the Delta log, file by file with pyarrow, as `summarize` does)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    from deltalake import DeltaTable
-
+    """The latest pretraining run's held-out NE / AUC / calibration per task, from gold.metrics."""
+    from gem.data.delta_log import read_table
     from gem.evaluate import metrics_table
     from schemas.metrics import GOLD_METRICS
 
     path = GOLD_METRICS.path(cfg.lakehouse_uri)
     if not Path(path, "_delta_log").is_dir():
         return "  no pretraining run yet (gold.metrics not written)"
-    actions = pa.table(DeltaTable(path).get_add_actions(flatten=True))
-    rows = [r for p in actions["path"].to_pylist() for r in pq.read_table(f"{path}/{p}").to_pylist()]
-    lines = []
-    for run_id in sorted({r["run_id"] for r in rows}):
-        run = sorted((r for r in rows if r["run_id"] == run_id), key=lambda r: r["task"])
-        lines.append(f"  run {run_id} (held-out day of mix {run[0]['ds']}, {run[0]['train_steps']} steps):")
-        lines.append(metrics_table({r["task"]: r for r in run}, indent="    "))
-    return "\n".join(lines)
+    rows = read_table(path).to_pylist()
+    latest = max(rows, key=lambda r: r["created_at"])
+    run = sorted((r for r in rows if r["run_id"] == latest["run_id"]), key=lambda r: r["task"])
+    runs = len({r["run_id"] for r in rows})
+    title = (f"  run {latest['run_id']}: {latest['arch']}, {latest['train_steps']} steps, "
+             f"held-out day of the mixture of {latest['ds']} ({runs} runs in gold.metrics)")
+    return title + "\n" + metrics_table({r["task"]: r for r in run}, indent="    ")
+
+
+def reports(cfg: GemConfig) -> str:
+    from gem.quality import docs_site_dir
+
+    return f"  {'data-quality report':<28} {docs_site_dir(cfg) / 'index.html'}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,10 +141,15 @@ def main(argv: list[str] | None = None) -> int:
     for logical_date, seconds in timings:
         print(f"  gem_daily run (logical date {logical_date}): {seconds:.0f}s")
     print(f"  total wall time: {time.time() - t0:.0f}s")
-    print(f"  {'landing files':<22} {cfg.landing_root}")
+    print("== seconds per task and run (logical date; from Airflow's metadata DB) ==")
+    print(task_seconds(airflow_home(), [d for d, _ in timings]))
+    print("== tables ==")
+    print(f"  {'landing files':<28} {cfg.landing_root}")
     print(summarize(cfg))
     print("== pretraining: held-out metrics per task (gold.metrics) ==")
     print(model_metrics(cfg))
+    print("== reports ==")
+    print(reports(cfg))
     return 0
 
 

@@ -48,37 +48,64 @@ def _q(path: str) -> str:
     return f"delta.`{path}`"
 
 
-def ensure_table(spark: "SparkSession", cfg: GemConfig, schema: TableSchema) -> str:
-    """Create the table from its schema if absent (with constraints); verify it if present."""
-    from delta.tables import DeltaTable
+def ensure_table(spark: "SparkSession | None", cfg: GemConfig, schema: TableSchema) -> str:
+    """Create the table from its schema if absent (with constraints); verify it if present.
+
+    Creation goes through Spark SQL when a session is given, else through `deltalake` (stages that
+    start no JVM). The checks read the Delta log with `deltalake`, so a table that exists costs no
+    Spark job.
+    """
+    from deltalake import DeltaTable
 
     path = table_path(cfg, schema)
-    if not DeltaTable.isDeltaTable(spark, path):
-        cols = ", ".join(
-            f"`{c.name}` {c.sql_type}{'' if c.nullable else ' NOT NULL'}" for c in schema.columns
-        )
-        parts = f"PARTITIONED BY ({', '.join(schema.partition_by)})" if schema.partition_by else ""
-        props = ", ".join(f"'{k}' = '{v}'" for k, v in table_properties(cfg).items())
-        spark.sql(f"CREATE TABLE IF NOT EXISTS {_q(path)} ({cols}) USING DELTA {parts} TBLPROPERTIES ({props})")
-    _verify_schema(spark, path, schema)
-    existing = _constraints(spark, path)
-    for name, expr in schema.check_constraints():
-        if name.lower() not in existing:
+    if not DeltaTable.is_deltatable(path):
+        if spark is not None:
+            cols = ", ".join(
+                f"`{c.name}` {c.sql_type}{'' if c.nullable else ' NOT NULL'}" for c in schema.columns
+            )
+            parts = f"PARTITIONED BY ({', '.join(schema.partition_by)})" if schema.partition_by else ""
+            props = ", ".join(f"'{k}' = '{v}'" for k, v in table_properties(cfg).items())
+            spark.sql(f"CREATE TABLE IF NOT EXISTS {_q(path)} ({cols}) USING DELTA {parts} TBLPROPERTIES ({props})")
+        else:
+            _create_without_spark(cfg, schema, path)
+    table = DeltaTable(path)
+    _verify_schema(table, path, schema)
+    existing = _constraints(table)
+    missing = {name: expr for name, expr in schema.check_constraints() if name.lower() not in existing}
+    if missing and spark is not None:
+        for name, expr in missing.items():
             spark.sql(f"ALTER TABLE {_q(path)} ADD CONSTRAINT {name} CHECK ({expr})")
+    elif missing:
+        table.alter.add_constraint(missing)
     return path
 
 
-def _constraints(spark: "SparkSession", path: str) -> set[str]:
-    props = spark.sql(f"SHOW TBLPROPERTIES {_q(path)}").collect()
+def _create_without_spark(cfg: GemConfig, schema: TableSchema, path: str) -> None:
+    from deltalake import DeltaTable
+    from deltalake.exceptions import DeltaError
+
+    try:
+        DeltaTable.create(path, schema.arrow_schema(), mode="ignore", partition_by=list(schema.partition_by) or None,
+                          configuration=table_properties(cfg))
+    except DeltaError:
+        if not DeltaTable.is_deltatable(path):  # another writer creating it at the same time is fine
+            raise
+
+
+def _constraints(table: Any) -> set[str]:
     prefix = "delta.constraints."
-    return {r.key[len(prefix) :].lower() for r in props if r.key.startswith(prefix)}
+    return {k[len(prefix) :].lower() for k in table.metadata().configuration if k.startswith(prefix)}
 
 
-def _verify_schema(spark: "SparkSession", path: str, schema: TableSchema) -> None:
-    actual = spark.read.format("delta").load(path).schema
-    want = schema.spark_schema()
+def _verify_schema(table: Any, path: str, schema: TableSchema) -> None:
+    """Compare the log's schema (Spark's JSON format, parsed without a JVM) with schemas/."""
+    import json
+
+    from pyspark.sql import types as T
+
+    actual = T.StructType.fromJson(json.loads(table.schema().to_json()))
     got = [(f.name, f.dataType.simpleString()) for f in actual.fields]
-    exp = [(f.name, f.dataType.simpleString()) for f in want.fields]
+    exp = [(f.name, f.dataType.simpleString()) for f in schema.spark_schema().fields]
     if got != exp:
         raise TableSchemaMismatch(f"{schema.name} at {path} has columns {got}, schemas/ defines {exp}")
 
@@ -109,7 +136,9 @@ def replace_partition(
     """Atomically replace the rows matching `where` with `df`; returns the committed Delta version.
 
     Delta fails the commit if a row of `df` falls outside `where`, so a bug cannot spill into a
-    neighbouring partition. A rerun with the same input yields the same table contents.
+    neighbouring partition. A rerun with the same input yields the same table contents. The version
+    is that of the commit carrying `user_metadata` (a run id), so another writer committing right
+    after cannot be mistaken for this one.
     """
     spark = df.sparkSession
     path = ensure_table(spark, cfg, schema)
@@ -122,22 +151,40 @@ def replace_partition(
     if user_metadata:
         writer = writer.option("userMetadata", user_metadata)
     writer.save(path)
-    return latest_version(spark, path)
+    return committed_version(path, user_metadata)
 
 
-def latest_version(spark: "SparkSession", path: str) -> int:
-    from delta.tables import DeltaTable
+def _history(path: str, limit: int | None = None) -> list[dict[str, Any]]:
+    from deltalake import DeltaTable
 
-    return int(DeltaTable.forPath(spark, path).history(1).collect()[0]["version"])
+    return DeltaTable(path).history(limit)
 
 
-def rows_committed(spark: "SparkSession", cfg: GemConfig, schema: TableSchema, version: int) -> int:
+def committed_version(path: str, user_metadata: str = "") -> int:
+    """The version of the newest commit of `path` whose userMetadata is `user_metadata`, read from
+    the log without Spark. The latest version when `user_metadata` is empty, or when the write
+    committed nothing (Delta skips the commit of an empty replace of an empty partition)."""
+    from deltalake import DeltaTable
+
+    if user_metadata:
+        for commit in _history(path, 50):
+            if commit.get("userMetadata") == user_metadata:
+                return int(commit["version"])
+    return int(DeltaTable(path).version())
+
+
+def latest_version(path: str) -> int:
+    from deltalake import DeltaTable
+
+    return int(DeltaTable(path).version())
+
+
+def rows_committed(cfg: GemConfig, schema: TableSchema, version: int) -> int:
     """Rows the commit `version` of the table wrote (Delta's numOutputRows), without rereading them."""
-    from delta.tables import DeltaTable
-
-    history = DeltaTable.forPath(spark, table_path(cfg, schema)).history()
-    row = history.where(f"version = {int(version)}").collect()[0]
-    return int((row["operationMetrics"] or {}).get("numOutputRows", 0))
+    for commit in _history(table_path(cfg, schema)):
+        if int(commit["version"]) == int(version):
+            return int((commit.get("operationMetrics") or {}).get("numOutputRows", 0))
+    raise RuntimeError(f"{schema.name}: no commit {version} in the log of {table_path(cfg, schema)}")
 
 
 def read_table(spark: "SparkSession", cfg: GemConfig, schema: TableSchema, version: int | None = None) -> "DataFrame":
@@ -155,18 +202,24 @@ def new_run_id(stage: str, ds: str) -> str:
     return f"{stage}:{ds}:{uuid.uuid4().hex[:12]}"
 
 
-def clear_completion(spark: "SparkSession", cfg: GemConfig, stage: str, ds: str) -> None:
-    """Withdraw a (stage, ds) record before rewriting its outputs, so a crash mid-rerun leaves none."""
-    from delta.tables import DeltaTable
+# The records live in a small Delta table read and written with `deltalake`: a check or a publish
+# costs milliseconds and no Spark job, and stages without a JVM (training) publish the same way.
 
-    if completion(spark, cfg, stage, ds) is None:  # a read is far cheaper than a no-op DELETE commit
+
+def _completion_where(stage: str, ds: str) -> str:
+    return f"stage = '{stage}' AND ds = '{ds}'"
+
+
+def clear_completion(cfg: GemConfig, stage: str, ds: str) -> None:
+    """Withdraw a (stage, ds) record before rewriting its outputs, so a crash mid-rerun leaves none."""
+    from deltalake import DeltaTable
+
+    if completion(cfg, stage, ds) is None:  # a read is far cheaper than a no-op DELETE commit
         return
-    path = table_path(cfg, COMPLETIONS)
-    DeltaTable.forPath(spark, path).delete(f"stage = '{stage}' AND ds = DATE'{ds}'")
+    DeltaTable(table_path(cfg, COMPLETIONS)).delete(_completion_where(stage, ds))
 
 
 def publish_completion(
-    spark: "SparkSession",
     cfg: GemConfig,
     stage: str,
     ds: str,
@@ -176,6 +229,9 @@ def publish_completion(
     quarantined_by_reason: Mapping[str, int],
     table_versions: Mapping[str, int],
 ) -> None:
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
     rows_quarantined = int(sum(quarantined_by_reason.values()))
     if rows_in != rows_written + rows_quarantined:
         raise RuntimeError(
@@ -189,28 +245,41 @@ def publish_completion(
         "rows_in": int(rows_in),
         "rows_written": int(rows_written),
         "rows_quarantined": rows_quarantined,
-        "quarantined_by_reason": {k: int(v) for k, v in sorted(quarantined_by_reason.items())},
-        "table_versions": {k: int(v) for k, v in sorted(table_versions.items())},
-        "completed_at": dt.datetime.now(dt.timezone.utc).replace(tzinfo=None),
+        "quarantined_by_reason": sorted((k, int(v)) for k, v in quarantined_by_reason.items()),
+        "table_versions": sorted((k, int(v)) for k, v in table_versions.items()),
+        "completed_at": dt.datetime.now(dt.timezone.utc),
     }
-    df = spark.createDataFrame([row], schema=COMPLETIONS.spark_schema())
-    replace_partition(df, cfg, COMPLETIONS, {"stage": stage, "ds": ds}, user_metadata=run_id)
+    path = ensure_table(None, cfg, COMPLETIONS)
+    table = pa.Table.from_pylist([row], schema=COMPLETIONS.arrow_schema())
+    write_deltalake(path, table, mode="overwrite", predicate=_completion_where(stage, ds),
+                    partition_by=list(COMPLETIONS.partition_by), commit_properties=_commit_properties(run_id))
 
 
-def completion(spark: "SparkSession", cfg: GemConfig, stage: str, ds: str) -> dict[str, Any] | None:
-    from delta.tables import DeltaTable
+def _commit_properties(user_metadata: str) -> Any:
+    from deltalake import CommitProperties
+
+    return CommitProperties(custom_metadata={"userMetadata": user_metadata})
+
+
+def completion(cfg: GemConfig, stage: str, ds: str) -> dict[str, Any] | None:
+    from deltalake import DeltaTable
+
+    from gem.data.delta_log import read_table as read_logged_table
 
     path = table_path(cfg, COMPLETIONS)
-    if not DeltaTable.isDeltaTable(spark, path):
+    if not DeltaTable.is_deltatable(path):
         return None
-    rows = (
-        spark.read.format("delta").load(path).where(f"stage = '{stage}' AND ds = DATE'{ds}'").collect()
-    )
-    return rows[0].asDict(recursive=True) if rows else None
+    rows = read_logged_table(path, where={"stage": stage, "ds": ds}).to_pylist()
+    if not rows:
+        return None
+    record = rows[-1]
+    for key in ("quarantined_by_reason", "table_versions"):  # Arrow maps come back as (key, value) pairs
+        record[key] = dict(record[key] or [])
+    return record
 
 
-def require_completed(spark: "SparkSession", cfg: GemConfig, stage: str, ds: str) -> dict[str, Any]:
-    record = completion(spark, cfg, stage, ds)
+def require_completed(cfg: GemConfig, stage: str, ds: str) -> dict[str, Any]:
+    record = completion(cfg, stage, ds)
     if record is None:
         raise MissingInputError(
             f"input not ready: stage {stage!r} has no completion record for ds={ds} in "

@@ -252,8 +252,8 @@ def require_inputs(spark: SparkSession, cfg: GemConfig, ds: str) -> tuple[str, s
     first, last = bronze_window(cfg, ds)
     try:
         for day in day_range(first, last):
-            lakehouse.require_completed(spark, cfg, VALIDATE_EVENTS_STAGE, day)
-        lakehouse.require_completed(spark, cfg, VALIDATE_SILVER_STAGE, ds)
+            lakehouse.require_completed(cfg, VALIDATE_EVENTS_STAGE, day)
+        lakehouse.require_completed(cfg, VALIDATE_SILVER_STAGE, ds)
     except lakehouse.MissingInputError as e:
         raise lakehouse.MissingInputError(
             f"{STAGE} ds={ds} needs bronze validated for ds {first}..{last} (window "
@@ -274,7 +274,7 @@ def require_feature_days(spark: SparkSession, cfg: GemConfig, ds: str, day_impre
     days = sorted(d for d in (r["d"].isoformat() for r in rows) if d >= cfg.start_ds)
     for d in days:
         if d != ds:  # ds itself was checked by require_inputs
-            lakehouse.require_completed(spark, cfg, VALIDATE_SILVER_STAGE, d)
+            lakehouse.require_completed(cfg, VALIDATE_SILVER_STAGE, d)
     return days
 
 
@@ -323,7 +323,7 @@ def run(cfg: GemConfig, ds: str, spark: SparkSession | None = None) -> AssembleR
     n_examples = examples.count()
     n_impressions = day_impressions.count()
 
-    lakehouse.clear_completion(spark, cfg, STAGE, ds)
+    lakehouse.clear_completion(cfg, STAGE, ds)
     meta = json.dumps({"run_id": run_id, "stage": STAGE, "ds": ds})
     versions = {
         SILVER_TRAINING_EXAMPLES.name: lakehouse.replace_partition(
@@ -334,7 +334,7 @@ def run(cfg: GemConfig, ds: str, spark: SparkSession | None = None) -> AssembleR
         ),
     }
     lakehouse.publish_completion(
-        spark, cfg, STAGE, ds, run_id,
+        cfg, STAGE, ds, run_id,
         rows_in=n_impressions + conversions_in,
         rows_written=n_examples + attributed_today,
         quarantined_by_reason=quarantined,

@@ -335,13 +335,13 @@ def run(cfg: GemConfig, ds: str, spark: SparkSession | None = None, full: bool =
         raise ValueError(f"{STAGE} ds={ds} is before the pipeline's start_ds={cfg.start_ds}")
     spark = spark or get_spark(cfg, app_name=f"{STAGE}:{ds}")
     last_day = shift_day(ds, -1)
-    incremental = not full and ds > cfg.start_ds and lakehouse.completion(spark, cfg, STAGE, last_day) is not None
+    incremental = not full and ds > cfg.start_ds and lakehouse.completion(cfg, STAGE, last_day) is not None
     window = bronze_days(cfg, ds)
     rewritten = [last_day] if incremental else window
     require_inputs(spark, cfg, ds, rewritten)
     run_id = lakehouse.new_run_id(STAGE, ds)
 
-    lakehouse.clear_completion(spark, cfg, STAGE, ds)
+    lakehouse.clear_completion(cfg, STAGE, ds)
     meta = json.dumps({"run_id": run_id, "stage": STAGE, "ds": ds})
     versions = _write_daily_counts(spark, cfg, rewritten, meta) if rewritten else {}
     if window:
@@ -362,10 +362,10 @@ def run(cfg: GemConfig, ds: str, spark: SparkSession | None = None, full: bool =
         rows = feature_rows(rows, schema, ds) if window else rows
         # Each table is computed once, by its Delta write; row counts from the commit's metrics.
         versions[schema.name] = lakehouse.replace_partition(rows, cfg, schema, {"ds": ds}, meta)
-    n_users = lakehouse.rows_committed(spark, cfg, SILVER_USER_FEATURES, versions[SILVER_USER_FEATURES.name])
-    n_ads = lakehouse.rows_committed(spark, cfg, SILVER_AD_FEATURES, versions[SILVER_AD_FEATURES.name])
+    n_users = lakehouse.rows_committed(cfg, SILVER_USER_FEATURES, versions[SILVER_USER_FEATURES.name])
+    n_ads = lakehouse.rows_committed(cfg, SILVER_AD_FEATURES, versions[SILVER_AD_FEATURES.name])
     # rows_in counts the entities (users + ads) seen in the window: each becomes exactly one row.
-    lakehouse.publish_completion(spark, cfg, STAGE, ds, run_id, n_users + n_ads, n_users + n_ads, {}, versions)
+    lakehouse.publish_completion(cfg, STAGE, ds, run_id, n_users + n_ads, n_users + n_ads, {}, versions)
     return BuildResult(ds, n_users, n_ads, versions, time.time() - t0, incremental, rewritten)
 
 

@@ -189,7 +189,7 @@ def require_inputs(spark: "SparkSession", cfg: GemConfig, ds: str) -> None:
     from gem import lakehouse
 
     try:
-        lakehouse.require_completed(spark, cfg, VALIDATE_STAGE, ds)
+        lakehouse.require_completed(cfg, VALIDATE_STAGE, ds)
     except lakehouse.MissingInputError as e:
         raise lakehouse.MissingInputError(
             f"{STAGE} ds={ds} needs bronze ds={ds} to have passed data quality: {e}"
@@ -198,7 +198,7 @@ def require_inputs(spark: "SparkSession", cfg: GemConfig, ds: str) -> None:
         return
     prev = shift_day(ds, -1)
     try:
-        lakehouse.require_completed(spark, cfg, STAGE, prev)
+        lakehouse.require_completed(cfg, STAGE, prev)
     except lakehouse.MissingInputError as e:
         raise lakehouse.MissingInputError(
             f"{STAGE} ds={ds} needs the previous day's sequences (ds={prev}; start_ds={cfg.start_ds}): {e}"
@@ -218,7 +218,7 @@ def history_through(spark: "SparkSession", cfg: GemConfig, last_day: str, base_d
     from gem import lakehouse
 
     daily = lakehouse.read_table(spark, cfg, SILVER_USER_SEQUENCES).where(F.col("ds") <= F.lit(last_day).cast("date"))
-    if base_ds is None or lakehouse.completion(spark, cfg, COMPACT_STAGE, base_ds) is None:
+    if base_ds is None or lakehouse.completion(cfg, COMPACT_STAGE, base_ds) is None:
         return daily
     base_day = F.lit(base_ds).cast("date")
     base = lakehouse.read_table(spark, cfg, SILVER_USER_SEQUENCES_COMPACTED).where(F.col("ds") == base_day)
@@ -247,12 +247,12 @@ def compact(spark: "SparkSession", cfg: GemConfig, ds: str, run_id: str) -> int:
     # The previous compaction plus the days since: never this day's own compaction (being replaced).
     history = history_through(spark, cfg, ds, last_compaction_before(cfg, ds))
     snapshots = latest_rows(history).withColumn("ds", F.lit(ds).cast("date"))
-    lakehouse.clear_completion(spark, cfg, COMPACT_STAGE, ds)
+    lakehouse.clear_completion(cfg, COMPACT_STAGE, ds)
     meta = json.dumps({"run_id": run_id, "stage": COMPACT_STAGE, "ds": ds})
     rows = snapshots.select(*SILVER_USER_SEQUENCES_COMPACTED.column_names)
     version = lakehouse.replace_partition(rows, cfg, SILVER_USER_SEQUENCES_COMPACTED, {"ds": ds}, user_metadata=meta)
-    n = lakehouse.rows_committed(spark, cfg, SILVER_USER_SEQUENCES_COMPACTED, version)
-    lakehouse.publish_completion(spark, cfg, COMPACT_STAGE, ds, run_id, n, n, {},
+    n = lakehouse.rows_committed(cfg, SILVER_USER_SEQUENCES_COMPACTED, version)
+    lakehouse.publish_completion(cfg, COMPACT_STAGE, ds, run_id, n, n, {},
                                  {SILVER_USER_SEQUENCES_COMPACTED.name: version})
     return n
 
@@ -277,11 +277,11 @@ def run(cfg: GemConfig, ds: str, spark: "SparkSession | None" = None) -> BuildRe
     rows_written = rows.count()
     rows_in = users.count()
 
-    lakehouse.clear_completion(spark, cfg, STAGE, ds)
+    lakehouse.clear_completion(cfg, STAGE, ds)
     meta = json.dumps({"run_id": run_id, "stage": STAGE, "ds": ds})
     version = lakehouse.replace_partition(rows, cfg, SILVER_USER_SEQUENCES, {"ds": ds}, user_metadata=meta)
     lakehouse.publish_completion(
-        spark, cfg, STAGE, ds, run_id, rows_in, rows_written, {}, {SILVER_USER_SEQUENCES.name: version}
+        cfg, STAGE, ds, run_id, rows_in, rows_written, {}, {SILVER_USER_SEQUENCES.name: version}
     )
     compacted, t1 = None, time.time()
     if is_compaction_day(cfg, ds):

@@ -353,7 +353,7 @@ def run(cfg: GemConfig, ds: str, spark: "SparkSession | None" = None) -> IngestR
             expectations=quality.schema_expectations(BRONZE_AD_EVENTS),
             batch_label=f"{STAGE}:{ds}",
         )
-        lakehouse.clear_completion(spark, cfg, STAGE, ds)
+        lakehouse.clear_completion(cfg, STAGE, ds)
         crash_point(f"{STAGE}:after_withdraw")
         meta = json.dumps({"run_id": run_id, "stage": STAGE, "ds": ds})
         v_bronze = lakehouse.replace_partition(good, cfg, BRONZE_AD_EVENTS, {"ds": ds}, user_metadata=meta)
@@ -364,15 +364,15 @@ def run(cfg: GemConfig, ds: str, spark: "SparkSession | None" = None) -> IngestR
         crash_point(f"{STAGE}:after_quarantine")
 
         # Reconcile against what the commits say they wrote, not only what we counted.
-        written = lakehouse.rows_committed(spark, cfg, BRONZE_AD_EVENTS, v_bronze)
-        quarantined = lakehouse.rows_committed(spark, cfg, BRONZE_QUARANTINE, v_quarantine)
+        written = lakehouse.rows_committed(cfg, BRONZE_AD_EVENTS, v_bronze)
+        quarantined = lakehouse.rows_committed(cfg, BRONZE_QUARANTINE, v_quarantine)
         if written != rows_written or quarantined != sum(by_reason.values()):
             raise RuntimeError(
                 f"{STAGE} ds={ds}: commits wrote {written} bronze / {quarantined} quarantine rows, "
                 f"expected {rows_written} / {sum(by_reason.values())}"
             )
         versions = {BRONZE_AD_EVENTS.name: v_bronze, BRONZE_QUARANTINE.name: v_quarantine}
-        lakehouse.publish_completion(spark, cfg, STAGE, ds, run_id, rows_in, rows_written, by_reason, versions)
+        lakehouse.publish_completion(cfg, STAGE, ds, run_id, rows_in, rows_written, by_reason, versions)
     finally:
         for cached in (good, classified):
             if cached is not None:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from gem.cli import day_range, job_parser, shift_day
 from gem.config import GemConfig, MixConfig, load_config
-from gem.data.delta_log import LoggedFile, logged_files, table_version
+from gem.data.delta_log import LoggedFile, logged_files, read_logged, table_version
 from gem.orchestration import NOTHING_READY_EXIT
 from schemas.examples import LABEL_COLUMNS, SILVER_TRAINING_EXAMPLES
 from schemas.mixture import GOLD_MIXTURE_MANIFEST
@@ -101,11 +101,10 @@ def sampling_rates(rows_by_source: Mapping[str, int], mix: MixConfig) -> dict[st
 def label_positives(files: list[LoggedFile], label_types: tuple[str, ...]) -> dict[tuple[str, str], int]:
     """(file path, label type) -> rows with that label 1; reads only the label columns."""
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
     out = {}
     for f in files:
-        labels = pq.read_table(f.path, columns=[LABEL_COLUMNS[t] for t in label_types])
+        labels = read_logged([f], {}, [LABEL_COLUMNS[t] for t in label_types])
         for t in label_types:
             out[(f.path, t)] = int(pc.sum(labels[LABEL_COLUMNS[t]]).as_py() or 0)
     return out
@@ -161,7 +160,7 @@ def require_inputs(spark: SparkSession, cfg: GemConfig, ds: str, days: MixDays) 
 
     for day in (*days.train, days.eval):
         try:
-            lakehouse.require_completed(spark, cfg, GATE_STAGE, day)
+            lakehouse.require_completed(cfg, GATE_STAGE, day)
         except lakehouse.MissingInputError as e:
             raise lakehouse.MissingInputError(
                 f"{STAGE} ds={ds} mixes example days {days.train[0]}..{days.eval}, each validated: {e}"
@@ -184,12 +183,12 @@ def run(cfg: GemConfig, ds: str, spark: SparkSession | None = None) -> MixResult
     mixture_id, rows = manifest_rows(cfg, ds, days, examples_path, examples_version, sequences_path, sequences_version)
     run_id = lakehouse.new_run_id(STAGE, ds)
 
-    lakehouse.clear_completion(spark, cfg, STAGE, ds)
+    lakehouse.clear_completion(cfg, STAGE, ds)
     df = spark.createDataFrame(rows, GOLD_MIXTURE_MANIFEST.spark_schema())
     meta = json.dumps({"run_id": run_id, "stage": STAGE, "ds": ds, "mixture_id": mixture_id})
     version = lakehouse.replace_partition(df, cfg, GOLD_MIXTURE_MANIFEST, {"ds": ds}, meta)
     lakehouse.publish_completion(
-        spark, cfg, STAGE, ds, run_id, len(rows), len(rows), {},
+        cfg, STAGE, ds, run_id, len(rows), len(rows), {},
         {GOLD_MIXTURE_MANIFEST.name: version, SILVER_TRAINING_EXAMPLES.name: examples_version,
          SILVER_USER_SEQUENCES.name: sequences_version},
     )

@@ -67,7 +67,7 @@ def _recorded_version(ingest_record: dict[str, Any], table: str) -> int | None:
 def _events_version(spark: SparkSession, cfg: GemConfig, ingest_record: dict[str, Any]) -> int:
     """The bronze.ad_events version ingest committed for the ds (latest if it recorded none)."""
     recorded = _recorded_version(ingest_record, BRONZE_AD_EVENTS.name)
-    return recorded if recorded is not None else latest_version(spark, table_path(cfg, BRONZE_AD_EVENTS))
+    return recorded if recorded is not None else latest_version(table_path(cfg, BRONZE_AD_EVENTS))
 
 
 def _day(df: DataFrame, ds: str) -> DataFrame:
@@ -108,9 +108,9 @@ def run(cfg: GemConfig, ds: str) -> dict[str, Any]:
     ingest's record, DataQualityError (after Data Docs are built) on a failed critical expectation."""
     dt.date.fromisoformat(ds)
     spark = get_spark(cfg, app_name=f"{STAGE}:{ds}")
-    ingest_record = require_completed(spark, cfg, INGEST_STAGE, ds)
+    ingest_record = require_completed(cfg, INGEST_STAGE, ds)
     # A rerun that fails must not leave an earlier "validated" record standing.
-    clear_completion(spark, cfg, STAGE, ds)
+    clear_completion(cfg, STAGE, ds)
     run_id = new_run_id(STAGE, ds)
     version = _events_version(spark, cfg, ingest_record)
     events = _day(read_table(spark, cfg, BRONZE_AD_EVENTS, version=version), ds)
@@ -131,7 +131,6 @@ def run(cfg: GemConfig, ds: str) -> dict[str, Any]:
     summary = _summary(ds, run_id, rows, version, reports, str(index))
     raise_for_critical(reports)
     publish_completion(
-        spark,
         cfg,
         STAGE,
         ds,

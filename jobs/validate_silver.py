@@ -53,13 +53,13 @@ def _validate_and_publish(
     from gem import lakehouse
     from gem.quality import build_data_docs, raise_for_critical, validate
 
-    lakehouse.clear_completion(spark, cfg, stage, ds)  # a failing rerun must not leave an old "validated"
+    lakehouse.clear_completion(cfg, stage, ds)  # a failing rerun must not leave an old "validated"
     run_id = lakehouse.new_run_id(stage, ds)
     reports = [validate(cfg, b.df, b.suite_name, b.expectations, ds, raise_on_critical=False) for b in batches]
     build_data_docs(cfg, rebuild=False)
     raise_for_critical(reports)
     rows = int(record["rows_written"])
-    lakehouse.publish_completion(spark, cfg, stage, ds, run_id, rows, rows, {}, record.get("table_versions") or {})
+    lakehouse.publish_completion(cfg, stage, ds, run_id, rows, rows, {}, record.get("table_versions") or {})
     return reports
 
 
@@ -73,8 +73,8 @@ def run_tables(cfg: GemConfig, ds: str, spark: SparkSession | None = None) -> li
     from schemas.sequences import SILVER_USER_SEQUENCES
 
     spark = spark or get_spark(cfg, app_name=f"{SILVER_STAGE}:{ds}")
-    sequences_record = lakehouse.require_completed(spark, cfg, "build_sequences", ds)
-    features_record = lakehouse.require_completed(spark, cfg, "build_features", ds)
+    sequences_record = lakehouse.require_completed(cfg, "build_sequences", ds)
+    features_record = lakehouse.require_completed(cfg, "build_features", ds)
     sequences = _partition(spark, cfg, SILVER_USER_SEQUENCES, ds, sequences_record)
     batches = [
         Batch(f"{SILVER_USER_SEQUENCES.name}.rules", sequences, qs.sequence_expectations(cfg)),
@@ -101,7 +101,7 @@ def run_examples(cfg: GemConfig, ds: str, spark: SparkSession | None = None) -> 
     from schemas.sequences import SILVER_USER_SEQUENCES
 
     spark = spark or get_spark(cfg, app_name=f"{EXAMPLES_STAGE}:{ds}")
-    record = lakehouse.require_completed(spark, cfg, "assemble_examples", ds)
+    record = lakehouse.require_completed(cfg, "assemble_examples", ds)
     examples = _partition(spark, cfg, SILVER_TRAINING_EXAMPLES, ds, record)
     sequences_path = lakehouse.table_path(cfg, SILVER_USER_SEQUENCES)
     batches = [Batch(f"{SILVER_TRAINING_EXAMPLES.name}.rules", examples, qs.example_expectations(cfg, sequences_path))]

@@ -191,7 +191,7 @@ def test_unmatched_conversions_quarantined_and_counts_reconcile(spark, assembled
         assert r.conversions_in == len(arrived)
         assert r.attributed + sum(r.quarantined_by_reason.values()) == len(arrived)
         assert r.examples == len(impressions)
-        record = lakehouse.completion(spark, cfg, "assemble_examples", day)
+        record = lakehouse.completion(cfg, "assemble_examples", day)
         assert record["rows_in"] == len(arrived) + len(impressions)
         assert record["rows_quarantined"] == sum(1 for c in q.values() if c["ds"].isoformat() == day)
     # Attributed conversions land on examples: every day whose conversions can only go to assembled

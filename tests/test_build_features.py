@@ -233,7 +233,7 @@ def test_every_row_matches_a_plain_recount_and_clicks_never_exceed_impressions(s
 def test_first_day_has_empty_partitions_and_a_record(spark, built):
     cfg, _, _, start_result = built
     assert (start_result.users, start_result.ads) == (0, 0)
-    record = lakehouse.require_completed(spark, cfg, "build_features", START)
+    record = lakehouse.require_completed(cfg, "build_features", START)
     assert record["rows_written"] == 0
     assert set(record["table_versions"]) == {SILVER_USER_FEATURES.name, SILVER_AD_FEATURES.name}
 
@@ -263,7 +263,7 @@ def test_missing_validate_events_record_fails_naming_the_day(spark, built):
         match=f"'validate_events' has no completion record for ds={gap_day}.*jobs.validate_events --ds {gap_day}",
     ):
         build_features.run(cfg, day, spark)
-    assert lakehouse.completion(spark, cfg, "build_features", day) is None
+    assert lakehouse.completion(cfg, "build_features", day) is None
 
 
 def test_bronze_days_read_are_the_longest_window_clipped_at_start_ds(tmp_path):

@@ -74,7 +74,7 @@ def _load_bronze_day(spark, cfg, ds: str, rows: list[dict[str, Any]]) -> None:
     """Bronze ds rows plus the validate_events record build_sequences gates on."""
     df = spark.createDataFrame(rows, BRONZE_AD_EVENTS.spark_schema())
     lakehouse.replace_partition(df, cfg, BRONZE_AD_EVENTS, {"ds": ds})
-    lakehouse.publish_completion(spark, cfg, "validate_events", ds, f"test:{ds}", len(rows), len(rows), {}, {})
+    lakehouse.publish_completion(cfg, "validate_events", ds, f"test:{ds}", len(rows), len(rows), {}, {})
 
 
 def _reference_snapshot(events: list[dict[str, Any]]) -> dict[str, Any]:
@@ -150,7 +150,7 @@ def test_compaction_holds_every_users_snapshot(spark, built):
         for user, row in rows.items():
             assert _snapshot_of(row) == _snapshot_of(expected[user]), (user, ds)
         assert results[ds].compacted_users == len(expected)
-        assert lakehouse.require_completed(spark, cfg, build_sequences.COMPACT_STAGE, ds)["rows_written"] == len(rows)
+        assert lakehouse.require_completed(cfg, build_sequences.COMPACT_STAGE, ds)["rows_written"] == len(rows)
     assert all(results[d].compacted_users is None for d in (DAYS[0], DAYS[2], DAYS[4]))
 
 
@@ -197,7 +197,7 @@ def test_only_users_with_events_get_a_row_and_others_keep_their_snapshot(spark, 
         active = {e["user_id"] for e in days[ds]}
         assert {u for (d, u) in silver if d == ds} == active, ds
         assert results[ds].users == len(active)
-        record = lakehouse.require_completed(spark, cfg, "build_sequences", ds)
+        record = lakehouse.require_completed(cfg, "build_sequences", ds)
         assert (record["rows_in"], record["rows_written"], record["rows_quarantined"]) == (len(active), len(active), 0)
         if i == 0:
             continue
@@ -253,13 +253,13 @@ def test_missing_inputs_fail_with_a_clear_message(spark, built):
     ):
         build_sequences.run(cfg, day, spark)
 
-    lakehouse.publish_completion(spark, cfg, "validate_events", day, "test", 0, 0, {}, {})
+    lakehouse.publish_completion(cfg, "validate_events", day, "test", 0, 0, {}, {})
     with pytest.raises(
         lakehouse.MissingInputError,
         match=f"previous day's sequences.*'build_sequences' has no completion record for ds={gap_day}",
     ):
         build_sequences.run(cfg, day, spark)
-    assert lakehouse.completion(spark, cfg, "build_sequences", day) is None
+    assert lakehouse.completion(cfg, "build_sequences", day) is None
 
 
 def test_cli_rejects_a_malformed_day():

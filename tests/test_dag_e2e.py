@@ -1,8 +1,10 @@
-"""One real gem_daily DagRun on SQLite, end to end: Airflow -> job subprocesses -> Delta tables.
+"""Two real gem_daily DagRuns on SQLite, end to end: Airflow -> job subprocesses -> Delta tables.
 
 Runs exactly what `make demo` runs (`airflow dags test`, in-process, no scheduler or API server)
-with a throwaway AIRFLOW_HOME and a tiny config, then checks the run state in the metadata DB and
-the Delta outputs of ds=2026-01-01. Slow: three Spark-job subprocesses (a few minutes on 2 cores).
+with a throwaway AIRFLOW_HOME and a tiny config, for two consecutive days: the first has no
+training day before its held-out day (mix and pretraining are skipped), the second mixes day 1
+(train) with day 2 (held out) and pretrains on it, so the main path through to gold.metrics runs
+under Airflow. Slow: Spark-job subprocesses and a short CPU training (a few minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -20,30 +22,41 @@ from typing import Any
 import pytest
 import yaml
 
+from gem.data.delta_log import read_table
 from gem.orchestration import REPO_ROOT, RETRIES_ENV, manual_logical_date
+from schemas.metrics import GOLD_METRICS
 
 pytestmark = pytest.mark.slow
 
-DS = "2026-01-01"
+DAYS = ("2026-01-01", "2026-01-02")
 # CronDataIntervalTimetable + `dags test DATE` process the last complete day before DATE.
-LOGICAL_DATE = manual_logical_date(DS)  # "2026-01-02"
-# task id -> the command line it must have run (a window of 0 days makes the examples of DS ready
-# in the same run, so every task does work).
-COMMANDS = {
-    "generate_events": f"-m jobs.generate_events --ds {DS}",
-    "ingest_events": f"-m jobs.ingest_events --ds {DS}",
-    "validate_events": f"-m jobs.validate_events --ds {DS}",
-    "build_sequences": f"-m jobs.build_sequences --ds {DS}",
-    "build_features": f"-m jobs.build_features --ds {DS}",
-    "validate_silver": f"-m jobs.validate_silver --ds {DS}",
-    "assemble_examples": f"-m jobs.assemble_examples --ready-on {DS}",
-    "validate_examples": f"-m jobs.validate_silver --ready-on {DS} --examples",
-    "mix": f"-m jobs.mix --ds {DS}",
+LOGICAL_DATES = tuple(manual_logical_date(ds) for ds in DAYS)  # "2026-01-02", "2026-01-03"
+TRAIN_STEPS = 4
+
+
+def commands(ds: str) -> dict[str, str]:
+    """task id -> the command line it must have run for ds (a window of 0 days makes the examples
+    of ds ready in the same run)."""
+    return {
+        "generate_events": f"-m jobs.generate_events --ds {ds}",
+        "ingest_events": f"-m jobs.ingest_events --ds {ds}",
+        "validate_events": f"-m jobs.validate_events --ds {ds}",
+        "build_sequences": f"-m jobs.build_sequences --ds {ds}",
+        "build_features": f"-m jobs.build_features --ds {ds}",
+        "validate_silver": f"-m jobs.validate_silver --ds {ds}",
+        "assemble_examples": f"-m jobs.assemble_examples --ready-on {ds}",
+        "validate_examples": f"-m jobs.validate_silver --ready-on {ds} --examples",
+        "mix": f"-m jobs.mix --ds {ds}",
+        "pretrain": f"-m jobs.pretrain --ds {ds}",
+    }
+
+
+# Day 1 has no training day before its held-out day: the mix exits 99 and shows as skipped, and
+# pretraining, which needs its manifest, is skipped with it. Day 2 runs every task.
+EXPECTED_STATES = {
+    LOGICAL_DATES[0]: {task: "success" for task in commands(DAYS[0])} | {"mix": "skipped", "pretrain": "skipped"},
+    LOGICAL_DATES[1]: {task: "success" for task in commands(DAYS[1])},
 }
-# One day has no training day before its held-out day: the mix exits 99 and shows as skipped, and
-# pretraining, which needs its manifest, is skipped with it (it never starts).
-EXPECTED_STATES = {task: "success" for task in COMMANDS} | {"mix": "skipped", "pretrain": "skipped"}
-JOBS = list(COMMANDS)
 RUN_TIMEOUT_S = 1800
 
 
@@ -54,6 +67,7 @@ class DagRunResult:
     seconds: float
     db: Path
     lakehouse: Path
+    config: Path
 
     def tail(self, n: int = 6000) -> str:
         return self.log[-n:]
@@ -72,6 +86,10 @@ def _config(tmp: Path) -> Path:
             "events_per_day": 3000,
             "chunk_impressions": 3000,
         },
+        "mix": {"train_days": 1},
+        "loader": {"batch_size": 128, "num_workers": 0},
+        "model": {"embeddings": {"backend": "torchrec"}},  # as the demo trains
+        "train": {"steps": TRAIN_STEPS, "checkpoint_every": 2},
     }
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -79,24 +97,19 @@ def _config(tmp: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def dag_run(tmp_path_factory: pytest.TempPathFactory) -> DagRunResult:
-    missing = [j for j in JOBS if not (REPO_ROOT / "jobs" / f"{COMMANDS[j].split()[1][5:]}.py").exists()]
-    if missing:
-        pytest.fail(f"jobs not written yet: {missing}; the DAG would fail at the first of them")
     tmp = tmp_path_factory.mktemp("dag_e2e")
     # A clean environment: nothing from the developer's Airflow home, DB or GEM__ overrides leaks in.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "GEM_"))}
+    config = _config(tmp)
     env |= {
         "AIRFLOW_HOME": str(tmp / "airflow_home"),
-        "GEM_CONFIG": str(_config(tmp)),
+        "GEM_CONFIG": str(config),
         RETRIES_ENV: "0",  # a broken job fails the run now instead of after two 5-minute waits
     }
     py = shlex.quote(sys.executable)
-    script = (
-        "set -euo pipefail\n"
-        ". infra/airflow/airflow_env.sh\n"
-        "bash infra/airflow/init_db.sh > /dev/null\n"  # as make demo does: the DB and the gpu pool
-        f"exec {py} -m airflow dags test gem_daily {LOGICAL_DATE}\n"
-    )
+    script = "set -euo pipefail\n. infra/airflow/airflow_env.sh\n"
+    script += "bash infra/airflow/init_db.sh > /dev/null\n"  # as make demo does: the DB and the gpu pool
+    script += "".join(f"{py} -m airflow dags test gem_daily {d}\n" for d in LOGICAL_DATES)
     started = time.monotonic()
     out = subprocess.run(
         ["bash", "-c", script],
@@ -110,13 +123,14 @@ def dag_run(tmp_path_factory: pytest.TempPathFactory) -> DagRunResult:
     )
     seconds = time.monotonic() - started
     (tmp / "dags_test.log").write_text(out.stdout)
-    print(f"airflow db migrate + dags test took {seconds:.1f}s; log: {tmp / 'dags_test.log'}")
+    print(f"airflow db migrate + 2 x dags test took {seconds:.1f}s; log: {tmp / 'dags_test.log'}")
     return DagRunResult(
         returncode=out.returncode,
         log=out.stdout,
         seconds=seconds,
         db=tmp / "airflow_home" / "airflow.db",
         lakehouse=tmp / "lakehouse",
+        config=config,
     )
 
 
@@ -125,67 +139,87 @@ def _query(db: Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:
         return conn.execute(sql, args).fetchall()
 
 
-def test_dag_run_succeeded(dag_run: DagRunResult) -> None:
+def test_dag_runs_succeeded(dag_run: DagRunResult) -> None:
     assert dag_run.returncode == 0, dag_run.tail()
     runs = _query(
         dag_run.db,
-        "SELECT state, logical_date, data_interval_start FROM dag_run WHERE dag_id = 'gem_daily'",
+        "SELECT logical_date, data_interval_start, state FROM dag_run WHERE dag_id = 'gem_daily' ORDER BY logical_date",
     )
-    assert len(runs) == 1, runs
-    state, logical_date, interval_start = runs[0]
-    assert state == "success", dag_run.tail()
-    assert logical_date.startswith(LOGICAL_DATE) and interval_start.startswith(DS), runs
-    tis = dict(_query(dag_run.db, "SELECT task_id, state FROM task_instance WHERE dag_id = 'gem_daily'"))
-    assert tis == EXPECTED_STATES, tis
+    assert [(r[0][:10], r[1][:10], r[2]) for r in runs] == [
+        (logical, ds, "success") for logical, ds in zip(LOGICAL_DATES, DAYS, strict=True)
+    ], dag_run.tail()
+    for logical in LOGICAL_DATES:
+        tis = dict(_query(
+            dag_run.db,
+            "SELECT t.task_id, t.state FROM task_instance t JOIN dag_run r ON r.run_id = t.run_id "
+            "WHERE t.dag_id = 'gem_daily' AND substr(r.logical_date, 1, 10) = ?",
+            logical,
+        ))
+        assert tis == EXPECTED_STATES[logical], (logical, tis)
 
 
 def test_jobs_got_the_interval_start_ds(dag_run: DagRunResult) -> None:
-    for task, command in COMMANDS.items():
-        assert command in dag_run.log, f"{task} did not run `{command}`\n{dag_run.tail()}"
+    for ds, logical in zip(DAYS, LOGICAL_DATES, strict=True):
+        for task, command in commands(ds).items():
+            if EXPECTED_STATES[logical][task] == "success":
+                assert command in dag_run.log, f"{task} did not run `{command}`\n{dag_run.tail()}"
 
 
 def test_bronze_and_completions(dag_run: DagRunResult, spark: Any) -> None:
-    assert dag_run.returncode == 0, "the DAG run failed; see test_dag_run_succeeded"
+    assert dag_run.returncode == 0, "the DAG runs failed; see test_dag_runs_succeeded"
     lake = str(dag_run.lakehouse)
     bronze = spark.read.format("delta").load(f"{lake}/bronze/ad_events")
-    assert [str(r.ds) for r in bronze.select("ds").distinct().collect()] == [DS]
-    bronze_rows = bronze.count()
-    assert bronze_rows > 0
-
+    assert sorted(str(r.ds) for r in bronze.select("ds").distinct().collect()) == list(DAYS)
     quarantine = spark.read.format("delta").load(f"{lake}/bronze/quarantine")
-    quarantined = quarantine.where(f"ds = DATE'{DS}'").count()
-    assert quarantine.where(f"ds <> DATE'{DS}'").count() == 0
-
-    done = {
-        r.stage: r
-        for r in spark.read.format("delta").load(f"{lake}/_ops/completions").where(f"ds = DATE'{DS}'").collect()
-    }
-    assert set(done) == {
-        "ingest_events", "validate_events", "build_sequences", "build_features", "validate_silver",
-        "assemble_examples", "validate_examples",
-    }, sorted(done)
-    ingest = done["ingest_events"]
-    assert ingest.rows_written == bronze_rows
-    assert ingest.rows_quarantined == quarantined
-    assert ingest.rows_in == bronze_rows + quarantined
-    # The generator plants ~1% dirty lines by default; ingest must have caught some.
-    assert quarantined > 0
+    completions = spark.read.format("delta").load(f"{lake}/_ops/completions")
+    for ds in DAYS:
+        bronze_rows = bronze.where(f"ds = DATE'{ds}'").count()
+        quarantined = quarantine.where(f"ds = DATE'{ds}'").count()
+        assert bronze_rows > 0
+        done = {r.stage: r for r in completions.where(f"ds = DATE'{ds}'").collect()}
+        expected = {"ingest_events", "validate_events", "build_sequences", "build_features", "validate_silver",
+                    "assemble_examples", "validate_examples"} | ({"mix"} if ds == DAYS[1] else set())
+        assert set(done) == expected, (ds, sorted(done))
+        ingest = done["ingest_events"]
+        assert ingest.rows_written == bronze_rows
+        assert ingest.rows_quarantined == quarantined
+        assert ingest.rows_in == bronze_rows + quarantined
+        # The generator plants ~1% dirty lines by default; ingest must have caught some.
+        assert quarantined > 0
 
 
 def test_user_sequences_cover_every_active_user(dag_run: DagRunResult, spark: Any) -> None:
-    assert dag_run.returncode == 0, "the DAG run failed; see test_dag_run_succeeded"
+    assert dag_run.returncode == 0, "the DAG runs failed; see test_dag_runs_succeeded"
     lake = str(dag_run.lakehouse)
-    users = spark.read.format("delta").load(f"{lake}/bronze/ad_events").select("user_id").distinct().count()
-    sequences = spark.read.format("delta").load(f"{lake}/silver/user_sequences").where(f"ds = DATE'{DS}'")
-    assert sequences.count() == users
-    assert sequences.where("n_impressions + n_clicks + n_conversions = 0").count() == 0
+    bronze = spark.read.format("delta").load(f"{lake}/bronze/ad_events")
+    sequences = spark.read.format("delta").load(f"{lake}/silver/user_sequences")
+    for ds in DAYS:  # a day's partition holds exactly the users active that day
+        users = bronze.where(f"ds = DATE'{ds}'").select("user_id").distinct().count()
+        day = sequences.where(f"ds = DATE'{ds}'")
+        assert day.count() == users
+        assert day.where("n_impressions + n_clicks + n_conversions = 0").count() == 0
 
 
 def test_training_examples_one_per_impression_with_labels(dag_run: DagRunResult, spark: Any) -> None:
-    assert dag_run.returncode == 0, "the DAG run failed; see test_dag_run_succeeded"
+    assert dag_run.returncode == 0, "the DAG runs failed; see test_dag_runs_succeeded"
     lake = str(dag_run.lakehouse)
     impressions = spark.read.format("delta").load(f"{lake}/bronze/ad_events").where("event_type = 'impression'")
     examples = spark.read.format("delta").load(f"{lake}/silver/training_examples")
     assert examples.count() == impressions.count()
     assert examples.select("impression_id").distinct().count() == examples.count()
     assert examples.where("label_click = 1").count() > 0
+
+
+def test_pretraining_wrote_held_out_metrics(dag_run: DagRunResult) -> None:
+    """The second run's pretraining scored the held-out day (day 2) into gold.metrics: one row per
+    task, read outside Spark with the partition column restored from the Delta log."""
+    assert dag_run.returncode == 0, "the DAG runs failed; see test_dag_runs_succeeded"
+    rows = read_table(GOLD_METRICS.path(str(dag_run.lakehouse))).to_pylist()
+    assert rows, "gold.metrics is empty"
+    assert {r["ds"].isoformat() for r in rows} == {DAYS[1]}
+    assert len({r["run_id"] for r in rows}) == 1
+    assert len({r["task"] for r in rows}) == len(rows)  # one row per task
+    assert {r["train_steps"] for r in rows} == {TRAIN_STEPS}
+    click = [r for r in rows if r["task"].endswith("/click") and r["auc"] is not None]
+    assert click and all(0.0 <= r["auc"] <= 1.0 and r["ne"] > 0 for r in click)
+    assert f"trained {TRAIN_STEPS} steps" in dag_run.log

@@ -55,11 +55,11 @@ def test_every_dirty_kind_is_quarantined_with_its_reason(spark, dirty_day):
         for raw in lines:
             assert (reason, raw) in by_line, (reason, raw)  # the raw line is kept verbatim
 
-    record = lakehouse.require_completed(spark, cfg, "ingest_events", DAY)
+    record = lakehouse.require_completed(cfg, "ingest_events", DAY)
     assert record["rows_in"] == record["rows_written"] + record["rows_quarantined"]
     assert record["quarantined_by_reason"] == expected
     assert record["table_versions"][BRONZE_AD_EVENTS.name] == lakehouse.latest_version(
-        spark, lakehouse.table_path(cfg, BRONZE_AD_EVENTS)
+        lakehouse.table_path(cfg, BRONZE_AD_EVENTS)
     )
 
     # Rerun: identical contents, still exactly one completion record for the day.
@@ -89,12 +89,12 @@ def test_crash_between_commits_leaves_no_completion_and_rerun_converges(spark, d
         monkeypatch.setattr(ingest_events, "crash_point", die_at)
         with pytest.raises(Killed):
             ingest_events.run(cfg, DAY, spark)
-        assert lakehouse.completion(spark, cfg, "ingest_events", DAY) is None, point
+        assert lakehouse.completion(cfg, "ingest_events", DAY) is None, point
 
         monkeypatch.undo()
         ingest_events.run(cfg, DAY, spark)
         assert _snapshot(spark, cfg) == reference, point
-        assert lakehouse.completion(spark, cfg, "ingest_events", DAY) is not None
+        assert lakehouse.completion(cfg, "ingest_events", DAY) is not None
 
 
 @pytest.mark.slow
@@ -109,14 +109,14 @@ def test_process_killed_after_bronze_commit(spark, tmp_path):
         [PYTHON, "-m", "jobs.ingest_events", "--ds", DAY], cwd=REPO, env=env, capture_output=True, text=True
     )
     assert proc.returncode == -9, proc.stderr[-2000:]
-    assert lakehouse.completion(spark, cfg, "ingest_events", DAY) is None
+    assert lakehouse.completion(cfg, "ingest_events", DAY) is None
     # The bronze commit happened; the quarantine table never got its partition.
     assert len(_rows(spark, cfg, BRONZE_AD_EVENTS)) == len(CLEAN_LINES) + len(EXTRA_CLEAN)
 
     result = ingest_events.run(cfg, DAY, spark)
     assert result.rows_in == result.rows_written + sum(result.quarantined_by_reason.values())
     assert len(_rows(spark, cfg, BRONZE_QUARANTINE)) == sum(len(v) for v in DIRTY_LINES.values())
-    assert lakehouse.completion(spark, cfg, "ingest_events", DAY) is not None
+    assert lakehouse.completion(cfg, "ingest_events", DAY) is not None
 
 
 def test_schema_drift_unexpected_column_fails_loudly(spark, tmp_path):
@@ -124,7 +124,7 @@ def test_schema_drift_unexpected_column_fails_loudly(spark, tmp_path):
     write_day(cfg.landing_root, DAY, [line(f"d{i}", discount_pct=10) for i in range(10)])
     with pytest.raises(ingest_events.SchemaDriftError, match="unexpected column 'discount_pct' in 10 of 10"):
         ingest_events.run(cfg, DAY, spark)
-    assert lakehouse.completion(spark, cfg, "ingest_events", DAY) is None
+    assert lakehouse.completion(cfg, "ingest_events", DAY) is None
 
 
 def test_schema_drift_changed_type_fails_loudly(spark, tmp_path):
@@ -133,7 +133,7 @@ def test_schema_drift_changed_type_fails_loudly(spark, tmp_path):
     write_day(cfg.landing_root, DAY, [line(f"d{i}", event_time="2026-01-01T01:00:00Z") for i in range(10)])
     with pytest.raises(ingest_events.SchemaDriftError, match="wrong type in column 'event_time'.*event_time: long"):
         ingest_events.run(cfg, DAY, spark)
-    assert lakehouse.completion(spark, cfg, "ingest_events", DAY) is None
+    assert lakehouse.completion(cfg, "ingest_events", DAY) is None
 
 
 def test_missing_or_unfinished_landing_partition_is_named(spark, tmp_path):

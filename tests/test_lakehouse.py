@@ -46,12 +46,11 @@ def test_a_constraint_violation_fails_the_whole_commit(spark, cfg):
     bad = spark.createDataFrame([_event(event_id="e2"), _event(event_id="e3", surface="tiktok")], BRONZE_AD_EVENTS.spark_schema())
     with pytest.raises(Exception, match="surface_domain"):
         lakehouse.replace_partition(bad, cfg, BRONZE_AD_EVENTS, {"ds": DAY})
-    assert lakehouse.latest_version(spark, lakehouse.table_path(cfg, BRONZE_AD_EVENTS)) == v
+    assert lakehouse.latest_version(lakehouse.table_path(cfg, BRONZE_AD_EVENTS)) == v
     assert [r.event_id for r in lakehouse.read_table(spark, cfg, BRONZE_AD_EVENTS).collect()] == ["e1"]
 
 
 def test_replace_partition_touches_only_its_partition_and_deltalake_reads_it(spark, cfg):
-    from deltalake import DeltaTable
 
     rows = [_event(event_id=f"e{i}", ds=dt.date(2026, 1, 1 + i % 2)) for i in range(4)]
     df = spark.createDataFrame(rows, BRONZE_AD_EVENTS.spark_schema())
@@ -60,20 +59,12 @@ def test_replace_partition_touches_only_its_partition_and_deltalake_reads_it(spa
     replacement = spark.createDataFrame([_event(event_id="r1")], BRONZE_AD_EVENTS.spark_schema())
     lakehouse.replace_partition(replacement, cfg, BRONZE_AD_EVENTS, {"ds": "2026-01-01"})
 
-    # Read through the Delta log without Spark, as the training loader will: the log lists the live
-    # files and their partition values; pyarrow reads the files. (deltalake's to_pyarrow_table is
-    # avoided: it made the interpreter abort at exit in about half the runs.)
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    # Read through the Delta log without Spark, as the training loader does: the log lists the live
+    # files and their partition values, which the reader restores beside the files' columns.
+    from gem.data.delta_log import read_table
 
-    table = DeltaTable(lakehouse.table_path(cfg, BRONZE_AD_EVENTS))
-    actions = pa.table(table.get_add_actions(flatten=True))
-    root = lakehouse.table_path(cfg, BRONZE_AD_EVENTS)
-    got = sorted(
-        (ds, event_id)
-        for path, ds in zip(actions["path"].to_pylist(), actions["partition.ds"].to_pylist())
-        for event_id in pq.read_table(f"{root}/{path}", columns=["event_id"])["event_id"].to_pylist()
-    )
+    table = read_table(lakehouse.table_path(cfg, BRONZE_AD_EVENTS), columns=["ds", "event_id"])
+    got = sorted((r["ds"], r["event_id"]) for r in table.to_pylist())
     assert got == [(dt.date(2026, 1, 1), "r1"), (dt.date(2026, 1, 2), "e1"), (dt.date(2026, 1, 2), "e3")]
 
     # A row outside the predicate is refused instead of spilling into a neighbouring day.
@@ -91,15 +82,15 @@ def test_existing_table_with_another_schema_is_refused(spark, cfg):
 def test_completion_records_gate_readers_and_reconcile(spark, tmp_path):
     cfg = make_config(tmp_path)
     with pytest.raises(lakehouse.MissingInputError, match="ingest_events.*ds=2026-01-01"):
-        lakehouse.require_completed(spark, cfg, "ingest_events", DAY)
+        lakehouse.require_completed(cfg, "ingest_events", DAY)
     with pytest.raises(RuntimeError, match="do not reconcile"):
-        lakehouse.publish_completion(spark, cfg, "ingest_events", DAY, "r0", 10, 7, {"wrong_type": 2}, {})
-    assert lakehouse.completion(spark, cfg, "ingest_events", DAY) is None
+        lakehouse.publish_completion(cfg, "ingest_events", DAY, "r0", 10, 7, {"wrong_type": 2}, {})
+    assert lakehouse.completion(cfg, "ingest_events", DAY) is None
 
-    lakehouse.publish_completion(spark, cfg, "ingest_events", DAY, "r1", 10, 7, {"wrong_type": 3}, {"t": 4})
-    lakehouse.publish_completion(spark, cfg, "ingest_events", DAY, "r2", 10, 7, {"wrong_type": 3}, {"t": 5})
-    record = lakehouse.require_completed(spark, cfg, "ingest_events", DAY)
+    lakehouse.publish_completion(cfg, "ingest_events", DAY, "r1", 10, 7, {"wrong_type": 3}, {"t": 4})
+    lakehouse.publish_completion(cfg, "ingest_events", DAY, "r2", 10, 7, {"wrong_type": 3}, {"t": 5})
+    record = lakehouse.require_completed(cfg, "ingest_events", DAY)
     assert (record["run_id"], record["table_versions"]) == ("r2", {"t": 5})  # replaced, not appended
     assert lakehouse.read_table(spark, cfg, COMPLETIONS).count() == 1
-    lakehouse.clear_completion(spark, cfg, "ingest_events", DAY)
-    assert lakehouse.completion(spark, cfg, "ingest_events", DAY) is None
+    lakehouse.clear_completion(cfg, "ingest_events", DAY)
+    assert lakehouse.completion(cfg, "ingest_events", DAY) is None

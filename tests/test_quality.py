@@ -251,7 +251,7 @@ def _write_day(spark: Any, cfg: GemConfig, ds: str, rows: list[dict[str, Any]]) 
     version = replace_partition(frame(spark, rows), cfg, BRONZE_AD_EVENTS, {"ds": ds})
     run_id = f"ingest_events:{ds}:test"
     versions = {BRONZE_AD_EVENTS.name: version}
-    publish_completion(spark, cfg, "ingest_events", ds, run_id, len(rows), len(rows), {}, versions)
+    publish_completion(cfg, "ingest_events", ds, run_id, len(rows), len(rows), {}, versions)
 
 
 def _config_file(tmp_path: Path, cfg: GemConfig) -> Path:
@@ -277,7 +277,7 @@ def test_validate_events_passes_and_publishes_completion(spark: Any, validated_d
     cfg, summary = validated_day
     rows = len(clean_day(cfg.surfaces))
     assert summary["success"] and summary["rows_validated"] == rows and not summary["failed_critical"]
-    record = completion(spark, cfg, "validate_events", DS)
+    record = completion(cfg, "validate_events", DS)
     assert record is not None
     assert (record["rows_in"], record["rows_written"], record["rows_quarantined"]) == (rows, rows, 0)
     assert record["table_versions"] == {BRONZE_AD_EVENTS.name: summary["events_version"]}
@@ -348,7 +348,7 @@ def test_validate_events_fails_on_critical_expectation(
     assert validate_events.main(["--ds", bad_ds, "--config", str(_config_file(tmp_path, cfg))]) == 1
     err = capsys.readouterr().err
     assert f"surface_ctr:{surface}" in err and "[1.0]" in err and "Data Docs:" in err
-    assert completion(spark, cfg, "validate_events", bad_ds) is None
+    assert completion(cfg, "validate_events", bad_ds) is None
 
 
 def test_validate_events_requires_ingest_completion(

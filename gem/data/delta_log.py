@@ -1,7 +1,9 @@
 """Delta tables read through their log with the `deltalake` package: no Spark, no folder listing.
 
 Files come from the log's add actions at an explicit version, so a reader sees exactly the rows
-of that version even after later commits. (Materialising a table with deltalake's
+of that version even after later commits. Every reader outside Spark goes through `read_table` /
+`read_logged`, which put back the partition columns (`ds`, `surface`) that Delta keeps in the log
+rather than in the data files. (Materialising a table with deltalake's
 `to_pyarrow_table` made the interpreter abort at exit about half the time; listing the log and
 reading the files with pyarrow.parquet does not.)
 """
@@ -10,7 +12,9 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 
@@ -76,3 +80,72 @@ def require_file(path: str, context: str) -> None:
             f"{context}: data file {path} does not exist (vacuumed, or the table was rewritten); "
             "re-create the manifest (python -m jobs.mix) so it lists live files"
         )
+
+
+def partition_types(table_path: str, version: int | None = None) -> dict[str, Any]:
+    """Partition column -> its Arrow type, from the table's own schema in the log (ds: date32)."""
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    table = DeltaTable(table_path, version=version) if version is not None else DeltaTable(table_path)
+    schema = pa.schema(table.schema().to_arrow())
+    return {name: schema.field(name).type for name in table.metadata().partition_columns}
+
+
+def read_logged(files: Sequence[LoggedFile], types: dict[str, Any], columns: Sequence[str] | None = None) -> Any:
+    """The rows of `files` as one Arrow table, partition columns restored from the log's values.
+
+    Delta data files do not store partition columns (they live in the log's add actions), so
+    pyarrow alone would drop `ds`, `surface`, ...; this appends each as a constant column of the
+    file, cast to its type in `types` (see `partition_types`). `columns` picks and orders the
+    output (data and partition columns alike); None keeps every column, partitions last.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    wanted = list(columns) if columns is not None else None
+    data_columns = [c for c in wanted if c not in types] if wanted is not None else None
+    tables = []
+    for f in files:
+        require_file(f.path, "read_logged")
+        table = pq.read_table(f.path, columns=data_columns)
+        for name, arrow_type in types.items():
+            if wanted is None or name in wanted:
+                value = pa.scalar(f.partition.get(name), pa.string()).cast(arrow_type)
+                table = table.append_column(name, pa.repeat(value, table.num_rows))
+        tables.append(table.select(wanted) if wanted is not None else table)
+    if not tables:
+        raise ValueError("read_logged needs at least one file (an empty selection has no schema to return)")
+    return pa.concat_tables(tables)
+
+
+def read_table(table_path: str, version: int | None = None, columns: Sequence[str] | None = None,
+               where: Mapping[str, str | Collection[str]] | None = None) -> Any:
+    """A Delta table (at `version`, default the latest) as an Arrow table with its partition columns.
+
+    `where` keeps the files whose partition values match ({"ds": "2026-01-02"} or
+    {"surface": {"ig_feed", "reels"}}), so unmatched files are never opened. Returns an empty table
+    with the right columns when nothing matches.
+    """
+    import pyarrow as pa
+
+    version = table_version(table_path) if version is None else version
+    types = partition_types(table_path, version)
+    files = [f for f in logged_files(table_path, version) if _matches(f, where or {})]
+    if files:
+        return read_logged(files, types, columns)
+    from deltalake import DeltaTable
+
+    schema = pa.schema(DeltaTable(table_path, version=version).schema().to_arrow())
+    data_fields = [schema.field(n) for n in schema.names if n not in types]
+    full = pa.schema(data_fields + [schema.field(n) for n in types])
+    names = list(columns) if columns is not None else full.names
+    return pa.schema([full.field(n) for n in names]).empty_table()
+
+
+def _matches(f: LoggedFile, where: Mapping[str, str | Collection[str]]) -> bool:
+    for name, wanted in where.items():
+        value = f.partition.get(name)
+        if (value != wanted) if isinstance(wanted, str) else (value not in wanted):
+            return False
+    return True

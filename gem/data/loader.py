@@ -34,13 +34,12 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from gem.config import LoaderConfig
 from gem.data.batch import Batch, Jagged, Sparse
-from gem.data.delta_log import LoggedFile, logged_files, require_file
+from gem.data.delta_log import LoggedFile, MissingDataFileError, logged_files, read_logged, require_file
 from gem.data.encode import DENSE_COLUMNS, HASHED_IDS, VOCABULARIES, dense_matrix, hash_ids, timestamps_us, vocab_index
 from gem.data.manifest import Manifest
 from gem.data.sampling import keep_probability, row_uniforms, stable_hash
@@ -50,8 +49,7 @@ from schemas.sequences import SEQUENCE_COLUMNS
 
 SPARSE_FEATURES: tuple[str, ...] = ("user_id", "ad_id", "advertiser_id", "campaign_id", "surface", "objective",
                                     "creative_type", "position")
-# Columns read from an example file. Its partition values (ds, surface) are not stored in Delta data
-# files; the surface comes from the manifest.
+# Columns read from an example file (its surface partition value is restored from the log).
 EXAMPLE_COLUMNS: list[str] = [
     "impression_id", "impression_time", "user_id", "ad_id", "advertiser_id", "campaign_id",
     "objective", "creative_type", "position", "sequence_ds", *LABEL_COLUMNS.values(), *DENSE_COLUMNS,
@@ -119,9 +117,14 @@ class ExampleStream(IterableDataset):
         return [files[i] for i in order[shard :: self.num_shards]]
 
     def read_file(self, path: str) -> pa.Table:
-        table = pq.read_table(path, columns=EXAMPLE_COLUMNS)
-        surface = pa.array([self.manifest.file_surface[path]] * table.num_rows, pa.string())
-        return table.append_column("surface", surface)
+        """One example file with its surface partition value restored from the Delta log."""
+        logged = self.manifest.example_files.get(path)
+        if logged is None:
+            raise MissingDataFileError(
+                f"manifest {self.manifest.mixture_id} lists {path}, which examples version "
+                f"{self.manifest.examples_version} does not hold; re-create the manifest (python -m jobs.mix)"
+            )
+        return read_logged([logged], self.manifest.example_partition_types, [*EXAMPLE_COLUMNS, "surface"])
 
     # ---- draws ------------------------------------------------------------------------------------
     def draw(self, path: str, table: pa.Table, pass_index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

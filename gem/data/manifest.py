@@ -7,10 +7,18 @@ the fix (re-run jobs.mix).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from gem.config import GemConfig
-from gem.data.delta_log import logged_files, require_file, table_version
+from gem.data.delta_log import (
+    LoggedFile,
+    UnavailableVersionError,
+    logged_files,
+    partition_types,
+    read_table,
+    require_file,
+)
 from schemas.mixture import GOLD_MIXTURE_MANIFEST
 
 
@@ -46,6 +54,10 @@ class Manifest:
     file_ds: dict[str, str]  # file path -> its example day (the sequence snapshot day of its rows)
     file_rows: dict[str, int]
     file_surface: dict[str, str]  # file path -> its surface partition value
+    # The examples table's files at the pinned version, as its log lists them (partition values
+    # included), and its partition columns' types: what the loader's workers read without deltalake.
+    example_files: dict[str, LoggedFile] = field(default_factory=dict)
+    example_partition_types: dict[str, Any] = field(default_factory=dict)
 
     @property
     def files(self) -> list[str]:
@@ -56,15 +68,15 @@ class Manifest:
 def read_manifest(cfg: GemConfig, ds: str, split: str = "train", check_files: bool = True) -> Manifest:
     """The `split` sources of the manifest written by `jobs.mix --ds ds`."""
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
     path = GOLD_MIXTURE_MANIFEST.path(cfg.lakehouse_uri)
-    files = [f for f in logged_files(path, table_version(path)) if f.partition["ds"] == ds]
-    if not files:
-        raise ManifestError(f"no gold.mixture_manifest partition ds={ds} in {path}; run `python -m jobs.mix --ds {ds}`")
-    import pyarrow as pa
-
-    table = pa.concat_tables([pq.read_table(f.path) for f in files])
+    missing = f"no gold.mixture_manifest partition ds={ds} in {path}; run `python -m jobs.mix --ds {ds}`"
+    try:
+        table = read_table(path, where={"ds": ds})
+    except UnavailableVersionError as e:
+        raise ManifestError(missing) from e
+    if table.num_rows == 0:
+        raise ManifestError(missing)
     table = table.filter(pc.equal(table["split"], split))
     if table.num_rows == 0:
         raise ManifestError(f"manifest ds={ds} in {path} has no {split!r} sources")
@@ -72,7 +84,7 @@ def read_manifest(cfg: GemConfig, ds: str, split: str = "train", check_files: bo
     first = rows[0]
     context = f"manifest {first['mixture_id']} (gold.mixture_manifest ds={ds})"
     # Pinned versions must still be readable: this raises UnavailableVersionError when vacuumed away.
-    logged_files(first["table_path"], int(first["table_version"]))
+    example_files = {f.path: f for f in logged_files(first["table_path"], int(first["table_version"]))}
     logged_files(first["sequences_path"], int(first["sequences_version"]))
     by_source: dict[str, list[dict]] = {}
     for r in rows:
@@ -96,4 +108,6 @@ def read_manifest(cfg: GemConfig, ds: str, split: str = "train", check_files: bo
         sequences_path=first["sequences_path"], sequences_version=int(first["sequences_version"]),
         sources=sources, file_ds=file_ds, file_rows={r["file_path"]: int(r["file_rows"]) for r in rows},
         file_surface={r["file_path"]: r["surface"] for r in rows},
+        example_files={f: example_files[f] for f in file_ds if f in example_files},
+        example_partition_types=partition_types(first["table_path"], int(first["table_version"])),
     )

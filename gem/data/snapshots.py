@@ -14,9 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
-from gem.data.delta_log import LoggedFile, require_file
+from gem.data.delta_log import LoggedFile, read_logged, require_file
 from gem.data.encode import HASHED_IDS, VOCABULARIES, hash_ids, timestamps_us, vocab_index
 from schemas.sequences import SEQUENCE_COLUMNS, SEQUENCE_FIELDS
 
@@ -57,8 +56,7 @@ def load_day(files: list[LoggedFile], ds: str, context: str) -> DaySnapshot:
     columns = ["user_id"] + [seq for seq, _ in SEQUENCE_COLUMNS.values()]
     for f in files:
         require_file(f.path, context)
-    tables = [pq.read_table(f.path, columns=columns) for f in files]
-    table = pa.concat_tables(tables) if tables else None
+    table = read_logged(files, {}, columns) if files else None  # no partition column is read
     if table is None or table.num_rows == 0:
         empty = FlatSequences(np.zeros(1, np.int64), np.zeros(0, np.int64), {})
         return DaySnapshot(ds, {}, {t: empty for t in SEQUENCE_COLUMNS})
