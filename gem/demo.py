@@ -19,6 +19,7 @@ from pathlib import Path
 
 from gem.config import REPO_ROOT, GemConfig, load_config
 from gem.orchestration import demo_logical_dates
+from schemas.metrics import GOLD_METRICS
 
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "demo.yaml"
 
@@ -88,7 +89,6 @@ def summarize(cfg: GemConfig) -> str:
     """
     from gem.data.delta_log import logged_files, table_version
     from schemas import TABLES
-    from schemas.metrics import GOLD_METRICS
 
     lines = []
     for name, schema in {**TABLES, GOLD_METRICS.name: GOLD_METRICS}.items():
@@ -105,16 +105,18 @@ def summarize(cfg: GemConfig) -> str:
     return "\n".join(lines)
 
 
-def model_metrics(cfg: GemConfig) -> str:
-    """The latest pretraining run's held-out NE / AUC / calibration per task, from gold.metrics."""
+def model_metrics(cfg: GemConfig) -> str | None:
+    """The latest pretraining run's held-out NE / AUC / calibration per task, from gold.metrics
+    (None when no run has written any)."""
     from gem.data.delta_log import read_table
     from gem.evaluate import metrics_table
-    from schemas.metrics import GOLD_METRICS
 
     path = GOLD_METRICS.path(cfg.lakehouse_uri)
     if not Path(path, "_delta_log").is_dir():
-        return "  no pretraining run yet (gold.metrics not written)"
+        return None
     rows = read_table(path).to_pylist()
+    if not rows:
+        return None
     latest = max(rows, key=lambda r: r["created_at"])
     run = sorted((r for r in rows if r["run_id"] == latest["run_id"]), key=lambda r: r["task"])
     runs = len({r["run_id"] for r in rows})
@@ -147,9 +149,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  {'landing files':<28} {cfg.landing_root}")
     print(summarize(cfg))
     print("== pretraining: held-out metrics per task (gold.metrics) ==")
-    print(model_metrics(cfg))
+    metrics = model_metrics(cfg)
+    print(metrics or f"  none: no pretraining run wrote {GOLD_METRICS.path(cfg.lakehouse_uri)}")
     print("== reports ==")
     print(reports(cfg))
+    if metrics is None:
+        print(f"demo failed: the pipeline ran {cfg.demo.days} day(s) but pretraining wrote no held-out metrics "
+              "(a mixture needs a training day before its held-out day); see the pretrain task's log above",
+              file=sys.stderr)
+        return 1
     return 0
 
 
