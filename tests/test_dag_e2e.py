@@ -78,7 +78,9 @@ def _config(tmp: Path) -> Path:
     cfg = {
         "lakehouse_uri": str(tmp / "lakehouse"),
         "attribution_window_days": 0,
-        "spark": {"master": "local[2]", "shuffle_partitions": 2, "driver_memory": "2g"},
+        # As the demo: C1 only in the short-lived job JVMs (they start and warm faster).
+        "spark": {"master": "local[2]", "shuffle_partitions": 2, "driver_memory": "2g",
+                  "conf": {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}},
         "generator": {
             "users": 300,
             "ads": 60,

@@ -1,0 +1,42 @@
+"""gem.demo's closing printout, read back from the tables it summarizes (no Spark, no Airflow run)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+from gem import demo
+from gem.train import write_metrics
+from tests.conftest import make_config
+
+
+def _rows(ds: str, run_id: str, created: dt.datetime, auc: float) -> list[dict]:
+    return [{
+        "ds": dt.date.fromisoformat(ds), "run_id": run_id, "arch": "kunlun", "task": task, "split": "eval",
+        "examples": 100, "positives": 5.0, "ne": 0.95, "auc": auc, "calibration": 1.0, "train_steps": 7,
+        "mixture_id": "mix-x", "examples_version": 3, "sequences_version": 2, "code_version": "abc",
+        "config": "{}", "created_at": created,
+    } for task in ("reels/click", "fb_feed/click")]
+
+
+def test_model_metrics_shows_the_latest_run_with_its_partition_day(tmp_path: Path) -> None:
+    """gold.metrics is partitioned by ds: the held-out day must come back from the Delta log (reading
+    the data files alone raised KeyError: 'ds' at the end of every demo)."""
+    cfg = make_config(tmp_path)
+    assert demo.model_metrics(cfg) is None
+    t0 = dt.datetime(2026, 1, 3, tzinfo=dt.UTC)
+    write_metrics(cfg, _rows("2026-01-02", "kunlun:2026-01-02:old", t0, 0.55))
+    write_metrics(cfg, _rows("2026-01-02", "kunlun:2026-01-02:new", t0 + dt.timedelta(hours=1), 0.66))
+    text = demo.model_metrics(cfg)
+    assert text is not None
+    assert "kunlun:2026-01-02:new" in text and ":old" not in text
+    assert "held-out day of the mixture of 2026-01-02" in text and "(2 runs in gold.metrics)" in text
+    assert "reels/click" in text and "0.6600" in text and "0.5500" not in text
+
+
+def test_summary_counts_rows_per_day_from_the_log(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path)
+    write_metrics(cfg, _rows("2026-01-02", "kunlun:2026-01-02:a", dt.datetime(2026, 1, 3, tzinfo=dt.UTC), 0.6))
+    summary = demo.summarize(cfg)
+    assert "gold.metrics" in summary and "2026-01-02: 2" in summary
+    assert "bronze.ad_events" in summary and "(not written)" in summary
