@@ -29,7 +29,10 @@ def make_config(tmp_path: Path, **overrides) -> GemConfig:
     """A config whose lakehouse and landing live under tmp_path; small generator defaults."""
     base = {
         "lakehouse_uri": str(tmp_path / "lakehouse"),
-        "spark": {"master": "local[2]", "shuffle_partitions": 2, "driver_memory": "2g"},
+        # Jobs a test starts as subprocesses get short-lived JVMs: C1 only, as in the demo (the
+        # in-process tests share the session fixture's JVM, which this does not touch).
+        "spark": {"master": "local[2]", "shuffle_partitions": 2, "driver_memory": "2g",
+                  "conf": {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}},
         "generator": {"users": 500, "ads": 100, "advertisers": 20, "events_per_day": 5000, "chunk_impressions": 2000},
     }
     for k, v in overrides.items():
