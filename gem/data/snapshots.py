@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from gem.data.delta_log import LoggedFile, read_logged, require_file
+from gem.data.delta_log import LoggedFile, read_logged
 from gem.data.encode import HASHED_IDS, VOCABULARIES, hash_ids, timestamps_us, vocab_index
 from schemas.sequences import SEQUENCE_COLUMNS, SEQUENCE_FIELDS
 
@@ -54,9 +54,10 @@ def _flatten(column: pa.ChunkedArray, event_type: str) -> FlatSequences:
 def load_day(files: list[LoggedFile], ds: str, context: str) -> DaySnapshot:
     """Index the user_sequences rows of partition ds (files already filtered to it)."""
     columns = ["user_id"] + [seq for seq, _ in SEQUENCE_COLUMNS.values()]
-    for f in files:
-        require_file(f.path, context)
-    table = read_logged(files, {}, columns) if files else None  # no partition column is read
+    try:
+        table = read_logged(files, {}, columns) if files else None  # no partition column is read
+    except FileNotFoundError as e:
+        raise type(e)(f"{context}: {e}") from e
     if table is None or table.num_rows == 0:
         empty = FlatSequences(np.zeros(1, np.int64), np.zeros(0, np.int64), {})
         return DaySnapshot(ds, {}, {t: empty for t in SEQUENCE_COLUMNS})

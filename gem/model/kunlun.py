@@ -1,6 +1,6 @@
 """Kunlun (arXiv 2602.10016): two token streams, non-sequence X and per-event-type sequences S.
 
-Per layer l (../shared/reference/MODELS.md):
+Per layer l (Kunlun, arXiv 2602.10016):
     X_sum = Gate(LCE(X))                  compress n_x tokens to n_sum; gate Z * sigmoid(MLP(Z))
     H_e   = HSP_e(S_e)                    on GDPA layers (even l); odd layers reuse the cached H_e (CompSkip)
     X     = X + Proj(MoWE([X_sum || H]))  global interaction, back to n_x tokens
