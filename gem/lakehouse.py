@@ -64,8 +64,12 @@ def ensure_table(spark: "SparkSession | None", cfg: GemConfig, schema: TableSche
                 f"`{c.name}` {c.sql_type}{'' if c.nullable else ' NOT NULL'}" for c in schema.columns
             )
             parts = f"PARTITIONED BY ({', '.join(schema.partition_by)})" if schema.partition_by else ""
-            props = ", ".join(f"'{k}' = '{v}'" for k, v in table_properties(cfg).items())
-            spark.sql(f"CREATE TABLE IF NOT EXISTS {_q(path)} ({cols}) USING DELTA {parts} TBLPROPERTIES ({props})")
+            # The CHECK constraints go in with the table (Delta keeps them as `delta.constraints.<name>`
+            # properties): one commit, where an ALTER TABLE ADD CONSTRAINT each costs a Spark job and
+            # a commit apiece (6 s instead of 1.5 s for silver.training_examples on 2 cores).
+            props = {**table_properties(cfg), **{f"delta.constraints.{n.lower()}": e for n, e in schema.check_constraints()}}
+            listed = ", ".join(f"'{k}' = {_sql_string(v)}" for k, v in props.items())
+            spark.sql(f"CREATE TABLE IF NOT EXISTS {_q(path)} ({cols}) USING DELTA {parts} TBLPROPERTIES ({listed})")
         else:
             _create_without_spark(cfg, schema, path)
     table = DeltaTable(path)
@@ -78,6 +82,11 @@ def ensure_table(spark: "SparkSession | None", cfg: GemConfig, schema: TableSche
     elif missing:
         table.alter.add_constraint(missing)
     return path
+
+
+def _sql_string(value: str) -> str:
+    """A Spark SQL string literal: constraint expressions carry quotes of their own."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _create_without_spark(cfg: GemConfig, schema: TableSchema, path: str) -> None:
