@@ -5,9 +5,11 @@ A checkpoint of step n is the folder `{root}/step-{n:08d}`:
     extra.json            step, loader state, RNG states, the config, code version, losses so far
 
 It is written under `{root}/.tmp-step-{n:08d}-{nonce}` and renamed into place only when complete,
-so a crash leaves at most a `.tmp-*` folder, which is never loaded. An existing step folder is
-never overwritten (a second writer of the same step fails). `latest(root)` is the highest complete
-step; `load` refuses a folder whose extra.json or shards are missing or unreadable, naming it.
+so a crash leaves at most a `.tmp-*` folder, which is never loaded (and `discard_partials` removes).
+An existing step folder is never overwritten (a second writer of the same step fails).
+`latest(root)` is the highest published step; `load` refuses a folder whose extra.json or shards
+are missing or unreadable, naming it, and a resuming trainer then sets it aside and falls back to
+the step before (see gem.train.Trainer.resume).
 """
 
 from __future__ import annotations
@@ -91,12 +93,26 @@ def save(root: Path, step: int, state: dict[str, Any], extra: dict[str, Any]) ->
     return final
 
 
-def latest(root: Path) -> Path | None:
-    """The complete checkpoint with the highest step under root, if any (`.tmp-*` folders ignored)."""
+def published(root: Path) -> list[Path]:
+    """The published checkpoints under root, newest (highest step) first; `.tmp-*` and set-aside
+    `.corrupt-*` folders are not among them."""
     if not root.is_dir():
-        return None
-    steps = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX))
-    return steps[-1] if steps else None
+        return []
+    return sorted((p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX)), reverse=True)
+
+
+def latest(root: Path) -> Path | None:
+    """The published checkpoint with the highest step under root, if any."""
+    steps = published(root)
+    return steps[0] if steps else None
+
+
+def set_aside(path: Path) -> Path:
+    """Rename a checkpoint that cannot be loaded to `.corrupt-<name>-<nonce>` beside it: kept for a
+    post-mortem, never listed again, and its step can be written afresh."""
+    target = path.with_name(f".corrupt-{path.name}-{uuid.uuid4().hex[:8]}")
+    os.rename(path, target)
+    return target
 
 
 def read_extra(path: Path) -> dict[str, Any]:

@@ -9,14 +9,16 @@ a fused in-backward optimizer (Trainer). Every `train.checkpoint_every` steps an
 gem.checkpoint writes model, optimizers, loader state and RNG states; a run started on a folder
 that holds checkpoints continues from the latest one, so a killed run resumed with the same config
 produces the same losses and final weights as an uninterrupted one (tested on CPU, both backends).
-A new run folder warm-starts its weights (not the optimizers or the loader) from the last promoted
-run of its architecture: day D's run continues the model of an earlier day. After training, rank 0
-scores the held-out day with a plain-torch copy of the model, writes gold.metrics and promotes the run.
+A new run folder of day D warm-starts its weights (not the optimizers or the loader) from the model
+its architecture promoted for the newest day before D (gem.promotion), never from D's own or a
+later day's. After training, rank 0 scores the held-out day with a plain-torch copy of the model,
+replaces the day's rows of gold.metrics and promotes the run's final checkpoint for D.
 """
 
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,7 +26,7 @@ from typing import Any, Protocol
 
 import torch
 
-from gem import checkpoint
+from gem import checkpoint, promotion
 from gem.config import TrainConfig
 from gem.data.batch import Batch
 
@@ -129,12 +131,34 @@ class Trainer:
         return checkpoint.save(self.run_dir, self.step, self._state(), extra)
 
     def resume(self) -> bool:
-        """Continue from the run folder's latest checkpoint, if there is one."""
-        path = checkpoint.latest(self.run_dir)
-        if path is None:
-            return False
-        state = self._state()
-        extra = checkpoint.load(path, state)  # tensors in place; the loads below also take the rest
+        """Continue from the run folder's newest loadable checkpoint, if there is one.
+
+        Crashed writers' `.tmp-*` folders are removed first. A checkpoint that cannot be loaded
+        (truncated shard, missing extra.json) is set aside with a warning and the one before it is
+        tried, so a retry after a crash mid-write does not fail forever on the same folder.
+        """
+        rank0 = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+        if rank0:
+            for partial in checkpoint.discard_partials(self.run_dir):
+                print(f"removed the unpublished checkpoint {partial} (a crashed write)")
+        for path in checkpoint.published(self.run_dir):
+            state = self._state()
+            try:
+                extra = checkpoint.load(path, state)  # tensors in place; the loads below also take the rest
+            except checkpoint.CheckpointError as e:
+                if torch.distributed.is_initialized():
+                    torch.distributed.barrier()  # every rank has tried this folder before rank 0 moves it
+                if rank0:
+                    warnings.warn(f"{e}; set aside as {checkpoint.set_aside(path).name}, trying the one before",
+                                  stacklevel=2)
+                if torch.distributed.is_initialized():
+                    torch.distributed.barrier()
+                continue
+            self._restore(state, extra)
+            return True
+        return False
+
+    def _restore(self, state: dict[str, Any], extra: dict[str, Any]) -> None:
         self._load_model_state(state["model"])
         checkpoint.load_optimizer_state(self._checkpointed.named_parameters(), self.optimizer, state["optimizer"])
         if self.sharded:
@@ -142,18 +166,18 @@ class Trainer:
         self.stream.load_state_dict(extra["loader"])
         checkpoint.set_rng_state(extra["rng"])
         self.step, self.losses = int(extra["step"]), list(extra["losses"])
-        return True
 
-    def warm_start(self, other_run: Path) -> Path:
-        """Weights from another run's latest checkpoint (optimizers and loader start fresh).
+    def warm_start(self, source: Path) -> Path:
+        """Weights from a checkpoint folder, or a run folder's latest checkpoint (optimizers and
+        loader start fresh).
 
         Refused with a clear error when that checkpoint was trained with another model config
         (its config, embeddings backend included, is saved inside it): its tensors would not fit,
         or would mean something else.
         """
-        path = checkpoint.latest(other_run)
+        path = source if source.name.startswith(checkpoint.PREFIX) else checkpoint.latest(source)
         if path is None:
-            raise checkpoint.CheckpointError(f"warm start: no checkpoint in {other_run}")
+            raise checkpoint.CheckpointError(f"warm start: no checkpoint in {source}")
         extra = checkpoint.read_extra(path)
         theirs, ours = extra.get("config", {}).get("model"), self.config_snapshot.get("model")
         if theirs is not None and ours is not None and _jsonable(theirs) != _jsonable(ours):
@@ -231,11 +255,6 @@ class Trainer:
 # --------------------------------------------------------------------------------------------------
 # The command line: one day's continued pretraining from the mixture manifest.
 
-def promoted_file(arch: str) -> str:
-    """One promoted model per architecture: day D of `arch` warm-starts from `arch`'s last promoted run."""
-    return f"promoted-{arch}.json"
-
-
 def _jsonable(x: Any) -> Any:
     import json
 
@@ -254,33 +273,21 @@ def code_version() -> str:
         return "unknown"
 
 
-def promote(root: Path, arch: str, run_dir: Path, step: int, mix_ds: str) -> None:
-    """Point `root/promoted-<arch>.json` at this run's final checkpoint (atomic replace)."""
-    import json
-    import os
-
-    root.mkdir(parents=True, exist_ok=True)  # the run folder may live elsewhere (--run-dir)
-    tmp = root / f".{promoted_file(arch)}.tmp"
-    tmp.write_text(json.dumps({"run_dir": str(run_dir), "step": step, "mix_ds": mix_ds}))
-    os.replace(tmp, root / promoted_file(arch))
-
-
-def promoted_run(root: Path, arch: str) -> Path | None:
-    import json
-
-    path = root / promoted_file(arch)
-    return Path(json.loads(path.read_text())["run_dir"]) if path.is_file() else None
-
-
 def write_metrics(cfg: Any, rows: list[dict[str, Any]]) -> None:
+    """Replace gold.metrics' rows of one (held-out day, architecture) with `rows`, in one commit: a
+    rerun of a day's pretraining leaves one row per task, never a second set beside the first."""
     import pyarrow as pa
     from deltalake import write_deltalake
 
     from schemas.metrics import GOLD_METRICS
 
-    schema = GOLD_METRICS.arrow_schema()
-    table = pa.Table.from_pylist(rows, schema=schema)
-    write_deltalake(GOLD_METRICS.path(cfg.lakehouse_uri), table, mode="append", partition_by=["ds"])
+    keys = {(r["ds"], r["arch"]) for r in rows}
+    if len(keys) != 1:
+        raise ValueError(f"gold.metrics rows of one run share one (ds, arch); got {sorted(keys)}")
+    ((ds, arch),) = keys
+    table = pa.Table.from_pylist(rows, schema=GOLD_METRICS.arrow_schema())
+    write_deltalake(GOLD_METRICS.path(cfg.lakehouse_uri), table, mode="overwrite",
+                    predicate=f"ds = '{ds.isoformat()}' AND arch = '{arch}'", partition_by=list(GOLD_METRICS.partition_by))
 
 
 def init_from_torchrun(device_type: str) -> bool:
@@ -329,8 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     trainer = Trainer(task, stream, cfg.train, run_dir, config_snapshot=cfg.to_dict())
     if trainer.resume():
         print(f"resumed {run_dir} at step {trainer.step}")
-    elif (previous := promoted_run(root, cfg.model.arch)) is not None and previous != run_dir:
-        print(f"warm start from {trainer.warm_start(previous)}")
+    elif (previous := promotion.warm_start_for(root, cfg.model.arch, args.mix_ds)) is not None:
+        print(f"warm start from {trainer.warm_start(previous.checkpoint)} (promoted for {previous.mix_ds})")
     result = trainer.fit(steps=args.steps, progress=not args.no_progress and rank == 0)
     seconds = max(result.seconds, 1e-9)
     print(f"[rank {rank}] trained {result.steps} steps; {result.examples:,} examples in {result.seconds:.1f}s "
@@ -345,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
         eval_task.load_state_dict(state)
         eval_stream = ResumableLoader(ExampleStream(eval_manifest, tasks, cfg.loader, rank=0, world_size=1))
         _report(cfg, args.mix_ds, evaluate(eval_task, eval_stream.epoch()), result.steps, eval_manifest)
-        promote(root, cfg.model.arch, run_dir, result.steps, args.mix_ds)
+        promotion.promote(root, cfg.model.arch, args.mix_ds, result.checkpoint or checkpoint.latest(run_dir), result.steps)
     if joined:
         torch.distributed.barrier()  # nobody exits before rank 0 has published
         torch.distributed.destroy_process_group()

@@ -1,6 +1,7 @@
 """gold.metrics: evaluation of a training run, per task, on the held-out day of its mixture.
 
-Written by gem.train without Spark (the `deltalake` package), appended: one row per (run, task).
+Written by gem.train without Spark (the `deltalake` package): each run replaces the rows of its
+(ds, arch), so a rerun of a day leaves one row per task, from the latest run.
 A row says which run (run_id, code version, config), what it read (mixture id and the pinned
 Delta versions of the examples and sequences), and how it did: NE, AUC and calibration weighted
 by the loader's importance weights (all 1 on the held-out split).

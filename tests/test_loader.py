@@ -307,7 +307,7 @@ def _plain(x):
 def test_train_cli_trains_evaluates_and_warm_starts(lake, tmp_path, capsys):
     import yaml
 
-    from gem import train
+    from gem import checkpoint, promotion, train
     from gem.orchestration import NOTHING_READY_EXIT
     from jobs import pretrain
     from schemas.metrics import GOLD_METRICS
@@ -330,10 +330,22 @@ def test_train_cli_trains_evaluates_and_warm_starts(lake, tmp_path, capsys):
     assert {r["ds"].isoformat() for r in rows} == {MIX_DS}  # the partition column, restored from the log
     click = next(r for r in rows if r["task"] == "reels/click")
     assert click["examples"] > 0 and 0 < click["auc"] <= 1 and click["train_steps"] == 4
-    # The next day's run (another run folder) starts from the promoted weights.
+    # A rerun of the same day (another run folder) must not start from the model trained for that
+    # day: nothing was promoted for an earlier day, so it starts fresh.
     assert train.main(["--config", str(path), "--mix-ds", MIX_DS, "--no-progress", "--run-dir",
-                       str(tmp_path / "ckpt" / "next-day")]) == 0
-    assert "warm start from" in capsys.readouterr().out
+                       str(tmp_path / "ckpt" / "rerun")]) == 0
+    assert "warm start from" not in capsys.readouterr().out
+    # Given a model promoted for an earlier day, a new run of the day starts from it.
+    earlier = promotion.promote(tmp_path / "ckpt", cfg.model.arch, shift_day(MIX_DS, -1),
+                                checkpoint.latest(tmp_path / "ckpt" / "rerun"), 4)
+    assert train.main(["--config", str(path), "--mix-ds", MIX_DS, "--no-progress", "--run-dir",
+                       str(tmp_path / "ckpt" / "third"), "--steps", "2"]) == 0
+    assert f"warm start from {earlier.checkpoint} (promoted for {earlier.mix_ds})" in capsys.readouterr().out
+    assert promotion.current(tmp_path / "ckpt", cfg.model.arch).checkpoint.parent.name == "third"
+    # Each later run of the day replaced the rows before it instead of adding some. of the same day and model replaced the first one's rows instead of adding some.
+    again = read_table(metrics_path).to_pylist()
+    assert len(again) == len(TASKS) and len({r["run_id"] for r in again}) == 1
+    assert again[0]["run_id"] != rows[0]["run_id"]
 
 
 @pytest.mark.slow
@@ -372,6 +384,8 @@ def test_train_cli_under_torchrun_shards_tables_and_resumes(lake, tmp_path):
     assert len(list((tmp_path / "ckpt" / "run" / "step-00000004").glob("*.distcp"))) == 2
     table = DeltaTable(metrics_path)
     added = [a for a in table.history() if a["version"] > before]
-    assert len(added) == 1  # one append, by rank 0
-    assert read_table(metrics_path).num_rows >= len(TASKS)
+    assert len(added) == 1  # one commit, by rank 0
+    # Other tests' runs of this day may have written it before: this run's rows replaced theirs.
+    rows = read_table(metrics_path).to_pylist()
+    assert len(rows) == len(TASKS) and len({r["run_id"] for r in rows}) == 1
     assert "resumed" in torchrun("--steps", "6")

@@ -85,10 +85,35 @@ def test_corrupted_or_incomplete_checkpoints_are_refused(tmp_path):
     shard = next(path.glob("*.distcp"))
     shard.write_bytes(shard.read_bytes()[:100])  # truncated
     with pytest.raises(checkpoint.CheckpointError, match="corrupted or incomplete"):
-        _trainer(tmp_path).resume()
+        checkpoint.load(path, _trainer(tmp_path)._state())
     (path / checkpoint.EXTRA).unlink()
     with pytest.raises(checkpoint.CheckpointError, match="extra.json is missing"):
-        _trainer(tmp_path).resume()
+        checkpoint.load(path, {})
+
+
+def test_resume_sets_a_corrupt_latest_aside_and_continues_from_the_one_before(tmp_path):
+    """A crash mid-write leaves a .tmp folder; a broken latest checkpoint (here: a truncated shard)
+    must not fail every retry: resume warns, sets it aside and continues from the step before, and
+    the finished run still equals an uninterrupted one."""
+    full = _trainer(tmp_path / "full").fit()
+    killed = _trainer(tmp_path / "run")
+    killed.fit(steps=8)  # checkpoints at steps 4 and 8
+    shard = next((tmp_path / "run" / "step-00000008").glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:100])
+    (tmp_path / "run" / ".tmp-step-00000012-deadbeef").mkdir()  # a writer killed mid-save
+    resumed = _trainer(tmp_path / "run")
+    with pytest.warns(UserWarning, match="(?s)step-00000008 is corrupted or incomplete.*set aside as .corrupt-step-00000008"):
+        assert resumed.resume()
+    assert resumed.step == 4
+    names = sorted(p.name for p in (tmp_path / "run").iterdir())
+    assert names[0].startswith(".corrupt-step-00000008-") and names[1:] == ["step-00000004"]
+    assert resumed.fit().losses == full.losses  # step 8 is written afresh on the way
+    # With no loadable checkpoint at all, a run starts from scratch instead of failing.
+    (tmp_path / "lone").mkdir()
+    shutil.copytree(tmp_path / "full" / "step-00000004", tmp_path / "lone" / "step-00000004")
+    (tmp_path / "lone" / "step-00000004" / checkpoint.EXTRA).unlink()
+    with pytest.warns(UserWarning, match="extra.json is missing"):
+        assert not _trainer(tmp_path / "lone").resume()
 
 
 def test_warm_start_loads_weights_only(tmp_path):

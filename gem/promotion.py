@@ -1,0 +1,66 @@
+"""Promoted models: the checkpoint each day's pretraining of an architecture published, and the one
+a new run of a day warm-starts from.
+
+One small JSON file per (architecture, mixture day): `{root}/promoted/{arch}/{mix_ds}.json`, written
+atomically, naming the exact checkpoint folder (not the run folder, whose later checkpoints a
+resumed rerun may add). Keeping one file per day, instead of one moving pointer, gives the rules
+that keep warm starts honest under reruns and backfills:
+
+- a run of day D warm-starts from the newest promotion of a day before D, never from D's own or a
+  later day's model (those trained on D's held-out examples or after them);
+- the current model of an architecture is the promotion of its latest day, so a rerun of an old
+  day never moves it back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Promotion:
+    arch: str
+    mix_ds: str
+    checkpoint: Path
+    step: int
+
+
+def _folder(root: Path, arch: str) -> Path:
+    return root / "promoted" / arch
+
+
+def promote(root: Path, arch: str, mix_ds: str, checkpoint: Path, step: int) -> Promotion:
+    """Publish `checkpoint` as `arch`'s model of day `mix_ds` (replacing an earlier run of that day)."""
+    folder = _folder(root, arch)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{mix_ds}.json.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps({"arch": arch, "mix_ds": mix_ds, "checkpoint": str(checkpoint), "step": step}))
+    os.replace(tmp, folder / f"{mix_ds}.json")  # atomic: a reader sees the old file or the new one
+    return Promotion(arch, mix_ds, checkpoint, step)
+
+
+def promotions(root: Path, arch: str) -> list[Promotion]:
+    """Every promoted day of `arch`, oldest first."""
+    folder = _folder(root, arch)
+    if not folder.is_dir():
+        return []
+    found = []
+    for path in sorted(folder.glob("*.json")):
+        data = json.loads(path.read_text())
+        found.append(Promotion(data["arch"], data["mix_ds"], Path(data["checkpoint"]), int(data["step"])))
+    return sorted(found, key=lambda p: p.mix_ds)
+
+
+def warm_start_for(root: Path, arch: str, mix_ds: str) -> Promotion | None:
+    """The model a run of day `mix_ds` starts from: the newest promotion of an earlier day."""
+    earlier = [p for p in promotions(root, arch) if p.mix_ds < mix_ds]
+    return earlier[-1] if earlier else None
+
+
+def current(root: Path, arch: str) -> Promotion | None:
+    """`arch`'s current model: the promotion of its latest day."""
+    found = promotions(root, arch)
+    return found[-1] if found else None

@@ -1,0 +1,43 @@
+"""gem.promotion: a run of day D warm-starts from the newest model promoted for a day before D, never
+from D's own or a later day's; a rerun of an old day never moves the current model back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gem import checkpoint, promotion
+from tests.test_train_checkpoint import _trainer
+
+
+def test_warm_start_only_from_earlier_days_and_reruns_never_move_the_current_model_back(tmp_path: Path) -> None:
+    root, arch = tmp_path / "ckpt", "kunlun"
+    ckpt = {}
+    for name in ("d3", "d5", "d3-rerun"):
+        ckpt[name] = _trainer(tmp_path / name).fit(steps=1).checkpoint
+    assert promotion.warm_start_for(root, arch, "2026-01-03") is None and promotion.current(root, arch) is None
+    promotion.promote(root, arch, "2026-01-03", ckpt["d3"], 1)
+    promotion.promote(root, arch, "2026-01-05", ckpt["d5"], 1)
+    assert promotion.warm_start_for(root, arch, "2026-01-03") is None  # not from its own day's model
+    assert promotion.warm_start_for(root, arch, "2026-01-04").checkpoint == ckpt["d3"]
+    assert promotion.warm_start_for(root, arch, "2026-01-05").checkpoint == ckpt["d3"]  # not D's own
+    assert promotion.warm_start_for(root, arch, "2026-01-09").checkpoint == ckpt["d5"]
+    # Backfilling day 3 replaces day 3's model; the current one stays day 5's.
+    promotion.promote(root, arch, "2026-01-03", ckpt["d3-rerun"], 1)
+    assert promotion.current(root, arch).checkpoint == ckpt["d5"]
+    assert [p.mix_ds for p in promotion.promotions(root, arch)] == ["2026-01-03", "2026-01-05"]
+    assert promotion.warm_start_for(root, arch, "2026-01-04").checkpoint == ckpt["d3-rerun"]
+    assert promotion.promotions(root, "hstu") == []  # one history per architecture
+
+
+def test_a_trainer_warm_starts_from_the_promoted_checkpoint_not_the_run_folders_latest(tmp_path: Path) -> None:
+    import torch
+
+    day1 = _trainer(tmp_path / "day1")
+    promoted = day1.fit(steps=4).checkpoint  # step 4 is promoted ...
+    weights_at_4 = {k: v.clone() for k, v in day1.task.state_dict().items()}
+    day1.fit(steps=8)  # ... then a resumed rerun adds step 8 to the same folder
+    assert checkpoint.latest(tmp_path / "day1").name == "step-00000008"
+    day2 = _trainer(tmp_path / "day2")
+    assert day2.warm_start(promoted) == promoted
+    for name, tensor in weights_at_4.items():
+        assert torch.equal(tensor, day2.task.state_dict()[name]), name
