@@ -287,6 +287,18 @@ def completion(cfg: GemConfig, stage: str, ds: str) -> dict[str, Any] | None:
     return record
 
 
+def require_stage_inputs(cfg: GemConfig, stage: str, ds: str) -> dict[tuple[str, str], dict[str, Any]]:
+    """The completion records the registry says `stage` needs for ds, by (stage, day); raises
+    MissingInputError naming every missing one and the command to run first."""
+    from gem import stages
+
+    found = {(s, d): completion(cfg, s, d) for s, d in stages.stage(stage).needed(cfg, ds)}
+    missing = [key for key, record in found.items() if record is None]
+    if missing:
+        raise MissingInputError(stages.describe_missing(stage, ds, missing))
+    return found  # type: ignore[return-value]  (no None left)
+
+
 def require_completed(cfg: GemConfig, stage: str, ds: str) -> dict[str, Any]:
     record = completion(cfg, stage, ds)
     if record is None:

@@ -27,9 +27,10 @@ import datetime as dt
 import os
 import shlex
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from gem.stages import Stage
 
 if TYPE_CHECKING:
     from airflow.sdk import CronDataIntervalTimetable
@@ -51,9 +52,8 @@ DEFAULT_RETRY_DELAY_S = 300
 DAY_FLAGS = ("--ds", "--ready-on")
 # A --ready-on job exits with this when no partition is ready on the run's day (BashOperator skips).
 NOTHING_READY_EXIT = 99
-# The Airflow pool GPU jobs queue in (infra/airflow/init_db.sh creates it with one slot per GPU
-# host; on the embedded default the job trains on CPU, still one at a time).
-GPU_POOL = "gpu"
+# The Airflow pool GPU stages queue in (gem.stages.GPU_POOL; infra/airflow/init_db.sh creates it
+# with one slot per GPU host; on the embedded default the job trains on CPU, still one at a time).
 GPU_POOL_SLOTS = 1
 
 
@@ -102,31 +102,14 @@ def job_command(module: str, extra_args: str = "", python: str | None = None, da
     return f"{cmd} {extra_args}".strip() if extra_args else cmd
 
 
-@dataclass(frozen=True)
-class JobTask:
-    """One DAG task: which job module runs, with which extra flags, after which tasks.
+def stage_command(stage: Stage) -> str:
+    """The task's command for a registry stage: `--ready-on` for stages that work out their own day."""
+    return job_command(stage.module, stage.extra_args, day_flag="--ready-on" if stage.ready_on else "--ds")
 
-    ready_on: the job takes `--ready-on <run ds>` and works out its own partition (e.g. the
-    impression day whose attribution window closes on the run's day).
-    skippable: the job exits 99 when nothing is ready yet, which the task reports as skipped
-    (every ready_on job is skippable).
-    pool: the Airflow pool the task queues in (None: the default pool).
-    """
 
-    module: str
-    upstream: tuple[str, ...] = ()
-    extra_args: str = ""
-    ready_on: bool = False
-    skippable: bool = False
-    pool: str | None = None
-
-    @property
-    def command(self) -> str:
-        return job_command(self.module, self.extra_args, day_flag="--ready-on" if self.ready_on else "--ds")
-
-    @property
-    def skip_on_exit_code(self) -> int | None:
-        return NOTHING_READY_EXIT if (self.ready_on or self.skippable) else None
+def skip_on_exit_code(stage: Stage) -> int | None:
+    """Exit 99 means "nothing ready yet" (the task shows as skipped) only where the stage says so."""
+    return NOTHING_READY_EXIT if (stage.ready_on or stage.skippable) else None
 
 
 def job_env() -> dict[str, str]:

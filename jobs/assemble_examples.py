@@ -35,9 +35,10 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gem.cli import day_range, examples_parser, resolve_examples_day, shift_day
+from gem.cli import examples_parser, resolve_examples_day, shift_day
 from gem.config import GemConfig, load_config
 from gem.orchestration import NOTHING_READY_EXIT  # exit code: nothing ready yet, the task is skipped
+from gem.stages import examples_bronze_days
 from schemas.events import BRONZE_AD_EVENTS
 from schemas.examples import (
     AD_FEATURE_PREFIX,
@@ -53,7 +54,6 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 STAGE = "assemble_examples"
-VALIDATE_EVENTS_STAGE = "validate_events"
 VALIDATE_SILVER_STAGE = "validate_silver"
 
 
@@ -73,9 +73,10 @@ class AssembleResult:
 
 
 def bronze_window(cfg: GemConfig, ds: str) -> tuple[str, str]:
-    """(first, last) arrival day read for the examples of ds: [max(ds-2W-1, start_ds), ds+W]."""
-    w = cfg.attribution_window_days
-    return max(shift_day(ds, -2 * w - 1), cfg.start_ds), shift_day(ds, w)
+    """(first, last) arrival day read for the examples of ds: [max(ds-2W-1, start_ds), ds+W]
+    (the registry's day rule, gem.stages.examples_bronze_days)."""
+    days = examples_bronze_days(cfg, ds)
+    return days[0], days[-1]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -249,17 +250,8 @@ def require_inputs(spark: SparkSession, cfg: GemConfig, ds: str) -> tuple[str, s
 
     if ds < cfg.start_ds:
         raise ValueError(f"{STAGE} ds={ds} is before the pipeline's start_ds={cfg.start_ds}")
-    first, last = bronze_window(cfg, ds)
-    try:
-        for day in day_range(first, last):
-            lakehouse.require_completed(cfg, VALIDATE_EVENTS_STAGE, day)
-        lakehouse.require_completed(cfg, VALIDATE_SILVER_STAGE, ds)
-    except lakehouse.MissingInputError as e:
-        raise lakehouse.MissingInputError(
-            f"{STAGE} ds={ds} needs bronze validated for ds {first}..{last} (window "
-            f"{cfg.attribution_window_days} days) and silver validated for ds={ds}: {e}"
-        ) from e
-    return first, last
+    lakehouse.require_stage_inputs(cfg, STAGE, ds)
+    return bronze_window(cfg, ds)
 
 
 def require_feature_days(spark: SparkSession, cfg: GemConfig, ds: str, day_impressions: DataFrame) -> list[str]:

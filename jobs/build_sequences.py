@@ -44,7 +44,6 @@ if TYPE_CHECKING:
 
 STAGE = "build_sequences"
 COMPACT_STAGE = "compact_sequences"  # the completion record of a compaction (written by this job)
-VALIDATE_STAGE = "validate_events"
 
 
 @dataclass(frozen=True)
@@ -68,10 +67,11 @@ def _days_since_start(cfg: GemConfig, ds: str) -> int:
 
 
 def is_compaction_day(cfg: GemConfig, ds: str) -> bool:
-    """Every `sequence_compaction_days`-th day counted from start_ds (its last day, so a compaction
-    folds in a full period). Example: start 2026-01-01, every 7 -> 2026-01-07, 2026-01-14, ..."""
-    k, days = cfg.sequence_compaction_days, _days_since_start(cfg, ds)
-    return k > 0 and days >= 0 and days % k == k - 1
+    """Whether the registry's schedule (gem.stages.compaction_days) compacts on ds. Example: start
+    2026-01-01, every 7 -> 2026-01-07, 2026-01-14, ..."""
+    from gem.stages import compaction_days
+
+    return bool(compaction_days(cfg, ds))
 
 
 def last_compaction_before(cfg: GemConfig, ds: str) -> str | None:
@@ -185,24 +185,11 @@ def latest_previous_rows(history: "DataFrame", users: "DataFrame", ds: str) -> "
 
 
 def require_inputs(spark: "SparkSession", cfg: GemConfig, ds: str) -> None:
-    """Bronze for ds passed data quality; the previous day's sequences exist (unless ds starts the pipeline)."""
+    """The registry's needs: bronze for ds passed data quality; the previous day's sequences exist
+    (unless ds starts the pipeline)."""
     from gem import lakehouse
 
-    try:
-        lakehouse.require_completed(cfg, VALIDATE_STAGE, ds)
-    except lakehouse.MissingInputError as e:
-        raise lakehouse.MissingInputError(
-            f"{STAGE} ds={ds} needs bronze ds={ds} to have passed data quality: {e}"
-        ) from e
-    if ds == cfg.start_ds:
-        return
-    prev = shift_day(ds, -1)
-    try:
-        lakehouse.require_completed(cfg, STAGE, prev)
-    except lakehouse.MissingInputError as e:
-        raise lakehouse.MissingInputError(
-            f"{STAGE} ds={ds} needs the previous day's sequences (ds={prev}; start_ds={cfg.start_ds}): {e}"
-        ) from e
+    lakehouse.require_stage_inputs(cfg, STAGE, ds)
 
 
 def history_through(spark: "SparkSession", cfg: GemConfig, last_day: str, base_ds: str | None) -> "DataFrame":

@@ -42,7 +42,6 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 STAGE = "mix"
-GATE_STAGE = "validate_examples"
 
 
 @dataclass(frozen=True)
@@ -155,16 +154,11 @@ def manifest_rows(cfg: GemConfig, ds: str, days: MixDays, examples_path: str, ex
 # Thin I/O.
 
 
-def require_inputs(spark: SparkSession, cfg: GemConfig, ds: str, days: MixDays) -> None:
+def require_inputs(cfg: GemConfig, ds: str) -> None:
+    """The registry's needs: every example day the mixture of ds reads (mix_days) validated."""
     from gem import lakehouse
 
-    for day in (*days.train, days.eval):
-        try:
-            lakehouse.require_completed(cfg, GATE_STAGE, day)
-        except lakehouse.MissingInputError as e:
-            raise lakehouse.MissingInputError(
-                f"{STAGE} ds={ds} mixes example days {days.train[0]}..{days.eval}, each validated: {e}"
-            ) from e
+    lakehouse.require_stage_inputs(cfg, STAGE, ds)
 
 
 def run(cfg: GemConfig, ds: str, spark: SparkSession | None = None) -> MixResult | None:
@@ -176,7 +170,7 @@ def run(cfg: GemConfig, ds: str, spark: SparkSession | None = None) -> MixResult
     if days is None:
         return None
     spark = spark or get_spark(cfg, app_name=f"{STAGE}:{ds}")
-    require_inputs(spark, cfg, ds, days)
+    require_inputs(cfg, ds)
     examples_path = lakehouse.table_path(cfg, SILVER_TRAINING_EXAMPLES)
     sequences_path = lakehouse.table_path(cfg, SILVER_USER_SEQUENCES)
     examples_version, sequences_version = table_version(examples_path), table_version(sequences_path)

@@ -32,7 +32,7 @@ from gem.lakehouse import (
     new_run_id,
     publish_completion,
     read_table,
-    require_completed,
+    require_stage_inputs,
     table_path,
 )
 from gem.quality import (
@@ -108,7 +108,7 @@ def run(cfg: GemConfig, ds: str) -> dict[str, Any]:
     ingest's record, DataQualityError (after Data Docs are built) on a failed critical expectation."""
     dt.date.fromisoformat(ds)
     spark = get_spark(cfg, app_name=f"{STAGE}:{ds}")
-    ingest_record = require_completed(cfg, INGEST_STAGE, ds)
+    ingest_record = require_stage_inputs(cfg, STAGE, ds)[(INGEST_STAGE, ds)]
     # A rerun that fails must not leave an earlier "validated" record standing.
     clear_completion(cfg, STAGE, ds)
     run_id = new_run_id(STAGE, ds)

@@ -73,8 +73,8 @@ def run_tables(cfg: GemConfig, ds: str, spark: SparkSession | None = None) -> li
     from schemas.sequences import SILVER_USER_SEQUENCES
 
     spark = spark or get_spark(cfg, app_name=f"{SILVER_STAGE}:{ds}")
-    sequences_record = lakehouse.require_completed(cfg, "build_sequences", ds)
-    features_record = lakehouse.require_completed(cfg, "build_features", ds)
+    records = lakehouse.require_stage_inputs(cfg, SILVER_STAGE, ds)
+    sequences_record, features_record = records[("build_sequences", ds)], records[("build_features", ds)]
     sequences = _partition(spark, cfg, SILVER_USER_SEQUENCES, ds, sequences_record)
     batches = [
         Batch(f"{SILVER_USER_SEQUENCES.name}.rules", sequences, qs.sequence_expectations(cfg)),
@@ -101,7 +101,7 @@ def run_examples(cfg: GemConfig, ds: str, spark: SparkSession | None = None) -> 
     from schemas.sequences import SILVER_USER_SEQUENCES
 
     spark = spark or get_spark(cfg, app_name=f"{EXAMPLES_STAGE}:{ds}")
-    record = lakehouse.require_completed(cfg, "assemble_examples", ds)
+    record = lakehouse.require_stage_inputs(cfg, EXAMPLES_STAGE, ds)[("assemble_examples", ds)]
     examples = _partition(spark, cfg, SILVER_TRAINING_EXAMPLES, ds, record)
     sequences_path = lakehouse.table_path(cfg, SILVER_USER_SEQUENCES)
     batches = [Batch(f"{SILVER_TRAINING_EXAMPLES.name}.rules", examples, qs.example_expectations(cfg, sequences_path))]

@@ -249,14 +249,16 @@ def test_missing_inputs_fail_with_a_clear_message(spark, built):
     gap_day, day = shift_day(DAYS[-1], 1), shift_day(DAYS[-1], 2)  # gap_day is never built
     with pytest.raises(
         lakehouse.MissingInputError,
-        match=f"passed data quality.*'validate_events' has no completion record for ds={day}",
+        match=f"build_sequences ds={day} needs records that do not exist yet: validate_events ds={day}, "
+              f"build_sequences ds={gap_day}; run `python -m jobs.validate_events --ds {day}` first",
     ):
         build_sequences.run(cfg, day, spark)
 
     lakehouse.publish_completion(cfg, "validate_events", day, "test", 0, 0, {}, {})
     with pytest.raises(
         lakehouse.MissingInputError,
-        match=f"previous day's sequences.*'build_sequences' has no completion record for ds={gap_day}",
+        match=f"needs records that do not exist yet: build_sequences ds={gap_day}; "
+              f"run `python -m jobs.build_sequences --ds {gap_day}` first",
     ):
         build_sequences.run(cfg, day, spark)
     assert lakehouse.completion(cfg, "build_sequences", day) is None

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from gem import orchestration
+from gem import orchestration, stages
 from gem.orchestration import REPO_ROOT, job_command, manual_logical_date, partition_ds
 
 DAGS = REPO_ROOT / "dags"
@@ -90,6 +90,17 @@ def test_tasks_in_order(dag: Any) -> None:
     assert {t: dag.get_task(t).upstream_task_ids for t in JOBS} == UPSTREAM
 
 
+def test_the_dag_is_the_registry(dag: Any) -> None:
+    """The DAG is built from gem.stages; the graph above is written out by hand, so a wrong registry
+    fails one of the two comparisons."""
+    assert set(stages.REGISTRY) == set(dag.task_ids) == set(JOBS)
+    assert {name: stages.upstream(name) for name in stages.REGISTRY} == UPSTREAM
+    for stage in stages.STAGES:
+        task = dag.get_task(stage.name)
+        assert task.bash_command == orchestration.stage_command(stage)
+        assert task.pool == (stage.pool or "default_pool")
+
+
 def test_dag_settings(dag: Any) -> None:
     assert set(dag.tags) == {"gem", "daily"}
     assert dag.catchup is False
@@ -100,7 +111,7 @@ def test_dag_settings(dag: Any) -> None:
 def test_pretraining_queues_in_the_gpu_pool(dag: Any) -> None:
     assert {t.task_id: t.pool for t in dag.tasks} == {t: POOLS.get(t, "default_pool") for t in JOBS}
     init_db = (REPO_ROOT / "infra" / "airflow" / "init_db.sh").read_text()
-    assert f"pools set {orchestration.GPU_POOL} {orchestration.GPU_POOL_SLOTS} " in init_db
+    assert f"pools set {stages.GPU_POOL} {orchestration.GPU_POOL_SLOTS} " in init_db
 
 
 def test_every_task_retries(dag: Any) -> None:

@@ -26,12 +26,16 @@ def test_model_metrics_shows_the_latest_run_with_its_partition_day(tmp_path: Pat
     assert demo.model_metrics(cfg) is None
     t0 = dt.datetime(2026, 1, 3, tzinfo=dt.UTC)
     write_metrics(cfg, _rows("2026-01-02", "kunlun:2026-01-02:old", t0, 0.55))
-    write_metrics(cfg, _rows("2026-01-02", "kunlun:2026-01-02:new", t0 + dt.timedelta(hours=1), 0.66))
+    write_metrics(cfg, _rows("2026-01-03", "kunlun:2026-01-03:new", t0 + dt.timedelta(hours=1), 0.66))
     text = demo.model_metrics(cfg)
     assert text is not None
-    assert "kunlun:2026-01-02:new" in text and ":old" not in text
-    assert "held-out day of the mixture of 2026-01-02" in text and "(2 runs in gold.metrics)" in text
+    assert "kunlun:2026-01-03:new" in text and ":old" not in text
+    assert "held-out day of the mixture of 2026-01-03" in text and "(2 runs in gold.metrics)" in text
     assert "reels/click" in text and "0.6600" in text and "0.5500" not in text
+    # A rerun of a day replaces that day's run (gold.metrics holds one run per day and architecture).
+    write_metrics(cfg, _rows("2026-01-03", "kunlun:2026-01-03:rerun", t0 + dt.timedelta(hours=2), 0.77))
+    text = demo.model_metrics(cfg)
+    assert "kunlun:2026-01-03:rerun" in text and "(2 runs in gold.metrics)" in text
 
 
 def test_summary_counts_rows_per_day_from_the_log(tmp_path: Path) -> None:

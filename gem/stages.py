@@ -1,0 +1,228 @@
+"""The stage registry: every stage of the daily pipeline, declared once.
+
+A stage is a job (`python -m jobs.<module>`) that processes one day and publishes one completion
+record per day it completes. Its declaration says:
+
+- which day it processes on a run day R: R itself (`--ds R`), or the impression day whose
+  attribution window closes on R (`--ready-on R`, ds = R - attribution_window_days);
+- the completion records it needs before it may start, as (stage, days relative to its ds);
+- whether it needs Spark (torch stages commit and publish without starting a JVM);
+- per table, the partitions it writes (days relative to its ds, or on a schedule).
+
+dags/gem_daily.py builds its tasks and dependencies from this registry; the jobs check their
+inputs with `missing_inputs`; tests/test_dag_integrity.py compares the parsed DAG with both the
+registry and a hand-written expected graph. Adding a stage means: a declaration here, its job, its
+tests.
+
+Imported by the DAG processor on every parse: standard library only.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gem.config import GemConfig
+
+# A day rule: (config, the stage's ds) -> the days it names, oldest first.
+DayRule = Callable[["GemConfig", str], list[str]]
+
+
+def _shift(ds: str, days: int) -> str:
+    return (dt.date.fromisoformat(ds) + dt.timedelta(days=days)).isoformat()
+
+
+def _span(cfg: GemConfig, first: str, last: str) -> list[str]:
+    """Days first..last inclusive, none before the pipeline's start_ds."""
+    first = max(first, cfg.start_ds)
+    n = (dt.date.fromisoformat(last) - dt.date.fromisoformat(first)).days + 1
+    return [_shift(first, i) for i in range(max(n, 0))]
+
+
+# --- Day rules, named for what they mean. ---------------------------------------------------------
+
+
+def same_day(cfg: GemConfig, ds: str) -> list[str]:
+    """ds itself."""
+    return [ds]
+
+
+def previous_day(cfg: GemConfig, ds: str) -> list[str]:
+    """ds - 1, from the day after start_ds on (the first day has no previous one)."""
+    return _span(cfg, _shift(ds, -1), _shift(ds, -1))
+
+
+def examples_bronze_days(cfg: GemConfig, ds: str) -> list[str]:
+    """The arrival days the examples of impression day ds read, with W = attribution_window_days:
+    ds-2W-1 .. ds+W (a conversion arriving by ds+W may follow a click up to W days before it, whose
+    impression may have arrived up to W+1 days before that click)."""
+    w = cfg.attribution_window_days
+    return _span(cfg, _shift(ds, -2 * w - 1), _shift(ds, w))
+
+
+def mixed_days(cfg: GemConfig, ds: str) -> list[str]:
+    """The example days the mixture of run day ds reads: up to mix.train_days training days, then
+    the held-out day ds - attribution_window_days (the newest day whose window has closed)."""
+    held_out = _shift(ds, -cfg.attribution_window_days)
+    if held_out <= cfg.start_ds:  # no training day before it: nothing is mixed (the job exits 99)
+        return []
+    return _span(cfg, _shift(held_out, -cfg.mix.train_days), held_out)
+
+
+def compaction_days(cfg: GemConfig, ds: str) -> list[str]:
+    """ds when it is a compaction day: every sequence_compaction_days-th day counted from start_ds
+    (its last day, so a compaction folds in a full period); none otherwise."""
+    k = cfg.sequence_compaction_days
+    since = (dt.date.fromisoformat(ds) - dt.date.fromisoformat(cfg.start_ds)).days
+    return [ds] if k > 0 and since >= 0 and since % k == k - 1 else []
+
+
+# --- Declarations. --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Need:
+    """Completion records of `stage` for the days `days(cfg, ds)` must exist before the stage runs."""
+
+    stage: str
+    days: DayRule = same_day
+
+
+@dataclass(frozen=True)
+class Writes:
+    """The partitions (`ds` values) of `table` one run of the stage replaces."""
+
+    table: str
+    days: DayRule = same_day
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of the pipeline (see the module docstring).
+
+    module/extra_args: the job it runs, `python -m jobs.<module> <day flag> <day> <extra_args>`.
+    ready_on: the job takes `--ready-on R` and processes ds = R - attribution_window_days; it
+        exits 99 (the task shows as skipped) when no window has closed on R yet.
+    skippable: exit 99 means "nothing to do yet" (always true for ready_on stages).
+    after: DAG order that no completion record expresses (the landing files of generate_events).
+    pool: the Airflow pool its task queues in (None: the default pool).
+    """
+
+    name: str
+    module: str
+    needs: tuple[Need, ...] = ()
+    writes: tuple[Writes, ...] = ()
+    spark: bool = True
+    ready_on: bool = False
+    skippable: bool = False
+    after: tuple[str, ...] = ()
+    extra_args: str = ""
+    pool: str | None = None
+    doc: str = ""
+
+    def ds(self, cfg: GemConfig, run_day: str) -> str | None:
+        """The day this stage processes on run day `run_day`; None when nothing is ready yet."""
+        if not self.ready_on:
+            return run_day
+        ds = _shift(run_day, -cfg.attribution_window_days)
+        return ds if ds >= cfg.start_ds else None
+
+    def needed(self, cfg: GemConfig, ds: str) -> list[tuple[str, str]]:
+        """(stage, day) of every completion record the run of ds needs, in declaration order."""
+        return [(need.stage, day) for need in self.needs for day in need.days(cfg, ds)]
+
+    def partitions(self, cfg: GemConfig, ds: str) -> dict[str, list[str]]:
+        """table -> the partitions the run of ds replaces (tables with none that day left out)."""
+        return {w.table: days for w in self.writes if (days := w.days(cfg, ds))}
+
+
+GPU_POOL = "gpu"
+
+STAGES: tuple[Stage, ...] = (
+    Stage("generate_events", "generate_events", spark=False,
+          doc="the synthetic world's gzipped JSON-lines landing files of ds (a source, not a table)"),
+    Stage("ingest_events", "ingest_events", after=("generate_events",),
+          writes=(Writes("bronze.ad_events"), Writes("bronze.quarantine")),
+          doc="landing -> typed, deduplicated bronze; bad lines quarantined with a reason"),
+    Stage("validate_events", "validate_events", needs=(Need("ingest_events"),),
+          doc="Great Expectations on bronze ds and its quarantine"),
+    Stage("build_sequences", "build_sequences",
+          needs=(Need("validate_events"), Need("build_sequences", previous_day)),
+          writes=(Writes("silver.user_sequences"), Writes("silver.user_sequences_compacted", compaction_days)),
+          doc="each active user's lifelong sequences, advanced by one day; compacted on schedule"),
+    Stage("build_features", "build_features",
+          needs=(Need("validate_events", previous_day),),
+          writes=(Writes("silver.user_daily_counts", previous_day), Writes("silver.ad_daily_counts", previous_day),
+                  Writes("silver.user_features"), Writes("silver.ad_features")),
+          doc="point-in-time counters as of the end of ds-1 (ds-1's daily counts added)"),
+    Stage("validate_silver", "validate_silver", needs=(Need("build_sequences"), Need("build_features")),
+          doc="Great Expectations on ds's sequences and features"),
+    Stage("assemble_examples", "assemble_examples", ready_on=True,
+          needs=(Need("validate_events", examples_bronze_days), Need("validate_silver")),
+          writes=(Writes("silver.training_examples"), Writes("silver.attribution_quarantine")),
+          doc="one labelled example per impression of ds, once its attribution window has closed"),
+    Stage("validate_examples", "validate_silver", extra_args="--examples", ready_on=True,
+          needs=(Need("assemble_examples"),),
+          doc="Great Expectations on ds's training examples"),
+    Stage("mix", "mix", skippable=True, needs=(Need("validate_examples", mixed_days),),
+          writes=(Writes("gold.mixture_manifest"),),
+          doc="the training mixture over the closed example days: a manifest of files, no data copied"),
+    Stage("pretrain", "pretrain", spark=False, skippable=True, pool=GPU_POOL, needs=(Need("mix"),),
+          writes=(Writes("gold.metrics"),),
+          doc="continued pretraining on ds's mixture; held-out metrics; promotes the model"),
+)
+
+REGISTRY: Mapping[str, Stage] = {s.name: s for s in STAGES}
+
+
+def stage(name: str) -> Stage:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"no stage {name!r} in the registry; stages: {', '.join(REGISTRY)}") from None
+
+
+def upstream(name: str) -> set[str]:
+    """The stages a stage's task waits for within one DAG run: the producers of its needs and its
+    `after`, minus edges another path already implies (a transitive reduction), so the drawn graph
+    shows each dependency once."""
+    direct = _direct_upstream()
+    reachable = {s: _ancestors(s, direct) for s in REGISTRY}
+    mine = direct[name]
+    return {u for u in mine if not any(u in reachable[v] for v in mine if v != u)}
+
+
+def _direct_upstream() -> dict[str, set[str]]:
+    return {
+        s.name: ({n.stage for n in s.needs} | set(s.after)) - {s.name}  # a stage's own earlier days: not an edge
+        for s in STAGES
+    }
+
+
+def _ancestors(name: str, direct: Mapping[str, set[str]]) -> set[str]:
+    seen: set[str] = set()
+    todo = list(direct[name])
+    while todo:
+        u = todo.pop()
+        if u not in seen:
+            seen.add(u)
+            todo.extend(direct[u])
+    return seen
+
+
+def missing_inputs(name: str, cfg: GemConfig, ds: str,
+                   completed: Callable[[str, str], Any]) -> list[tuple[str, str]]:
+    """(stage, day) of each needed record that `completed(stage, day)` does not return."""
+    return [(s, d) for s, d in stage(name).needed(cfg, ds) if completed(s, d) is None]
+
+
+def describe_missing(name: str, ds: str, missing: list[tuple[str, str]]) -> str:
+    """A message that names what to run first, e.g. "assemble_examples ds=2026-01-03 needs records
+    that do not exist yet: validate_events ds=2026-01-05; run `python -m jobs.validate_events --ds 2026-01-05` first"."""
+    listed = ", ".join(f"{s} ds={d}" for s, d in missing)
+    first = stage(missing[0][0])
+    command = " ".join(filter(None, (f"python -m jobs.{first.module} --ds {missing[0][1]}", first.extra_args)))
+    return f"{name} ds={ds} needs records that do not exist yet: {listed}; run `{command}` first"
