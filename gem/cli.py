@@ -7,6 +7,10 @@ import datetime as dt
 from typing import TYPE_CHECKING
 
 from gem.config import add_config_arg
+from gem.days import day_range, shift_day
+from gem.stages import ready_on_day
+
+__all__ = ["day_range", "examples_parser", "iso_day", "job_parser", "resolve_examples_day", "shift_day"]
 
 if TYPE_CHECKING:
     from gem.config import GemConfig
@@ -27,16 +31,6 @@ def job_parser(description: str | None) -> argparse.ArgumentParser:
     return parser
 
 
-def shift_day(ds: str, days: int) -> str:
-    return (dt.date.fromisoformat(ds) + dt.timedelta(days=days)).isoformat()
-
-
-def day_range(first: str, last: str) -> list[str]:
-    """Every day from first to last inclusive: ("2026-01-30", "2026-02-01") -> 3 days; [] if last < first."""
-    start, end = dt.date.fromisoformat(first), dt.date.fromisoformat(last)
-    return [(start + dt.timedelta(days=i)).isoformat() for i in range((end - start).days + 1)]
-
-
 def examples_parser(description: str | None) -> argparse.ArgumentParser:
     """`--ds D` (the impression day) or `--ready-on R` (the day whose attribution window closes on R)."""
     parser = argparse.ArgumentParser(description=description)
@@ -51,7 +45,4 @@ def examples_parser(description: str | None) -> argparse.ArgumentParser:
 
 def resolve_examples_day(cfg: "GemConfig", args: argparse.Namespace) -> str | None:
     """The impression day to process; None when --ready-on names a day no window has closed on yet."""
-    if args.ds is not None:
-        return args.ds
-    ds = shift_day(args.ready_on, -cfg.attribution_window_days)
-    return ds if ds >= cfg.start_ds else None
+    return args.ds if args.ds is not None else ready_on_day(cfg, args.ready_on)

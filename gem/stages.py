@@ -10,7 +10,7 @@ record per day it completes. Its declaration says:
 - per table, the partitions it writes (days relative to its ds, or on a schedule).
 
 dags/gem_daily.py builds its tasks and dependencies from this registry; the jobs check their
-inputs with `missing_inputs`; tests/test_dag_integrity.py compares the parsed DAG with both the
+inputs with `gem.lakehouse.require_stage_inputs`; tests/test_dag_integrity.py compares the parsed DAG with both the
 registry and a hand-written expected graph. Adding a stage means: a declaration here, its job, its
 tests.
 
@@ -24,6 +24,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gem.days import day_range, shift_day
+
 if TYPE_CHECKING:
     from gem.config import GemConfig
 
@@ -31,15 +33,9 @@ if TYPE_CHECKING:
 DayRule = Callable[["GemConfig", str], list[str]]
 
 
-def _shift(ds: str, days: int) -> str:
-    return (dt.date.fromisoformat(ds) + dt.timedelta(days=days)).isoformat()
-
-
 def _span(cfg: GemConfig, first: str, last: str) -> list[str]:
     """Days first..last inclusive, none before the pipeline's start_ds."""
-    first = max(first, cfg.start_ds)
-    n = (dt.date.fromisoformat(last) - dt.date.fromisoformat(first)).days + 1
-    return [_shift(first, i) for i in range(max(n, 0))]
+    return day_range(max(first, cfg.start_ds), last)
 
 
 # --- Day rules, named for what they mean. ---------------------------------------------------------
@@ -52,7 +48,7 @@ def same_day(cfg: GemConfig, ds: str) -> list[str]:
 
 def previous_day(cfg: GemConfig, ds: str) -> list[str]:
     """ds - 1, from the day after start_ds on (the first day has no previous one)."""
-    return _span(cfg, _shift(ds, -1), _shift(ds, -1))
+    return _span(cfg, shift_day(ds, -1), shift_day(ds, -1))
 
 
 def examples_bronze_days(cfg: GemConfig, ds: str) -> list[str]:
@@ -60,16 +56,16 @@ def examples_bronze_days(cfg: GemConfig, ds: str) -> list[str]:
     ds-2W-1 .. ds+W (a conversion arriving by ds+W may follow a click up to W days before it, whose
     impression may have arrived up to W+1 days before that click)."""
     w = cfg.attribution_window_days
-    return _span(cfg, _shift(ds, -2 * w - 1), _shift(ds, w))
+    return _span(cfg, shift_day(ds, -2 * w - 1), shift_day(ds, w))
 
 
 def mixed_days(cfg: GemConfig, ds: str) -> list[str]:
     """The example days the mixture of run day ds reads: up to mix.train_days training days, then
     the held-out day ds - attribution_window_days (the newest day whose window has closed)."""
-    held_out = _shift(ds, -cfg.attribution_window_days)
+    held_out = shift_day(ds, -cfg.attribution_window_days)
     if held_out <= cfg.start_ds:  # no training day before it: nothing is mixed (the job exits 99)
         return []
-    return _span(cfg, _shift(held_out, -cfg.mix.train_days), held_out)
+    return _span(cfg, shift_day(held_out, -cfg.mix.train_days), held_out)
 
 
 def compaction_days(cfg: GemConfig, ds: str) -> list[str]:
@@ -78,6 +74,12 @@ def compaction_days(cfg: GemConfig, ds: str) -> list[str]:
     k = cfg.sequence_compaction_days
     since = (dt.date.fromisoformat(ds) - dt.date.fromisoformat(cfg.start_ds)).days
     return [ds] if k > 0 and since >= 0 and since % k == k - 1 else []
+
+
+def ready_on_day(cfg: GemConfig, run_day: str) -> str | None:
+    """The impression day whose attribution window closes on run_day; None before any has."""
+    ds = shift_day(run_day, -cfg.attribution_window_days)
+    return ds if ds >= cfg.start_ds else None
 
 
 # --- Declarations. --------------------------------------------------------------------------------
@@ -125,10 +127,7 @@ class Stage:
 
     def ds(self, cfg: GemConfig, run_day: str) -> str | None:
         """The day this stage processes on run day `run_day`; None when nothing is ready yet."""
-        if not self.ready_on:
-            return run_day
-        ds = _shift(run_day, -cfg.attribution_window_days)
-        return ds if ds >= cfg.start_ds else None
+        return ready_on_day(cfg, run_day) if self.ready_on else run_day
 
     def needed(self, cfg: GemConfig, ds: str) -> list[tuple[str, str]]:
         """(stage, day) of every completion record the run of ds needs, in declaration order."""
