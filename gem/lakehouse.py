@@ -292,11 +292,16 @@ def require_stage_inputs(cfg: GemConfig, stage: str, ds: str) -> dict[tuple[str,
     MissingInputError naming every missing one and the command to run first."""
     from gem import stages
 
-    found = {(s, d): completion(cfg, s, d) for s, d in stages.stage(stage).needed(cfg, ds)}
-    missing = [key for key, record in found.items() if record is None]
+    found: dict[tuple[str, str], Any] = {}
+
+    def completed(needed_stage: str, day: str) -> dict[str, Any] | None:
+        found[(needed_stage, day)] = completion(cfg, needed_stage, day)
+        return found[(needed_stage, day)]
+
+    missing = stages.missing_inputs(stage, cfg, ds, completed)
     if missing:
         raise MissingInputError(stages.describe_missing(stage, ds, missing))
-    return found  # type: ignore[return-value]  (no None left)
+    return found
 
 
 def require_completed(cfg: GemConfig, stage: str, ds: str) -> dict[str, Any]:
