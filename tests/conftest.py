@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -23,6 +24,9 @@ def spark():
     session = get_spark(cfg, app_name="gem-tests")
     yield session
     session.stop()
+    # py4j logs "Closing down clientserver connection" from __del__ at interpreter exit, after
+    # pytest has closed the captured stream: a spurious "Logging error" traceback under the summary.
+    logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
 def make_config(tmp_path: Path, **overrides) -> GemConfig:
