@@ -13,6 +13,7 @@ import shutil
 import time
 from pathlib import Path
 
+from gem.commit import StageContext
 from gem.config import load_config
 from gem.spark import get_spark
 from jobs import generate_events, ingest_events
@@ -36,7 +37,7 @@ def run_size(root: Path, events: int, master: str) -> dict[str, float]:
     gen_s = time.time() - t0
     spark = get_spark(cfg, app_name="bench-ingest")
     t1 = time.time()
-    result = ingest_events.run(cfg, DAY, spark)
+    result = ingest_events.run(StageContext(cfg, spark), DAY)
     ingest_s = time.time() - t1
     return {
         "events": float(result.rows_in),

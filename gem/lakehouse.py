@@ -26,6 +26,11 @@ class MissingInputError(RuntimeError):
     """An input partition a stage needs has not been completed by its producer."""
 
 
+class StaleInputError(MissingInputError):
+    """An input partition changed after the record a reader relies on (e.g. rewritten after its
+    validation); the message names the stage to rerun."""
+
+
 class TableSchemaMismatch(RuntimeError):
     """An existing Delta table does not match its definition in schemas/."""
 
@@ -119,7 +124,7 @@ def _verify_schema(table: Any, path: str, schema: TableSchema) -> None:
         raise TableSchemaMismatch(f"{schema.name} at {path} has columns {got}, schemas/ defines {exp}")
 
 
-def _predicate(where: Mapping[str, Any]) -> str:
+def predicate(where: Mapping[str, Any]) -> str:
     """{"ds": "2026-01-02"} -> "ds = '2026-01-02'"; a (first, last) pair is a closed range:
     {"ds": ("2026-01-01", "2026-01-28")} -> "ds >= '2026-01-01' AND ds <= '2026-01-28'" (Delta's
     replaceWhere check fails to analyze BETWEEN)."""
@@ -155,7 +160,7 @@ def replace_partition(
         df.select(*schema.column_names)
         .write.format("delta")
         .mode("overwrite")
-        .option("replaceWhere", _predicate(where))
+        .option("replaceWhere", predicate(where))
     )
     if user_metadata:
         writer = writer.option("userMetadata", user_metadata)
@@ -188,11 +193,17 @@ def latest_version(path: str) -> int:
     return int(DeltaTable(path).version())
 
 
-def rows_committed(cfg: GemConfig, schema: TableSchema, version: int) -> int:
-    """Rows the commit `version` of the table wrote (Delta's numOutputRows), without rereading them."""
+def rows_committed(cfg: GemConfig, schema: TableSchema, version: int, user_metadata: str = "") -> int:
+    """Rows the commit `version` of the table wrote, from the commit's own metrics without rereading
+    them (Spark's numOutputRows, delta-rs' num_added_rows). With `user_metadata`, the commit must
+    carry it; a version without it is a replace that committed nothing (an empty replace of an empty
+    partition), which wrote 0 rows."""
     for commit in _history(table_path(cfg, schema)):
         if int(commit["version"]) == int(version):
-            return int((commit.get("operationMetrics") or {}).get("numOutputRows", 0))
+            if user_metadata and commit.get("userMetadata") != user_metadata:
+                return 0
+            metrics = commit.get("operationMetrics") or {}
+            return int(metrics.get("numOutputRows", metrics.get("num_added_rows", 0)))
     raise RuntimeError(f"{schema.name}: no commit {version} in the log of {table_path(cfg, schema)}")
 
 
@@ -233,16 +244,21 @@ def publish_completion(
     stage: str,
     ds: str,
     run_id: str,
-    rows_in: int,
+    rows_in: int | None,
     rows_written: int,
     quarantined_by_reason: Mapping[str, int],
     table_versions: Mapping[str, int],
-) -> None:
+    input_versions: Mapping[str, int] | None = None,
+    reconciliation: str = "checked",
+) -> dict[str, Any]:
+    """Write the (stage, ds) record in one commit (replacing any earlier one); -> the record.
+    Stages publish through gem.commit.StageCommit, which fills in the versions and the
+    reconciliation; rows_in None means the stage has no separate input count (`reconciliation` says why)."""
     import pyarrow as pa
     from deltalake import write_deltalake
 
     rows_quarantined = int(sum(quarantined_by_reason.values()))
-    if rows_in != rows_written + rows_quarantined:
+    if rows_in is not None and rows_in != rows_written + rows_quarantined:
         raise RuntimeError(
             f"{stage} ds={ds}: counts do not reconcile: in={rows_in} != written={rows_written} "
             f"+ quarantined={rows_quarantined} ({dict(quarantined_by_reason)})"
@@ -251,20 +267,24 @@ def publish_completion(
         "stage": stage,
         "ds": dt.date.fromisoformat(ds),
         "run_id": run_id,
-        "rows_in": int(rows_in),
+        "rows_in": None if rows_in is None else int(rows_in),
         "rows_written": int(rows_written),
         "rows_quarantined": rows_quarantined,
         "quarantined_by_reason": sorted((k, int(v)) for k, v in quarantined_by_reason.items()),
         "table_versions": sorted((k, int(v)) for k, v in table_versions.items()),
+        "input_versions": sorted((k, int(v)) for k, v in (input_versions or {}).items()),
+        "reconciliation": reconciliation,
         "completed_at": dt.datetime.now(dt.timezone.utc),
     }
     path = ensure_table(None, cfg, COMPLETIONS)
     table = pa.Table.from_pylist([row], schema=COMPLETIONS.arrow_schema())
     write_deltalake(path, table, mode="overwrite", predicate=_completion_where(stage, ds),
-                    partition_by=list(COMPLETIONS.partition_by), commit_properties=_commit_properties(run_id))
+                    partition_by=list(COMPLETIONS.partition_by), commit_properties=commit_properties(run_id))
+    return row | {"ds": ds, "quarantined_by_reason": dict(row["quarantined_by_reason"]),
+                  "table_versions": dict(row["table_versions"]), "input_versions": dict(row["input_versions"])}
 
 
-def _commit_properties(user_metadata: str) -> Any:
+def commit_properties(user_metadata: str) -> Any:
     from deltalake import CommitProperties
 
     return CommitProperties(custom_metadata={"userMetadata": user_metadata})
@@ -282,7 +302,7 @@ def completion(cfg: GemConfig, stage: str, ds: str) -> dict[str, Any] | None:
     if not rows:
         return None
     record = rows[-1]
-    for key in ("quarantined_by_reason", "table_versions"):  # Arrow maps come back as (key, value) pairs
+    for key in ("quarantined_by_reason", "table_versions", "input_versions"):  # Arrow maps come back as (key, value) pairs
         record[key] = dict(record[key] or [])
     return record
 

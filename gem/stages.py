@@ -51,6 +51,14 @@ def previous_day(cfg: GemConfig, ds: str) -> list[str]:
     return _span(cfg, shift_day(ds, -1), shift_day(ds, -1))
 
 
+def feature_window_days(cfg: GemConfig, ds: str) -> list[str]:
+    """The arrival days the counters of ds cover: the longest feature window, ds-28 .. ds-1. The
+    daily build rewrites only ds-1's daily counts; a full rebuild rewrites them all."""
+    from schemas.features import WINDOW_DAYS  # a light module; imported here, not at DAG parse
+
+    return _span(cfg, shift_day(ds, -max(WINDOW_DAYS)), shift_day(ds, -1))
+
+
 def examples_bronze_days(cfg: GemConfig, ds: str) -> list[str]:
     """The arrival days the examples of impression day ds read, with W = attribution_window_days:
     ds-2W-1 .. ds+W (a conversion arriving by ds+W may follow a click up to W days before it, whose
@@ -153,10 +161,11 @@ STAGES: tuple[Stage, ...] = (
           writes=(Writes("silver.user_sequences"), Writes("silver.user_sequences_compacted", compaction_days)),
           doc="each active user's lifelong sequences, advanced by one day; compacted on schedule"),
     Stage("build_features", "build_features",
-          needs=(Need("validate_events", previous_day),),
-          writes=(Writes("silver.user_daily_counts", previous_day), Writes("silver.ad_daily_counts", previous_day),
+          needs=(Need("validate_events", feature_window_days),),
+          writes=(Writes("silver.user_daily_counts", feature_window_days),
+                  Writes("silver.ad_daily_counts", feature_window_days),
                   Writes("silver.user_features"), Writes("silver.ad_features")),
-          doc="point-in-time counters as of the end of ds-1 (ds-1's daily counts added)"),
+          doc="point-in-time counters as of the end of ds-1 (ds-1's daily counts added; --full: the window's)"),
     Stage("validate_silver", "validate_silver", needs=(Need("build_sequences"), Need("build_features")),
           doc="Great Expectations on ds's sequences and features"),
     Stage("assemble_examples", "assemble_examples", ready_on=True,
@@ -166,7 +175,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("validate_examples", "validate_silver", extra_args="--examples", ready_on=True,
           needs=(Need("assemble_examples"),),
           doc="Great Expectations on ds's training examples"),
-    Stage("mix", "mix", skippable=True, needs=(Need("validate_examples", mixed_days),),
+    Stage("mix", "mix", spark=False, skippable=True, needs=(Need("validate_examples", mixed_days),),
           writes=(Writes("gold.mixture_manifest"),),
           doc="the training mixture over the closed example days: a manifest of files, no data copied"),
     Stage("pretrain", "pretrain", spark=False, skippable=True, pool=GPU_POOL, needs=(Need("mix"),),

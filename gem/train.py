@@ -273,11 +273,17 @@ def code_version() -> str:
         return "unknown"
 
 
-def write_metrics(cfg: Any, rows: list[dict[str, Any]]) -> None:
-    """Replace gold.metrics' rows of one (held-out day, architecture) with `rows`, in one commit: a
-    rerun of a day's pretraining leaves one row per task, never a second set beside the first."""
+# The pretraining record has no separate input count: it scores the held-out day, one metrics row
+# per task, each row counting the examples it scored.
+PRETRAIN_STAGE = "pretrain"
+NO_INPUT_COUNT = "scores: one gold.metrics row per held-out task, each with the examples it scored"
+
+
+def write_metrics(commit: Any, rows: list[dict[str, Any]]) -> int:
+    """Replace gold.metrics' rows of one (held-out day, architecture) with `rows`, in one commit of
+    the pretraining stage (gem.commit.StageCommit): a rerun of a day's pretraining leaves one row per
+    task, never a second set beside the first. -> the version created."""
     import pyarrow as pa
-    from deltalake import write_deltalake
 
     from schemas.metrics import GOLD_METRICS
 
@@ -285,9 +291,10 @@ def write_metrics(cfg: Any, rows: list[dict[str, Any]]) -> None:
     if len(keys) != 1:
         raise ValueError(f"gold.metrics rows of one run share one (ds, arch); got {sorted(keys)}")
     ((ds, arch),) = keys
+    if ds.isoformat() != commit.ds:
+        raise ValueError(f"gold.metrics rows of ds={ds} in the pretraining commit of ds={commit.ds}")
     table = pa.Table.from_pylist(rows, schema=GOLD_METRICS.arrow_schema())
-    write_deltalake(GOLD_METRICS.path(cfg.lakehouse_uri), table, mode="overwrite",
-                    predicate=f"ds = '{ds.isoformat()}' AND arch = '{arch}'", partition_by=list(GOLD_METRICS.partition_by))
+    return commit.replace_arrow(table, GOLD_METRICS, also={"arch": arch})
 
 
 def init_from_torchrun(device_type: str) -> bool:
@@ -307,12 +314,14 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     from gem.cli import iso_day
+    from gem.commit import StageCommit, StageContext
     from gem.config import add_config_arg, load_config
     from gem.data.encode import DENSE_COLUMNS
     from gem.data.loader import SPARSE_FEATURES, ExampleStream, ResumableLoader
     from gem.data.manifest import read_manifest
     from gem.evaluate import evaluate
     from gem.model.build import build_task
+    from schemas.metrics import GOLD_METRICS
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_config_arg(parser)
@@ -328,6 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(cfg.train.checkpoint_root or f"{cfg.lakehouse_uri.rstrip('/')}/_checkpoints")
     run_dir = Path(args.run_dir) if args.run_dir else root / f"{cfg.model.arch}-{args.mix_ds}"
 
+    # Rank 0 commits for the stage: inputs (the mixture's record) checked and the day's record
+    # withdrawn before training, published after the metrics and the promotion.
+    commit = StageCommit.begin(StageContext(cfg), PRETRAIN_STAGE, args.mix_ds) if rank == 0 else None
     train_manifest, eval_manifest = read_manifest(cfg, args.mix_ds, "train"), read_manifest(cfg, args.mix_ds, "eval")
     tasks = tuple(f"{s}/{t}" for s, t in cfg.tasks if f"{s}/{t}" in {x.name for x in train_manifest.sources})
     stream = ResumableLoader(ExampleStream(train_manifest, tasks, cfg.loader))
@@ -351,15 +363,16 @@ def main(argv: list[str] | None = None) -> int:
                                sparse_backend="torch")
         eval_task.load_state_dict(state)
         eval_stream = ResumableLoader(ExampleStream(eval_manifest, tasks, cfg.loader, rank=0, world_size=1))
-        _report(cfg, args.mix_ds, evaluate(eval_task, eval_stream.epoch()), result.steps, eval_manifest)
+        _report(commit, evaluate(eval_task, eval_stream.epoch()), result.steps, eval_manifest)
         promotion.promote(root, cfg.model.arch, args.mix_ds, result.checkpoint or checkpoint.latest(run_dir), result.steps)
+        commit.publish(None, written_tables=(GOLD_METRICS,), no_input_count=NO_INPUT_COUNT)
     if joined:
         torch.distributed.barrier()  # nobody exits before rank 0 has published
         torch.distributed.destroy_process_group()
     return 0
 
 
-def _report(cfg: Any, mix_ds: str, scores: dict[str, dict[str, Any]], steps: int, eval_manifest: Any) -> None:
+def _report(commit: Any, scores: dict[str, dict[str, Any]], steps: int, eval_manifest: Any) -> None:
     """Write the held-out scores to gold.metrics (with run id, config, code and table versions) and print them."""
     import datetime as dt
     import json
@@ -367,6 +380,7 @@ def _report(cfg: Any, mix_ds: str, scores: dict[str, dict[str, Any]], steps: int
 
     from gem.evaluate import metrics_table
 
+    cfg, mix_ds = commit.cfg, commit.ds
     run_id = f"{cfg.model.arch}:{mix_ds}:{uuid.uuid4().hex[:8]}"
     now = dt.datetime.now(dt.UTC)
     rows = [{
@@ -376,7 +390,7 @@ def _report(cfg: Any, mix_ds: str, scores: dict[str, dict[str, Any]], steps: int
         "examples_version": eval_manifest.examples_version, "sequences_version": eval_manifest.sequences_version,
         "code_version": code_version(), "config": json.dumps(cfg.to_dict(), default=str), "created_at": now,
     } for name, s in scores.items()]
-    write_metrics(cfg, rows)
+    write_metrics(commit, rows)
     print(f"held-out day {eval_manifest.file_ds[eval_manifest.files[0]]} ({run_id}):")
     print(metrics_table(scores))
 

@@ -22,20 +22,20 @@ Flow (pure transforms; thin I/O around them):
   link_clicks(clicks, impressions) -> each click's impression;
   attribute_conversions(conversions, linked clicks) -> each conversion's click, impression, reason;
   assemble(impressions of D, linked clicks, attributed conversions, features) -> examples of D;
-  commit: withdraw (assemble_examples, D); replace examples ds=D; replace attribution quarantine
+  commit (gem.commit.StageCommit): withdraw (assemble_examples, D); replace examples ds=D; replace attribution quarantine
   ds=D (the conversions that arrived on D and count nowhere); publish the record LAST with
   rows_in = impressions(D) + conversions(D) = examples + attributed + quarantined.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gem.cli import examples_parser, resolve_examples_day, shift_day
+from gem.commit import ReconciliationError, StageCommit, StageContext
 from gem.config import GemConfig, load_config
 from gem.orchestration import NOTHING_READY_EXIT  # exit code: nothing ready yet, the task is skipped
 from gem.stages import examples_bronze_days
@@ -51,7 +51,7 @@ from schemas.features import COUNTER_COLUMNS, SILVER_AD_FEATURES, SILVER_USER_FE
 
 if TYPE_CHECKING:
     from pyspark.sql import Column as SparkColumn
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import DataFrame
 
 STAGE = "assemble_examples"
 VALIDATE_SILVER_STAGE = "validate_silver"
@@ -244,42 +244,36 @@ def assemble(
 # Thin I/O.
 
 
-def require_inputs(spark: SparkSession, cfg: GemConfig, ds: str) -> tuple[str, str]:
-    """Bronze validated for every day read; sequences and features of ds validated. Returns the window."""
-    from gem import lakehouse
-
+def check_day(cfg: GemConfig, ds: str) -> tuple[str, str]:
+    """The bronze window (first, last arrival day) the examples of ds read; ds must be a pipeline day."""
     if ds < cfg.start_ds:
         raise ValueError(f"{STAGE} ds={ds} is before the pipeline's start_ds={cfg.start_ds}")
-    lakehouse.require_stage_inputs(cfg, STAGE, ds)
     return bronze_window(cfg, ds)
 
 
-def require_feature_days(spark: SparkSession, cfg: GemConfig, ds: str, day_impressions: DataFrame) -> list[str]:
+def require_feature_days(commit: StageCommit, day_impressions: DataFrame) -> list[str]:
     """The features_ds values the impressions of ds join (their event days; earlier than ds only for
     impressions that arrived late), each validated. Days before start_ds have no features: the
     counters of such an impression are 0, as for an entity without history."""
     from pyspark.sql import functions as F
 
-    from gem import lakehouse
-
     rows = day_impressions.select(F.to_date("event_time").alias("d")).distinct().collect()
-    days = sorted(d for d in (r["d"].isoformat() for r in rows) if d >= cfg.start_ds)
+    days = sorted(d for d in (r["d"].isoformat() for r in rows) if d >= commit.cfg.start_ds)
     for d in days:
-        if d != ds:  # ds itself was checked by require_inputs
-            lakehouse.require_completed(cfg, VALIDATE_SILVER_STAGE, d)
+        if d != commit.ds:  # ds itself is a declared need, checked when the commit began
+            commit.also_needs(VALIDATE_SILVER_STAGE, d)
     return days
 
 
-def run(cfg: GemConfig, ds: str, spark: SparkSession | None = None) -> AssembleResult:
+def run(ctx: StageContext, ds: str) -> AssembleResult:
     from pyspark.sql import functions as F
 
     from gem import lakehouse
-    from gem.spark import get_spark
 
-    t0 = time.time()
-    spark = spark or get_spark(cfg, app_name=f"{STAGE}:{ds}")
-    first, last = require_inputs(spark, cfg, ds)
-    run_id = lakehouse.new_run_id(STAGE, ds)
+    t0, cfg = time.time(), ctx.cfg
+    first, last = check_day(cfg, ds)
+    spark = ctx.spark_for(STAGE, ds)
+    commit = StageCommit.begin(ctx, STAGE, ds)
     day = F.lit(ds).cast("date")
 
     bronze = lakehouse.read_table(spark, cfg, BRONZE_AD_EVENTS).where(
@@ -299,7 +293,7 @@ def run(cfg: GemConfig, ds: str, spark: SparkSession | None = None) -> AssembleR
     attributed = outcomes.where(F.col("reason").isNull())
 
     day_impressions = bronze.where((F.col("ds") == day) & (F.col("event_type") == "impression"))
-    feature_days = require_feature_days(spark, cfg, ds, day_impressions)
+    feature_days = require_feature_days(commit, day_impressions)
     in_days = F.col("ds").isin([F.lit(d).cast("date") for d in feature_days]) if feature_days else F.lit(False)
     user_features = lakehouse.read_table(spark, cfg, SILVER_USER_FEATURES).where(in_days)
     ad_features = lakehouse.read_table(spark, cfg, SILVER_AD_FEATURES).where(in_days)
@@ -315,23 +309,20 @@ def run(cfg: GemConfig, ds: str, spark: SparkSession | None = None) -> AssembleR
     n_examples = examples.count()
     n_impressions = day_impressions.count()
 
-    lakehouse.clear_completion(cfg, STAGE, ds)
-    meta = json.dumps({"run_id": run_id, "stage": STAGE, "ds": ds})
-    versions = {
-        SILVER_TRAINING_EXAMPLES.name: lakehouse.replace_partition(
-            examples, cfg, SILVER_TRAINING_EXAMPLES, {"ds": ds}, meta
-        ),
-        SILVER_ATTRIBUTION_QUARANTINE.name: lakehouse.replace_partition(
-            quarantine, cfg, SILVER_ATTRIBUTION_QUARANTINE, {"ds": ds}, meta
-        ),
-    }
-    lakehouse.publish_completion(
-        cfg, STAGE, ds, run_id,
+    commit.replace(examples, SILVER_TRAINING_EXAMPLES)
+    commit.replace(quarantine, SILVER_ATTRIBUTION_QUARANTINE)
+    # Reconciled with the commits: the examples' commit wrote one row per impression of ds, the
+    # quarantine's the conversions counted by reason.
+    if commit.committed_rows[SILVER_TRAINING_EXAMPLES.name] != n_examples:
+        raise ReconciliationError(f"{STAGE} ds={ds}: the examples' commit wrote "
+                                  f"{commit.committed_rows[SILVER_TRAINING_EXAMPLES.name]} rows, counted {n_examples}")
+    record = commit.publish(
         rows_in=n_impressions + conversions_in,
         rows_written=n_examples + attributed_today,
         quarantined_by_reason=quarantined,
-        table_versions=versions,
+        quarantine_table=SILVER_ATTRIBUTION_QUARANTINE,
     )
+    versions = record["table_versions"]
     return AssembleResult(ds, n_examples, conversions_in, attributed_today, quarantined, versions, time.time() - t0)
 
 
@@ -342,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     if ds is None:
         print(f"{STAGE}: no impression day's window closes on {args.ready_on} (start_ds={cfg.start_ds}); nothing to do")
         return NOTHING_READY_EXIT
-    r = run(cfg, ds)
+    r = run(StageContext(cfg), ds)
     print(
         f"{STAGE} ds={r.ds}: examples={r.examples} conversions arrived={r.conversions_in} "
         f"attributed={r.attributed} quarantined={r.quarantined_by_reason} versions={r.table_versions} "

@@ -30,13 +30,13 @@ Two ways to the same rows (tests/test_build_features.py checks they agree where 
     bronze changed): rewrites the daily counts of every arrival day in the window from bronze, then
     sums them.
 
-Commit: withdraw the (build_features, D) record; write the daily counts; replace both partitions ds=D
+Commit (gem.commit.StageCommit): the registry's needs (bronze of the window validated) checked;
+withdraw the (build_features, D) record; write the daily counts; replace both partitions ds=D
 (each computed by its write); publish the record LAST. A rerun rewrites the same rows.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import dataclass
@@ -45,7 +45,9 @@ from operator import add
 from typing import TYPE_CHECKING
 
 from gem.cli import job_parser, shift_day
+from gem.commit import StageCommit, StageContext
 from gem.config import GemConfig, load_config
+from gem.stages import feature_window_days
 from schemas.events import BRONZE_AD_EVENTS
 from schemas.features import (
     AD_METADATA_COLUMNS,
@@ -60,7 +62,6 @@ from schemas.features import (
     counter_name,
     daily_count_name,
 )
-from schemas.ops import COMPLETIONS
 from schemas.table import TableSchema
 from schemas.tasks import SURFACES
 
@@ -69,8 +70,10 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 STAGE = "build_features"
-VALIDATE_STAGE = "validate_events"
 LONGEST_WINDOW_DAYS = max(WINDOW_DAYS)
+# Counting the window's distinct users and ads apart from the rows written would cost a second scan
+# of the daily counts; the record says there is no separate input count rather than claim a check.
+NO_INPUT_COUNT = "one row per user (ad) with an event in the window; no separate input count"
 
 
 @dataclass(frozen=True)
@@ -89,17 +92,12 @@ class BuildResult:
 
 
 def bronze_days(cfg: GemConfig, ds: str) -> list[str]:
-    """Arrival days the build of `ds` reads, oldest first: [max(ds-28, start_ds), ds-1].
+    """Arrival days the build of `ds` reads, oldest first: [max(ds-28, start_ds), ds-1] (the
+    registry's day rule, so the declared needs and writes are these days).
 
     Example: start_ds 2026-01-01, ds 2026-01-03 -> ["2026-01-01", "2026-01-02"]; ds = start_ds -> [].
     """
-    first = max(shift_day(ds, -LONGEST_WINDOW_DAYS), cfg.start_ds)
-    days = []
-    day = first
-    while day < ds:
-        days.append(day)
-        day = shift_day(day, 1)
-    return days
+    return feature_window_days(cfg, ds)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -269,37 +267,6 @@ def feature_rows(per_surface: DataFrame, schema: TableSchema, ds: str) -> DataFr
 # Thin I/O.
 
 
-def require_inputs(spark: SparkSession, cfg: GemConfig, ds: str, days: list[str]) -> None:
-    """Every bronze day in `days` (those this run reads) passed data quality.
-
-    One read of the completions table for the whole range rather than one per day.
-    """
-    from delta.tables import DeltaTable
-    from pyspark.sql import functions as F
-
-    from gem import lakehouse
-
-    if not days:
-        return
-    completed: set[str] = set()
-    path = lakehouse.table_path(cfg, COMPLETIONS)
-    if DeltaTable.isDeltaTable(spark, path):
-        rows = (
-            spark.read.format("delta").load(path)
-            .where(F.col("stage") == VALIDATE_STAGE)
-            .where(F.col("ds").between(F.lit(days[0]).cast("date"), F.lit(days[-1]).cast("date")))
-            .select("ds").collect()
-        )
-        completed = {r["ds"].isoformat() for r in rows}
-    missing = [d for d in days if d not in completed]
-    if missing:
-        raise lakehouse.MissingInputError(
-            f"{STAGE} ds={ds} reads bronze ds {days[0]}..{days[-1]}, which must have passed data quality: "
-            f"input not ready: stage {VALIDATE_STAGE!r} has no completion record for ds={', '.join(missing)} "
-            f"in {path}; run `python -m jobs.{VALIDATE_STAGE} --ds {missing[0]}` first"
-        )
-
-
 def _arrived(spark: SparkSession, cfg: GemConfig, schema: TableSchema, first: str, last: str) -> DataFrame:
     """Rows of `schema` (bronze or daily counts) with arrival day ds in [first, last], partition-pruned."""
     from pyspark.sql import functions as F
@@ -310,40 +277,31 @@ def _arrived(spark: SparkSession, cfg: GemConfig, schema: TableSchema, first: st
     return rows.where(F.col("ds").between(F.lit(first).cast("date"), F.lit(last).cast("date")))
 
 
-def _write_daily_counts(spark: SparkSession, cfg: GemConfig, days: list[str], meta: str) -> dict[str, int]:
+def _write_daily_counts(spark: SparkSession, commit: StageCommit, days: list[str]) -> None:
     """Rewrite both daily-count tables for the arrival days `days` (consecutive) from bronze, one
     commit per table; a day without events leaves its partition empty."""
-    from gem import lakehouse
-
-    bronze = _arrived(spark, cfg, BRONZE_AD_EVENTS, days[0], days[-1])
-    where = {"ds": (days[0], days[-1])}
-    return {
-        schema.name: lakehouse.replace_partition(daily_counts(bronze, key), cfg, schema, where, meta)
-        for schema, key in ((SILVER_USER_DAILY_COUNTS, "user_id"), (SILVER_AD_DAILY_COUNTS, "ad_id"))
-    }
+    bronze = _arrived(spark, commit.cfg, BRONZE_AD_EVENTS, days[0], days[-1])
+    for schema, key in ((SILVER_USER_DAILY_COUNTS, "user_id"), (SILVER_AD_DAILY_COUNTS, "ad_id")):
+        commit.replace(daily_counts(bronze, key), schema, days)
 
 
-def run(cfg: GemConfig, ds: str, spark: SparkSession | None = None, full: bool = False) -> BuildResult:
+def run(ctx: StageContext, ds: str, full: bool = False) -> BuildResult:
     """Build ds; incremental when build_features has completed ds-1 and `full` is False."""
     from pyspark.sql import functions as F
 
     from gem import lakehouse
-    from gem.spark import get_spark
 
-    t0 = time.time()
+    t0, cfg = time.time(), ctx.cfg
     if ds < cfg.start_ds:
         raise ValueError(f"{STAGE} ds={ds} is before the pipeline's start_ds={cfg.start_ds}")
-    spark = spark or get_spark(cfg, app_name=f"{STAGE}:{ds}")
+    spark = ctx.spark_for(STAGE, ds)
     last_day = shift_day(ds, -1)
     incremental = not full and ds > cfg.start_ds and lakehouse.completion(cfg, STAGE, last_day) is not None
     window = bronze_days(cfg, ds)
     rewritten = [last_day] if incremental else window
-    require_inputs(spark, cfg, ds, rewritten)
-    run_id = lakehouse.new_run_id(STAGE, ds)
-
-    lakehouse.clear_completion(cfg, STAGE, ds)
-    meta = json.dumps({"run_id": run_id, "stage": STAGE, "ds": ds})
-    versions = _write_daily_counts(spark, cfg, rewritten, meta) if rewritten else {}
+    commit = StageCommit.begin(ctx, STAGE, ds)
+    if rewritten:
+        _write_daily_counts(spark, commit, rewritten)
     if window:
         # Incremental reads one more arrival day: the rows leaving the 28-day window arrived on ds-29 or later.
         first = max(shift_day(ds, -LONGEST_WINDOW_DAYS - 1), cfg.start_ds) if incremental else window[0]
@@ -359,14 +317,12 @@ def run(cfg: GemConfig, ds: str, spark: SparkSession | None = None, full: bool =
         users = spark.createDataFrame([], SILVER_USER_FEATURES.spark_schema())
         ads = spark.createDataFrame([], SILVER_AD_FEATURES.spark_schema())
     for schema, rows in ((SILVER_USER_FEATURES, users), (SILVER_AD_FEATURES, ads)):
-        rows = feature_rows(rows, schema, ds) if window else rows
         # Each table is computed once, by its Delta write; row counts from the commit's metrics.
-        versions[schema.name] = lakehouse.replace_partition(rows, cfg, schema, {"ds": ds}, meta)
-    n_users = lakehouse.rows_committed(cfg, SILVER_USER_FEATURES, versions[SILVER_USER_FEATURES.name])
-    n_ads = lakehouse.rows_committed(cfg, SILVER_AD_FEATURES, versions[SILVER_AD_FEATURES.name])
-    # rows_in counts the entities (users + ads) seen in the window: each becomes exactly one row.
-    lakehouse.publish_completion(cfg, STAGE, ds, run_id, n_users + n_ads, n_users + n_ads, {}, versions)
-    return BuildResult(ds, n_users, n_ads, versions, time.time() - t0, incremental, rewritten)
+        commit.replace(feature_rows(rows, schema, ds) if window else rows, schema)
+    record = commit.publish(None, written_tables=(SILVER_USER_FEATURES, SILVER_AD_FEATURES),
+                            no_input_count=NO_INPUT_COUNT)
+    n_users, n_ads = (commit.committed_rows[s.name] for s in (SILVER_USER_FEATURES, SILVER_AD_FEATURES))
+    return BuildResult(ds, n_users, n_ads, record["table_versions"], time.time() - t0, incremental, rewritten)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -377,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     cfg = load_config(args.config)
-    result = run(cfg, args.ds, full=args.full)
+    result = run(StageContext(cfg), args.ds, full=args.full)
     mode = "incremental" if result.incremental else "full"
     print(
         f"{STAGE} ds={result.ds} ({mode}): users={result.users} ads={result.ads} "

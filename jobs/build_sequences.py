@@ -12,9 +12,10 @@ Flow (the transform is pure; I/O is the thin shell around it):
   looked up in the last compaction C < D plus the daily partitions (C, D), not the whole history;
   merge_sequences(previous, day events, caps): per type, old sequence + new events (dedup on
   event_id), sorted by (event_time, event_id), last `cap` kept;
-  commit: withdraw the (build_sequences, D) record; replace silver ds=D; publish the record LAST;
+  commit (gem.commit.StageCommit): withdraw the (build_sequences, D) record; replace silver ds=D;
   on a compaction day (every `sequence_compaction_days` from start_ds) also write every user's
-  snapshot as of D to silver.user_sequences_compacted ds=D, with its own completion record.
+  snapshot as of D to silver.user_sequences_compacted ds=D; publish the record LAST, naming both
+  versions (a reader uses a compaction only when the record of its day names it).
 
 A rerun reads only rows with ds < D (and a compaction before D), so it rewrites ds=D, and the
 compaction of D, with identical contents.
@@ -22,13 +23,13 @@ compaction of D, with identical contents.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gem.cli import job_parser, shift_day
+from gem.commit import StageCommit, StageContext
 from gem.config import GemConfig, SequenceCaps, load_config
 from schemas.events import BRONZE_AD_EVENTS
 from schemas.sequences import (
@@ -43,7 +44,6 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 STAGE = "build_sequences"
-COMPACT_STAGE = "compact_sequences"  # the completion record of a compaction (written by this job)
 
 
 @dataclass(frozen=True)
@@ -184,14 +184,6 @@ def latest_previous_rows(history: "DataFrame", users: "DataFrame", ds: str) -> "
 # Thin I/O.
 
 
-def require_inputs(spark: "SparkSession", cfg: GemConfig, ds: str) -> None:
-    """The registry's needs: bronze for ds passed data quality; the previous day's sequences exist
-    (unless ds starts the pipeline)."""
-    from gem import lakehouse
-
-    lakehouse.require_stage_inputs(cfg, STAGE, ds)
-
-
 def history_through(spark: "SparkSession", cfg: GemConfig, last_day: str, base_ds: str | None) -> "DataFrame":
     """Rows whose latest per user is each user's snapshot as of the end of `last_day`: the compaction
     of base_ds (a day <= last_day, used when its record exists) plus the daily partitions
@@ -205,11 +197,19 @@ def history_through(spark: "SparkSession", cfg: GemConfig, last_day: str, base_d
     from gem import lakehouse
 
     daily = lakehouse.read_table(spark, cfg, SILVER_USER_SEQUENCES).where(F.col("ds") <= F.lit(last_day).cast("date"))
-    if base_ds is None or lakehouse.completion(cfg, COMPACT_STAGE, base_ds) is None:
+    if base_ds is None or not has_compaction(cfg, base_ds):
         return daily
     base_day = F.lit(base_ds).cast("date")
     base = lakehouse.read_table(spark, cfg, SILVER_USER_SEQUENCES_COMPACTED).where(F.col("ds") == base_day)
     return base.unionByName(daily.where(F.col("ds") > base_day))
+
+
+def has_compaction(cfg: GemConfig, ds: str) -> bool:
+    """Whether build_sequences' record of ds names a compaction it committed."""
+    from gem import lakehouse
+
+    record = lakehouse.completion(cfg, STAGE, ds)
+    return record is not None and SILVER_USER_SEQUENCES_COMPACTED.name in record["table_versions"]
 
 
 def _previous_rows(spark: "SparkSession", cfg: GemConfig, ds: str, users: "DataFrame") -> "DataFrame":
@@ -225,35 +225,27 @@ def _previous_rows(spark: "SparkSession", cfg: GemConfig, ds: str, users: "DataF
     return latest_previous_rows(history, users, ds)
 
 
-def compact(spark: "SparkSession", cfg: GemConfig, ds: str, run_id: str) -> int:
-    """Write every user's snapshot as of the end of ds to silver.user_sequences_compacted ds; -> rows."""
+def compact(spark: "SparkSession", commit: StageCommit) -> int:
+    """Write every user's snapshot as of the end of ds to silver.user_sequences_compacted ds, in the
+    day's commit; -> rows written (from the commit's metrics)."""
     from pyspark.sql import functions as F
 
-    from gem import lakehouse
-
+    cfg, ds = commit.cfg, commit.ds
     # The previous compaction plus the days since: never this day's own compaction (being replaced).
     history = history_through(spark, cfg, ds, last_compaction_before(cfg, ds))
     snapshots = latest_rows(history).withColumn("ds", F.lit(ds).cast("date"))
-    lakehouse.clear_completion(cfg, COMPACT_STAGE, ds)
-    meta = json.dumps({"run_id": run_id, "stage": COMPACT_STAGE, "ds": ds})
-    rows = snapshots.select(*SILVER_USER_SEQUENCES_COMPACTED.column_names)
-    version = lakehouse.replace_partition(rows, cfg, SILVER_USER_SEQUENCES_COMPACTED, {"ds": ds}, user_metadata=meta)
-    n = lakehouse.rows_committed(cfg, SILVER_USER_SEQUENCES_COMPACTED, version)
-    lakehouse.publish_completion(cfg, COMPACT_STAGE, ds, run_id, n, n, {},
-                                 {SILVER_USER_SEQUENCES_COMPACTED.name: version})
-    return n
+    commit.replace(snapshots.select(*SILVER_USER_SEQUENCES_COMPACTED.column_names), SILVER_USER_SEQUENCES_COMPACTED)
+    return commit.committed_rows[SILVER_USER_SEQUENCES_COMPACTED.name]
 
 
-def run(cfg: GemConfig, ds: str, spark: "SparkSession | None" = None) -> BuildResult:
+def run(ctx: StageContext, ds: str) -> BuildResult:
     from pyspark.sql import functions as F
 
     from gem import lakehouse
-    from gem.spark import get_spark
 
-    t0 = time.time()
-    spark = spark or get_spark(cfg, app_name=f"{STAGE}:{ds}")
-    require_inputs(spark, cfg, ds)
-    run_id = lakehouse.new_run_id(STAGE, ds)
+    t0, cfg = time.time(), ctx.cfg
+    spark = ctx.spark_for(STAGE, ds)
+    commit = StageCommit.begin(ctx, STAGE, ds)
 
     day_events = lakehouse.read_table(spark, cfg, BRONZE_AD_EVENTS).where(F.col("ds") == F.lit(ds).cast("date"))
     users = day_events.select("user_id").distinct()
@@ -261,25 +253,21 @@ def run(cfg: GemConfig, ds: str, spark: "SparkSession | None" = None) -> BuildRe
     # A local checkpoint, not persist(): the plan reads this very table (ds < D), and a cached plan
     # over it would be recomputed when our own commit below invalidates it.
     rows = merge_sequences(previous, day_events, cfg.sequence_caps).localCheckpoint(eager=True)
-    rows_written = rows.count()
     rows_in = users.count()
 
-    lakehouse.clear_completion(cfg, STAGE, ds)
-    meta = json.dumps({"run_id": run_id, "stage": STAGE, "ds": ds})
-    version = lakehouse.replace_partition(rows, cfg, SILVER_USER_SEQUENCES, {"ds": ds}, user_metadata=meta)
-    lakehouse.publish_completion(
-        cfg, STAGE, ds, run_id, rows_in, rows_written, {}, {SILVER_USER_SEQUENCES.name: version}
-    )
+    version = commit.replace(rows, SILVER_USER_SEQUENCES)
     compacted, t1 = None, time.time()
     if is_compaction_day(cfg, ds):
-        compacted = compact(spark, cfg, ds, run_id)
-    return BuildResult(ds, rows_written, version, time.time() - t0, compacted, time.time() - t1)
+        compacted = compact(spark, commit)
+    # One row per active user: rows in (users with events on ds) = rows written, checked against the commit.
+    record = commit.publish(rows_in, written_tables=(SILVER_USER_SEQUENCES,))
+    return BuildResult(ds, record["rows_written"], version, time.time() - t0, compacted, time.time() - t1)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = job_parser(__doc__.splitlines()[0]).parse_args(argv)
     cfg = load_config(args.config)
-    result = run(cfg, args.ds)
+    result = run(StageContext(cfg), args.ds)
     compaction = (f"; compacted {result.compacted_users} users in {result.compaction_seconds:.1f}s"
                   if result.compacted_users is not None else "")
     print(f"{STAGE} ds={result.ds}: users={result.users} version={result.table_version} in "

@@ -7,8 +7,9 @@ Flow (the transform is pure; I/O is the thin shell around it):
       --classify--> every line with its typed fields and the first rule it breaks (or none)
       --check_drift--> fail the job if a column's type or the key set changed for many rows
       --validate (Great Expectations, before any commit)-->
-  commit: withdraw the (ingest_events, D) completion record; replace bronze ds=D; replace
-  quarantine ds=D; publish the completion record with reconciled counts LAST.
+  commit (gem.commit.StageCommit): withdraw the (ingest_events, D) completion record; replace
+  bronze ds=D; replace quarantine ds=D; publish the record, reconciled with the commits' row
+  counts, LAST.
 
 A crash between commits leaves no completion record, so no downstream stage reads the day; a rerun
 rewrites both partitions with identical contents and converges.
@@ -17,13 +18,13 @@ rewrites both partitions with identical contents and converges.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import sys
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gem.cli import job_parser, shift_day
+from gem.commit import StageCommit, StageContext
 from gem.config import GemConfig, load_config
 from gem.faults import crash_point
 from gem.landing import require_partition
@@ -318,16 +319,14 @@ def _prior_event_ids(spark: "SparkSession", cfg: GemConfig, ds: str) -> "DataFra
     )
 
 
-def run(cfg: GemConfig, ds: str, spark: "SparkSession | None" = None) -> IngestResult:
+def run(ctx: StageContext, ds: str) -> IngestResult:
     from pyspark import StorageLevel
 
-    from gem import lakehouse, quality
-    from gem.spark import get_spark
+    from gem import quality
 
-    t0 = time.time()
+    t0, cfg = time.time(), ctx.cfg
     files = require_partition(cfg.landing_root, ds)  # fails naming the folder if absent
-    spark = spark or get_spark(cfg, app_name=f"{STAGE}:{ds}")
-    run_id = lakehouse.new_run_id(STAGE, ds)
+    spark = ctx.spark_for(STAGE, ds)
 
     lines = read_landing(spark, files)
     # gzip is not splittable: spread the lines over the cores before the per-line parsing.
@@ -353,37 +352,27 @@ def run(cfg: GemConfig, ds: str, spark: "SparkSession | None" = None) -> IngestR
             expectations=quality.schema_expectations(BRONZE_AD_EVENTS),
             batch_label=f"{STAGE}:{ds}",
         )
-        lakehouse.clear_completion(cfg, STAGE, ds)
+        commit = StageCommit.begin(ctx, STAGE, ds)
         crash_point(f"{STAGE}:after_withdraw")
-        meta = json.dumps({"run_id": run_id, "stage": STAGE, "ds": ds})
-        v_bronze = lakehouse.replace_partition(good, cfg, BRONZE_AD_EVENTS, {"ds": ds}, user_metadata=meta)
+        commit.replace(good, BRONZE_AD_EVENTS)
         crash_point(f"{STAGE}:after_bronze")
-        v_quarantine = lakehouse.replace_partition(
-            quarantined_rows(classified, ds), cfg, BRONZE_QUARANTINE, {"ds": ds}, user_metadata=meta
-        )
+        commit.replace(quarantined_rows(classified, ds), BRONZE_QUARANTINE)
         crash_point(f"{STAGE}:after_quarantine")
-
-        # Reconcile against what the commits say they wrote, not only what we counted.
-        written = lakehouse.rows_committed(cfg, BRONZE_AD_EVENTS, v_bronze)
-        quarantined = lakehouse.rows_committed(cfg, BRONZE_QUARANTINE, v_quarantine)
-        if written != rows_written or quarantined != sum(by_reason.values()):
-            raise RuntimeError(
-                f"{STAGE} ds={ds}: commits wrote {written} bronze / {quarantined} quarantine rows, "
-                f"expected {rows_written} / {sum(by_reason.values())}"
-            )
-        versions = {BRONZE_AD_EVENTS.name: v_bronze, BRONZE_QUARANTINE.name: v_quarantine}
-        lakehouse.publish_completion(cfg, STAGE, ds, run_id, rows_in, rows_written, by_reason, versions)
+        # Reconciled against what the commits say they wrote, not only what we counted.
+        record = commit.publish(rows_in, rows_written, by_reason,
+                                written_tables=(BRONZE_AD_EVENTS,), quarantine_table=BRONZE_QUARANTINE)
     finally:
         for cached in (good, classified):
             if cached is not None:
                 cached.unpersist()
-    return IngestResult(ds, rows_in, rows_written, dict(sorted(by_reason.items())), versions, time.time() - t0)
+    return IngestResult(ds, rows_in, rows_written, dict(sorted(by_reason.items())), record["table_versions"],
+                        time.time() - t0)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = job_parser(__doc__.splitlines()[0]).parse_args(argv)
     cfg = load_config(args.config)
-    result = run(cfg, args.ds)
+    result = run(StageContext(cfg), args.ds)
     rate = result.rows_in / max(result.seconds, 1e-9)
     print(
         f"ingest_events ds={result.ds}: in={result.rows_in} written={result.rows_written} "

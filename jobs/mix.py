@@ -3,7 +3,8 @@
     python -m jobs.mix --ds R [--config FILE]
 
 Cost-free mixing: nothing is copied or rewritten. The manifest pins silver.training_examples and
-silver.user_sequences at their current Delta versions and lists, from the Delta log, the files of
+silver.user_sequences at one Delta version each (the examples at the newest validated version of
+its days, refused when a day was rewritten after its validation; the sequences at the latest) and lists, from the Delta log, the files of
 each source with their row counts (schemas/mixture.py). Days, with W = attribution_window_days:
   eval:  the latest closed example day, E = R - W (held out, later than every training day);
   train: the `mix.train_days` days before E (from start_ds on).
@@ -15,7 +16,8 @@ Rates per training source s with n_s rows (`mix.policy`, see gem.config.MixConfi
                 the smallest source is drawn at max_rate and larger ones are down-sampled
   fixed         p_s = fixed_rates[s] (default max_rate)
 plus `mix.negative_rate` on rows whose label for the task is 0. Eval sources use rate 1, no
-negative down-sampling. Gate: validate_examples for every example day used.
+negative down-sampling. Gate: validate_examples for every example day used. No Spark: the log is
+read and the manifest written through `deltalake` (gem.commit.StageCommit.replace_arrow).
 """
 
 from __future__ import annotations
@@ -27,9 +29,10 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gem.cli import day_range, job_parser, shift_day
+from gem.commit import StageCommit, StageContext
 from gem.config import GemConfig, MixConfig, load_config
 from gem.data.delta_log import LoggedFile, logged_files, read_logged, table_version
 from gem.orchestration import NOTHING_READY_EXIT
@@ -38,10 +41,10 @@ from schemas.mixture import GOLD_MIXTURE_MANIFEST
 from schemas.sequences import SILVER_USER_SEQUENCES
 from schemas.tasks import task_name
 
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-
 STAGE = "mix"
+VALIDATE_STAGE = "validate_examples"
+# A manifest is a plan (one row per source file and split), not a transform of input rows.
+NO_INPUT_COUNT = "a plan: one row per (split, source, file); nothing is read row by row"
 
 
 @dataclass(frozen=True)
@@ -154,38 +157,64 @@ def manifest_rows(cfg: GemConfig, ds: str, days: MixDays, examples_path: str, ex
 # Thin I/O.
 
 
-def require_inputs(cfg: GemConfig, ds: str) -> None:
-    """The registry's needs: every example day the mixture of ds reads (mix_days) validated."""
+def validated_version(examples_path: str, validated: Mapping[str, int]) -> int:
+    """The one examples version the manifest pins: the newest of the days' validated versions,
+    provided every day's partition there still holds exactly the files its validation saw.
+
+    Raises StaleInputError naming the day to revalidate when a later commit rewrote a partition
+    (a rerun of assemble_examples without validate_examples after it)."""
+    from gem.lakehouse import StaleInputError
+
+    pinned = max(validated.values())
+    at_pinned = _files_by_day(logged_files(examples_path, pinned))
+    for day, version in sorted(validated.items()):
+        seen = _files_by_day(logged_files(examples_path, version)).get(day, set())
+        if at_pinned.get(day, set()) != seen:
+            raise StaleInputError(
+                f"{STAGE}: silver.training_examples ds={day} changed after its validation (version {version}; "
+                f"the table is at {pinned}); run `python -m jobs.validate_silver --examples --ds {day}` first")
+    return pinned
+
+
+def validated_examples(commit: StageCommit, day: str) -> int:
+    """The examples version validate_examples' record of `day` validated."""
+    from gem.lakehouse import StaleInputError
+
+    version = commit.record(VALIDATE_STAGE, day)["table_versions"].get(SILVER_TRAINING_EXAMPLES.name)
+    if version is None:
+        raise StaleInputError(f"{STAGE}: the {VALIDATE_STAGE} record of ds={day} names no validated version of "
+                              f"{SILVER_TRAINING_EXAMPLES.name}; run `python -m jobs.validate_silver --examples "
+                              f"--ds {day}` first")
+    return int(version)
+
+
+def _files_by_day(files: list[LoggedFile]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for f in files:
+        out.setdefault(f.partition["ds"], set()).add(f.path)
+    return out
+
+
+def run(ctx: StageContext, ds: str) -> MixResult | None:
+    """The manifest of run day ds (no Spark: the log is read and the manifest written through
+    `deltalake`); None when no training day precedes the held-out day yet."""
+    import pyarrow as pa
+
     from gem import lakehouse
 
-    lakehouse.require_stage_inputs(cfg, STAGE, ds)
-
-
-def run(cfg: GemConfig, ds: str, spark: SparkSession | None = None) -> MixResult | None:
-    from gem import lakehouse
-    from gem.spark import get_spark
-
-    t0 = time.time()
+    t0, cfg = time.time(), ctx.cfg
     days = mix_days(cfg, ds)
     if days is None:
         return None
-    spark = spark or get_spark(cfg, app_name=f"{STAGE}:{ds}")
-    require_inputs(cfg, ds)
+    commit = StageCommit.begin(ctx, STAGE, ds)
     examples_path = lakehouse.table_path(cfg, SILVER_TRAINING_EXAMPLES)
     sequences_path = lakehouse.table_path(cfg, SILVER_USER_SEQUENCES)
-    examples_version, sequences_version = table_version(examples_path), table_version(sequences_path)
+    validated = {d: validated_examples(commit, d) for d in (*days.train, days.eval)}
+    examples_version = validated_version(examples_path, validated)
+    sequences_version = commit.read(SILVER_USER_SEQUENCES.name, table_version(sequences_path))
     mixture_id, rows = manifest_rows(cfg, ds, days, examples_path, examples_version, sequences_path, sequences_version)
-    run_id = lakehouse.new_run_id(STAGE, ds)
-
-    lakehouse.clear_completion(cfg, STAGE, ds)
-    df = spark.createDataFrame(rows, GOLD_MIXTURE_MANIFEST.spark_schema())
-    meta = json.dumps({"run_id": run_id, "stage": STAGE, "ds": ds, "mixture_id": mixture_id})
-    version = lakehouse.replace_partition(df, cfg, GOLD_MIXTURE_MANIFEST, {"ds": ds}, meta)
-    lakehouse.publish_completion(
-        cfg, STAGE, ds, run_id, len(rows), len(rows), {},
-        {GOLD_MIXTURE_MANIFEST.name: version, SILVER_TRAINING_EXAMPLES.name: examples_version,
-         SILVER_USER_SEQUENCES.name: sequences_version},
-    )
+    commit.replace_arrow(pa.Table.from_pylist(rows, schema=GOLD_MIXTURE_MANIFEST.arrow_schema()), GOLD_MIXTURE_MANIFEST)
+    commit.publish(None, written_tables=(GOLD_MIXTURE_MANIFEST,), no_input_count=NO_INPUT_COUNT)
     n_sources = len({(r["split"], r["source"]) for r in rows})
     return MixResult(ds, mixture_id, len(rows), n_sources, examples_version, time.time() - t0)
 
@@ -193,7 +222,7 @@ def run(cfg: GemConfig, ds: str, spark: SparkSession | None = None) -> MixResult
 def main(argv: list[str] | None = None) -> int:
     args = job_parser(__doc__.splitlines()[0]).parse_args(argv)
     cfg = load_config(args.config)
-    result = run(cfg, args.ds)
+    result = run(StageContext(cfg), args.ds)
     if result is None:
         print(f"{STAGE} ds={args.ds}: no closed example day before the held-out one yet; nothing to do")
         return NOTHING_READY_EXIT

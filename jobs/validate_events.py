@@ -12,7 +12,8 @@ constraints held at commit, so it is not run twice; its results are in the same 
 
 then refreshes the (offline) Data Docs and prints the index.html path with a summary. A failed
 critical expectation exits non-zero with the failures listed; otherwise the stage publishes its
-completion record last (rows_in = rows_written = rows validated, nothing quarantined).
+completion record last (gem.commit): the versions it validated, rows_written = rows validated,
+rows_in null (a validation has no input count of its own to reconcile).
 """
 
 from __future__ import annotations
@@ -23,18 +24,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from gem.cli import job_parser
+from gem.commit import StageCommit, StageContext
 from gem.config import GemConfig, load_config
 from gem.docs_assets import MissingDocsAssetsError
-from gem.lakehouse import (
-    MissingInputError,
-    clear_completion,
-    latest_version,
-    new_run_id,
-    publish_completion,
-    read_table,
-    require_stage_inputs,
-    table_path,
-)
+from gem.lakehouse import MissingInputError, latest_version, read_table, table_path
 from gem.quality import (
     ROWS_VALIDATED,
     DataQualityError,
@@ -47,7 +40,6 @@ from gem.quality import (
     statistics_frame,
     validate,
 )
-from gem.spark import get_spark
 from schemas.events import BRONZE_AD_EVENTS, BRONZE_QUARANTINE
 
 if TYPE_CHECKING:
@@ -56,6 +48,8 @@ if TYPE_CHECKING:
 STAGE = "validate_events"
 INGEST_STAGE = "ingest_events"
 STATISTICS_SUITE = f"{BRONZE_AD_EVENTS.name}.statistics"
+# A validation writes no rows: its record's rows_written counts the rows validated.
+VALIDATION_WRITES_NOTHING = "validation: writes no rows; rows_written counts the rows validated"
 
 
 def _recorded_version(ingest_record: dict[str, Any], table: str) -> int | None:
@@ -103,15 +97,15 @@ def _summary(
     }
 
 
-def run(cfg: GemConfig, ds: str) -> dict[str, Any]:
+def run(ctx: StageContext, ds: str) -> dict[str, Any]:
     """Validate bronze.ad_events for `ds`; returns a summary. Raises MissingInputError without
     ingest's record, DataQualityError (after Data Docs are built) on a failed critical expectation."""
     dt.date.fromisoformat(ds)
-    spark = get_spark(cfg, app_name=f"{STAGE}:{ds}")
-    ingest_record = require_stage_inputs(cfg, STAGE, ds)[(INGEST_STAGE, ds)]
-    # A rerun that fails must not leave an earlier "validated" record standing.
-    clear_completion(cfg, STAGE, ds)
-    run_id = new_run_id(STAGE, ds)
+    cfg = ctx.cfg
+    spark = ctx.spark_for(STAGE, ds)
+    # Withdrawn first: a rerun that fails must not leave an earlier "validated" record standing.
+    commit = StageCommit.begin(ctx, STAGE, ds)
+    ingest_record = commit.record(INGEST_STAGE, ds)
     version = _events_version(spark, cfg, ingest_record)
     events = _day(read_table(spark, cfg, BRONZE_AD_EVENTS, version=version), ds)
     statistics = event_statistics(events, ingest_record, _quarantine_rows(spark, cfg, ds, ingest_record), cfg)
@@ -128,18 +122,12 @@ def run(cfg: GemConfig, ds: str) -> dict[str, Any]:
     # Each validation's checkpoint already rendered its pages and the index: no full rebuild.
     index = build_data_docs(cfg, rebuild=False)
     rows = int(statistics[ROWS_VALIDATED] or 0)
-    summary = _summary(ds, run_id, rows, version, reports, str(index))
+    summary = _summary(ds, commit.run_id, rows, version, reports, str(index))
     raise_for_critical(reports)
-    publish_completion(
-        cfg,
-        STAGE,
-        ds,
-        run_id,
-        rows_in=rows,
-        rows_written=rows,
-        quarantined_by_reason={},
-        table_versions={BRONZE_AD_EVENTS.name: version},
-    )
+    validated = {BRONZE_AD_EVENTS.name: version}
+    if (quarantine_version := _recorded_version(ingest_record, BRONZE_QUARANTINE.name)) is not None:
+        validated[BRONZE_QUARANTINE.name] = quarantine_version
+    commit.publish(None, rows, no_input_count=VALIDATION_WRITES_NOTHING, validated=validated)
     return summary
 
 
@@ -156,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = job_parser("Validate one day of bronze.ad_events (Great Expectations).").parse_args(argv)
     cfg = load_config(args.config)
     try:
-        summary = run(cfg, args.ds)
+        summary = run(StageContext(cfg), args.ds)
     except DataQualityError as e:
         print(f"{STAGE} ds={args.ds} FAILED: {e}", file=sys.stderr)
         print(f"Data Docs: {docs_site_dir(cfg) / 'index.html'}", file=sys.stderr)

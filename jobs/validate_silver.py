@@ -5,7 +5,7 @@
     python -m jobs.validate_silver --examples --ready-on R  # ... of D = R - attribution_window_days
 
 Suites: gem/quality_silver.py. Each batch is the ds partition at the Delta version its build
-recorded. All suites of a run are validated and the Data Docs refreshed before a failed critical
+recorded, and the record names those versions (readers read them). All suites of a run are validated and the Data Docs refreshed before a failed critical
 expectation fails the job; otherwise the stage's completion record is published last:
 `validate_silver` (sequences and features of D) or `validate_examples` (examples of D).
 """
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gem.cli import examples_parser, iso_day, resolve_examples_day
+from gem.commit import StageCommit, StageContext
 from gem.config import GemConfig, load_config
 from gem.orchestration import NOTHING_READY_EXIT  # exit code: nothing ready yet, the task is skipped
 
@@ -47,34 +48,30 @@ def _partition(spark: SparkSession, cfg: GemConfig, schema: TableSchema, ds: str
     return lakehouse.read_table(spark, cfg, schema, version=version).where(f"ds = DATE'{ds}'")
 
 
-def _validate_and_publish(
-    spark: SparkSession, cfg: GemConfig, stage: str, ds: str, batches: list[Batch], record: dict[str, Any]
-) -> list[ValidationReport]:
-    from gem import lakehouse
+def _validate_and_publish(commit: StageCommit, spark: SparkSession, batches: list[Batch],
+                          validated: dict[str, int], rows: int) -> list[ValidationReport]:
     from gem.quality import build_data_docs, raise_for_critical, validate
+    from jobs.validate_events import VALIDATION_WRITES_NOTHING
 
-    lakehouse.clear_completion(cfg, stage, ds)  # a failing rerun must not leave an old "validated"
-    run_id = lakehouse.new_run_id(stage, ds)
-    reports = [validate(cfg, b.df, b.suite_name, b.expectations, ds, raise_on_critical=False) for b in batches]
+    cfg = commit.cfg
+    reports = [validate(cfg, b.df, b.suite_name, b.expectations, commit.ds, raise_on_critical=False) for b in batches]
     build_data_docs(cfg, rebuild=False)
     raise_for_critical(reports)
-    rows = int(record["rows_written"])
-    lakehouse.publish_completion(cfg, stage, ds, run_id, rows, rows, {}, record.get("table_versions") or {})
+    commit.publish(None, rows, no_input_count=VALIDATION_WRITES_NOTHING, validated=validated)
     return reports
 
 
-def run_tables(cfg: GemConfig, ds: str, spark: SparkSession | None = None) -> list[ValidationReport]:
+def run_tables(ctx: StageContext, ds: str) -> list[ValidationReport]:
     """Sequences and features of ds; needs build_sequences' and build_features' records."""
-    from gem import lakehouse
     from gem import quality_silver as qs
     from gem.quality import statistics_frame
-    from gem.spark import get_spark
     from schemas.features import SILVER_AD_FEATURES, SILVER_USER_FEATURES
     from schemas.sequences import SILVER_USER_SEQUENCES
 
-    spark = spark or get_spark(cfg, app_name=f"{SILVER_STAGE}:{ds}")
-    records = lakehouse.require_stage_inputs(cfg, SILVER_STAGE, ds)
-    sequences_record, features_record = records[("build_sequences", ds)], records[("build_features", ds)]
+    cfg, spark = ctx.cfg, ctx.spark_for(SILVER_STAGE, ds)
+    # Withdrawn first: a failing rerun must not leave an old "validated" record standing.
+    commit = StageCommit.begin(ctx, SILVER_STAGE, ds)
+    sequences_record, features_record = commit.record("build_sequences", ds), commit.record("build_features", ds)
     sequences = _partition(spark, cfg, SILVER_USER_SEQUENCES, ds, sequences_record)
     batches = [
         Batch(f"{SILVER_USER_SEQUENCES.name}.rules", sequences, qs.sequence_expectations(cfg)),
@@ -85,31 +82,27 @@ def run_tables(cfg: GemConfig, ds: str, spark: SparkSession | None = None) -> li
         Batch(f"{SILVER_AD_FEATURES.name}.rules", _partition(spark, cfg, SILVER_AD_FEATURES, ds, features_record),
               qs.feature_expectations(cfg, "ad_id")),
     ]
-    record = {
-        "rows_written": int(sequences_record["rows_written"]) + int(features_record["rows_written"]),
-        "table_versions": {**sequences_record["table_versions"], **features_record["table_versions"]},
-    }
-    return _validate_and_publish(spark, cfg, SILVER_STAGE, ds, batches, record)
+    validated = {t: int(sequences_record["table_versions"][t]) for t in (SILVER_USER_SEQUENCES.name,)}
+    validated |= {t: int(features_record["table_versions"][t]) for t in (SILVER_USER_FEATURES.name, SILVER_AD_FEATURES.name)}
+    rows = int(sequences_record["rows_written"]) + int(features_record["rows_written"])
+    return _validate_and_publish(commit, spark, batches, validated, rows)
 
 
-def run_examples(cfg: GemConfig, ds: str, spark: SparkSession | None = None) -> list[ValidationReport]:
+def run_examples(ctx: StageContext, ds: str) -> list[ValidationReport]:
     """Training examples of ds; needs assemble_examples' record."""
     from gem import lakehouse
     from gem import quality_silver as qs
-    from gem.spark import get_spark
     from schemas.examples import SILVER_TRAINING_EXAMPLES
     from schemas.sequences import SILVER_USER_SEQUENCES
 
-    spark = spark or get_spark(cfg, app_name=f"{EXAMPLES_STAGE}:{ds}")
-    record = lakehouse.require_stage_inputs(cfg, EXAMPLES_STAGE, ds)[("assemble_examples", ds)]
+    cfg, spark = ctx.cfg, ctx.spark_for(EXAMPLES_STAGE, ds)
+    commit = StageCommit.begin(ctx, EXAMPLES_STAGE, ds)
+    record = commit.record("assemble_examples", ds)
     examples = _partition(spark, cfg, SILVER_TRAINING_EXAMPLES, ds, record)
     sequences_path = lakehouse.table_path(cfg, SILVER_USER_SEQUENCES)
     batches = [Batch(f"{SILVER_TRAINING_EXAMPLES.name}.rules", examples, qs.example_expectations(cfg, sequences_path))]
-    examples_record = {
-        "rows_written": examples.count(),
-        "table_versions": {SILVER_TRAINING_EXAMPLES.name: record["table_versions"][SILVER_TRAINING_EXAMPLES.name]},
-    }
-    return _validate_and_publish(spark, cfg, EXAMPLES_STAGE, ds, batches, examples_record)
+    validated = {SILVER_TRAINING_EXAMPLES.name: int(record["table_versions"][SILVER_TRAINING_EXAMPLES.name])}
+    return _validate_and_publish(commit, spark, batches, validated, examples.count())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -131,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("--ready-on goes with --examples; sequences and features take --ds")
         stage, ds, runner = SILVER_STAGE, iso_day(args.ds), run_tables
     try:
-        reports = runner(cfg, ds)
+        reports = runner(StageContext(cfg), ds)
     except DataQualityError as e:
         print(f"{stage} ds={ds} FAILED: {e}\nData Docs: {docs_site_dir(cfg) / 'index.html'}", file=sys.stderr)
         return 1

@@ -14,6 +14,7 @@ import pytest
 
 from gem import lakehouse
 from gem.cli import day_range, shift_day
+from gem.commit import StageContext
 from gem.data.sequences import cut_before
 from jobs import assemble_examples, build_features, build_sequences
 from schemas.events import BRONZE_AD_EVENTS
@@ -22,6 +23,7 @@ from schemas.ops import COMPLETIONS
 from schemas.sequences import SEQUENCE_COLUMNS, SILVER_USER_SEQUENCES
 from tests.conftest import PYTHON, REPO, make_config, subprocess_env
 from tests.landing_lines import bronze_event
+from tests.support import stand_in_records
 
 W = 2  # attribution window (days) of these tests
 S = "2026-01-01"  # start_ds
@@ -111,13 +113,6 @@ def _random_traffic(seed: int = 11) -> list[dict[str, Any]]:
     return rows
 
 
-def _records(stage: str, days: list[str]) -> list[dict[str, Any]]:
-    now = dt.datetime(2026, 2, 1)
-    return [{"stage": stage, "ds": dt.date.fromisoformat(d), "run_id": f"test:{d}", "rows_in": 0,
-             "rows_written": 0, "rows_quarantined": 0, "quarantined_by_reason": {}, "table_versions": {},
-             "completed_at": now} for d in days]
-
-
 def _append_records(spark, cfg, records: list[dict[str, Any]]) -> None:
     path = lakehouse.ensure_table(spark, cfg, COMPLETIONS)
     spark.createDataFrame(records, COMPLETIONS.spark_schema()).write.format("delta").mode("append").save(path)
@@ -132,12 +127,12 @@ def assembled(spark, tmp_path_factory):
     events = _planted() + _random_traffic()
     path = lakehouse.ensure_table(spark, cfg, BRONZE_AD_EVENTS)
     spark.createDataFrame(events, BRONZE_AD_EVENTS.spark_schema()).write.format("delta").mode("append").save(path)
-    _append_records(spark, cfg, _records("validate_events", day_range(S, LAST)) + _records("validate_silver", ASSEMBLED))
+    _append_records(spark, cfg, stand_in_records("validate_events", day_range(S, LAST)) + stand_in_records("validate_silver", ASSEMBLED))
     for day in day_range(S, D):
-        build_sequences.run(cfg, day, spark)
+        build_sequences.run(StageContext(cfg, spark), day)
     for day in ASSEMBLED:
-        build_features.run(cfg, day, spark)
-    results = {day: assemble_examples.run(cfg, day, spark) for day in ASSEMBLED}
+        build_features.run(StageContext(cfg, spark), day)
+    results = {day: assemble_examples.run(StageContext(cfg, spark), day) for day in ASSEMBLED}
     return cfg, events, results
 
 
@@ -307,7 +302,7 @@ def test_materialized_sequence_is_strictly_before_the_impression(spark, assemble
 def test_rerun_is_idempotent(spark, assembled):
     cfg, _, results = assembled
     before = (_examples(spark, cfg, D), sorted(_quarantine(spark, cfg)))
-    again = assemble_examples.run(cfg, D, spark)
+    again = assemble_examples.run(StageContext(cfg, spark), D)
     assert (again.examples, again.attributed, again.quarantined_by_reason) == (
         results[D].examples, results[D].attributed, results[D].quarantined_by_reason)
     assert (_examples(spark, cfg, D), sorted(_quarantine(spark, cfg))) == before
@@ -315,9 +310,9 @@ def test_rerun_is_idempotent(spark, assembled):
 
 def test_missing_inputs_fail_naming_the_stage(spark, tmp_path):
     cfg = make_config(tmp_path, start_ds=S, attribution_window_days=W)
-    _append_records(spark, cfg, _records("validate_events", day_range(S, shift_day(D, W - 1))))
+    _append_records(spark, cfg, stand_in_records("validate_events", day_range(S, shift_day(D, W - 1))))
     with pytest.raises(lakehouse.MissingInputError, match=f"validate_events.*ds={shift_day(D, W)}"):
-        assemble_examples.run(cfg, D, spark)
+        assemble_examples.run(StageContext(cfg, spark), D)
 
 
 def test_cli_ready_on_before_any_window_closes_exits_99(tmp_path):

@@ -13,6 +13,7 @@ import pytest
 
 from gem import lakehouse
 from gem.cli import shift_day
+from gem.commit import StageContext
 from jobs import build_features
 from schemas.events import BRONZE_AD_EVENTS
 from schemas.features import (
@@ -29,6 +30,7 @@ from schemas.ops import COMPLETIONS
 from schemas.tasks import SURFACES
 from tests.conftest import PYTHON, REPO, make_config, subprocess_env
 from tests.landing_lines import bronze_event
+from tests.support import stand_in_records
 
 START = "2026-01-01"
 D = "2026-01-10"  # the feature day under test: counters as of the end of 2026-01-09
@@ -113,15 +115,8 @@ def _load_bronze(spark, cfg, rows: list[dict[str, Any]], days: list[str] = BRONZ
     per day in `days`), in one append too (two commits rather than two per day keep the fixture fast)."""
     bronze_path = lakehouse.ensure_table(spark, cfg, BRONZE_AD_EVENTS)
     spark.createDataFrame(rows, BRONZE_AD_EVENTS.spark_schema()).write.format("delta").mode("append").save(bronze_path)
-    now = dt.datetime(2026, 2, 1)
-    records = []
-    for day in days:
-        n = sum(r["ds"].isoformat() == day for r in rows)
-        records.append({
-            "stage": "validate_events", "ds": dt.date.fromisoformat(day), "run_id": f"test:{day}", "rows_in": n,
-            "rows_written": n, "rows_quarantined": 0, "quarantined_by_reason": {}, "table_versions": {},
-            "completed_at": now,
-        })
+    records = stand_in_records("validate_events", days,
+                               rows_written={d: sum(r["ds"].isoformat() == d for r in rows) for d in days})
     completions_path = lakehouse.ensure_table(spark, cfg, COMPLETIONS)
     completions = spark.createDataFrame(records, COMPLETIONS.spark_schema())
     completions.write.format("delta").mode("append").save(completions_path)
@@ -158,9 +153,9 @@ def _partition(spark, cfg, schema, key: str, ds: str = D) -> dict[str, dict[str,
 def built(spark, tmp_path_factory):
     cfg = make_config(tmp_path_factory.mktemp("features"), start_ds=START)
     events = _hand_events() + _edge_events() + _generated_events()
-    start_result = build_features.run(cfg, START, spark)  # no bronze read at all on the first day
+    start_result = build_features.run(StageContext(cfg, spark), START)  # no bronze read at all on the first day
     _load_bronze(spark, cfg, events)
-    result = build_features.run(cfg, D, spark)
+    result = build_features.run(StageContext(cfg, spark), D)
     return cfg, events, result, start_result
 
 
@@ -246,7 +241,7 @@ def test_rerun_rewrites_identical_partitions(spark, built):
                 for t, k in ((SILVER_USER_FEATURES, "user_id"), (SILVER_AD_FEATURES, "ad_id"))]
 
     before = snapshot()
-    again = build_features.run(cfg, D, spark)
+    again = build_features.run(StageContext(cfg, spark), D)
     assert snapshot() == before
     assert (again.users, again.ads) == (result.users, result.ads)
     records = lakehouse.read_table(spark, cfg, lakehouse.COMPLETIONS).where(
@@ -262,7 +257,7 @@ def test_missing_validate_events_record_fails_naming_the_day(spark, built):
         lakehouse.MissingInputError,
         match=f"'validate_events' has no completion record for ds={gap_day}.*jobs.validate_events --ds {gap_day}",
     ):
-        build_features.run(cfg, day, spark)
+        build_features.run(StageContext(cfg, spark), day)
     assert lakehouse.completion(cfg, "build_features", day) is None
 
 
@@ -321,11 +316,11 @@ def chain(spark, tmp_path_factory):
         return {t.name: _partition(spark, cfg, t, k, ds) for t, k in
                 ((SILVER_USER_FEATURES, "user_id"), (SILVER_AD_FEATURES, "ad_id"))}
 
-    results = [build_features.run(cfg, ds, spark) for ds in CHAIN_DAYS]
+    results = [build_features.run(StageContext(cfg, spark), ds) for ds in CHAIN_DAYS]
     incremental = {ds: snapshot(ds) for ds in CHAIN_DAYS}
-    rerun = build_features.run(cfg, CHAIN_DAYS[2], spark)
+    rerun = build_features.run(StageContext(cfg, spark), CHAIN_DAYS[2])
     rerun_rows = snapshot(CHAIN_DAYS[2])
-    full_results = [build_features.run(cfg, ds, spark, full=True) for ds in CHAIN_DAYS]
+    full_results = [build_features.run(StageContext(cfg, spark), ds, full=True) for ds in CHAIN_DAYS]
     full = {ds: snapshot(ds) for ds in CHAIN_DAYS}
     return cfg, events, results, incremental, rerun, rerun_rows, full_results, full
 

@@ -13,6 +13,7 @@ import pytest
 
 from gem import lakehouse
 from gem.cli import shift_day
+from gem.commit import StageContext
 from jobs import build_sequences
 from schemas.events import BRONZE_AD_EVENTS
 from schemas.sequences import (
@@ -120,7 +121,7 @@ def built(spark, tmp_path_factory):
     results = {}
     for ds in DAYS:
         _load_bronze_day(spark, cfg, ds, days[ds])
-        results[ds] = build_sequences.run(cfg, ds, spark)
+        results[ds] = build_sequences.run(StageContext(cfg, spark), ds)
     return cfg, days, results
 
 
@@ -150,7 +151,10 @@ def test_compaction_holds_every_users_snapshot(spark, built):
         for user, row in rows.items():
             assert _snapshot_of(row) == _snapshot_of(expected[user]), (user, ds)
         assert results[ds].compacted_users == len(expected)
-        assert lakehouse.require_completed(cfg, build_sequences.COMPACT_STAGE, ds)["rows_written"] == len(rows)
+        # The day's record names the compaction's version: readers use a compaction only then.
+        record = lakehouse.require_completed(cfg, "build_sequences", ds)
+        assert SILVER_USER_SEQUENCES_COMPACTED.name in record["table_versions"]
+        assert record["reconciliation"] == "checked"
     assert all(results[d].compacted_users is None for d in (DAYS[0], DAYS[2], DAYS[4]))
 
 
@@ -161,12 +165,12 @@ def test_a_build_reads_the_last_compaction_not_the_days_before_it(spark, built, 
     cfg = make_config(tmp_path, start_ds=START, sequence_caps=CAPS, sequence_compaction_days=COMPACTION_DAYS)
     for ds in DAYS[:4]:
         _load_bronze_day(spark, cfg, ds, days[ds])
-        build_sequences.run(cfg, ds, spark)
+        build_sequences.run(StageContext(cfg, spark), ds)
     from delta.tables import DeltaTable
 
     DeltaTable.forPath(spark, lakehouse.table_path(cfg, SILVER_USER_SEQUENCES)).delete(f"ds <= DATE'{DAYS[3]}'")
     _load_bronze_day(spark, cfg, DAYS[4], days[DAYS[4]])
-    build_sequences.run(cfg, DAYS[4], spark)
+    build_sequences.run(StageContext(cfg, spark), DAYS[4])
 
     def day5(c) -> dict[str, Any]:
         rows = lakehouse.read_table(spark, c, SILVER_USER_SEQUENCES).where(f"ds = DATE'{DAYS[4]}'").collect()
@@ -227,7 +231,7 @@ def test_rerun_rewrites_identical_partition_contents(spark, built):
         return sorted((r["user_id"], repr(r.asDict(recursive=True))) for r in rows)
 
     before = partition()
-    build_sequences.run(cfg, ds, spark)
+    build_sequences.run(StageContext(cfg, spark), ds)
     assert partition() == before
 
     def compaction(day: str) -> list[tuple]:
@@ -235,7 +239,7 @@ def test_rerun_rewrites_identical_partition_contents(spark, built):
         return sorted((r["user_id"], repr(r.asDict(recursive=True))) for r in rows)
 
     compacted = compaction(DAYS[3])
-    build_sequences.run(cfg, DAYS[3], spark)  # a compaction day: its compaction is rewritten too
+    build_sequences.run(StageContext(cfg, spark), DAYS[3])  # a compaction day: its compaction is rewritten too
     assert compaction(DAYS[3]) == compacted and compacted
     records = lakehouse.read_table(spark, cfg, lakehouse.COMPLETIONS).where(
         f"stage = 'build_sequences' AND ds = DATE'{ds}'"
@@ -252,7 +256,7 @@ def test_missing_inputs_fail_with_a_clear_message(spark, built):
         match=f"build_sequences ds={day} needs records that do not exist yet: validate_events ds={day}, "
               f"build_sequences ds={gap_day}; run `python -m jobs.validate_events --ds {day}` first",
     ):
-        build_sequences.run(cfg, day, spark)
+        build_sequences.run(StageContext(cfg, spark), day)
 
     lakehouse.publish_completion(cfg, "validate_events", day, "test", 0, 0, {}, {})
     with pytest.raises(
@@ -260,7 +264,7 @@ def test_missing_inputs_fail_with_a_clear_message(spark, built):
         match=f"needs records that do not exist yet: build_sequences ds={gap_day}; "
               f"run `python -m jobs.build_sequences --ds {gap_day}` first",
     ):
-        build_sequences.run(cfg, day, spark)
+        build_sequences.run(StageContext(cfg, spark), day)
     assert lakehouse.completion(cfg, "build_sequences", day) is None
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import subprocess
+
 import pytest
 
 from gem import lakehouse
+from gem.commit import StageContext
 from gem.landing import MissingLandingPartition, partition_dir
 from jobs import ingest_events
 from schemas.events import BRONZE_AD_EVENTS, BRONZE_QUARANTINE, QUARANTINE_REASONS
@@ -36,7 +38,7 @@ def dirty_day(tmp_path):
 def test_every_dirty_kind_is_quarantined_with_its_reason(spark, dirty_day):
     cfg = dirty_day
     landing = {p.name: p.read_bytes() for p in partition_dir(cfg.landing_root, DAY).iterdir()}
-    result = ingest_events.run(cfg, DAY, spark)
+    result = ingest_events.run(StageContext(cfg, spark), DAY)
     # Ingest never rewrites or deletes landing files: nothing is lost at the source either.
     assert {p.name: p.read_bytes() for p in partition_dir(cfg.landing_root, DAY).iterdir()} == landing
 
@@ -64,7 +66,7 @@ def test_every_dirty_kind_is_quarantined_with_its_reason(spark, dirty_day):
 
     # Rerun: identical contents, still exactly one completion record for the day.
     before = _snapshot(spark, cfg)
-    ingest_events.run(cfg, DAY, spark)
+    ingest_events.run(StageContext(cfg, spark), DAY)
     assert _snapshot(spark, cfg) == before
     records = lakehouse.read_table(spark, cfg, lakehouse.COMPLETIONS).where("stage = 'ingest_events'").count()
     assert records == 1
@@ -74,7 +76,7 @@ def test_crash_between_commits_leaves_no_completion_and_rerun_converges(spark, d
     """Die at each point between commits of a rerun over a completed day; each time the day has no
     completion record, and the next rerun restores exactly the completed contents."""
     cfg = dirty_day
-    ingest_events.run(cfg, DAY, spark)
+    ingest_events.run(StageContext(cfg, spark), DAY)
     reference = _snapshot(spark, cfg)
 
     class Killed(BaseException):
@@ -88,11 +90,11 @@ def test_crash_between_commits_leaves_no_completion_and_rerun_converges(spark, d
 
         monkeypatch.setattr(ingest_events, "crash_point", die_at)
         with pytest.raises(Killed):
-            ingest_events.run(cfg, DAY, spark)
+            ingest_events.run(StageContext(cfg, spark), DAY)
         assert lakehouse.completion(cfg, "ingest_events", DAY) is None, point
 
         monkeypatch.undo()
-        ingest_events.run(cfg, DAY, spark)
+        ingest_events.run(StageContext(cfg, spark), DAY)
         assert _snapshot(spark, cfg) == reference, point
         assert lakehouse.completion(cfg, "ingest_events", DAY) is not None
 
@@ -113,7 +115,7 @@ def test_process_killed_after_bronze_commit(spark, tmp_path):
     # The bronze commit happened; the quarantine table never got its partition.
     assert len(_rows(spark, cfg, BRONZE_AD_EVENTS)) == len(CLEAN_LINES) + len(EXTRA_CLEAN)
 
-    result = ingest_events.run(cfg, DAY, spark)
+    result = ingest_events.run(StageContext(cfg, spark), DAY)
     assert result.rows_in == result.rows_written + sum(result.quarantined_by_reason.values())
     assert len(_rows(spark, cfg, BRONZE_QUARANTINE)) == sum(len(v) for v in DIRTY_LINES.values())
     assert lakehouse.completion(cfg, "ingest_events", DAY) is not None
@@ -123,7 +125,7 @@ def test_schema_drift_unexpected_column_fails_loudly(spark, tmp_path):
     cfg = make_config(tmp_path)
     write_day(cfg.landing_root, DAY, [line(f"d{i}", discount_pct=10) for i in range(10)])
     with pytest.raises(ingest_events.SchemaDriftError, match="unexpected column 'discount_pct' in 10 of 10"):
-        ingest_events.run(cfg, DAY, spark)
+        ingest_events.run(StageContext(cfg, spark), DAY)
     assert lakehouse.completion(cfg, "ingest_events", DAY) is None
 
 
@@ -132,30 +134,30 @@ def test_schema_drift_changed_type_fails_loudly(spark, tmp_path):
     # A producer switched event_time from epoch milliseconds to ISO strings.
     write_day(cfg.landing_root, DAY, [line(f"d{i}", event_time="2026-01-01T01:00:00Z") for i in range(10)])
     with pytest.raises(ingest_events.SchemaDriftError, match="wrong type in column 'event_time'.*event_time: long"):
-        ingest_events.run(cfg, DAY, spark)
+        ingest_events.run(StageContext(cfg, spark), DAY)
     assert lakehouse.completion(cfg, "ingest_events", DAY) is None
 
 
 def test_missing_or_unfinished_landing_partition_is_named(spark, tmp_path):
     cfg = make_config(tmp_path)
     with pytest.raises(MissingLandingPartition, match=str(partition_dir(cfg.landing_root, DAY))):
-        ingest_events.run(cfg, DAY, spark)
+        ingest_events.run(StageContext(cfg, spark), DAY)
     folder = partition_dir(cfg.landing_root, DAY)
     folder.mkdir(parents=True)
     (folder / "part-0.json.gz").write_bytes(b"")
     with pytest.raises(MissingLandingPartition, match="no _SUCCESS marker"):
-        ingest_events.run(cfg, DAY, spark)
+        ingest_events.run(StageContext(cfg, spark), DAY)
 
 
 def test_event_seen_on_an_earlier_day_is_a_duplicate(spark, tmp_path):
     cfg = make_config(tmp_path)
     write_day(cfg.landing_root, DAY, CLEAN_LINES)
-    ingest_events.run(cfg, DAY, spark)
+    ingest_events.run(StageContext(cfg, spark), DAY)
     next_day = "2026-01-02"
     replayed = line("g2", event_type="click", surface="fb_feed")  # same id as a day-1 event
     fresh = line("n1", event_time=1767312000000 + 60_000)
     write_day(cfg.landing_root, next_day, [replayed, fresh])
-    result = ingest_events.run(cfg, next_day, spark)
+    result = ingest_events.run(StageContext(cfg, spark), next_day)
     assert result.quarantined_by_reason == {"duplicate_event_id": 1}
     rows = lakehouse.read_table(spark, cfg, BRONZE_QUARANTINE).where(f"ds = DATE'{next_day}'").collect()
     assert [r.detail for r in rows] == [f"already in bronze ds={DAY}"]
@@ -179,7 +181,7 @@ def test_generated_days_reconcile_exactly_with_the_planted_dirty_rows(spark, tmp
         generate_day(cfg, ds)
     for ds in (DAY, "2026-01-02"):  # day 2 also holds day 1's late conversions
         expected = expected_landing_counts(cfg.landing_root, ds)
-        result = ingest_events.run(cfg, ds, spark)
+        result = ingest_events.run(StageContext(cfg, spark), ds)
         assert result.quarantined_by_reason == expected["quarantine"], ds
         assert result.rows_written == expected["clean"], ds
         assert len(expected["quarantine"]) == 8, expected  # every kind planted (null/empty id share a reason)

@@ -20,6 +20,7 @@ import torch
 
 from gem import lakehouse
 from gem.cli import day_range, shift_day
+from gem.commit import StageContext
 from gem.config import MixConfig
 from gem.data.delta_log import MissingDataFileError, UnavailableVersionError, logged_files, read_table, table_version
 from gem.data.encode import hash_ids
@@ -33,6 +34,7 @@ from schemas.ops import COMPLETIONS
 from schemas.sequences import SEQUENCE_COLUMNS
 from tests.conftest import make_config
 from tests.landing_lines import bronze_event
+from tests.support import stand_in_records
 
 S = "2026-01-01"
 W = 1
@@ -62,13 +64,6 @@ def _traffic(seed: int = 5) -> list[dict[str, Any]]:
     return rows
 
 
-def _records(stage: str, days: list[str]) -> list[dict[str, Any]]:
-    now = dt.datetime(2026, 2, 1)
-    return [{"stage": stage, "ds": dt.date.fromisoformat(d), "run_id": "test", "rows_in": 0, "rows_written": 0,
-             "rows_quarantined": 0, "quarantined_by_reason": {}, "table_versions": {}, "completed_at": now}
-            for d in days]
-
-
 def _append(spark, cfg, schema, rows) -> None:
     path = lakehouse.ensure_table(spark, cfg, schema)
     spark.createDataFrame(rows, schema.spark_schema()).write.format("delta").mode("append").save(path)
@@ -84,14 +79,17 @@ def lake(spark, tmp_path_factory):
         loader={"batch_size": 64, "num_workers": 0, "max_impressions": 8, "max_clicks": 4, "max_conversions": 2},
     )
     _append(spark, cfg, BRONZE_AD_EVENTS, _traffic())
-    _append(spark, cfg, COMPLETIONS, _records("validate_events", DAYS) + _records("validate_silver", EXAMPLE_DAYS)
-            + _records("validate_examples", EXAMPLE_DAYS))
+    _append(spark, cfg, COMPLETIONS, stand_in_records("validate_events", DAYS)
+            + stand_in_records("validate_silver", EXAMPLE_DAYS))
     for day in EXAMPLE_DAYS:
-        build_sequences.run(cfg, day, spark)
-        build_features.run(cfg, day, spark)
-        assemble_examples.run(cfg, day, spark)
+        build_sequences.run(StageContext(cfg, spark), day)
+        build_features.run(StageContext(cfg, spark), day)
+        assembled = assemble_examples.run(StageContext(cfg, spark), day)
+        # validate_examples' record names the version it validated (the one the assembly committed).
+        _append(spark, cfg, COMPLETIONS, stand_in_records("validate_examples", [day], table_versions={
+            SILVER_TRAINING_EXAMPLES.name: assembled.table_versions[SILVER_TRAINING_EXAMPLES.name]}))
     examples_version = table_version(lakehouse.table_path(cfg, SILVER_TRAINING_EXAMPLES))
-    result = mix.run(cfg, MIX_DS, spark)
+    result = mix.run(StageContext(cfg, spark), MIX_DS)
     return cfg, result, examples_version
 
 

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from gem import docs_assets
+from gem.commit import StageContext
 from gem.config import GemConfig
 from gem.lakehouse import completion, publish_completion, replace_partition
 from gem.quality import (
@@ -270,7 +271,7 @@ def validated_day(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Valid
     tests below."""
     cfg = make_config(tmp_path_factory.mktemp("validated"))
     _write_day(spark, cfg, DS, clean_day(cfg.surfaces))
-    return cfg, validate_events.run(cfg, DS)
+    return cfg, validate_events.run(StageContext(cfg), DS)
 
 
 def test_validate_events_passes_and_publishes_completion(spark: Any, validated_day: ValidatedDay) -> None:
@@ -279,7 +280,8 @@ def test_validate_events_passes_and_publishes_completion(spark: Any, validated_d
     assert summary["success"] and summary["rows_validated"] == rows and not summary["failed_critical"]
     record = completion(cfg, "validate_events", DS)
     assert record is not None
-    assert (record["rows_in"], record["rows_written"], record["rows_quarantined"]) == (rows, rows, 0)
+    assert (record["rows_in"], record["rows_written"], record["rows_quarantined"]) == (None, rows, 0)
+    assert record["reconciliation"] == validate_events.VALIDATION_WRITES_NOTHING
     assert record["table_versions"] == {BRONZE_AD_EVENTS.name: summary["events_version"]}
 
 

@@ -26,8 +26,11 @@ def test_needs_resolve_to_days_relative_to_the_stage_day(tmp_path):
     sequences = stages.stage("build_sequences")
     assert sequences.needed(cfg, S) == [("validate_events", S)]  # the first day has no previous day
     assert sequences.needed(cfg, "2026-01-04") == [("validate_events", "2026-01-04"), ("build_sequences", "2026-01-03")]
+    # The daily-count partitions a run MAY replace: the window (a --full rebuild); the daily run
+    # replaces ds-1's alone, a subset the commit checks.
+    window = day_range(S, "2026-01-03")
     assert stages.stage("build_features").partitions(cfg, "2026-01-04") == {
-        "silver.user_daily_counts": ["2026-01-03"], "silver.ad_daily_counts": ["2026-01-03"],
+        "silver.user_daily_counts": window, "silver.ad_daily_counts": window,
         "silver.user_features": ["2026-01-04"], "silver.ad_features": ["2026-01-04"]}
 
 

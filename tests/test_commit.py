@@ -1,0 +1,146 @@
+"""gem.commit.StageCommit, the one commit path: inputs checked, record withdrawn, only declared
+partitions replaced, counts reconciled against the commits' own metrics, a record naming the
+versions read and created. Through `deltalake` (the torch stages' path): no JVM."""
+
+from __future__ import annotations
+
+import datetime as dt
+import multiprocessing
+
+import pyarrow as pa
+import pytest
+
+from gem import lakehouse
+from gem.commit import CHECKED, ReconciliationError, StageCommit, StageContext, UndeclaredWriteError
+from gem.data.delta_log import read_table
+from schemas.metrics import GOLD_METRICS
+from schemas.mixture import GOLD_MIXTURE_MANIFEST
+from tests.conftest import make_config
+
+DS = "2026-01-03"
+
+
+def _metrics(ds: str, arch: str = "kunlun", tasks: tuple[str, ...] = ("reels/click", "fb_feed/click")) -> pa.Table:
+    rows = [{
+        "ds": dt.date.fromisoformat(ds), "run_id": f"{arch}:{ds}", "arch": arch, "task": task, "split": "eval",
+        "examples": 100, "positives": 5.0, "ne": 0.95, "auc": 0.6, "calibration": 1.0, "train_steps": 7,
+        "mixture_id": "mix-x", "examples_version": 3, "sequences_version": 2, "code_version": "abc",
+        "config": "{}", "created_at": dt.datetime(2026, 1, 4, tzinfo=dt.UTC),
+    } for task in tasks]
+    return pa.Table.from_pylist(rows, schema=GOLD_METRICS.arrow_schema())
+
+
+def _mix_record(cfg, ds: str, manifest_version: int = 7) -> None:
+    lakehouse.publish_completion(cfg, "mix", ds, f"test:{ds}", None, 0, {}, {GOLD_MIXTURE_MANIFEST.name: manifest_version},
+                                 reconciliation="test stand-in")
+
+
+def test_begin_checks_inputs_then_withdraws_the_old_record(tmp_path):
+    cfg = make_config(tmp_path)
+    with pytest.raises(lakehouse.MissingInputError, match="mix ds=2026-01-03"):
+        StageCommit.begin(StageContext(cfg), "pretrain", DS)
+    _mix_record(cfg, DS)
+    first = StageCommit.begin(StageContext(cfg), "pretrain", DS)
+    first.replace_arrow(_metrics(DS), GOLD_METRICS, also={"arch": "kunlun"})
+    first.publish(None, written_tables=(GOLD_METRICS,), no_input_count="scores")
+    assert lakehouse.completion(cfg, "pretrain", DS) is not None
+    StageCommit.begin(StageContext(cfg), "pretrain", DS)  # a rerun starts: the old record is gone
+    assert lakehouse.completion(cfg, "pretrain", DS) is None
+
+
+def test_record_names_the_versions_read_and_created(tmp_path):
+    cfg = make_config(tmp_path)
+    _mix_record(cfg, DS, manifest_version=7)
+    commit = StageCommit.begin(StageContext(cfg), "pretrain", DS)
+    version = commit.replace_arrow(_metrics(DS), GOLD_METRICS, also={"arch": "kunlun"})
+    record = commit.publish(None, written_tables=(GOLD_METRICS,), no_input_count="scores")
+    stored = lakehouse.completion(cfg, "pretrain", DS)
+    assert stored["input_versions"] == {f"{GOLD_MIXTURE_MANIFEST.name}@{DS}": 7} == record["input_versions"]
+    assert stored["table_versions"] == {GOLD_METRICS.name: version}
+    assert (stored["rows_in"], stored["rows_written"], stored["reconciliation"]) == (None, 2, "scores")
+
+
+def test_replacing_one_architecture_leaves_the_others_rows(tmp_path):
+    cfg = make_config(tmp_path)
+    _mix_record(cfg, DS)
+    for arch in ("kunlun", "dlrm", "kunlun"):
+        commit = StageCommit.begin(StageContext(cfg), "pretrain", DS)
+        commit.replace_arrow(_metrics(DS, arch), GOLD_METRICS, also={"arch": arch})
+        commit.publish(None, written_tables=(GOLD_METRICS,), no_input_count="scores")
+    rows = read_table(GOLD_METRICS.path(cfg.lakehouse_uri)).to_pylist()
+    assert sorted((r["arch"], r["task"]) for r in rows) == [
+        ("dlrm", "fb_feed/click"), ("dlrm", "reels/click"), ("kunlun", "fb_feed/click"), ("kunlun", "reels/click")]
+
+
+def test_undeclared_tables_and_days_are_refused(tmp_path):
+    cfg = make_config(tmp_path)
+    _mix_record(cfg, DS)
+    commit = StageCommit.begin(StageContext(cfg), "pretrain", DS)
+    with pytest.raises(UndeclaredWriteError, match="does not name"):
+        commit.replace_arrow(_metrics(DS), GOLD_MIXTURE_MANIFEST)
+    with pytest.raises(UndeclaredWriteError, match="asked for"):
+        commit._declared_where(GOLD_METRICS, ["2026-01-02"])
+    assert not (tmp_path / "lakehouse" / "gold" / "mixture_manifest").exists()
+
+
+def test_counts_must_agree_with_the_commits_and_unchecked_counts_say_why(tmp_path):
+    cfg = make_config(tmp_path)
+    _mix_record(cfg, DS)
+    commit = StageCommit.begin(StageContext(cfg), "pretrain", DS)
+    commit.replace_arrow(_metrics(DS), GOLD_METRICS, also={"arch": "kunlun"})
+    with pytest.raises(ReconciliationError, match="wrote 2 rows, the stage counted 3"):
+        commit.publish(3, 3, written_tables=(GOLD_METRICS,))
+    with pytest.raises(ValueError, match="say why"):
+        commit.publish(None, written_tables=(GOLD_METRICS,))
+    assert lakehouse.completion(cfg, "pretrain", DS) is None  # nothing was published
+    record = commit.publish(2, written_tables=(GOLD_METRICS,))
+    assert (record["rows_in"], record["rows_written"], record["reconciliation"]) == (2, 2, CHECKED)
+
+
+def test_a_torch_stage_never_opens_spark(tmp_path):
+    with pytest.raises(RuntimeError, match="declared without Spark"):
+        StageContext(make_config(tmp_path)).spark_for("pretrain", DS)
+
+
+def _commit_day(lake: str, ds: str, barrier) -> None:
+    cfg = make_config_at(lake)
+    commit = StageCommit.begin(StageContext(cfg), "pretrain", ds)
+    barrier.wait()  # both days commit at the same moment
+    commit.replace_arrow(_metrics(ds), GOLD_METRICS, also={"arch": "kunlun"})
+    commit.publish(None, written_tables=(GOLD_METRICS,), no_input_count="scores")
+
+
+def make_config_at(lake: str):
+    from gem.config import load_config
+
+    return load_config(overrides={"lakehouse_uri": lake}, environ={})
+
+
+def test_two_days_committing_at_once_record_their_own_versions(tmp_path):
+    """Real processes: each day's record names the version its own commit created (found by its run
+    id in the log), never the other day's, whichever commits first."""
+    cfg = make_config(tmp_path)
+    days = ("2026-01-03", "2026-01-04")
+    for d in days:
+        _mix_record(cfg, d)
+    lakehouse.ensure_table(None, cfg, GOLD_METRICS)
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(2)
+    procs = [ctx.Process(target=_commit_day, args=(cfg.lakehouse_uri, d, barrier)) for d in days]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    from deltalake import DeltaTable
+
+    by_run = {c.get("userMetadata"): int(c["version"]) for c in DeltaTable(GOLD_METRICS.path(cfg.lakehouse_uri)).history()}
+    versions = []
+    for d in days:
+        record = lakehouse.completion(cfg, "pretrain", d)
+        version = record["table_versions"][GOLD_METRICS.name]
+        meta = next(m for m, v in by_run.items() if v == version)
+        assert f'"ds": "{d}"' in meta and record["run_id"] in meta
+        versions.append(version)
+    assert len(set(versions)) == 2
+    assert len(read_table(GOLD_METRICS.path(cfg.lakehouse_uri)).to_pylist()) == 4
