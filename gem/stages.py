@@ -9,8 +9,9 @@ record per day it completes. Its declaration says:
 - whether it needs Spark (torch stages commit and publish without starting a JVM);
 - per table, the partitions it writes (days relative to its ds, or on a schedule).
 
-dags/gem_daily.py builds its tasks and dependencies from this registry; the jobs check their
-inputs with `gem.lakehouse.require_stage_inputs`; tests/test_dag_integrity.py compares the parsed DAG with both the
+dags/gem_daily.py builds its tasks and dependencies from this registry; every job commits through
+`gem.commit.StageCommit`, which checks the needs before anything is written and refuses a write
+the declaration does not name; tests/test_dag_integrity.py compares the parsed DAG with both the
 registry and a hand-written expected graph. Adding a stage means: a declaration here, its job, its
 tests.
 
@@ -103,7 +104,8 @@ class Need:
 
 @dataclass(frozen=True)
 class Writes:
-    """The partitions (`ds` values) of `table` one run of the stage replaces."""
+    """The partitions (`ds` values) of `table` one run of the stage may replace (gem.commit refuses
+    any other); a run may replace fewer, e.g. build_features' daily run rewrites only ds-1's counts."""
 
     table: str
     days: DayRule = same_day

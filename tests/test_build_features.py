@@ -255,7 +255,7 @@ def test_missing_validate_events_record_fails_naming_the_day(spark, built):
     gap_day, day = shift_day(D, 1), shift_day(D, 2)  # bronze gap_day was never validated
     with pytest.raises(
         lakehouse.MissingInputError,
-        match=f"'validate_events' has no completion record for ds={gap_day}.*jobs.validate_events --ds {gap_day}",
+        match=f"needs records that do not exist yet: validate_events ds={gap_day}.*jobs.validate_events --ds {gap_day}",
     ):
         build_features.run(StageContext(cfg, spark), day)
     assert lakehouse.completion(cfg, "build_features", day) is None

@@ -180,12 +180,19 @@ def test_bronze_and_completions(dag_run: DagRunResult, spark: Any) -> None:
         assert bronze_rows > 0
         done = {r.stage: r for r in completions.where(f"ds = DATE'{ds}'").collect()}
         expected = {"ingest_events", "validate_events", "build_sequences", "build_features", "validate_silver",
-                    "assemble_examples", "validate_examples"} | ({"mix"} if ds == DAYS[1] else set())
+                    "assemble_examples", "validate_examples"} | ({"mix", "pretrain"} if ds == DAYS[1] else set())
         assert set(done) == expected, (ds, sorted(done))
         ingest = done["ingest_events"]
         assert ingest.rows_written == bronze_rows
         assert ingest.rows_quarantined == quarantined
         assert ingest.rows_in == bronze_rows + quarantined
+        # Every record went through the one commit path: counts checked where the stage has an
+        # input count of its own, and a reason where it has none.
+        for stage, record in done.items():
+            assert (record.rows_in is None) == (record.reconciliation != "checked"), (stage, record.reconciliation)
+        assert done["assemble_examples"].reconciliation == "checked"
+        if "pretrain" in done:  # it trained on that day's mixture: the record names its version
+            assert set(done["pretrain"].input_versions) == {f"gold.mixture_manifest@{ds}"}
         # The generator plants ~1% dirty lines by default; ingest must have caught some.
         assert quarantined > 0
 
