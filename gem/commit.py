@@ -16,8 +16,10 @@ The record names
 - `table_versions`: the version each of the stage's own commits created, taken from the commit
   that carries this run's id (never the table's latest version, which another writer may have
   moved); for a validation stage, which writes nothing, the versions it validated;
-- `input_versions`: `"{table}@{day}"` -> the version the input record of that day named, plus any
-  table the stage read outside a record (`read`), so a run can be replayed at exactly its inputs;
+- `input_versions`: `"{stage}:{table}@{day}"` -> the version the input record (stage, day) named,
+  plus any table the stage read outside a record (`read`, keyed by the table alone), so a run can be
+  replayed at exactly its inputs, and a record is known stale once an input record names another
+  version (gem.staleness);
 - `reconciliation`: `checked` when rows_in = rows_written + rows_quarantined was verified against
   the commits' row counts; otherwise why the stage has no separate input count (rows_in is null).
 """
@@ -28,7 +30,7 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
-from gem import lakehouse, stages
+from gem import lakehouse, stages, staleness
 from gem.config import GemConfig
 from gem.days import day_range
 from schemas.table import TableSchema
@@ -38,6 +40,12 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 CHECKED = "checked"
+
+
+def input_key(stage: str, table: str, day: str) -> str:
+    """How a record names an input version: the record (stage, day) that named `table`'s version,
+    e.g. "validate_events:bronze.ad_events@2026-01-03"."""
+    return f"{stage}:{table}@{day}"
 
 
 class UndeclaredWriteError(RuntimeError):
@@ -82,12 +90,14 @@ class StageCommit:
 
     @classmethod
     def begin(cls, ctx: StageContext, name: str, ds: str) -> StageCommit:
-        """Check the registry's needs (MissingInputError naming what to run first), then withdraw
-        the stage's record for ds, so a crash from here on leaves no record claiming the outputs."""
+        """Check the registry's needs (MissingInputError naming what to run first; StaleInputError
+        when one rests on rewritten data, naming what to rerun), then withdraw the stage's record for
+        ds, so a crash from here on leaves no record claiming the outputs."""
         stage = stages.stage(name)
         records = lakehouse.require_stage_inputs(ctx.cfg, name, ds)
-        versions = {f"{table}@{day}": int(v) for (_, day), record in records.items()
+        versions = {input_key(s, table, day): int(v) for (s, day), record in records.items()
                     for table, v in sorted((record.get("table_versions") or {}).items())}
+        staleness.require_fresh(ctx.cfg, name, ds, list(records))
         lakehouse.clear_completion(ctx.cfg, name, ds)
         return cls(ctx.cfg, stage, ds, lakehouse.new_run_id(name, ds), records, versions)
 
@@ -105,8 +115,9 @@ class StageCommit:
         feature days of late impressions): required like the declared ones (MissingInputError
         naming it), and its versions noted as read."""
         record = lakehouse.require_completed(self.cfg, stage_name, day)
+        staleness.require_fresh(self.cfg, self.stage.name, self.ds, [(stage_name, day)])
         self.inputs[(stage_name, day)] = record
-        self.input_versions |= {f"{t}@{day}": int(v) for t, v in sorted(record["table_versions"].items())}
+        self.input_versions |= {input_key(stage_name, t, day): int(v) for t, v in sorted(record["table_versions"].items())}
         return record
 
     def read(self, table: str, version: int) -> int:

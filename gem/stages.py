@@ -233,6 +233,10 @@ def describe_missing(name: str, ds: str, missing: list[tuple[str, str]]) -> str:
     """A message that names what to run first, e.g. "assemble_examples ds=2026-01-03 needs records
     that do not exist yet: validate_events ds=2026-01-05; run `python -m jobs.validate_events --ds 2026-01-05` first"."""
     listed = ", ".join(f"{s} ds={d}" for s, d in missing)
-    first = stage(missing[0][0])
-    command = " ".join(filter(None, (f"python -m jobs.{first.module} --ds {missing[0][1]}", first.extra_args)))
-    return f"{name} ds={ds} needs records that do not exist yet: {listed}; run `{command}` first"
+    return f"{name} ds={ds} needs records that do not exist yet: {listed}; run `{command(*missing[0])}` first"
+
+
+def command(name: str, ds: str) -> str:
+    """The command that runs one stage for one day, e.g. `python -m jobs.validate_silver --ds D --examples`."""
+    st = stage(name)
+    return " ".join(filter(None, (f"python -m jobs.{st.module} --ds {ds}", st.extra_args)))

@@ -300,6 +300,8 @@ def run(ctx: StageContext, ds: str, full: bool = False) -> BuildResult:
     window = bronze_days(cfg, ds)
     rewritten = [last_day] if incremental else window
     commit = StageCommit.begin(ctx, STAGE, ds)
+    if incremental:  # it advances ds-1's counters: that record's versions are inputs too
+        commit.also_needs(STAGE, last_day)
     if rewritten:
         _write_daily_counts(spark, commit, rewritten)
     if window:

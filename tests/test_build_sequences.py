@@ -14,6 +14,7 @@ import pytest
 from gem import lakehouse
 from gem.cli import shift_day
 from gem.commit import StageContext
+from gem.staleness import DONE, STALE, Ledger, all_records
 from jobs import build_sequences
 from schemas.events import BRONZE_AD_EVENTS
 from schemas.sequences import (
@@ -233,6 +234,14 @@ def test_rerun_rewrites_identical_partition_contents(spark, built):
     before = partition()
     build_sequences.run(StageContext(cfg, spark), ds)
     assert partition() == before
+    # The rerun committed a new version of ds: the later days' records, which read the old one,
+    # are stale (directly, then through the chain) until they are rerun in order.
+    ledger = Ledger(all_records(cfg))
+    assert [ledger.status("build_sequences", d).state for d in DAYS] == [DONE, DONE, DONE, STALE, STALE]
+    assert ledger.status("build_sequences", DAYS[4]).rerun_first == ("build_sequences", DAYS[3])
+    with pytest.raises(lakehouse.StaleInputError, match=rf"needs build_sequences ds={DAYS[3]}, which is stale.*"
+                       rf"rerun `python -m jobs.build_sequences --ds {DAYS[3]}` first"):
+        build_sequences.run(StageContext(cfg, spark), DAYS[4])
 
     def compaction(day: str) -> list[tuple]:
         rows = lakehouse.read_table(spark, cfg, SILVER_USER_SEQUENCES_COMPACTED).where(f"ds = DATE'{day}'").collect()
@@ -241,6 +250,9 @@ def test_rerun_rewrites_identical_partition_contents(spark, built):
     compacted = compaction(DAYS[3])
     build_sequences.run(StageContext(cfg, spark), DAYS[3])  # a compaction day: its compaction is rewritten too
     assert compaction(DAYS[3]) == compacted and compacted
+    build_sequences.run(StageContext(cfg, spark), DAYS[4])
+    ledger = Ledger(all_records(cfg))
+    assert {ledger.status("build_sequences", d).state for d in DAYS} == {DONE}
     records = lakehouse.read_table(spark, cfg, lakehouse.COMPLETIONS).where(
         f"stage = 'build_sequences' AND ds = DATE'{ds}'"
     ).count()

@@ -55,7 +55,7 @@ def test_record_names_the_versions_read_and_created(tmp_path):
     version = commit.replace_arrow(_metrics(DS), GOLD_METRICS, also={"arch": "kunlun"})
     record = commit.publish(None, written_tables=(GOLD_METRICS,), no_input_count="scores")
     stored = lakehouse.completion(cfg, "pretrain", DS)
-    assert stored["input_versions"] == {f"{GOLD_MIXTURE_MANIFEST.name}@{DS}": 7} == record["input_versions"]
+    assert stored["input_versions"] == {f"mix:{GOLD_MIXTURE_MANIFEST.name}@{DS}": 7} == record["input_versions"]
     assert stored["table_versions"] == {GOLD_METRICS.name: version}
     assert (stored["rows_in"], stored["rows_written"], stored["reconciliation"]) == (None, 2, "scores")
 

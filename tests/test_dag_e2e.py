@@ -192,7 +192,7 @@ def test_bronze_and_completions(dag_run: DagRunResult, spark: Any) -> None:
             assert (record.rows_in is None) == (record.reconciliation != "checked"), (stage, record.reconciliation)
         assert done["assemble_examples"].reconciliation == "checked"
         if "pretrain" in done:  # it trained on that day's mixture: the record names its version
-            assert set(done["pretrain"].input_versions) == {f"gold.mixture_manifest@{ds}"}
+            assert set(done["pretrain"].input_versions) == {f"mix:gold.mixture_manifest@{ds}"}
         # The generator plants ~1% dirty lines by default; ingest must have caught some.
         assert quarantined > 0
 

@@ -1,0 +1,82 @@
+"""List every stage's state per day: done, stale, missing (or - where the stage has nothing to do).
+
+    python -m jobs.status [--start YYYY-MM-DD] [--end YYYY-MM-DD] [--config FILE]
+
+Read from `_ops.completions` alone (no Spark). A stale record rests on data rewritten after it was
+made (gem.staleness); under the grid, each stale record says what changed and what to rerun first.
+Defaults: start_ds through the newest day any record names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from gem.cli import day_range, iso_day
+from gem.config import GemConfig, add_config_arg, load_config
+
+NOTHING_TO_DO = "-"
+
+
+def has_work(cfg: GemConfig, name: str, ds: str) -> bool:
+    """False where a skippable stage has nothing to do on ds (mix before any training day, and
+    pretraining on such a day): its missing record is no gap."""
+    from gem import stages
+
+    stage = stages.stage(name)
+    if not stage.skippable:
+        return True
+    for need in stage.needs:
+        days = need.days(cfg, ds)
+        if not days or any(need.stage != name and not has_work(cfg, need.stage, d) for d in days):
+            return False
+    return True
+
+
+def grid(cfg: GemConfig, days: list[str]) -> tuple[list[str], list[str]]:
+    """(the table's lines, one line per stale record saying why and what to rerun)."""
+    from gem import stages
+    from gem.staleness import STALE, Ledger, all_records
+
+    ledger = Ledger(all_records(cfg))
+    ledger.warm(ledger.records)
+    names = [s.name for s in stages.STAGES if s.name != "generate_events"]  # a source: it writes no record
+    width = max(len(n) for n in names)
+    lines = [f"{'stage':<{width}}  " + "  ".join(d[5:] for d in days)]  # MM-DD columns
+    stale = []
+    for name in names:
+        cells = []
+        for day in days:
+            status = ledger.status(name, day)
+            state = status.state if status.record_exists or has_work(cfg, name, day) else NOTHING_TO_DO
+            cells.append(f"{state:<5}")
+            if status.state == STALE:
+                rerun = stages.command(*status.rerun_first) if status.rerun_first else stages.command(name, day)
+                stale.append(f"{name} ds={day}: {status.why}; rerun `{rerun}` first")
+        lines.append(f"{name:<{width}}  " + "  ".join(cells))
+    return lines, stale
+
+
+def main(argv: list[str] | None = None) -> int:
+    from gem.staleness import all_records
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--start", type=iso_day, default=None, help="first day (default: start_ds)")
+    parser.add_argument("--end", type=iso_day, default=None, help="last day (default: the newest recorded)")
+    add_config_arg(parser)
+    args = parser.parse_args(argv)
+    cfg = load_config(args.config)
+    start = args.start or cfg.start_ds
+    end = args.end or max((d for _, d in all_records(cfg)), default=start)
+    if end < start:
+        parser.error(f"--end {end} is before --start {start}")
+    lines, stale = grid(cfg, day_range(start, end))
+    print("\n".join(lines))
+    if stale:
+        print(f"\n{len(stale)} stale:")
+        print("\n".join(f"  {line}" for line in stale))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

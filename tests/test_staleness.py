@@ -1,0 +1,93 @@
+"""gem.staleness and `python -m jobs.status`: a rewritten day makes every later record that rested on
+it stale, readers refuse stale inputs naming what to rerun, and the listing shows done / stale /
+missing per stage and day. Real completion records in a real Delta table (deltalake, no Spark),
+written as gem.commit writes them."""
+
+from __future__ import annotations
+
+import pytest
+
+from gem import lakehouse
+from gem.commit import StageCommit, StageContext, input_key
+from gem.staleness import DONE, MISSING, STALE, Ledger, all_records
+from jobs import status
+from tests.conftest import make_config
+
+S = "2026-01-01"
+DAYS = ["2026-01-01", "2026-01-02", "2026-01-03"]
+BRONZE = "bronze.ad_events"
+SEQ = "silver.user_sequences"
+
+
+def _publish(cfg, stage: str, day: str, created: dict[str, int], read: dict[str, int]) -> None:
+    lakehouse.publish_completion(cfg, stage, day, f"{stage}:{day}", None, 0, {}, created, read,
+                                 reconciliation="test: versions only")
+
+
+def _chain(cfg, bronze_version: dict[str, int]) -> None:
+    """ingest -> validate_events -> build_sequences over DAYS, each record naming what it read."""
+    for i, day in enumerate(DAYS):
+        v = bronze_version[day]
+        _publish(cfg, "ingest_events", day, {BRONZE: v}, {})
+        _publish(cfg, "validate_events", day, {BRONZE: v}, {input_key("ingest_events", BRONZE, day): v})
+        read = {input_key("validate_events", BRONZE, day): v}
+        if i:
+            read[input_key("build_sequences", SEQ, DAYS[i - 1])] = 100 + i - 1
+        _publish(cfg, "build_sequences", day, {SEQ: 100 + i}, read)
+
+
+def test_rewriting_a_day_makes_everything_after_it_stale(tmp_path):
+    cfg = make_config(tmp_path, start_ds=S)
+    _chain(cfg, {d: 10 + i for i, d in enumerate(DAYS)})
+    ledger = Ledger(all_records(cfg))
+    assert {ledger.status(s, d).state for s in ("ingest_events", "validate_events", "build_sequences")
+            for d in DAYS} == {DONE}
+    # Day 2 re-ingested (a new bronze version); nothing after it rerun yet.
+    _publish(cfg, "ingest_events", DAYS[1], {BRONZE: 42}, {})
+    ledger = Ledger(all_records(cfg))
+    states = {(s, d): ledger.status(s, d).state for s in ("validate_events", "build_sequences") for d in DAYS}
+    assert states == {("validate_events", DAYS[0]): DONE, ("validate_events", DAYS[1]): STALE,
+                      ("validate_events", DAYS[2]): DONE, ("build_sequences", DAYS[0]): DONE,
+                      ("build_sequences", DAYS[1]): STALE, ("build_sequences", DAYS[2]): STALE}
+    later = ledger.status("build_sequences", DAYS[2])
+    assert later.rerun_first == ("validate_events", DAYS[1])  # the first record whose own input changed
+    assert "bronze.ad_events v42 (read v11)" in later.why
+
+
+def test_a_withdrawn_input_makes_its_readers_stale(tmp_path):
+    cfg = make_config(tmp_path, start_ds=S)
+    _chain(cfg, {d: 10 for d in DAYS})
+    lakehouse.clear_completion(cfg, "validate_events", DAYS[0])  # a rerun that has not finished
+    ledger = Ledger(all_records(cfg))
+    assert ledger.status("validate_events", DAYS[0]).state == MISSING
+    assert ledger.status("build_sequences", DAYS[0]).state == STALE
+    assert ledger.status("build_sequences", DAYS[2]).state == STALE
+
+
+def test_a_reader_refuses_a_stale_input_naming_the_rerun(tmp_path):
+    cfg = make_config(tmp_path, start_ds=S, attribution_window_days=0, mix={"train_days": 1})
+    _publish(cfg, "mix", DAYS[1], {"gold.mixture_manifest": 3}, {input_key("validate_examples", "x", DAYS[1]): 5})
+    _publish(cfg, "validate_examples", DAYS[1], {"x": 6}, {})  # its examples were revalidated at 6
+    with pytest.raises(lakehouse.StaleInputError,
+                       match=r"pretrain ds=2026-01-02 needs mix ds=2026-01-02, which is stale .*"
+                             r"rerun `python -m jobs.mix --ds 2026-01-02` first"):
+        StageCommit.begin(StageContext(cfg), "pretrain", DAYS[1])
+
+
+def test_status_lists_done_stale_and_missing(tmp_path, capsys):
+    cfg = make_config(tmp_path, start_ds=S)
+    _chain(cfg, {d: 10 for d in DAYS})
+    _publish(cfg, "ingest_events", DAYS[2], {BRONZE: 11}, {})
+    lines, stale = status.grid(cfg, DAYS)
+    rows = {line.split()[0]: line.split()[1:] for line in lines[1:]}
+    assert rows["ingest_events"] == [DONE, DONE, DONE]
+    assert rows["validate_events"] == [DONE, DONE, STALE]
+    assert rows["build_sequences"] == [DONE, DONE, STALE]
+    assert rows["build_features"] == [MISSING] * 3
+    assert rows["mix"][0] == status.NOTHING_TO_DO  # no training day before the first held-out day
+    assert len(stale) == 2 and all("rerun `python -m jobs.validate_events --ds 2026-01-03`" in s for s in stale)
+    cfg_file = tmp_path / "gem.yaml"
+    cfg_file.write_text(f"lakehouse_uri: {cfg.lakehouse_uri}\nstart_ds: '{S}'\n")
+    assert status.main(["--config", str(cfg_file)]) == 0
+    out = capsys.readouterr().out
+    assert "01-01  01-02  01-03" in out and "2 stale:" in out
