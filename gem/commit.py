@@ -120,6 +120,47 @@ class StageCommit:
         self.input_versions |= {input_key(stage_name, t, day): int(v) for t, v in sorted(record["table_versions"].items())}
         return record
 
+    def validated_version(self, schema: TableSchema, validation_stage: str, days: list[str]) -> int:
+        """The one version of the table to read the `days` at: the newest of the versions the
+        validation records of those days (inputs of this commit) validated, provided each day's
+        partition there (and at the table's latest version) holds exactly the files its validation
+        saw. Raises StaleInputError naming the validation to rerun when a later commit rewrote a day
+        without a new validation."""
+        from gem.data.delta_log import logged_files
+
+        table = schema.name
+        validated = {}
+        for day in days:
+            version = self.record(validation_stage, day)["table_versions"].get(table)
+            if version is None:
+                raise lakehouse.StaleInputError(
+                    f"{self.stage.name} ds={self.ds}: the {validation_stage} record of ds={day} names no validated "
+                    f"version of {table}; run `{stages.command(validation_stage, day)}` first")
+            validated[day] = int(version)
+        if not validated:
+            raise ValueError(f"{self.stage.name}: no day of {table} to read")
+        path = lakehouse.table_path(self.cfg, schema)
+        listings: dict[int, dict[str, set[str]]] = {}
+
+        def files(version: int) -> dict[str, set[str]]:
+            if version not in listings:
+                by_day: dict[str, set[str]] = {}
+                for f in logged_files(path, version):
+                    by_day.setdefault(f.partition["ds"], set()).add(f.path)
+                listings[version] = by_day
+            return listings[version]
+
+        from gem.data.delta_log import table_version
+
+        pinned, latest = max(validated.values()), table_version(path)
+        for day, version in sorted(validated.items()):
+            seen = files(version).get(day, set())
+            if files(pinned).get(day, set()) != seen or files(latest).get(day, set()) != seen:
+                raise lakehouse.StaleInputError(
+                    f"{self.stage.name} ds={self.ds}: {table} ds={day} changed after its validation (version "
+                    f"{version}; read at {pinned}); run `{stages.command(validation_stage, day)}` first")
+        return pinned
+
     def read(self, table: str, version: int) -> int:
         """Note a table version read outside any input record (e.g. the sequences a mixture pins)."""
         self.input_versions[table] = int(version)

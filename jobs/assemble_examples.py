@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 
 STAGE = "assemble_examples"
 VALIDATE_SILVER_STAGE = "validate_silver"
+VALIDATE_EVENTS_STAGE = "validate_events"
 
 
 @dataclass(frozen=True)
@@ -276,7 +277,9 @@ def run(ctx: StageContext, ds: str) -> AssembleResult:
     commit = StageCommit.begin(ctx, STAGE, ds)
     day = F.lit(ds).cast("date")
 
-    bronze = lakehouse.read_table(spark, cfg, BRONZE_AD_EVENTS).where(
+    # Each input at the version its validation saw (refused if rewritten since, naming the rerun).
+    bronze_version = commit.validated_version(BRONZE_AD_EVENTS, VALIDATE_EVENTS_STAGE, examples_bronze_days(cfg, ds))
+    bronze = lakehouse.read_table(spark, cfg, BRONZE_AD_EVENTS, version=bronze_version).where(
         F.col("ds").between(F.lit(first).cast("date"), F.lit(last).cast("date"))
     )
     narrow = bronze.select("event_id", "event_type", "user_id", "ad_id", "surface", "event_time", "ds", "conversion_type")
@@ -295,8 +298,11 @@ def run(ctx: StageContext, ds: str) -> AssembleResult:
     day_impressions = bronze.where((F.col("ds") == day) & (F.col("event_type") == "impression"))
     feature_days = require_feature_days(commit, day_impressions)
     in_days = F.col("ds").isin([F.lit(d).cast("date") for d in feature_days]) if feature_days else F.lit(False)
-    user_features = lakehouse.read_table(spark, cfg, SILVER_USER_FEATURES).where(in_days)
-    ad_features = lakehouse.read_table(spark, cfg, SILVER_AD_FEATURES).where(in_days)
+    validated_days = feature_days or [ds]
+    user_features, ad_features = (
+        lakehouse.read_table(spark, cfg, schema, version=commit.validated_version(
+            schema, VALIDATE_SILVER_STAGE, validated_days)).where(in_days)
+        for schema in (SILVER_USER_FEATURES, SILVER_AD_FEATURES))
     examples = assemble(
         day_impressions, linked, attributed, user_features, ad_features, ds, cfg.attribution_window_days
     ).localCheckpoint(eager=True)

@@ -267,20 +267,23 @@ def feature_rows(per_surface: DataFrame, schema: TableSchema, ds: str) -> DataFr
 # Thin I/O.
 
 
-def _arrived(spark: SparkSession, cfg: GemConfig, schema: TableSchema, first: str, last: str) -> DataFrame:
-    """Rows of `schema` (bronze or daily counts) with arrival day ds in [first, last], partition-pruned."""
+def _arrived(spark: SparkSession, cfg: GemConfig, schema: TableSchema, first: str, last: str,
+             version: int | None = None) -> DataFrame:
+    """Rows of `schema` (bronze or daily counts) with arrival day ds in [first, last], partition-pruned
+    (at `version`, else the latest)."""
     from pyspark.sql import functions as F
 
     from gem import lakehouse
 
-    rows = lakehouse.read_table(spark, cfg, schema)
+    rows = lakehouse.read_table(spark, cfg, schema, version=version)
     return rows.where(F.col("ds").between(F.lit(first).cast("date"), F.lit(last).cast("date")))
 
 
 def _write_daily_counts(spark: SparkSession, commit: StageCommit, days: list[str]) -> None:
-    """Rewrite both daily-count tables for the arrival days `days` (consecutive) from bronze, one
-    commit per table; a day without events leaves its partition empty."""
-    bronze = _arrived(spark, commit.cfg, BRONZE_AD_EVENTS, days[0], days[-1])
+    """Rewrite both daily-count tables for the arrival days `days` (consecutive) from bronze as
+    validated, one commit per table; a day without events leaves its partition empty."""
+    version = commit.validated_version(BRONZE_AD_EVENTS, "validate_events", days)
+    bronze = _arrived(spark, commit.cfg, BRONZE_AD_EVENTS, days[0], days[-1], version)
     for schema, key in ((SILVER_USER_DAILY_COUNTS, "user_id"), (SILVER_AD_DAILY_COUNTS, "ad_id")):
         commit.replace(daily_counts(bronze, key), schema, days)
 

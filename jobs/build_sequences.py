@@ -247,7 +247,9 @@ def run(ctx: StageContext, ds: str) -> BuildResult:
     spark = ctx.spark_for(STAGE, ds)
     commit = StageCommit.begin(ctx, STAGE, ds)
 
-    day_events = lakehouse.read_table(spark, cfg, BRONZE_AD_EVENTS).where(F.col("ds") == F.lit(ds).cast("date"))
+    bronze_version = commit.validated_version(BRONZE_AD_EVENTS, "validate_events", [ds])  # as validated
+    day_events = lakehouse.read_table(spark, cfg, BRONZE_AD_EVENTS, version=bronze_version).where(
+        F.col("ds") == F.lit(ds).cast("date"))
     users = day_events.select("user_id").distinct()
     previous = _previous_rows(spark, cfg, ds, users)
     # A local checkpoint, not persist(): the plan reads this very table (ds < D), and a cached plan

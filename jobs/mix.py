@@ -157,44 +157,6 @@ def manifest_rows(cfg: GemConfig, ds: str, days: MixDays, examples_path: str, ex
 # Thin I/O.
 
 
-def validated_version(examples_path: str, validated: Mapping[str, int]) -> int:
-    """The one examples version the manifest pins: the newest of the days' validated versions,
-    provided every day's partition there still holds exactly the files its validation saw.
-
-    Raises StaleInputError naming the day to revalidate when a later commit rewrote a partition
-    (a rerun of assemble_examples without validate_examples after it)."""
-    from gem.lakehouse import StaleInputError
-
-    pinned = max(validated.values())
-    at_pinned = _files_by_day(logged_files(examples_path, pinned))
-    for day, version in sorted(validated.items()):
-        seen = _files_by_day(logged_files(examples_path, version)).get(day, set())
-        if at_pinned.get(day, set()) != seen:
-            raise StaleInputError(
-                f"{STAGE}: silver.training_examples ds={day} changed after its validation (version {version}; "
-                f"the table is at {pinned}); run `python -m jobs.validate_silver --examples --ds {day}` first")
-    return pinned
-
-
-def validated_examples(commit: StageCommit, day: str) -> int:
-    """The examples version validate_examples' record of `day` validated."""
-    from gem.lakehouse import StaleInputError
-
-    version = commit.record(VALIDATE_STAGE, day)["table_versions"].get(SILVER_TRAINING_EXAMPLES.name)
-    if version is None:
-        raise StaleInputError(f"{STAGE}: the {VALIDATE_STAGE} record of ds={day} names no validated version of "
-                              f"{SILVER_TRAINING_EXAMPLES.name}; run `python -m jobs.validate_silver --examples "
-                              f"--ds {day}` first")
-    return int(version)
-
-
-def _files_by_day(files: list[LoggedFile]) -> dict[str, set[str]]:
-    out: dict[str, set[str]] = {}
-    for f in files:
-        out.setdefault(f.partition["ds"], set()).add(f.path)
-    return out
-
-
 def run(ctx: StageContext, ds: str) -> MixResult | None:
     """The manifest of run day ds (no Spark: the log is read and the manifest written through
     `deltalake`); None when no training day precedes the held-out day yet."""
@@ -209,8 +171,7 @@ def run(ctx: StageContext, ds: str) -> MixResult | None:
     commit = StageCommit.begin(ctx, STAGE, ds)
     examples_path = lakehouse.table_path(cfg, SILVER_TRAINING_EXAMPLES)
     sequences_path = lakehouse.table_path(cfg, SILVER_USER_SEQUENCES)
-    validated = {d: validated_examples(commit, d) for d in (*days.train, days.eval)}
-    examples_version = validated_version(examples_path, validated)
+    examples_version = commit.validated_version(SILVER_TRAINING_EXAMPLES, VALIDATE_STAGE, [*days.train, days.eval])
     sequences_version = commit.read(SILVER_USER_SEQUENCES.name, table_version(sequences_path))
     mixture_id, rows = manifest_rows(cfg, ds, days, examples_path, examples_version, sequences_path, sequences_version)
     commit.replace_arrow(pa.Table.from_pylist(rows, schema=GOLD_MIXTURE_MANIFEST.arrow_schema()), GOLD_MIXTURE_MANIFEST)

@@ -19,6 +19,7 @@ from gem.data.sequences import cut_before
 from jobs import assemble_examples, build_features, build_sequences
 from schemas.events import BRONZE_AD_EVENTS
 from schemas.examples import LABEL_COLUMNS, SILVER_ATTRIBUTION_QUARANTINE, SILVER_TRAINING_EXAMPLES
+from schemas.features import SILVER_AD_FEATURES, SILVER_USER_FEATURES
 from schemas.ops import COMPLETIONS
 from schemas.sequences import SEQUENCE_COLUMNS, SILVER_USER_SEQUENCES
 from tests.conftest import PYTHON, REPO, make_config, subprocess_env
@@ -127,11 +128,16 @@ def assembled(spark, tmp_path_factory):
     events = _planted() + _random_traffic()
     path = lakehouse.ensure_table(spark, cfg, BRONZE_AD_EVENTS)
     spark.createDataFrame(events, BRONZE_AD_EVENTS.spark_schema()).write.format("delta").mode("append").save(path)
-    _append_records(spark, cfg, stand_in_records("validate_events", day_range(S, LAST)) + stand_in_records("validate_silver", ASSEMBLED))
+    bronze = {BRONZE_AD_EVENTS.name: lakehouse.latest_version(path)}  # what the validation stand-ins validated
+    _append_records(spark, cfg, stand_in_records("validate_events", day_range(S, LAST), table_versions=bronze))
     for day in day_range(S, D):
         build_sequences.run(StageContext(cfg, spark), day)
+    silver = []
     for day in ASSEMBLED:
-        build_features.run(StageContext(cfg, spark), day)
+        built = build_features.run(StageContext(cfg, spark), day)
+        silver += stand_in_records("validate_silver", [day], table_versions={
+            t: built.table_versions[t] for t in (SILVER_USER_FEATURES.name, SILVER_AD_FEATURES.name)})
+    _append_records(spark, cfg, silver)
     results = {day: assemble_examples.run(StageContext(cfg, spark), day) for day in ASSEMBLED}
     return cfg, events, results
 

@@ -116,7 +116,8 @@ def _load_bronze(spark, cfg, rows: list[dict[str, Any]], days: list[str] = BRONZ
     bronze_path = lakehouse.ensure_table(spark, cfg, BRONZE_AD_EVENTS)
     spark.createDataFrame(rows, BRONZE_AD_EVENTS.spark_schema()).write.format("delta").mode("append").save(bronze_path)
     records = stand_in_records("validate_events", days,
-                               rows_written={d: sum(r["ds"].isoformat() == d for r in rows) for d in days})
+                               rows_written={d: sum(r["ds"].isoformat() == d for r in rows) for d in days},
+                               table_versions={BRONZE_AD_EVENTS.name: lakehouse.latest_version(bronze_path)})
     completions_path = lakehouse.ensure_table(spark, cfg, COMPLETIONS)
     completions = spark.createDataFrame(records, COMPLETIONS.spark_schema())
     completions.write.format("delta").mode("append").save(completions_path)

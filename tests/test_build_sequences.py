@@ -25,6 +25,7 @@ from schemas.sequences import (
 )
 from tests.conftest import PYTHON, REPO, make_config, subprocess_env
 from tests.landing_lines import bronze_event
+from tests.support import STAND_IN
 
 START = "2026-01-01"
 DAYS = [shift_day(START, i) for i in range(5)]
@@ -75,8 +76,9 @@ def _random_days(seed: int = 11) -> dict[str, list[dict[str, Any]]]:
 def _load_bronze_day(spark, cfg, ds: str, rows: list[dict[str, Any]]) -> None:
     """Bronze ds rows plus the validate_events record build_sequences gates on."""
     df = spark.createDataFrame(rows, BRONZE_AD_EVENTS.spark_schema())
-    lakehouse.replace_partition(df, cfg, BRONZE_AD_EVENTS, {"ds": ds})
-    lakehouse.publish_completion(cfg, "validate_events", ds, f"test:{ds}", len(rows), len(rows), {}, {})
+    version = lakehouse.replace_partition(df, cfg, BRONZE_AD_EVENTS, {"ds": ds})
+    lakehouse.publish_completion(cfg, "validate_events", ds, f"test:{ds}", None, len(rows), {},
+                                 {BRONZE_AD_EVENTS.name: version}, reconciliation=STAND_IN)
 
 
 def _reference_snapshot(events: list[dict[str, Any]]) -> dict[str, Any]:

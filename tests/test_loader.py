@@ -30,6 +30,7 @@ from gem.data.sampling import row_uniforms
 from jobs import assemble_examples, build_features, build_sequences, mix
 from schemas.events import BRONZE_AD_EVENTS
 from schemas.examples import LABEL_COLUMNS, SILVER_TRAINING_EXAMPLES
+from schemas.features import SILVER_AD_FEATURES, SILVER_USER_FEATURES
 from schemas.ops import COMPLETIONS
 from schemas.sequences import SEQUENCE_COLUMNS
 from tests.conftest import make_config
@@ -79,11 +80,14 @@ def lake(spark, tmp_path_factory):
         loader={"batch_size": 64, "num_workers": 0, "max_impressions": 8, "max_clicks": 4, "max_conversions": 2},
     )
     _append(spark, cfg, BRONZE_AD_EVENTS, _traffic())
-    _append(spark, cfg, COMPLETIONS, stand_in_records("validate_events", DAYS)
-            + stand_in_records("validate_silver", EXAMPLE_DAYS))
+    bronze = {BRONZE_AD_EVENTS.name: table_version(lakehouse.table_path(cfg, BRONZE_AD_EVENTS))}
+    _append(spark, cfg, COMPLETIONS, stand_in_records("validate_events", DAYS, table_versions=bronze))
     for day in EXAMPLE_DAYS:
         build_sequences.run(StageContext(cfg, spark), day)
-        build_features.run(StageContext(cfg, spark), day)
+        built = build_features.run(StageContext(cfg, spark), day)
+        # The stand-ins for the data-quality stages name the versions they validated.
+        _append(spark, cfg, COMPLETIONS, stand_in_records("validate_silver", [day], table_versions={
+            t: built.table_versions[t] for t in (SILVER_USER_FEATURES.name, SILVER_AD_FEATURES.name)}))
         assembled = assemble_examples.run(StageContext(cfg, spark), day)
         # validate_examples' record names the version it validated (the one the assembly committed).
         _append(spark, cfg, COMPLETIONS, stand_in_records("validate_examples", [day], table_versions={
@@ -387,3 +391,30 @@ def test_train_cli_under_torchrun_shards_tables_and_resumes(lake, tmp_path):
     rows = read_table(metrics_path).to_pylist()
     assert len(rows) == len(TASKS) and len({r["run_id"] for r in rows}) == 1
     assert "resumed" in torchrun("--steps", "6")
+
+
+def test_a_day_rewritten_after_its_validation_is_refused_until_revalidated(lake, tmp_path):
+    """On a copy of the lakehouse: a commit rewrites one training day's examples without a new
+    validation; the mix refuses it, naming the validation to rerun, and mixes again once a new
+    validation record names the rewritten version."""
+    from deltalake import write_deltalake
+
+    cfg, _, _ = lake
+    copy = tmp_path / "lake"
+    shutil.copytree(cfg.lakehouse_uri, copy)
+    moved = dataclasses.replace(cfg, lakehouse_uri=str(copy))
+    day = mix.mix_days(cfg, MIX_DS).train[0]
+    path = lakehouse.table_path(moved, SILVER_TRAINING_EXAMPLES)
+    rows = read_table(path, where={"ds": day})
+    write_deltalake(path, rows.select(SILVER_TRAINING_EXAMPLES.column_names), mode="overwrite",
+                    predicate=f"ds = '{day}'", partition_by=list(SILVER_TRAINING_EXAMPLES.partition_by))
+    with pytest.raises(lakehouse.StaleInputError,
+                       match=rf"training_examples ds={day} changed after its validation.*"
+                             rf"python -m jobs.validate_silver --ds {day} --examples"):
+        mix.run(StageContext(moved), MIX_DS)
+    revalidated = stand_in_records("validate_examples", [day], table_versions={
+        SILVER_TRAINING_EXAMPLES.name: table_version(path)})
+    lakehouse.publish_completion(moved, "validate_examples", day, "test", None, 0, {},
+                                 revalidated[0]["table_versions"], reconciliation=revalidated[0]["reconciliation"])
+    result = mix.run(StageContext(moved), MIX_DS)
+    assert result.examples_version == table_version(path)

@@ -92,13 +92,17 @@ def partition_types(table_path: str, version: int | None = None) -> dict[str, An
     return {name: schema.field(name).type for name in table.metadata().partition_columns}
 
 
-def read_logged(files: Sequence[LoggedFile], types: dict[str, Any], columns: Sequence[str] | None = None) -> Any:
+def read_logged(files: Sequence[LoggedFile], types: dict[str, Any], columns: Sequence[str] | None = None,
+                schema: Any = None) -> Any:
     """The rows of `files` as one Arrow table, partition columns restored from the log's values.
 
     Delta data files do not store partition columns (they live in the log's add actions), so
     pyarrow alone would drop `ds`, `surface`, ...; this appends each as a constant column of the
     file, cast to its type in `types` (see `partition_types`). `columns` picks and orders the
     output (data and partition columns alike); None keeps every column, partitions last.
+    `schema` (the table's Arrow schema from the log) casts every file to one set of types: files
+    of one table written by different engines differ (Spark: INT96 nanoseconds, nullable;
+    delta-rs: microseconds UTC, not null), and Arrow concatenates only equal schemas.
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -113,7 +117,10 @@ def read_logged(files: Sequence[LoggedFile], types: dict[str, Any], columns: Seq
             if wanted is None or name in wanted:
                 value = pa.scalar(f.partition.get(name), pa.string()).cast(arrow_type)
                 table = table.append_column(name, pa.repeat(value, table.num_rows))
-        tables.append(table.select(wanted) if wanted is not None else table)
+        table = table.select(wanted) if wanted is not None else table
+        if schema is not None:
+            table = table.cast(pa.schema([schema.field(n).with_nullable(True) for n in table.column_names]))
+        tables.append(table)
     if not tables:
         raise ValueError("read_logged needs at least one file (an empty selection has no schema to return)")
     return pa.concat_tables(tables)
@@ -131,12 +138,12 @@ def read_table(table_path: str, version: int | None = None, columns: Sequence[st
 
     version = table_version(table_path) if version is None else version
     types = partition_types(table_path, version)
-    files = [f for f in logged_files(table_path, version) if _matches(f, where or {})]
-    if files:
-        return read_logged(files, types, columns)
     from deltalake import DeltaTable
 
+    files = [f for f in logged_files(table_path, version) if _matches(f, where or {})]
     schema = pa.schema(DeltaTable(table_path, version=version).schema().to_arrow())
+    if files:
+        return read_logged(files, types, columns, schema)
     data_fields = [schema.field(n) for n in schema.names if n not in types]
     full = pa.schema(data_fields + [schema.field(n) for n in types])
     names = list(columns) if columns is not None else full.names
