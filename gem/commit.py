@@ -8,7 +8,7 @@
                    quarantined_by_reason=by_reason,                       #    commits' own metrics
                    quarantine_table=SILVER_ATTRIBUTION_QUARANTINE)        # 5. the record, last
 
-Why one path (DESIGN.md, "The stage contract"): the rules (withdraw before writing, replace only
+Why one path (README, "Rules every stage follows"): the rules (withdraw before writing, replace only
 what the registry declares, reconcile against what Delta says it committed, name the versions read
 and created, publish last) hold for every stage because no stage writes them itself.
 

@@ -1,6 +1,6 @@
 """Thin Delta I/O every stage shares: table creation from schemas/, partition replaces, completions.
 
-Rules (DESIGN.md): writes replace exactly one partition atomically (`replaceWhere`), a stage
+Rules (README, "Rules every stage follows"): writes replace exactly one partition atomically (`replaceWhere`), a stage
 publishes its completion record last, and readers read a ds only once that record exists.
 
 Tables are path-based (`{lakehouse}/{layer}/{table}`), created with deletion vectors and column

@@ -136,32 +136,3 @@ def demo_logical_dates(start_ds: str, days: int) -> list[str]:
     """Logical dates for `airflow dags test` that process ds = start_ds .. start_ds + days - 1."""
     first = dt.date.fromisoformat(start_ds)
     return [manual_logical_date((first + dt.timedelta(days=i)).isoformat()) for i in range(days)]
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m gem.orchestration logical-date DS...` | `demo-logical-dates [--config F]`: one per line.
-
-    So shell loops (make demo) never redo the ds -> logical date shift by hand.
-    """
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m gem.orchestration")
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    one = sub.add_parser("logical-date", help="logical date that makes `dags test` process each DS")
-    one.add_argument("ds", nargs="+")
-    demo = sub.add_parser("demo-logical-dates", help="logical dates for the config's demo.start_ds/days")
-    demo.add_argument("--config", default=None)
-    args = parser.parse_args(argv)
-    if args.cmd == "logical-date":
-        dates = [manual_logical_date(ds) for ds in args.ds]
-    else:
-        from gem.config import load_config
-
-        cfg = load_config(args.config)
-        dates = demo_logical_dates(cfg.demo.start_ds, cfg.demo.days)
-    print("\n".join(dates))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -19,7 +19,7 @@ reported in the Data Docs only.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gem.config import GemConfig
 from gem.quality import _between, _gxe, _meta, _severity
@@ -170,17 +170,4 @@ def example_expectations(cfg: GemConfig, sequences_path: str) -> list[Expectatio
             f"delta.`{sequences_path}` s ON s.ds = b.sequence_ds AND s.user_id = b.user_id",
         ),
     ]
-    return out
-
-
-def example_label_rates(examples: DataFrame, cfg: GemConfig) -> dict[str, dict[str, float]]:
-    """task name -> {"examples": n, "positives": k, "rate": k / n}, for the demo and the closing note."""
-    from pyspark.sql import functions as F
-
-    aggs = [F.count("*").alias("n")] + [F.sum(LABEL_COLUMNS[t]).alias(t) for t in cfg.label_types]
-    out: dict[str, dict[str, Any]] = {}
-    for r in examples.groupBy("surface").agg(*aggs).collect():
-        for t in cfg.label_types:
-            k = int(r[t] or 0)
-            out[f"{r['surface']}/{t}"] = {"examples": int(r["n"]), "positives": k, "rate": k / r["n"]}
     return out

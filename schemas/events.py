@@ -14,8 +14,6 @@ Example landing line (an impression):
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from schemas.table import Column, TableSchema
 from schemas.tasks import CONVERSION_TYPES, CREATIVE_TYPES, EVENT_TYPES, OBJECTIVES, SURFACES
 
@@ -84,14 +82,6 @@ BRONZE_QUARANTINE = TableSchema(
     ),
     partition_by=("ds",),
 )
-
-# A column re-typed for tests of schema drift; exported so tests derive it instead of re-listing.
-def with_column(schema: TableSchema, column: Column) -> TableSchema:
-    """A copy of `schema` with `column` replaced (by name) or appended."""
-    cols = [column if c.name == column.name else c for c in schema.columns]
-    if column.name not in schema.column_names:
-        cols.append(column)
-    return replace(schema, columns=tuple(cols))
 
 # Dirty-row kinds the synthetic generator plants, and the quarantine reason ingest must give each.
 DIRTY_KIND_REASON: dict[str, str] = {

@@ -144,3 +144,42 @@ def test_two_days_committing_at_once_record_their_own_versions(tmp_path):
         versions.append(version)
     assert len(set(versions)) == 2
     assert len(read_table(GOLD_METRICS.path(cfg.lakehouse_uri)).to_pylist()) == 4
+
+
+def _rerun_day(lake: str, ds: str, barrier, results) -> None:
+    cfg = make_config_at(lake)
+    barrier.wait()  # both runs of one (stage, ds) start at the same moment
+    for attempt in range(3):  # a run that loses a commit race fails clearly; the retry succeeds
+        try:
+            commit = StageCommit.begin(StageContext(cfg), "pretrain", ds)
+            commit.replace_arrow(_metrics(ds), GOLD_METRICS, also={"arch": "kunlun"})
+            commit.publish(None, written_tables=(GOLD_METRICS,), no_input_count="scores")
+            results.put(("ok", attempt, commit.run_id))
+            return
+        except Exception as e:  # noqa: BLE001 - reported to the parent, which asserts on it
+            results.put(("error", attempt, f"{type(e).__name__}: {e}"))
+
+
+def test_two_runs_of_one_stage_and_day_at_once_end_as_one_run(tmp_path):
+    """Real processes, one (stage, ds): the table ends with one run's rows, and the record names
+    a version its own run committed, whichever order the commits land in."""
+    cfg = make_config(tmp_path)
+    _mix_record(cfg, DS)
+    lakehouse.ensure_table(None, cfg, GOLD_METRICS)
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=_rerun_day, args=(cfg.lakehouse_uri, DS, barrier, results)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    outcomes = [results.get(timeout=5) for _ in range(results.qsize())]
+    assert sum(o[0] == "ok" for o in outcomes) == 2, outcomes  # each run succeeded, at the latest on retry
+    rows = read_table(GOLD_METRICS.path(cfg.lakehouse_uri)).to_pylist()
+    assert sorted(r["task"] for r in rows) == ["fb_feed/click", "reels/click"]  # one run's rows, not two
+    record = lakehouse.completion(cfg, "pretrain", DS)
+    from deltalake import DeltaTable
+
+    history = DeltaTable(GOLD_METRICS.path(cfg.lakehouse_uri)).history()
+    meta = next(c.get("userMetadata") for c in history if int(c["version"]) == record["table_versions"][GOLD_METRICS.name])
+    assert record["run_id"] in meta

@@ -259,7 +259,6 @@ def test_ruff_airflow_rules() -> None:
     assert out.returncode == 0, out.stdout + out.stderr
 
 
-def test_demo_logical_dates_cli(capsys: pytest.CaptureFixture[str]) -> None:
+def test_demo_logical_dates() -> None:
     assert orchestration.demo_logical_dates("2026-01-01", 2) == ["2026-01-02", "2026-01-03"]
-    assert orchestration.main(["logical-date", "2026-12-31"]) == 0
-    assert capsys.readouterr().out.split() == ["2027-01-01"]
+    assert orchestration.manual_logical_date("2026-12-31") == "2027-01-01"

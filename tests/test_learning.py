@@ -2,8 +2,8 @@
 
 Traffic from jobs.generate_events' world (tests/synthetic_traffic.py): 2 days to train on, the
 next day held out (40k impressions a day, 500 users, 50 ads, history weight 4). NE is the held-out cross-entropy over the base-rate model's (the held-out
-day's click rate), so the base-rate model scores 1.0. Margins (measured on this data, see the
-closing note of session 3; per-task NE 0.85-0.93, Kunlun 0.894 with histories vs 0.925 without):
+day's click rate), so the base-rate model scores 1.0. Margins (measured on this data when
+the test was written: per-task NE 0.85-0.93, Kunlun 0.894 with histories vs 0.925 without):
 every architecture must reach NE <= 1 - LEARN_MARGIN on every surface's click task
 with at least MIN_POSITIVES held-out positives (each task against its own base rate); Kunlun with the user's
 histories must beat Kunlun with every history emptied by SEQUENCE_MARGIN (the generator's click
