@@ -12,7 +12,7 @@ One run, side by side, on this machine:
      day, compactions every `sequence_compaction_days` included), then day N (the incremental
      update; the latest compaction spread over its period is added: "amortized"). build_features
      for day N-1 in full (it writes the daily counts of its window: the state a daily chain leaves,
-     as tests/test_build_features.py checks), then day N incrementally (from N-1's counters).
+     as tests/spark/test_build_features.py checks), then day N incrementally (from N-1's counters).
   3. Spark full recompute of day N: every user's sequences from all N days of bronze with the same
      merge logic (jobs.build_sequences.merge_sequences over all events at once), written to a
      separate Delta table; build_features day N with full=True (the daily counts of its 28-day

@@ -11,7 +11,7 @@ record per day it completes. Its declaration says:
 
 dags/gem_daily.py builds its tasks and dependencies from this registry; every job commits through
 `gem.commit.StageCommit`, which checks the needs before anything is written and refuses a write
-the declaration does not name; tests/test_dag_integrity.py compares the parsed DAG with both the
+the declaration does not name; tests/dags/test_dag_integrity.py compares the parsed DAG with both the
 registry and a hand-written expected graph. Adding a stage means: a declaration here, its job, its
 tests.
 

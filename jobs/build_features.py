@@ -17,7 +17,7 @@ Which bronze partitions count: arrival days ds in [max(D-28, start_ds), D-1]. Th
 State: silver.user_daily_counts and silver.ad_daily_counts. Partition A holds the events that
 arrived on A, counted per entity and EVENT day (schemas/features.py). Every window is a sum of them.
 
-Two ways to the same rows (tests/test_build_features.py checks they agree where windows lose days):
+Two ways to the same rows (tests/spark/test_build_features.py checks they agree where windows lose days):
   * incremental, the daily run (build_features has completed D-1): reads ONE bronze day, D-1, into
     its daily counts, then
       users: counters(D) = counters(D-1) + the daily counts entering each window - those leaving it.

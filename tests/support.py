@@ -1,9 +1,36 @@
-"""Helpers the test modules share (instead of importing each other's)."""
+"""Helpers the test modules share (instead of importing each other's): configs and paths, stand-in
+completion records, and a tiny model, batch and trainer for the torch tests."""
 
 from __future__ import annotations
 
 import datetime as dt
+import os
+import sys
+from pathlib import Path
 from typing import Any
+
+import torch
+
+from gem.config import GemConfig, TrainConfig, load_config
+from gem.data.batch import Batch, Jagged, Sparse
+from gem.model.configs import (
+    DLRMConfig,
+    EmbeddingConfig,
+    HSTUConfig,
+    InterFormerConfig,
+    KunlunConfig,
+    ModelConfig,
+    WukongConfig,
+)
+from gem.model.embeddings import PlainEmbeddings
+from gem.model.heads import DomainExpertHeads
+from gem.model.kunlun import Kunlun
+from gem.model.task import GemTrainTask
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+# Subprocess runs of `python -m jobs...` use the same interpreter and import path.
+PYTHON = sys.executable
 
 STAND_IN = "test stand-in: no stage ran"
 
@@ -17,3 +44,119 @@ def stand_in_records(stage: str, days: list[str], rows_written: dict[str, int] |
              "rows_written": (rows_written or {}).get(d, 0), "rows_quarantined": 0, "quarantined_by_reason": {},
              "table_versions": dict(table_versions or {}), "input_versions": {}, "reconciliation": STAND_IN,
              "completed_at": now} for d in days]
+
+def make_config(tmp_path: Path, **overrides) -> GemConfig:
+    """A config whose lakehouse and landing live under tmp_path; small generator defaults."""
+    base = {
+        "lakehouse_uri": str(tmp_path / "lakehouse"),
+        # Jobs a test starts as subprocesses get short-lived JVMs: C1 only, as in the demo (the
+        # in-process tests share the session fixture's JVM, which this does not touch).
+        "spark": {"master": "local[2]", "shuffle_partitions": 2, "driver_memory": "2g",
+                  "conf": {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}},
+        "generator": {"users": 500, "ads": 100, "advertisers": 20, "events_per_day": 5000, "chunk_impressions": 2000},
+    }
+    for k, v in overrides.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            base[k] = {**base[k], **v}
+        else:
+            base[k] = v
+    return load_config(overrides=base, environ={})
+
+
+def subprocess_env(cfg_path: Path | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GEM__")}
+    env["PYTHONPATH"] = str(REPO)
+    if cfg_path is not None:
+        env["GEM_CONFIG"] = str(cfg_path)
+    return env
+
+
+# --- a tiny model, batch and trainer for the torch tests ----------------------------------------
+
+TINY_TASKS = ("reels/click", "reels/lead", "fb_feed/click", "fb_feed/lead")
+TINY_SPARSE = ("user_id", "ad_id", "surface")
+
+
+def tiny_batch(b: int = 16, seed: int = 0) -> Batch:
+    g = torch.Generator().manual_seed(seed)
+    sequences = {}
+    for e, n_max in (("impression", 9), ("click", 4), ("conversion", 2)):
+        lengths = torch.randint(0, n_max + 1, (b,), generator=g)
+        n = int(lengths.sum())
+        sequences[e] = Jagged({"ad_id": torch.randint(0, 1 << 40, (n,), generator=g),
+                               "surface": torch.randint(0, 7, (n,), generator=g),
+                               "objective": torch.randint(0, 6, (n,), generator=g),
+                               "gap_s": torch.rand(n, generator=g) * 1e5},
+                              torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]))
+    surface_is_reels = torch.rand(b, generator=g) < 0.5
+    mask = torch.stack([surface_is_reels, surface_is_reels, ~surface_is_reels, ~surface_is_reels], 1)
+    return Batch(
+        dense=torch.randn(b, 6, generator=g),
+        sparse={f: Sparse(torch.randint(0, 1 << 40, (b,), generator=g), torch.ones(b, dtype=torch.int32))
+                for f in TINY_SPARSE},
+        sequences=sequences,
+        labels=(torch.rand(b, 4, generator=g) < 0.3).float() * mask,
+        label_mask=mask, weights=mask.float() * (1 + torch.rand(b, 4, generator=g)), tasks=TINY_TASKS,
+        impression_times=torch.zeros(b, dtype=torch.long),
+    )
+
+
+def tiny_task(backend: str = "torch") -> GemTrainTask:
+    """A small Kunlun task; backend "torchrec" puts the same tables in a torchrec EmbeddingCollection."""
+    torch.manual_seed(0)
+    emb_cfg = EmbeddingConfig(dim=16, buckets={"user_id": 100, "ad_id": 50, "surface": 8}, backend=backend)
+    cfg = KunlunConfig(dim=16, mlp_hidden=32)
+    body = Kunlun(cfg, TINY_SPARSE, dense_dim=6)
+    if backend == "torchrec":
+        from gem.model.sparse import TorchrecEmbeddings
+
+        embeddings: torch.nn.Module = TorchrecEmbeddings(emb_cfg, ("impression", "click", "conversion"))
+    else:
+        embeddings = PlainEmbeddings(emb_cfg)
+    return GemTrainTask(embeddings, body, DomainExpertHeads(body.out_dim, TINY_TASKS, 32, 2), torch.ones(4))
+
+
+TINY_DIM = 16
+
+
+def tiny_model_config(arch: str) -> ModelConfig:
+    return ModelConfig(
+        arch=arch,
+        kunlun=KunlunConfig(dim=TINY_DIM, mlp_hidden=32), hstu=HSTUConfig(dim=TINY_DIM),
+        interformer=InterFormerConfig(dim=TINY_DIM), wukong=WukongConfig(dim=TINY_DIM),
+        dlrm=DLRMConfig(dim=TINY_DIM, dense_arch=(32, TINY_DIM), over_arch=(32, 16)),
+        embeddings=EmbeddingConfig(dim=TINY_DIM, buckets={"user_id": 100, "ad_id": 50, "surface": 8}),
+    )
+
+
+class ListStream:
+    """A resumable stream over fixed batches (the real loader's resume is tested in test_loader)."""
+
+    def __init__(self, n: int = 6) -> None:
+        self.items = [tiny_batch(seed=i) for i in range(n)]
+        self.position = 0
+
+    def batches(self, limit: int | None = None):
+        produced = 0
+        while limit is None or produced < limit:
+            batch = self.items[self.position % len(self.items)]
+            self.position += 1
+            produced += 1
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.position = int(state["position"])
+
+
+TINY_TRAIN = TrainConfig(steps=10, lr=3e-3, checkpoint_every=4)
+
+
+def tiny_trainer(run_dir: Path) -> Any:
+    """A gem.train.Trainer of the tiny task over ListStream."""
+    from gem.train import Trainer
+
+    torch.manual_seed(0)
+    return Trainer(tiny_task(), ListStream(), TINY_TRAIN, run_dir)

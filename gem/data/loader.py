@@ -1,6 +1,6 @@
 """Stream a mixture manifest as training batches: sampled, sharded, resumable, sequences cut late.
 
-Semantics (each one tested in tests/test_loader.py):
+Semantics (each one tested in tests/spark/test_loader.py):
   * Draws. In pass k, a row of file f is drawn for source s (a task of the file's surface) iff
     u(seed, k, s, f, row) < p, with p = sampling_rate if the row's label for the task is 1, else
     sampling_rate * negative_rate (gem.data.sampling). So each source is drawn at its rate, and

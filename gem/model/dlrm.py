@@ -7,7 +7,7 @@
     OverArch: MLP, ReLU on all but the last layer -> (B, over_arch[-1]) for the task heads
 
 Same layout and math as torchrec's DenseArch / InteractionArch / OverArch, so a torchrec DLRM's
-weights load into it (tests/test_baselines.py checks the outputs agree). torchrec's over arch ends
+weights load into it (tests/unit/test_baselines.py checks the outputs agree). torchrec's over arch ends
 in one logit; here the shared domain-expert heads read its last hidden layer, as every
 architecture's representation is read.
 """

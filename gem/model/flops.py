@@ -2,7 +2,7 @@
 
 Counts the matrix products (linear layers, attention scores and values, einsums), which is what
 dominates and what MFU is measured against; elementwise work (activations, norms, gating) is left
-out, as torch.utils.flop_counter does, so the two can be compared (tests/test_flops.py). Sequence
+out, as torch.utils.flop_counter does, so the two can be compared (tests/unit/test_flops.py). Sequence
 lengths are the padded lengths the model computes on: by default each event type's max_len.
 
 Example:

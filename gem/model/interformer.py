@@ -33,7 +33,7 @@ from gem.model.wukong import WukongLayer
 def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """softmax(q k^T / sqrt(dh)) v over allowed keys; q (..., Lq, dh), k, v (..., Lk, dh), mask
     broadcastable to (..., Lq, Lk), True = allowed. Written out (not F.scaled_dot_product_attention)
-    so torch's FLOP counter sees the two matmuls on every device (tests/test_flops.py)."""
+    so torch's FLOP counter sees the two matmuls on every device (tests/unit/test_flops.py)."""
     scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5  # (..., Lq, Lk)
     return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1) @ v
 

@@ -2,7 +2,7 @@
 
 The same tables and id policy as gem.model.embeddings.PlainEmbeddings (ids taken modulo the
 table's `buckets`, sequence ad ids in the shared `sequence_table`), so the two are interchangeable
-(tests/test_sparse.py loads the same weights into both and compares). This module is what
+(tests/distributed/test_sparse.py loads the same weights into both and compares). This module is what
 torchrec shards (gem.model.sharding); the dense model never imports torchrec.
 
 Input, from a Batch of B examples:

@@ -2,7 +2,7 @@
 
     x (..., L, dh), dh even -> x with channel pair (2i, 2i+1) at position p rotated by p * base^(-2i/dh)
 
-So <rope(q)_i, rope(k)_j> depends on q, k and i - j only (tests/test_baselines.py checks this).
+So <rope(q)_i, rope(k)_j> depends on q, k and i - j only (tests/unit/test_baselines.py checks this).
 """
 
 from __future__ import annotations

@@ -28,9 +28,8 @@ from schemas.features import (
 )
 from schemas.ops import COMPLETIONS
 from schemas.tasks import SURFACES
-from tests.conftest import PYTHON, REPO, make_config, subprocess_env
 from tests.landing_lines import bronze_event
-from tests.support import stand_in_records
+from tests.support import PYTHON, REPO, make_config, stand_in_records, subprocess_env
 
 START = "2026-01-01"
 D = "2026-01-10"  # the feature day under test: counters as of the end of 2026-01-09

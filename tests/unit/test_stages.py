@@ -9,7 +9,7 @@ import pytest
 from gem import lakehouse, stages
 from gem.cli import day_range, shift_day
 from jobs import build_sequences, mix
-from tests.conftest import make_config
+from tests.support import make_config
 
 S = "2026-01-01"
 

@@ -7,7 +7,6 @@ root of tiny second moments, which magnifies rounding; measured, not a DDP fault
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ import torch.multiprocessing as mp
 
 from gem.config import TrainConfig
 from gem.train import Trainer
-from tests.test_train_task import _batch, _task
+from tests.support import tiny_batch, tiny_task
 
 STEPS = 3
 LR = 0.1
@@ -28,7 +27,7 @@ class RankStream:
 
     def batches(self, limit=None):
         for _ in range(limit):
-            yield _batch(seed=100 * self.position + self.rank)
+            yield tiny_batch(seed=100 * self.position + self.rank)
             self.position += 1
 
     def state_dict(self):
@@ -41,7 +40,7 @@ class RankStream:
 def _worker(rank: int, init_file: str, out: str) -> None:
     torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     try:
-        trainer = Trainer(_task(), RankStream(rank), TrainConfig(steps=STEPS, lr=1e-2, checkpoint_every=STEPS),
+        trainer = Trainer(tiny_task(), RankStream(rank), TrainConfig(steps=STEPS, lr=1e-2, checkpoint_every=STEPS),
                           Path(out) / "ckpt")
         trainer.optimizer = torch.optim.SGD(trainer.task.parameters(), lr=LR)
         trainer.fit()
@@ -58,11 +57,11 @@ def test_two_rank_gloo_training_matches_the_mean_loss(tmp_path):
     for name in r0:
         assert torch.equal(r0[name], r1[name]), name
     # One process, one optimizer, the mean of the two ranks' losses per step.
-    task = _task()
+    task = tiny_task()
     opt = torch.optim.SGD(task.parameters(), lr=LR)
     for step in range(STEPS):
         opt.zero_grad()
-        loss = (task(_batch(seed=100 * step))[0] + task(_batch(seed=100 * step + 1))[0]) / 2
+        loss = (task(tiny_batch(seed=100 * step))[0] + task(tiny_batch(seed=100 * step + 1))[0]) / 2
         loss.backward()
         opt.step()
     for name, tensor in task.state_dict().items():

@@ -10,8 +10,8 @@ from gem import lakehouse
 from schemas import TABLES
 from schemas.events import BRONZE_AD_EVENTS, BRONZE_QUARANTINE
 from schemas.ops import COMPLETIONS
-from tests.conftest import make_config
 from tests.landing_lines import bronze_event
+from tests.support import make_config
 
 DAY = "2026-01-01"
 

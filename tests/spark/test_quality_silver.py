@@ -13,7 +13,7 @@ from gem.quality import statistics_frame, validate
 from schemas.examples import LABEL_COLUMNS, SILVER_TRAINING_EXAMPLES
 from schemas.features import COUNTER_COLUMNS, SILVER_USER_FEATURES
 from schemas.sequences import SILVER_USER_SEQUENCES
-from tests.conftest import make_config
+from tests.support import make_config
 
 D = "2026-01-05"
 DAY = dt.date.fromisoformat(D)

@@ -22,7 +22,7 @@ from gem.config import GemConfig
 from gem.landing import MissingLandingPartition, partition_dir, read_manifest, require_partition
 from schemas.events import DIRTY_KIND_REASON, ID_COLUMNS, LANDING_EVENTS
 from schemas.tasks import CONVERSION_TYPES, CREATIVE_TYPES, EVENT_TYPES, OBJECTIVES, SURFACES
-from tests.conftest import PYTHON, REPO, make_config, subprocess_env
+from tests.support import PYTHON, REPO, make_config, subprocess_env
 
 DAY1, DAY2, DAY3 = "2026-01-01", "2026-01-02", "2026-01-03"
 DAY_MS = 86_400_000

@@ -8,7 +8,7 @@ from pathlib import Path
 from gem import demo, lakehouse
 from gem.commit import StageCommit, StageContext
 from gem.train import write_metrics as write_run_metrics
-from tests.conftest import make_config
+from tests.support import make_config
 
 
 def write_metrics(cfg, rows: list[dict]) -> None:

@@ -27,9 +27,10 @@ from jobs.import_movielens import (
 )
 from schemas.events import LANDING_EVENTS
 from schemas.tasks import CONVERSION_TYPES, CREATIVE_TYPES, OBJECTIVES, SURFACES
-from tests.conftest import make_config
+from tests.support import FIXTURES as SHARED_FIXTURES
+from tests.support import make_config
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "movielens"
+FIXTURES = SHARED_FIXTURES / "movielens"
 ML_1M = FIXTURES / "ml-1m"
 ML_100K = FIXTURES / "ml-100k"
 

@@ -22,9 +22,8 @@ from schemas.examples import LABEL_COLUMNS, SILVER_ATTRIBUTION_QUARANTINE, SILVE
 from schemas.features import SILVER_AD_FEATURES, SILVER_USER_FEATURES
 from schemas.ops import COMPLETIONS
 from schemas.sequences import SEQUENCE_COLUMNS, SILVER_USER_SEQUENCES
-from tests.conftest import PYTHON, REPO, make_config, subprocess_env
 from tests.landing_lines import bronze_event
-from tests.support import stand_in_records
+from tests.support import PYTHON, REPO, make_config, stand_in_records, subprocess_env
 
 W = 2  # attribution window (days) of these tests
 S = "2026-01-01"  # start_ds

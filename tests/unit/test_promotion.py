@@ -6,14 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from gem import checkpoint, promotion
-from tests.test_train_checkpoint import _trainer
+from tests.support import tiny_trainer
 
 
 def test_warm_start_only_from_earlier_days_and_reruns_never_move_the_current_model_back(tmp_path: Path) -> None:
     root, arch = tmp_path / "ckpt", "kunlun"
     ckpt = {}
     for name in ("d3", "d5", "d3-rerun"):
-        ckpt[name] = _trainer(tmp_path / name).fit(steps=1).checkpoint
+        ckpt[name] = tiny_trainer(tmp_path / name).fit(steps=1).checkpoint
     assert promotion.warm_start_for(root, arch, "2026-01-03") is None and promotion.current(root, arch) is None
     promotion.promote(root, arch, "2026-01-03", ckpt["d3"], 1)
     promotion.promote(root, arch, "2026-01-05", ckpt["d5"], 1)
@@ -32,12 +32,12 @@ def test_warm_start_only_from_earlier_days_and_reruns_never_move_the_current_mod
 def test_a_trainer_warm_starts_from_the_promoted_checkpoint_not_the_run_folders_latest(tmp_path: Path) -> None:
     import torch
 
-    day1 = _trainer(tmp_path / "day1")
+    day1 = tiny_trainer(tmp_path / "day1")
     promoted = day1.fit(steps=4).checkpoint  # step 4 is promoted ...
     weights_at_4 = {k: v.clone() for k, v in day1.task.state_dict().items()}
     day1.fit(steps=8)  # ... then a resumed rerun adds step 8 to the same folder
     assert checkpoint.latest(tmp_path / "day1").name == "step-00000008"
-    day2 = _trainer(tmp_path / "day2")
+    day2 = tiny_trainer(tmp_path / "day2")
     assert day2.warm_start(promoted) == promoted
     for name, tensor in weights_at_4.items():
         assert torch.equal(tensor, day2.task.state_dict()[name]), name

@@ -12,36 +12,24 @@ from gem.model.configs import (
     ARCHITECTURES,
     DLRMConfig,
     EmbeddingConfig,
-    HSTUConfig,
     InterFormerConfig,
-    KunlunConfig,
     ModelConfig,
     WukongConfig,
 )
 from gem.model.ops.jagged import jagged_mean, recent_mean
 from gem.model.ops.rope import rope
-from tests.test_train_task import SPARSE, TASKS, _batch
+from tests.support import TINY_SPARSE, TINY_TASKS, tiny_batch, tiny_model_config
 
 DIM = 16
-
-
-def _model_config(arch: str) -> ModelConfig:
-    return ModelConfig(
-        arch=arch,
-        kunlun=KunlunConfig(dim=DIM, mlp_hidden=32), hstu=HSTUConfig(dim=DIM),
-        interformer=InterFormerConfig(dim=DIM), wukong=WukongConfig(dim=DIM),
-        dlrm=DLRMConfig(dim=DIM, dense_arch=(32, DIM), over_arch=(32, 16)),
-        embeddings=EmbeddingConfig(dim=DIM, buckets={"user_id": 100, "ad_id": 50, "surface": 8}),
-    )
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_each_architecture_gives_task_logits_and_gradients_everywhere(arch):
     torch.manual_seed(0)
-    task = build_task(_model_config(arch), TASKS, SPARSE, dense_dim=6)
-    batch = _batch(b=12)
+    task = build_task(tiny_model_config(arch), TINY_TASKS, TINY_SPARSE, dense_dim=6)
+    batch = tiny_batch(b=12)
     loss, logits = task(batch)
-    assert logits.shape == (12, len(TASKS)) and torch.isfinite(logits).all()
+    assert logits.shape == (12, len(TINY_TASKS)) and torch.isfinite(logits).all()
     loss.backward()
     for name, p in task.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), name
@@ -54,8 +42,8 @@ def test_each_architecture_gives_task_logits_and_gradients_everywhere(arch):
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_each_architecture_fits_a_batch(arch):
     torch.manual_seed(0)
-    task = build_task(_model_config(arch), TASKS, SPARSE, dense_dim=6)
-    batch = _batch(b=32, seed=1)
+    task = build_task(tiny_model_config(arch), TINY_TASKS, TINY_SPARSE, dense_dim=6)
+    batch = tiny_batch(b=32, seed=1)
     opt = torch.optim.Adam(task.parameters(), lr=3e-3)
     first = float(task(batch)[0].detach())
     for _ in range(60):
@@ -71,8 +59,8 @@ def test_an_example_does_not_see_its_batch_neighbours(arch):
     """Padding and batching leak nothing: an example's logits are the same alone and in a batch of
     longer sequences (eval mode, so nothing depends on batch statistics)."""
     torch.manual_seed(0)
-    task = build_task(_model_config(arch), TASKS, SPARSE, dense_dim=6).eval()
-    batch = _batch(b=8, seed=2)
+    task = build_task(tiny_model_config(arch), TINY_TASKS, TINY_SPARSE, dense_dim=6).eval()
+    batch = tiny_batch(b=8, seed=2)
     with torch.no_grad():
         together = task.logits(batch)
         alone = torch.cat([task.logits(_one(batch, i)) for i in range(8)])
@@ -127,7 +115,7 @@ def test_dlrm_matches_torchrec_dlrm_arches():
         b.weight.data.copy_(a.weight.data)
         b.bias.data.copy_(a.bias.data)
 
-    batch = _batch(b=5, seed=3)
+    batch = tiny_batch(b=5, seed=3)
     sparse = {"user_id": torch.randn(5, 8), "ad_id": torch.randn(5, 8)}
     seqs = {e: {"id_emb": torch.randn(int(batch.sequences[e].offsets[-1]), 8), "offsets": batch.sequences[e].offsets}
             for e in cfg.max_len}

@@ -23,9 +23,8 @@ from schemas.sequences import (
     SILVER_USER_SEQUENCES,
     SILVER_USER_SEQUENCES_COMPACTED,
 )
-from tests.conftest import PYTHON, REPO, make_config, subprocess_env
 from tests.landing_lines import bronze_event
-from tests.support import STAND_IN
+from tests.support import PYTHON, REPO, STAND_IN, make_config, subprocess_env
 
 START = "2026-01-01"
 DAYS = [shift_day(START, i) for i in range(5)]

@@ -34,7 +34,7 @@ from jobs import validate_events
 from schemas.events import BRONZE_AD_EVENTS
 from schemas.ops import COMPLETIONS
 from schemas.tasks import CONVERSION_TYPES, CREATIVE_TYPES, OBJECTIVES
-from tests.conftest import make_config
+from tests.support import make_config
 
 DS = "2026-01-01"
 SCHEMA_SUITE = "test.bronze.schema"

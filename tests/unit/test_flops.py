@@ -11,6 +11,7 @@ from gem.model.configs import ARCHITECTURES, KunlunConfig
 from gem.model.flops import kunlun_flops, model_flops
 from gem.model.heads import DomainExpertHeads
 from gem.model.kunlun import Kunlun
+from tests.support import tiny_model_config
 
 SPARSE = ("user_id", "ad_id", "surface", "objective")
 TASKS = ("reels/click", "reels/lead", "fb_feed/click")
@@ -38,9 +39,8 @@ def test_formulas_match_the_flop_counter():
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_every_architecture_formula_matches_the_flop_counter(arch):
     """model_flops of each config equals torch's count of the whole task (body + heads) at full lengths."""
-    from tests.test_baselines import _model_config
-
-    cfg = _model_config(arch)
+    
+    cfg = tiny_model_config(arch)
     tasks = ("reels/click", "reels/lead", "fb_feed/click")
     sparse_names = ("user_id", "ad_id", "surface")
     task = build_task(cfg, tasks, sparse_names, dense_dim=6)

@@ -6,60 +6,27 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 
 from gem import checkpoint
-from gem.config import TrainConfig
 from gem.train import Trainer
-from tests.test_train_task import _batch, _task
-
-
-class ListStream:
-    """A resumable stream over fixed batches (the real loader's resume is tested in test_loader)."""
-
-    def __init__(self, n: int = 6) -> None:
-        self.items = [_batch(seed=i) for i in range(n)]
-        self.position = 0
-
-    def batches(self, limit: int | None = None):
-        produced = 0
-        while limit is None or produced < limit:
-            batch = self.items[self.position % len(self.items)]
-            self.position += 1
-            produced += 1
-            yield batch
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"position": self.position}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.position = int(state["position"])
-
-
-CFG = TrainConfig(steps=10, lr=3e-3, checkpoint_every=4)
-
-
-def _trainer(run_dir: Path) -> Trainer:
-    torch.manual_seed(0)
-    return Trainer(_task(), ListStream(), CFG, run_dir)
+from tests.support import TINY_TRAIN, ListStream, tiny_task, tiny_trainer
 
 
 def test_killed_and_resumed_run_equals_uninterrupted(tmp_path):
-    full = _trainer(tmp_path / "full").fit()
-    first = _trainer(tmp_path / "killed")
+    full = tiny_trainer(tmp_path / "full").fit()
+    first = tiny_trainer(tmp_path / "killed")
     first.fit(steps=6)  # "killed" after step 6: the last checkpoint is step 4
     assert sorted(p.name for p in (tmp_path / "killed").iterdir()) == ["step-00000004", "step-00000006"]
     # A restart sees the latest checkpoint (6); drop it to resume from 4, as after a crash at step 7.
     shutil.rmtree(tmp_path / "killed" / "step-00000006")
-    resumed = _trainer(tmp_path / "killed")
+    resumed = tiny_trainer(tmp_path / "killed")
     assert resumed.resume() and resumed.step == 4
     result = resumed.fit()
     assert result.losses == full.losses and len(full.losses) == 10
-    reference = _trainer(tmp_path / "full2")
+    reference = tiny_trainer(tmp_path / "full2")
     reference.fit()
     got = resumed.task.state_dict()
     for name, tensor in reference.task.state_dict().items():
@@ -67,7 +34,7 @@ def test_killed_and_resumed_run_equals_uninterrupted(tmp_path):
 
 
 def test_checkpoints_are_never_overwritten_and_partials_never_loaded(tmp_path):
-    t = _trainer(tmp_path)
+    t = tiny_trainer(tmp_path)
     t.fit(steps=4)
     with pytest.raises(checkpoint.CheckpointError, match="already exists"):
         t.save()
@@ -80,12 +47,12 @@ def test_checkpoints_are_never_overwritten_and_partials_never_loaded(tmp_path):
 
 
 def test_corrupted_or_incomplete_checkpoints_are_refused(tmp_path):
-    t = _trainer(tmp_path)
+    t = tiny_trainer(tmp_path)
     path = t.fit(steps=4).checkpoint
     shard = next(path.glob("*.distcp"))
     shard.write_bytes(shard.read_bytes()[:100])  # truncated
     with pytest.raises(checkpoint.CheckpointError, match="corrupted or incomplete"):
-        checkpoint.load(path, _trainer(tmp_path)._state())
+        checkpoint.load(path, tiny_trainer(tmp_path)._state())
     (path / checkpoint.EXTRA).unlink()
     with pytest.raises(checkpoint.CheckpointError, match="extra.json is missing"):
         checkpoint.load(path, {})
@@ -95,13 +62,13 @@ def test_resume_sets_a_corrupt_latest_aside_and_continues_from_the_one_before(tm
     """A crash mid-write leaves a .tmp folder; a broken latest checkpoint (here: a truncated shard)
     must not fail every retry: resume warns, sets it aside and continues from the step before, and
     the finished run still equals an uninterrupted one."""
-    full = _trainer(tmp_path / "full").fit()
-    killed = _trainer(tmp_path / "run")
+    full = tiny_trainer(tmp_path / "full").fit()
+    killed = tiny_trainer(tmp_path / "run")
     killed.fit(steps=8)  # checkpoints at steps 4 and 8
     shard = next((tmp_path / "run" / "step-00000008").glob("*.distcp"))
     shard.write_bytes(shard.read_bytes()[:100])
     (tmp_path / "run" / ".tmp-step-00000012-deadbeef").mkdir()  # a writer killed mid-save
-    resumed = _trainer(tmp_path / "run")
+    resumed = tiny_trainer(tmp_path / "run")
     with pytest.warns(UserWarning, match="(?s)step-00000008 is corrupted or incomplete.*set aside as .corrupt-step-00000008"):
         assert resumed.resume()
     assert resumed.step == 4
@@ -113,13 +80,13 @@ def test_resume_sets_a_corrupt_latest_aside_and_continues_from_the_one_before(tm
     shutil.copytree(tmp_path / "full" / "step-00000004", tmp_path / "lone" / "step-00000004")
     (tmp_path / "lone" / "step-00000004" / checkpoint.EXTRA).unlink()
     with pytest.warns(UserWarning, match="extra.json is missing"):
-        assert not _trainer(tmp_path / "lone").resume()
+        assert not tiny_trainer(tmp_path / "lone").resume()
 
 
 def test_warm_start_loads_weights_only(tmp_path):
-    day1 = _trainer(tmp_path / "day1")
+    day1 = tiny_trainer(tmp_path / "day1")
     day1.fit(steps=4)
-    day2 = _trainer(tmp_path / "day2")
+    day2 = tiny_trainer(tmp_path / "day2")
     day2.warm_start(tmp_path / "day1")
     for name, tensor in day1.task.state_dict().items():
         assert torch.equal(tensor, day2.task.state_dict()[name])
@@ -129,15 +96,15 @@ def test_warm_start_loads_weights_only(tmp_path):
 
 
 def test_warm_start_refuses_a_checkpoint_of_another_model_config(tmp_path):
-    day1 = Trainer(_task(), ListStream(), CFG, tmp_path / "day1", config_snapshot={"model": {"arch": "kunlun"}})
+    day1 = Trainer(tiny_task(), ListStream(), TINY_TRAIN, tmp_path / "day1", config_snapshot={"model": {"arch": "kunlun"}})
     day1.fit(steps=2)
-    other = Trainer(_task(), ListStream(), CFG, tmp_path / "day2", config_snapshot={"model": {"arch": "hstu"}})
+    other = Trainer(tiny_task(), ListStream(), TINY_TRAIN, tmp_path / "day2", config_snapshot={"model": {"arch": "hstu"}})
     with pytest.raises(checkpoint.CheckpointError, match="trained with model config"):
         other.warm_start(tmp_path / "day1")
 
 
 def test_padding_ratio_of_the_batches_is_reported(tmp_path):
-    trainer = _trainer(tmp_path / "run")
+    trainer = tiny_trainer(tmp_path / "run")
     batches = list(ListStream().batches(limit=3))
     result = trainer.fit(steps=3)
     for event in batches[0].sequences:

@@ -13,8 +13,8 @@ from gem.commit import StageContext
 from gem.landing import MissingLandingPartition, partition_dir
 from jobs import ingest_events
 from schemas.events import BRONZE_AD_EVENTS, BRONZE_QUARANTINE, QUARANTINE_REASONS
-from tests.conftest import PYTHON, REPO, make_config, subprocess_env
 from tests.landing_lines import CLEAN_LINES, DAY, DIRTY_LINES, all_dirty_lines, line, write_day
+from tests.support import PYTHON, REPO, make_config, subprocess_env
 
 EXTRA_CLEAN = [line(f"k{i}", user_id=f"u{i}") for i in range(20)]
 

@@ -14,8 +14,7 @@ import torch.multiprocessing as mp
 
 from gem.config import TrainConfig
 from gem.train import Trainer
-from tests.test_train_checkpoint import ListStream
-from tests.test_train_task import _batch, _task
+from tests.support import ListStream, tiny_batch, tiny_task
 
 pytest.importorskip("torchrec")
 
@@ -33,7 +32,7 @@ def no_leftover_group():
 def _run(run_dir: Path, steps: int | None = None, resume: bool = False) -> tuple[Trainer, list[float], dict]:
     """Train (or resume and train) one torchrec trainer; -> (trainer, losses, plain-torch weights)."""
     torch.manual_seed(0)
-    trainer = Trainer(_task("torchrec"), ListStream(), CFG, run_dir)
+    trainer = Trainer(tiny_task("torchrec"), ListStream(), CFG, run_dir)
     try:
         if resume:
             assert trainer.resume()
@@ -67,17 +66,17 @@ def _fused_state_keys(path: Path) -> list[str]:
 
 def test_gathered_weights_give_a_plain_torch_task_the_same_outputs(tmp_path):
     torch.manual_seed(0)
-    trainer = Trainer(_task("torchrec"), ListStream(), CFG, tmp_path / "run")
+    trainer = Trainer(tiny_task("torchrec"), ListStream(), CFG, tmp_path / "run")
     try:
         trainer.fit(steps=2)
-        batch = _batch(b=12, seed=77)
+        batch = tiny_batch(b=12, seed=77)
         trainer.model.eval()
         with torch.no_grad():
             sharded = trainer.model(batch)[1]
         state = trainer.plain_state()
     finally:
         trainer.close()
-    plain = _task("torch")
+    plain = tiny_task("torch")
     plain.load_state_dict(state)
     plain.eval()
     with torch.no_grad():
@@ -94,8 +93,8 @@ def _worker(rank: int, init_file: str, out: str) -> None:
             torch.distributed.barrier()
             torch.manual_seed(0)
             stream = ListStream()
-            stream.items = [_batch(seed=100 * i + rank) for i in range(6)]  # each rank its own data
-            trainer = Trainer(_task("torchrec"), stream, CFG, Path(out) / name)
+            stream.items = [tiny_batch(seed=100 * i + rank) for i in range(6)]  # each rank its own data
+            trainer = Trainer(tiny_task("torchrec"), stream, CFG, Path(out) / name)
             if resume:
                 assert trainer.resume() and trainer.step == 3
             losses = trainer.fit(steps=steps).losses
@@ -132,15 +131,15 @@ def test_a_batch_without_any_history_of_one_event_type_still_trains(tmp_path):
     from gem.data.batch import Jagged
 
     def without_conversions(seed: int):
-        batch = _batch(seed=seed)
+        batch = tiny_batch(seed=seed)
         empty = Jagged({k: v[:0] for k, v in batch.sequences["conversion"].values.items()},
                        torch.zeros(batch.size + 1, dtype=torch.long))
         return replace(batch, sequences={**batch.sequences, "conversion": empty})
 
     stream = ListStream()
-    stream.items = [_batch(seed=1), without_conversions(2), _batch(seed=3), without_conversions(4)]
+    stream.items = [tiny_batch(seed=1), without_conversions(2), tiny_batch(seed=3), without_conversions(4)]
     torch.manual_seed(0)
-    trainer = Trainer(_task("torchrec"), stream, CFG, tmp_path / "run")
+    trainer = Trainer(tiny_task("torchrec"), stream, CFG, tmp_path / "run")
     try:
         losses = trainer.fit(steps=4).losses
     finally:

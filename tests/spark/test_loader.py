@@ -33,9 +33,8 @@ from schemas.examples import LABEL_COLUMNS, SILVER_TRAINING_EXAMPLES
 from schemas.features import SILVER_AD_FEATURES, SILVER_USER_FEATURES
 from schemas.ops import COMPLETIONS
 from schemas.sequences import SEQUENCE_COLUMNS
-from tests.conftest import make_config
 from tests.landing_lines import bronze_event
-from tests.support import stand_in_records
+from tests.support import make_config, stand_in_records
 
 S = "2026-01-01"
 W = 1
@@ -360,7 +359,7 @@ def test_train_cli_under_torchrun_shards_tables_and_resumes(lake, tmp_path):
     from deltalake import DeltaTable
 
     from schemas.metrics import GOLD_METRICS
-    from tests.conftest import PYTHON, REPO, subprocess_env
+    from tests.support import PYTHON, REPO, subprocess_env
 
     cfg, _, _ = lake
     data = _plain(cfg.to_dict())

@@ -15,7 +15,7 @@ from gem.commit import CHECKED, ReconciliationError, StageCommit, StageContext, 
 from gem.data.delta_log import read_table
 from schemas.metrics import GOLD_METRICS
 from schemas.mixture import GOLD_MIXTURE_MANIFEST
-from tests.conftest import make_config
+from tests.support import make_config
 
 DS = "2026-01-03"
 

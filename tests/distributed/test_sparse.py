@@ -10,17 +10,16 @@ import torch
 import torch.multiprocessing as mp
 
 from gem.model.build import build_task
-from tests.test_baselines import _model_config
-from tests.test_train_task import SPARSE, TASKS, _batch
+from tests.support import TINY_SPARSE, TINY_TASKS, tiny_batch, tiny_model_config
 
 pytest.importorskip("torchrec")
 
 
 def _tasks(arch: str = "kunlun"):
     torch.manual_seed(0)
-    plain = build_task(_model_config(arch), TASKS, SPARSE, dense_dim=6)
+    plain = build_task(tiny_model_config(arch), TINY_TASKS, TINY_SPARSE, dense_dim=6)
     torch.manual_seed(0)
-    rec = build_task(_model_config(arch), TASKS, SPARSE, dense_dim=6, sparse_backend="torchrec")
+    rec = build_task(tiny_model_config(arch), TINY_TASKS, TINY_SPARSE, dense_dim=6, sparse_backend="torchrec")
     state = {k: v for k, v in plain.state_dict().items() if not k.startswith("embeddings.")}
     rec.load_state_dict(state, strict=False)
     for name, table in plain.embeddings.tables.items():
@@ -30,16 +29,16 @@ def _tasks(arch: str = "kunlun"):
 
 def test_torchrec_collection_equals_plain_tables():
     plain, rec = _tasks()
-    batch = _batch(b=10, seed=4)
+    batch = tiny_batch(b=10, seed=4)
     p_sparse, p_seq = plain.embeddings.embed(batch)
     r_sparse, r_seq = rec.embeddings.embed(batch)
-    for f in SPARSE:
+    for f in TINY_SPARSE:
         torch.testing.assert_close(r_sparse[f], p_sparse[f])
     for e in batch.sequences:
         torch.testing.assert_close(r_seq[e], p_seq[e])
     torch.testing.assert_close(rec(batch)[1], plain(batch)[1])
     kjt = rec.embeddings.features(batch)
-    assert kjt.keys() == [*SPARSE, "impression_history", "click_history", "conversion_history"]
+    assert kjt.keys() == [*TINY_SPARSE, "impression_history", "click_history", "conversion_history"]
     assert int(kjt.values().max()) < max(rec.embeddings.rows.values())  # ids bucketed into their tables
 
 
@@ -67,7 +66,7 @@ def _worker(rank: int, init_file: str, out: str) -> None:
         losses = []
         for step in range(3):
             opt.zero_grad()
-            loss, _ = model(_batch(b=8, seed=10 * step + rank))
+            loss, _ = model(tiny_batch(b=8, seed=10 * step + rank))
             loss.backward()
             opt.step()
             losses.append(float(loss))

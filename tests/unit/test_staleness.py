@@ -11,7 +11,7 @@ from gem import lakehouse
 from gem.commit import StageCommit, StageContext, input_key
 from gem.staleness import DONE, MISSING, STALE, Ledger, all_records
 from jobs import status
-from tests.conftest import make_config
+from tests.support import make_config
 
 S = "2026-01-01"
 DAYS = ["2026-01-01", "2026-01-02", "2026-01-03"]
