@@ -204,11 +204,22 @@ class StageCommit:
         if len(days) != 1:
             raise UndeclaredWriteError(f"{schema.name}: replace_arrow replaces one day, declared {days}")
         where = {"ds": days[0], **(also or {})}
+        from deltalake import DeltaTable
+
         path = lakehouse.ensure_table(None, self.cfg, schema)
-        write_deltalake(path, rows, mode="overwrite", predicate=lakehouse.predicate(where),
+        # Written through a table object: after the write it stands at the version this transaction
+        # committed (after any conflict retries). A fresh read of the log while another process
+        # commits to it was measured to miss the commit.
+        table = DeltaTable(path)
+        write_deltalake(table, rows, mode="overwrite", predicate=lakehouse.predicate(where),
                         partition_by=list(schema.partition_by) or None,
                         commit_properties=lakehouse.commit_properties(self.user_metadata))
-        return self._committed(schema, lakehouse.committed_version(path, self.user_metadata))
+        (own,) = [c for c in table.history(1) if c.get("userMetadata") == self.user_metadata] or [None]
+        if own is None:
+            raise RuntimeError(f"{schema.name}: the write of {self.run_id} left no commit of its own at v{table.version()}")
+        self.table_versions[schema.name] = int(table.version())
+        self.committed_rows[schema.name] = int((own.get("operationMetrics") or {}).get("num_added_rows", 0))
+        return int(table.version())
 
     def _committed(self, schema: TableSchema, version: int) -> int:
         self.table_versions[schema.name] = version

@@ -76,18 +76,19 @@ class DataQualityError(RuntimeError):
 # Expectations derived from a schema.
 
 
-def _gxe() -> Any:
+def gx_expectations() -> Any:
     """The GX expectations module, imported lazily (GX takes seconds to import)."""
     import great_expectations.expectations as gxe
 
     return gxe
 
 
-def _meta(rule: str, critical: bool) -> dict[str, Any]:
+def rule_meta(rule: str, critical: bool) -> dict[str, Any]:
+    """The meta every expectation of a suite carries: its rule name and whether it is critical."""
     return {"critical": critical, "rule": rule}
 
 
-def _severity(critical: bool) -> Any:
+def expectation_severity(critical: bool) -> Any:
     from great_expectations.expectations.metadata_types import FailureSeverity
 
     return FailureSeverity.CRITICAL if critical else FailureSeverity.WARNING
@@ -95,17 +96,17 @@ def _severity(critical: bool) -> Any:
 
 def _structure_expectations(schema: TableSchema) -> list[Expectation]:
     """Column names in order, then each column's Spark type class."""
-    gxe = _gxe()
+    gxe = gx_expectations()
     out = [
         gxe.ExpectTableColumnsToMatchOrderedList(
-            column_list=schema.column_names, meta=_meta("columns_in_order", True), severity=_severity(True)
+            column_list=schema.column_names, meta=rule_meta("columns_in_order", True), severity=expectation_severity(True)
         )
     ]
     for c in schema.columns:
         type_name = type(c.spark_type()).__name__
         out.append(
             gxe.ExpectColumnValuesToBeOfType(
-                column=c.name, type_=type_name, meta=_meta(f"type:{c.name}", True), severity=_severity(True)
+                column=c.name, type_=type_name, meta=rule_meta(f"type:{c.name}", True), severity=expectation_severity(True)
             )
         )
     return out
@@ -113,13 +114,13 @@ def _structure_expectations(schema: TableSchema) -> list[Expectation]:
 
 def _column_rule_expectations(schema: TableSchema) -> list[Expectation]:
     """NOT NULL, allowed values and numeric bounds of every column that declares them."""
-    gxe = _gxe()
+    gxe = gx_expectations()
     out: list[Expectation] = []
     for c in schema.columns:
         if not c.nullable:
             out.append(
                 gxe.ExpectColumnValuesToNotBeNull(
-                    column=c.name, meta=_meta(f"not_null:{c.name}", True), severity=_severity(True)
+                    column=c.name, meta=rule_meta(f"not_null:{c.name}", True), severity=expectation_severity(True)
                 )
             )
         if c.allowed is not None:
@@ -127,8 +128,8 @@ def _column_rule_expectations(schema: TableSchema) -> list[Expectation]:
                 gxe.ExpectColumnValuesToBeInSet(
                     column=c.name,
                     value_set=list(c.allowed),
-                    meta=_meta(f"allowed:{c.name}", True),
-                    severity=_severity(True),
+                    meta=rule_meta(f"allowed:{c.name}", True),
+                    severity=expectation_severity(True),
                 )
             )
         if c.min is not None or c.max is not None:
@@ -137,8 +138,8 @@ def _column_rule_expectations(schema: TableSchema) -> list[Expectation]:
                     column=c.name,
                     min_value=c.min,
                     max_value=c.max,
-                    meta=_meta(f"range:{c.name}", True),
-                    severity=_severity(True),
+                    meta=rule_meta(f"range:{c.name}", True),
+                    severity=expectation_severity(True),
                 )
             )
     return out
@@ -146,24 +147,24 @@ def _column_rule_expectations(schema: TableSchema) -> list[Expectation]:
 
 def _key_expectations(schema: TableSchema) -> list[Expectation]:
     """The key is unique: one column, or the combination of several."""
-    gxe = _gxe()
+    gxe = gx_expectations()
     if not schema.key:
         return []
-    rule = _meta(f"unique_key:{','.join(schema.key)}", True)
+    rule = rule_meta(f"unique_key:{','.join(schema.key)}", True)
     if len(schema.key) == 1:
-        return [gxe.ExpectColumnValuesToBeUnique(column=schema.key[0], meta=rule, severity=_severity(True))]
-    return [gxe.ExpectCompoundColumnsToBeUnique(column_list=list(schema.key), meta=rule, severity=_severity(True))]
+        return [gxe.ExpectColumnValuesToBeUnique(column=schema.key[0], meta=rule, severity=expectation_severity(True))]
+    return [gxe.ExpectCompoundColumnsToBeUnique(column_list=list(schema.key), meta=rule, severity=expectation_severity(True))]
 
 
 def _table_check_expectations(schema: TableSchema) -> list[Expectation]:
     """Table-level CHECKs as queries for the rows that break them (NULL passes, as in a CHECK)."""
-    gxe = _gxe()
+    gxe = gx_expectations()
     return [
         gxe.UnexpectedRowsExpectation(
             unexpected_rows_query=f"SELECT * FROM {{batch}} WHERE NOT ({expr})",
             description=f"No row breaks CHECK {name}: {expr}",
-            meta=_meta(f"check:{name}", True),
-            severity=_severity(True),
+            meta=rule_meta(f"check:{name}", True),
+            severity=expectation_severity(True),
         )
         for name, expr in schema.checks
     ]
@@ -204,9 +205,10 @@ def nullable_event_columns() -> list[str]:
     return [c.name for c in BRONZE_AD_EVENTS.columns if c.nullable]
 
 
-def _between(column: str, low: float | None, high: float | None, rule: str, critical: bool) -> Expectation:
-    return _gxe().ExpectColumnValuesToBeBetween(
-        column=column, min_value=low, max_value=high, meta=_meta(rule, critical), severity=_severity(critical)
+def expect_between(column: str, low: float | None, high: float | None, rule: str, critical: bool) -> Expectation:
+    """The column's values lie in [low, high] (None: unbounded), as rule `rule`."""
+    return gx_expectations().ExpectColumnValuesToBeBetween(
+        column=column, min_value=low, max_value=high, meta=rule_meta(rule, critical), severity=expectation_severity(critical)
     )
 
 
@@ -214,20 +216,20 @@ def event_statistics_expectations(cfg: GemConfig) -> list[Expectation]:
     """Bounds on the statistics frame: CTR per surface, rates from ingest (critical); null rates
     (warnings); bronze and quarantine counts equal the ingest record's (critical)."""
     q = cfg.quality
-    out = [_between(ROWS_VALIDATED, 1, None, "bronze_partition_not_empty", True)]
+    out = [expect_between(ROWS_VALIDATED, 1, None, "bronze_partition_not_empty", True)]
     out += [
-        _between(ctr_column(s), q.min_surface_ctr, q.max_surface_ctr, f"surface_ctr:{s}", True)
+        expect_between(ctr_column(s), q.min_surface_ctr, q.max_surface_ctr, f"surface_ctr:{s}", True)
         for s in cfg.surfaces
     ]
     out += [
-        _between(null_rate_column(c), 0.0, q.max_null_rate, f"null_rate:{c}", False)
+        expect_between(null_rate_column(c), 0.0, q.max_null_rate, f"null_rate:{c}", False)
         for c in nullable_event_columns()
     ]
     out += [
-        _between(DUPLICATE_RATE, 0.0, q.max_duplicate_rate, "duplicate_rate", True),
-        _between(QUARANTINE_RATE, 0.0, q.max_quarantine_rate, "quarantine_rate", True),
-        _between(BRONZE_ROWS_MINUS_RECORD, 0, 0, "bronze_rows_match_ingest_record", True),
-        _between(QUARANTINE_ROWS_MINUS_RECORD, 0, 0, "quarantine_rows_match_ingest_record", True),
+        expect_between(DUPLICATE_RATE, 0.0, q.max_duplicate_rate, "duplicate_rate", True),
+        expect_between(QUARANTINE_RATE, 0.0, q.max_quarantine_rate, "quarantine_rate", True),
+        expect_between(BRONZE_ROWS_MINUS_RECORD, 0, 0, "bronze_rows_match_ingest_record", True),
+        expect_between(QUARANTINE_ROWS_MINUS_RECORD, 0, 0, "quarantine_rows_match_ingest_record", True),
     ]
     return out
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gem.config import GemConfig
-from gem.quality import _between, _gxe, _meta, _severity
+from gem.quality import expect_between, expectation_severity, gx_expectations, rule_meta
 from schemas.examples import LABEL_COLUMNS
 from schemas.features import COUNT_METRICS, WINDOW_DAYS, counter_name
 from schemas.sequences import SEQUENCE_COLUMNS
@@ -35,17 +35,17 @@ if TYPE_CHECKING:
 
 def _rows_breaking(rule: str, where: str, critical: bool = True, select: str = "*") -> Expectation:
     """An expectation that no row of the batch matches `where`."""
-    return _gxe().UnexpectedRowsExpectation(
+    return gx_expectations().UnexpectedRowsExpectation(
         unexpected_rows_query=f"SELECT {select} FROM {{batch}} WHERE {where}",
         description=f"No row with: {where}",
-        meta=_meta(rule, critical),
-        severity=_severity(critical),
+        meta=rule_meta(rule, critical),
+        severity=expectation_severity(critical),
     )
 
 
 def _groups_breaking(rule: str, query: str, critical: bool = True) -> Expectation:
-    return _gxe().UnexpectedRowsExpectation(
-        unexpected_rows_query=query, description=rule, meta=_meta(rule, critical), severity=_severity(critical)
+    return gx_expectations().UnexpectedRowsExpectation(
+        unexpected_rows_query=query, description=rule, meta=rule_meta(rule, critical), severity=expectation_severity(critical)
     )
 
 
@@ -108,7 +108,7 @@ def sequence_margin_expectations(cfg: GemConfig) -> list[Expectation]:
     """Warnings: the busiest user of the day leaves at least min_sequence_margin of each cap."""
     margin = cfg.quality.min_sequence_margin
     return [
-        _between(day_events_column(seq), 0, int(cap * (1.0 - margin)), f"cap_margin:{seq}", False)
+        expect_between(day_events_column(seq), 0, int(cap * (1.0 - margin)), f"cap_margin:{seq}", False)
         for seq, cap in _caps(cfg).items()
     ]
 
@@ -129,13 +129,13 @@ def feature_expectations(cfg: GemConfig, key: str) -> list[Expectation]:
         _unique(f"one_row_per_{key}", key),
         _rows_breaking("windows_nested", _any_of(nested), select=key),
         _rows_breaking("surfaces_add_up", _any_of(added_up), select=key),
-        _gxe().ExpectColumnPairValuesAToBeGreaterThanB(
+        gx_expectations().ExpectColumnPairValuesAToBeGreaterThanB(
             column_A=counter_name("impressions", max(WINDOW_DAYS)),
             column_B=counter_name("clicks", max(WINDOW_DAYS)),
             or_equal=True,
             mostly=cfg.quality.min_clicks_within_impressions,
-            meta=_meta("clicks_within_impressions", True),
-            severity=_severity(True),
+            meta=rule_meta("clicks_within_impressions", True),
+            severity=expectation_severity(True),
         ),
     ]
 

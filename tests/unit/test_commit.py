@@ -140,7 +140,9 @@ def test_two_days_committing_at_once_record_their_own_versions(tmp_path):
         record = lakehouse.completion(cfg, "pretrain", d)
         version = record["table_versions"][GOLD_METRICS.name]
         meta = next(m for m, v in by_run.items() if v == version)
+        assert meta is not None, (d, record, DeltaTable(GOLD_METRICS.path(cfg.lakehouse_uri)).history())
         assert f'"ds": "{d}"' in meta and record["run_id"] in meta
+        assert record["rows_written"] == 2  # its own commit's rows, from that commit's metrics
         versions.append(version)
     assert len(set(versions)) == 2
     assert len(read_table(GOLD_METRICS.path(cfg.lakehouse_uri)).to_pylist()) == 4
