@@ -15,8 +15,9 @@ from pathlib import Path
 
 from gem.commit import StageContext
 from gem.config import load_config
+from gem.sources.synthetic_day import generate_day
 from gem.spark import get_spark
-from jobs import generate_events, ingest_events
+from jobs import ingest_events
 
 DAY = "2026-01-01"
 
@@ -33,7 +34,7 @@ def run_size(root: Path, events: int, master: str) -> dict[str, float]:
         environ={},
     )
     t0 = time.time()
-    generate_events.generate_day(cfg, DAY)
+    generate_day(cfg, DAY)
     gen_s = time.time() - t0
     spark = get_spark(cfg, app_name="bench-ingest")
     t1 = time.time()

@@ -18,7 +18,9 @@ import torch
 
 from gem.config import load_config
 from gem.data.batch import Batch, Jagged, Sparse
-from jobs import generate_events as gen
+from gem.sources.engagement import EngagementState, recent_engagement
+from gem.sources.simulation import simulate_chunk
+from gem.sources.world import DAY_MS, HISTORY_HALF_LIFE_HOURS, HOUR_MS, build_world
 
 SPARSE = ("user_id", "ad_id", "surface", "position")
 DENSE_DIM = 2
@@ -45,24 +47,24 @@ def simulate(days: int, impressions_per_day: int, users: int, ads: int, seed: in
     if history_weight is not None:
         generator["history_weight"] = history_weight
     cfg = load_config(overrides={"generator": generator}, environ={})
-    world = gen.build_world(cfg)
-    state = gen.EngagementState.fresh(world.n_users, world.latent_dim)
+    world = build_world(cfg)
+    state = EngagementState.fresh(world.n_users, world.latent_dim)
     rng = np.random.default_rng(seed)
-    half_life_ms = gen.HISTORY_HALF_LIFE_HOURS * gen.HOUR_MS
+    half_life_ms = HISTORY_HALF_LIFE_HOURS * HOUR_MS
     parts = []
     for day in range(days):
-        start = day * gen.DAY_MS
+        start = day * DAY_MS
         for first in range(0, impressions_per_day, CHUNK):
             n = min(CHUNK, impressions_per_day - first)
             lo, hi = first / impressions_per_day, (first + n) / impressions_per_day
-            times = start + np.sort((rng.uniform(lo, hi, size=n) * gen.DAY_MS).astype(np.int64))
-            chunk = gen.simulate_chunk(world, gen.recent_engagement(state), cfg.generator.history_weight, rng,
-                                       times, first, start + 30 * gen.DAY_MS)
+            times = start + np.sort((rng.uniform(lo, hi, size=n) * DAY_MS).astype(np.int64))
+            chunk = simulate_chunk(world, recent_engagement(state), cfg.generator.history_weight, rng,
+                                       times, first, start + 30 * DAY_MS)
             click_time = np.zeros(n, dtype=np.int64)
             click_time[chunk.clicked] = chunk.click_time
             parts.append((times, chunk.user, chunk.ad, chunk.surface, chunk.position, chunk.clicked, click_time,
                           np.full(n, day)))
-            state.decay_and_add(0.5 ** ((hi - lo) * gen.DAY_MS / half_life_ms), chunk.user[chunk.clicked],
+            state.decay_and_add(0.5 ** ((hi - lo) * DAY_MS / half_life_ms), chunk.user[chunk.clicked],
                                 world.ad_latent[chunk.ad[chunk.clicked]])
     cols = [np.concatenate(c) for c in zip(*parts, strict=True)]
     return Traffic(*cols, objective=world.ad_objective, surfaces=world.surfaces)

@@ -174,7 +174,8 @@ def test_cli_rejects_a_malformed_day():
 def test_generated_days_reconcile_exactly_with_the_planted_dirty_rows(spark, tmp_path):
     """The generator's sidecars say how many lines of each dirty kind it planted per arrival day;
     ingest must quarantine exactly those, with the mapped reasons, and keep every clean line."""
-    from jobs.generate_events import expected_landing_counts, generate_day
+    from gem.sources.landing_output import expected_landing_counts
+    from gem.sources.synthetic_day import generate_day
 
     cfg = make_config(tmp_path, generator={"dirty_fraction": 0.02})
     for ds in (DAY, "2026-01-02"):

@@ -17,9 +17,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import jobs.generate_events as ge
 from gem.config import GemConfig
 from gem.landing import MissingLandingPartition, partition_dir, read_manifest, require_partition
+from gem.sources.engagement import IncompatibleGeneratorState, MissingGeneratorState, load_state, recent_engagement
+from gem.sources.landing_output import expected_landing_counts, sidecar_path
+from gem.sources.synthetic_day import generate_day
+from gem.sources.world import ARRIVAL_DAYS, OBJECTIVE_CONVERSION_TYPE, build_world
 from schemas.events import DIRTY_KIND_REASON, ID_COLUMNS, LANDING_EVENTS
 from schemas.tasks import CONVERSION_TYPES, CREATIVE_TYPES, EVENT_TYPES, OBJECTIVES, SURFACES
 from tests.support import PYTHON, REPO, make_config, subprocess_env
@@ -50,7 +53,7 @@ def _raw_lines(cfg: GemConfig, arrival_ds: str, source_ds: str) -> list[str]:
 def _clean_events(cfg: GemConfig, source_ds: str) -> pd.DataFrame:
     """Every clean event generator day `source_ds` wrote, with its arrival day (cfg must have no dirt)."""
     records, arrival_days = [], []
-    for offset in range(ge.ARRIVAL_DAYS):
+    for offset in range(ARRIVAL_DAYS):
         arrival = _shift(source_ds, offset)
         lines = _raw_lines(cfg, arrival, source_ds)
         records += [json.loads(line) for line in lines]
@@ -140,36 +143,36 @@ def _count_file_kinds(lines: list[str], arrival_ds: str, far_future_days: int) -
 
 def test_same_seed_writes_byte_identical_files_in_separate_folders(tmp_path: Path) -> None:
     cfg_a, cfg_b = make_config(tmp_path / "a"), make_config(tmp_path / "b")
-    ge.generate_day(cfg_a, DAY1)
-    ge.generate_day(cfg_b, DAY1)
+    generate_day(cfg_a, DAY1)
+    generate_day(cfg_b, DAY1)
     snapshot_a = _snapshot(cfg_a)
     assert snapshot_a == _snapshot(cfg_b)
     assert f"_generator/state/ds={DAY1}.npz" in snapshot_a
-    assert sum(name.endswith(".json.gz") for name in snapshot_a) == ge.ARRIVAL_DAYS
+    assert sum(name.endswith(".json.gz") for name in snapshot_a) == ARRIVAL_DAYS
 
     cfg_other_seed = make_config(tmp_path / "c", generator={"seed": 8})
-    ge.generate_day(cfg_other_seed, DAY1)
+    generate_day(cfg_other_seed, DAY1)
     assert _snapshot(cfg_other_seed) != snapshot_a
 
 
 def test_rerun_of_a_day_is_idempotent(tmp_path: Path) -> None:
     cfg = make_config(tmp_path)
-    ge.generate_day(cfg, DAY1)
-    first_manifest = ge.generate_day(cfg, DAY2)
+    generate_day(cfg, DAY1)
+    first_manifest = generate_day(cfg, DAY2)
     before = _snapshot(cfg)
-    assert ge.generate_day(cfg, DAY2) == first_manifest
+    assert generate_day(cfg, DAY2) == first_manifest
     assert _snapshot(cfg) == before
     assert not [name for name in before if ".tmp" in name]
 
 
 def test_only_the_generated_day_is_marked_complete(tmp_path: Path) -> None:
     cfg = make_config(tmp_path)
-    manifest = ge.generate_day(cfg, DAY1)
+    manifest = generate_day(cfg, DAY1)
     assert read_manifest(cfg.landing_root, DAY1) == manifest
     assert require_partition(cfg.landing_root, DAY1)
     with pytest.raises(MissingLandingPartition, match="incomplete"):
         require_partition(cfg.landing_root, DAY2)
-    assert sorted(manifest["files"]) == [_shift(DAY1, k) for k in range(ge.ARRIVAL_DAYS)]
+    assert sorted(manifest["files"]) == [_shift(DAY1, k) for k in range(ARRIVAL_DAYS)]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -178,36 +181,36 @@ def test_only_the_generated_day_is_marked_complete(tmp_path: Path) -> None:
 
 def test_day_fails_clearly_when_previous_state_is_missing_but_earlier_exists(tmp_path: Path) -> None:
     cfg = make_config(tmp_path)
-    ge.generate_day(cfg, DAY1)
-    with pytest.raises(ge.MissingGeneratorState, match=rf"ds={DAY2}\.npz"):
-        ge.generate_day(cfg, DAY3)
+    generate_day(cfg, DAY1)
+    with pytest.raises(MissingGeneratorState, match=rf"ds={DAY2}\.npz"):
+        generate_day(cfg, DAY3)
     assert not (partition_dir(cfg.landing_root, DAY3) / "_SUCCESS").exists()
 
 
 def test_next_day_continues_from_the_previous_days_state(tmp_path: Path) -> None:
     continued = make_config(tmp_path / "continued")
-    ge.generate_day(continued, DAY1)
-    ge.generate_day(continued, DAY2)
+    generate_day(continued, DAY1)
+    generate_day(continued, DAY2)
     fresh = make_config(tmp_path / "fresh")  # no earlier state at all: DAY2 starts fresh
-    ge.generate_day(fresh, DAY2)
+    generate_day(fresh, DAY2)
 
-    day1 = ge.load_state(continued, DAY1)
+    day1 = load_state(continued, DAY1)
     assert day1.clicked_weight.sum() > 0
-    continued_day2, fresh_day2 = ge.load_state(continued, DAY2), ge.load_state(fresh, DAY2)
+    continued_day2, fresh_day2 = load_state(continued, DAY2), load_state(fresh, DAY2)
     assert not np.allclose(continued_day2.clicked_sum, fresh_day2.clicked_sum)
     # Two generator days both feed arrival day DAY2; the expected counts add both sidecars.
-    expected = ge.expected_landing_counts(continued.landing_root, DAY2)
+    expected = expected_landing_counts(continued.landing_root, DAY2)
     sidecars = [
-        json.loads(ge.sidecar_path(continued.landing_root, DAY2, source).read_text()) for source in (DAY1, DAY2)
+        json.loads(sidecar_path(continued.landing_root, DAY2, source).read_text()) for source in (DAY1, DAY2)
     ]
     assert expected["clean"] == sum(s["clean"] for s in sidecars)
 
 
 def test_state_from_another_world_is_rejected(tmp_path: Path) -> None:
-    ge.generate_day(make_config(tmp_path), DAY1)
+    generate_day(make_config(tmp_path), DAY1)
     bigger_world = make_config(tmp_path, generator={"users": 600})
-    with pytest.raises(ge.IncompatibleGeneratorState, match="users"):
-        ge.generate_day(bigger_world, DAY2)
+    with pytest.raises(IncompatibleGeneratorState, match="users"):
+        generate_day(bigger_world, DAY2)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -216,7 +219,7 @@ def test_state_from_another_world_is_rejected(tmp_path: Path) -> None:
 
 def test_conversions_follow_their_click_and_arrive_in_later_partitions(tmp_path: Path) -> None:
     cfg = make_config(tmp_path, generator={"events_per_day": 30_000, "chunk_impressions": 7_000, "dirty_fraction": 0.0})
-    ge.generate_day(cfg, DAY1)
+    generate_day(cfg, DAY1)
     events = _clean_events(cfg, DAY1)
     event_day = pd.to_datetime(events.event_time, unit="ms", utc=True).dt.strftime("%Y-%m-%d")
     assert (event_day == events.arrival_ds).all(), "every event lands in the partition of its UTC event date"
@@ -231,7 +234,7 @@ def test_conversions_follow_their_click_and_arrive_in_later_partitions(tmp_path:
     same = ["user_id", "ad_id", "advertiser_id", "campaign_id", "objective", "creative_type", "surface"]
     assert (conversions[same].to_numpy() == click_of[same].to_numpy()).all()
     assert conversions.position.isna().all() and conversions.conversion_type.notna().all()
-    expected_type = conversions.objective.map(ge.OBJECTIVE_CONVERSION_TYPE)
+    expected_type = conversions.objective.map(OBJECTIVE_CONVERSION_TYPE)
     assert (conversions.conversion_type == expected_type).all()
     assert events.loc[events.event_type != "conversion", "conversion_type"].isna().all()
 
@@ -262,7 +265,7 @@ def big_day(tmp_path_factory: pytest.TempPathFactory) -> tuple[GemConfig, pd.Dat
             "dirty_fraction": 0.0,
         },
     )
-    ge.generate_day(cfg, DAY1)
+    generate_day(cfg, DAY1)
     return cfg, _impressions_with_clicks(_clean_events(cfg, DAY1))
 
 
@@ -306,10 +309,10 @@ def _alignment_lift(tmp_path: Path, history_weight: float) -> float:
             "dirty_fraction": 0.0,
         },
     )
-    ge.generate_day(cfg, DAY1)
-    ge.generate_day(cfg, DAY2)
-    world = ge.build_world(cfg)
-    history = ge.recent_engagement(ge.load_state(cfg, DAY1))  # (users, dim)
+    generate_day(cfg, DAY1)
+    generate_day(cfg, DAY2)
+    world = build_world(cfg)
+    history = recent_engagement(load_state(cfg, DAY1))  # (users, dim)
     lines = _raw_lines(cfg, DAY2, DAY2)
     events = pd.DataFrame([json.loads(line) for line in lines], columns=COLUMNS)
     impressions = _impressions_with_clicks(events)
@@ -336,12 +339,12 @@ def test_recent_clicks_carry_signal_for_the_next_clicks(tmp_path: Path) -> None:
 
 def test_every_dirty_kind_is_planted_and_counted_exactly(tmp_path: Path) -> None:
     cfg = make_config(tmp_path, generator={"dirty_fraction": 0.05})
-    manifest = ge.generate_day(cfg, DAY1)
+    manifest = generate_day(cfg, DAY1)
     total_dirty = dict.fromkeys(DIRTY_KIND_REASON, 0)
-    for offset in range(ge.ARRIVAL_DAYS):
+    for offset in range(ARRIVAL_DAYS):
         arrival = _shift(DAY1, offset)
         clean, counts = _count_file_kinds(_raw_lines(cfg, arrival, DAY1), arrival, cfg.ingest.far_future_days)
-        sidecar = json.loads(ge.sidecar_path(cfg.landing_root, arrival, DAY1).read_text())
+        sidecar = json.loads(sidecar_path(cfg.landing_root, arrival, DAY1).read_text())
         assert (sidecar["clean"], sidecar["dirty"]) == (clean, counts)
         assert manifest["files"][arrival] == sidecar
         assert sidecar["clean"] == sum(sidecar["clean_by_event_type"].values())
@@ -349,7 +352,7 @@ def test_every_dirty_kind_is_planted_and_counted_exactly(tmp_path: Path) -> None
         total_dirty = {k: total_dirty[k] + counts[k] for k in counts}
     assert all(total_dirty.values()), f"some dirty kinds never planted: {total_dirty}"
 
-    expected = ge.expected_landing_counts(cfg.landing_root, DAY1)
+    expected = expected_landing_counts(cfg.landing_root, DAY1)
     day1 = manifest["files"][DAY1]
     assert expected["clean"] == day1["clean"]
     by_reason: dict[str, int] = {}
@@ -361,7 +364,7 @@ def test_every_dirty_kind_is_planted_and_counted_exactly(tmp_path: Path) -> None
 
 def test_dirty_copies_get_fresh_unique_ids(tmp_path: Path) -> None:
     cfg = make_config(tmp_path, generator={"dirty_fraction": 0.05})
-    ge.generate_day(cfg, DAY1)
+    generate_day(cfg, DAY1)
     ids = []
     for line in _raw_lines(cfg, DAY1, DAY1):
         try:

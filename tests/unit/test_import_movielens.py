@@ -15,16 +15,9 @@ from pathlib import Path
 import pytest
 
 from gem.landing import SUCCESS_MARKER, read_manifest, require_partition
-from jobs.import_movielens import (
-    FALLBACK_SURFACE,
-    GENRE_SURFACE,
-    LANDING_FILE_NAME,
-    ML100K_GENRES,
-    MovieLensFormatError,
-    detect_format,
-    import_movielens,
-    main,
-)
+from gem.sources.movielens_events import FALLBACK_SURFACE, GENRE_SURFACE, LANDING_FILE_NAME, import_movielens
+from gem.sources.movielens_format import ML100K_GENRES, MovieLensFormatError, detect_format
+from jobs.import_movielens import main
 from schemas.events import LANDING_EVENTS
 from schemas.tasks import CONVERSION_TYPES, CREATIVE_TYPES, OBJECTIVES, SURFACES
 from tests.support import FIXTURES as SHARED_FIXTURES
@@ -138,7 +131,7 @@ def test_format_is_detected_from_files(fmt: str) -> None:
 
 
 def test_fixed_choices_are_in_the_vocabulary() -> None:
-    from jobs import import_movielens as job
+    from gem.sources import movielens_events as job
 
     assert set(GENRE_SURFACE.values()) | {FALLBACK_SURFACE} <= set(SURFACES)
     assert 5 <= len(set(GENRE_SURFACE.values()) | {FALLBACK_SURFACE}) <= 6

@@ -1,0 +1,160 @@
+"""One time-ordered chunk of a day's traffic: impressions, the clicks they draw, the conversions
+those clicks draw, vectorized with numpy (bounded memory: one chunk of
+`generator.chunk_impressions` at a time).
+
+Impression times follow a diurnal curve; the click logit adds the surface's base rate, position
+bias, user-ad affinity, the ad's quality bias and the user's recent engagement; conversions follow
+clicks by up to 7 days and depend on affinity and the campaign objective.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from gem.sources.world import (
+    CLICK_DELAY_MAX_S,
+    CLICK_DELAY_MEDIAN_S,
+    CLICK_DELAY_SIGMA,
+    CONVERSION_DELAY_BETA,
+    CONVERSION_MAX_DELAY_DAYS,
+    CVR_AFFINITY_WEIGHT,
+    DAY_MS,
+    DIURNAL_AMPLITUDE,
+    DIURNAL_PEAK_HOUR,
+    MAX_POSITION,
+    POSITION_GEOMETRIC_P,
+    World,
+    sample_from_cdf,
+)
+
+# ==================================================================================================
+# Time of day.
+
+
+@dataclass(frozen=True)
+class DiurnalClock:
+    """Inverse CDF of the daily traffic curve: quantile of the day's traffic -> ms since midnight."""
+
+    cdf: np.ndarray  # (1441,) float64, 0 -> 1
+    ms: np.ndarray  # (1441,) float64, 0 -> DAY_MS
+
+    @classmethod
+    def build(cls) -> DiurnalClock:
+        minutes = np.arange(1440, dtype=np.float64) + 0.5
+        intensity = 1.0 + DIURNAL_AMPLITUDE * np.cos(2 * np.pi * (minutes / 60.0 - DIURNAL_PEAK_HOUR) / 24.0)
+        cdf = np.concatenate([[0.0], np.cumsum(intensity)])
+        return cls(cdf=cdf / cdf[-1], ms=np.arange(1441, dtype=np.float64) * 60_000.0)
+
+    def ms_of_day(self, quantiles: np.ndarray) -> np.ndarray:
+        """Milliseconds after midnight (int64, < DAY_MS) at which these traffic quantiles fall."""
+        return np.minimum(np.interp(quantiles, self.cdf, self.ms).astype(np.int64), DAY_MS - 1)
+
+
+# ==================================================================================================
+# One chunk of the day's simulation.
+
+
+@dataclass(frozen=True)
+class ChunkEvents:
+    """The events caused by one time-ordered chunk of impressions (index arrays, no objects)."""
+
+    impression_index: np.ndarray  # (n,) int64: impression number within the day
+    impression_time: np.ndarray  # (n,) int64 epoch ms, sorted
+    user: np.ndarray  # (n,) int64
+    ad: np.ndarray  # (n,) int64
+    surface: np.ndarray  # (n,) int64 index into World.surfaces
+    position: np.ndarray  # (n,) int64
+    clicked: np.ndarray  # (n,) bool
+    click_time: np.ndarray  # (clicks,) int64 epoch ms, for impressions where clicked
+    converted: np.ndarray  # (clicks,) bool
+    conversion_time: np.ndarray  # (conversions,) int64 epoch ms, for clicks where converted
+
+
+def _draw_impressions(
+    world: World, rng: np.random.Generator, n: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Who saw which ad where: users by activity, surface by the user's preference, ad, position."""
+    user = sample_from_cdf(world.user_activity_cdf, rng.random(n))
+    surface_cdf = world.user_surface_cdf[user]  # (n, surfaces)
+    surface = np.minimum((rng.random(n)[:, None] >= surface_cdf).sum(axis=1), len(world.surfaces) - 1)
+    ad = sample_from_cdf(world.ad_popularity_cdf, rng.random(n))
+    position = np.minimum(rng.geometric(POSITION_GEOMETRIC_P, size=n) - 1, MAX_POSITION)
+    return user, surface.astype(np.int64), ad, position.astype(np.int64)
+
+
+def click_logit(
+    world: World,
+    history: np.ndarray,
+    history_weight: float,
+    user: np.ndarray,
+    ad: np.ndarray,
+    surface: np.ndarray,
+    position: np.ndarray,
+) -> np.ndarray:
+    """logit(base_ctr[surface]) - decay[surface]*position + u.a + w * h_u.a + ad bias; shape (n,)."""
+    ad_vectors = world.ad_latent[ad]  # (n, dim)
+    affinity = np.einsum("nd,nd->n", world.user_latent[user], ad_vectors)
+    recency = np.einsum("nd,nd->n", history[user], ad_vectors)
+    return (
+        world.surface_base_logit[surface]
+        - world.surface_position_decay[surface] * position
+        + affinity
+        + history_weight * recency
+        + world.ad_bias[ad]
+    )
+
+
+def conversion_logit(world: World, user: np.ndarray, ad: np.ndarray) -> np.ndarray:
+    """logit(base CVR of the ad's objective) + affinity weight * u.a; shape (clicks,)."""
+    affinity = np.einsum("nd,nd->n", world.user_latent[user], world.ad_latent[ad])
+    return world.ad_base_cvr_logit[ad] + CVR_AFFINITY_WEIGHT * affinity
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def simulate_chunk(
+    world: World,
+    history: np.ndarray,
+    history_weight: float,
+    rng: np.random.Generator,
+    impression_times: np.ndarray,
+    first_index: int,
+    last_arrival_end_ms: int,
+) -> ChunkEvents:
+    """Impressions at the given sorted times, their clicks, and the clicks' conversions.
+
+    Conversions are clipped to end before `last_arrival_end_ms` (the end of day D+7), which only
+    affects clicks after midnight with delays near 7 days.
+    """
+    n = len(impression_times)
+    user, surface, ad, position = _draw_impressions(world, rng, n)
+    p_click = _sigmoid(click_logit(world, history, history_weight, user, ad, surface, position))
+    clicked = rng.random(n) < p_click
+    n_clicks = int(clicked.sum())
+    click_delay_s = np.minimum(
+        rng.lognormal(np.log(CLICK_DELAY_MEDIAN_S), CLICK_DELAY_SIGMA, size=n_clicks), CLICK_DELAY_MAX_S
+    )
+    click_time = impression_times[clicked] + (1000.0 * click_delay_s).astype(np.int64)
+
+    click_user, click_ad = user[clicked], ad[clicked]
+    converted = rng.random(len(click_time)) < _sigmoid(conversion_logit(world, click_user, click_ad))
+    delay_fraction = rng.beta(*CONVERSION_DELAY_BETA, size=int(converted.sum()))
+    max_delay_ms = CONVERSION_MAX_DELAY_DAYS * DAY_MS
+    conversion_delay = np.minimum((delay_fraction * max_delay_ms).astype(np.int64), max_delay_ms - 1)
+    conversion_time = np.minimum(click_time[converted] + conversion_delay, last_arrival_end_ms - 1)
+    return ChunkEvents(
+        impression_index=np.arange(first_index, first_index + n, dtype=np.int64),
+        impression_time=impression_times,
+        user=user,
+        ad=ad,
+        surface=surface,
+        position=position,
+        clicked=clicked,
+        click_time=click_time,
+        converted=converted,
+        conversion_time=conversion_time,
+    )

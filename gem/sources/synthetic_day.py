@@ -1,0 +1,132 @@
+"""One synthetic day end to end: `generate_day(cfg, ds)` simulates day D of the seed's world chunk by
+chunk, writes its landing files by arrival day, saves the day's engagement state and marks ds
+complete (`_SUCCESS` holding the run's manifest) last. Only ds=D is marked: later arrival days are
+completed by their own generator day. Rerunning a ds writes byte-identical files, sidecars, marker
+and state.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+import numpy as np
+
+from gem.config import GemConfig
+from gem.landing import clear_partition_complete, mark_partition_complete
+from gem.sources.engagement import EngagementState, recent_engagement, save_state, state_before, world_fingerprint
+from gem.sources.landing_output import ArrivalFiles, conversion_lines, line_head, positioned_lines
+from gem.sources.simulation import ChunkEvents, DiurnalClock, simulate_chunk
+from gem.sources.world import (
+    ARRIVAL_DAYS,
+    DAY_MS,
+    DIRTY_STREAM,
+    EPOCH,
+    HISTORY_HALF_LIFE_HOURS,
+    HOUR_MS,
+    PRODUCER,
+    SIMULATION_STREAM,
+    World,
+    build_world,
+)
+
+# ==================================================================================================
+# The day.
+
+
+def _day_start_ms(ds: str) -> int:
+    return (dt.date.fromisoformat(ds) - EPOCH).days * DAY_MS
+
+
+def _write_chunk(
+    files: ArrivalFiles, world: World, ymd: str, chunk: ChunkEvents, day_start_ms: int, rng: np.random.Generator
+) -> int:
+    """Route a chunk's impressions, clicks and conversions to their arrival-day files; lines written."""
+    click_offset = (chunk.click_time - day_start_ms) // DAY_MS  # (clicks,) 0 or 1
+    conversion_offset = (chunk.conversion_time - day_start_ms) // DAY_MS  # (conversions,) 0..7
+    click_impression_rows = np.flatnonzero(chunk.clicked)  # (clicks,)
+    impression_head, click_head = line_head(ymd, "impression", ""), line_head(ymd, "click", "-c")
+    written = 0
+    for offset in range(ARRIVAL_DAYS):
+        clicks = np.flatnonzero(click_offset == offset)
+        impressions = np.arange(len(chunk.impression_time)) if offset == 0 else np.arange(0)
+        lines_by_type = {
+            "impression": positioned_lines(
+                world, impression_head, impressions, chunk.impression_time[impressions], chunk
+            ),
+            "click": positioned_lines(
+                world, click_head, click_impression_rows[clicks], chunk.click_time[clicks], chunk
+            ),
+            "conversion": conversion_lines(world, ymd, chunk, np.flatnonzero(conversion_offset == offset)),
+        }
+        written += files.write(offset, lines_by_type, rng)
+    return written
+
+
+def _simulate_day(cfg: GemConfig, ds: str, world: World, state: EngagementState, files: ArrivalFiles) -> dict[str, int]:
+    """Simulate day `ds` chunk by chunk into `files`, updating `state` after each chunk; event totals.
+
+    Chunk k covers the traffic quantiles [k*C/N, (k+1)*C/N) of the diurnal curve, so chunks are
+    time-ordered and history decays by the wall-clock span each chunk covers.
+    """
+    g = cfg.generator
+    if g.chunk_impressions <= 0:
+        raise ValueError(f"generator.chunk_impressions must be positive, got {g.chunk_impressions}")
+    ymd = dt.date.fromisoformat(ds).strftime("%Y%m%d")
+    sim_rng = np.random.default_rng([g.seed, SIMULATION_STREAM, int(ymd)])
+    dirty_rng = np.random.default_rng([g.seed, DIRTY_STREAM, int(ymd)])
+    clock = DiurnalClock.build()
+    day_start_ms = _day_start_ms(ds)
+    last_arrival_end_ms = day_start_ms + ARRIVAL_DAYS * DAY_MS
+    half_life_ms = HISTORY_HALF_LIFE_HOURS * HOUR_MS
+    totals = {"impression": 0, "click": 0, "conversion": 0}
+    for first in range(0, g.events_per_day, g.chunk_impressions):
+        n = min(g.chunk_impressions, g.events_per_day - first)
+        lo, hi = first / g.events_per_day, (first + n) / g.events_per_day
+        times = day_start_ms + clock.ms_of_day(np.sort(sim_rng.uniform(lo, hi, size=n)))
+        chunk = simulate_chunk(
+            world, recent_engagement(state), g.history_weight, sim_rng, times, first, last_arrival_end_ms
+        )
+        _write_chunk(files, world, ymd, chunk, day_start_ms, dirty_rng)
+        window_ms = float(clock.ms_of_day(np.asarray([hi]))[0] - clock.ms_of_day(np.asarray([lo]))[0])
+        clicked_ads = chunk.ad[chunk.clicked]
+        state.decay_and_add(0.5 ** (window_ms / half_life_ms), chunk.user[chunk.clicked], world.ad_latent[clicked_ads])
+        totals["impression"] += n
+        totals["click"] += len(chunk.click_time)
+        totals["conversion"] += len(chunk.conversion_time)
+    return totals
+
+
+def generate_day(cfg: GemConfig, ds: str) -> dict[str, Any]:
+    """Simulate day `ds`, write its landing files and state, mark ds complete; the run's manifest.
+
+    Order: landing files (each with its sidecar), then the day's state, then ds's `_SUCCESS` last,
+    so a reader that sees the marker sees everything; a failed run leaves no marker and no state.
+    """
+    g = cfg.generator
+    world = build_world(cfg)
+    state = state_before(cfg, ds, world)
+    clear_partition_complete(cfg.landing_root, ds)
+    files = ArrivalFiles(cfg, ds)
+    try:
+        totals = _simulate_day(cfg, ds, world, state, files)
+        file_manifests = files.commit()
+    except BaseException:
+        files.abort()
+        raise
+
+    save_state(cfg, ds, state)
+    manifest = {
+        "producer": PRODUCER,
+        "ds": ds,
+        "seed": g.seed,
+        "world": json.loads(world_fingerprint(cfg)),
+        "events": totals,
+        "lines": sum(m["lines"] for m in file_manifests.values()),
+        "dirty": sum(sum(m["dirty"].values()) for m in file_manifests.values()),
+        "files": file_manifests,
+        "state": f"_generator/state/ds={ds}.npz",
+    }
+    mark_partition_complete(cfg.landing_root, ds, manifest)
+    return manifest
