@@ -13,10 +13,10 @@ import shutil
 import time
 from pathlib import Path
 
-from gem.commit import StageContext
 from gem.config import load_config
+from gem.lakehouse.commit import StageContext
+from gem.lakehouse.spark import get_spark
 from gem.sources.synthetic_day import generate_day
-from gem.spark import get_spark
 from jobs import ingest_events
 
 DAY = "2026-01-01"

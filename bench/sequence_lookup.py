@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.silver_incremental import START, _config
-from gem import lakehouse
 from gem.cli import shift_day
+from gem.lakehouse import tables
 from jobs import build_sequences
 from schemas.events import BRONZE_AD_EVENTS
 from schemas.sequences import SILVER_USER_SEQUENCES
@@ -34,7 +34,7 @@ def _noop(df: Any) -> float:
 def main() -> None:
     from pyspark.sql import functions as F
 
-    from gem.spark import get_spark
+    from gem.lakehouse.spark import get_spark
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", default="/tmp/gem-bench-silver")
@@ -45,8 +45,8 @@ def main() -> None:
     spark = get_spark(cfg, app_name="bench-sequence-lookup")
     ds = shift_day(START, args.days - 1)
     day = F.lit(ds).cast("date")
-    sequences = lakehouse.read_table(spark, cfg, SILVER_USER_SEQUENCES)
-    users = lakehouse.read_table(spark, cfg, BRONZE_AD_EVENTS).where(F.col("ds") == day).select("user_id").distinct()
+    sequences = tables.read_table(spark, cfg, SILVER_USER_SEQUENCES)
+    users = tables.read_table(spark, cfg, BRONZE_AD_EVENTS).where(F.col("ds") == day).select("user_id").distinct()
     history = sequences.where(F.col("ds") < day)
     latest_keys = (history.select("user_id", "ds").join(users, "user_id", "left_semi")
                    .groupBy("user_id").agg(F.max("ds").alias("ds")))

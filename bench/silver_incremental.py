@@ -35,9 +35,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gem import lakehouse
 from gem.cli import day_range, shift_day
 from gem.config import GemConfig, load_config
+from gem.lakehouse import tables
+from gem.lakehouse.commit import StageContext
 from jobs import build_features, build_sequences
 from schemas.events import BRONZE_AD_EVENTS
 from schemas.features import COUNT_METRICS, RATE_METRICS, SCOPES, WINDOW_DAYS, counter_name
@@ -96,13 +97,13 @@ def synth_bronze(spark: Any, cfg: GemConfig, days: list[str], events_per_day: in
     rows = rows.withColumn("position", F.when(F.col("event_type") != "conversion", F.col("position"))).withColumn(
         "conversion_type", F.when(F.col("event_type") == "conversion", F.lit("offsite_purchase"))
     )
-    path = lakehouse.ensure_table(spark, cfg, BRONZE_AD_EVENTS)
+    path = tables.ensure_table(spark, cfg, BRONZE_AD_EVENTS)
     rows.select(*BRONZE_AD_EVENTS.column_names).write.format("delta").mode("append").save(path)
     now = dt.datetime.now()
     records = [{"stage": "validate_events", "ds": dt.date.fromisoformat(d), "run_id": f"bench:{d}",
                 "rows_in": events_per_day, "rows_written": events_per_day, "rows_quarantined": 0,
                 "quarantined_by_reason": {}, "table_versions": {}, "completed_at": now} for d in days]
-    completions = lakehouse.ensure_table(spark, cfg, COMPLETIONS)
+    completions = tables.ensure_table(spark, cfg, COMPLETIONS)
     spark.createDataFrame(records, COMPLETIONS.spark_schema()).write.format("delta").mode("append").save(completions)
     return n
 
@@ -115,7 +116,7 @@ def spark_full_sequences(spark: Any, cfg: GemConfig, ds: str, out: str) -> dict[
     """Every user's sequences as of the end of ds from all bronze up to ds, written to `out`."""
     from pyspark.sql import functions as F
 
-    events = lakehouse.read_table(spark, cfg, BRONZE_AD_EVENTS).where(F.col("ds") <= F.lit(ds).cast("date"))
+    events = tables.read_table(spark, cfg, BRONZE_AD_EVENTS).where(F.col("ds") <= F.lit(ds).cast("date"))
     empty = spark.createDataFrame([], SILVER_USER_SEQUENCES.spark_schema())
     rows = build_sequences.merge_sequences(empty, events.withColumn("ds", F.lit(ds).cast("date")), cfg.sequence_caps)
     rows.write.format("delta").mode("overwrite").save(out)
@@ -135,7 +136,7 @@ def _feature_totals_of_day(spark: Any, cfg: GemConfig, ds: str) -> dict[str, int
     """silver.user_features ds: its row count and the sum of each all-surfaces counter."""
     from pyspark.sql import functions as F
 
-    rows = lakehouse.read_table(spark, cfg, build_features.SILVER_USER_FEATURES).where(F.col("ds") == F.lit(ds).cast("date"))
+    rows = tables.read_table(spark, cfg, build_features.SILVER_USER_FEATURES).where(F.col("ds") == F.lit(ds).cast("date"))
     cols = [counter_name(m, w) for w in WINDOW_DAYS for m in COUNT_METRICS.values()]
     r = rows.agg(F.count("*").alias("rows"), *[F.sum(c).alias(c) for c in cols]).collect()[0].asDict()
     return {k: int(v) for k, v in r.items()}
@@ -149,7 +150,7 @@ def bronze_files(cfg: GemConfig, first: str, last: str) -> list[str]:
     """Parquet files of bronze arrival days first..last, from the Delta log (not a folder listing)."""
     from gem.data.delta_log import logged_files, table_version
 
-    path = lakehouse.table_path(cfg, BRONZE_AD_EVENTS)
+    path = tables.table_path(cfg, BRONZE_AD_EVENTS)
     return [f.path for f in logged_files(path, table_version(path)) if first <= f.partition["ds"] <= last]
 
 
@@ -247,7 +248,7 @@ def duckdb_only(args: argparse.Namespace) -> dict[str, Any]:
     """--duckdb-only: the DuckDB half over the bronze files and Spark outputs an earlier run of this
     benchmark left in --root (its Spark figures are in that run's output); the outputs are checked
     against Spark's tables before any figure is printed."""
-    from gem.spark import get_spark
+    from gem.lakehouse.spark import get_spark
 
     root = Path(args.root)
     cfg = _config(root, args.master)
@@ -291,7 +292,7 @@ def _duckdb_half(args: argparse.Namespace, cfg: GemConfig, last: str, full_total
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
-    from gem.spark import get_spark
+    from gem.lakehouse.spark import get_spark
 
     root = Path(args.root)
     shutil.rmtree(root, ignore_errors=True)
@@ -304,47 +305,47 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     chain_s, compaction_s = [], []
     for d in days[:-1]:
-        built, s = _timed(build_sequences.run, cfg, d, spark)
+        built, s = _timed(build_sequences.run, StageContext(cfg, spark), d)
         chain_s.append(s)
-        if built.compacted_users is not None:
-            compaction_s.append(built.compaction_seconds)
-        compacted = (f" (of which compaction of {built.compacted_users:,} users {built.compaction_seconds:.1f}s)"
-                     if built.compacted_users is not None else "")
+        if built.details["compacted_users"] is not None:
+            compaction_s.append(built.details["compaction_seconds"])
+        compacted = (f" (of which compaction of {built.details['compacted_users']:,} users {built.details['compaction_seconds']:.1f}s)"
+                     if built.details["compacted_users"] is not None else "")
         print(f"  build_sequences {d}: {s:.1f}s{compacted}", flush=True)
-    seq_inc, seq_inc_s = _timed(build_sequences.run, cfg, last, spark)
+    seq_inc, seq_inc_s = _timed(build_sequences.run, StageContext(cfg, spark), last)
     # A compaction day pays for the next `sequence_compaction_days` days' bounded lookups: its cost
     # spread over them is added to the day-N update (the figure the goal is checked against).
     period = cfg.sequence_compaction_days
     # The latest compaction (the one day N reads; each costs more as users accumulate) sets the share.
     compaction_share_s = compaction_s[-1] / period if compaction_s else 0.0
-    if seq_inc.compacted_users is not None:  # day N itself compacted: count its share, not all of it
-        seq_inc_s -= seq_inc.compaction_seconds - seq_inc.compaction_seconds / period
-    seq_amortized_s = seq_inc_s + (compaction_share_s if seq_inc.compacted_users is None else 0.0)
-    prep, prep_s = _timed(build_features.run, cfg, shift_day(last, -1), spark)
+    if seq_inc.details["compacted_users"] is not None:  # day N itself compacted: count its share, not all of it
+        seq_inc_s -= seq_inc.details["compaction_seconds"] - seq_inc.details["compaction_seconds"] / period
+    seq_amortized_s = seq_inc_s + (compaction_share_s if seq_inc.details["compacted_users"] is None else 0.0)
+    prep, prep_s = _timed(build_features.run, StageContext(cfg, spark), shift_day(last, -1))
     print(f"  build_features {prep.ds} (full: the state day N advances from): {prep_s:.1f}s", flush=True)
-    feats, feat_s = _timed(build_features.run, cfg, last, spark)
-    assert feats.incremental, "build_features day N should advance from day N-1"
-    print(f"incremental {last}: sequences {seq_inc_s:.1f}s ({seq_inc.users:,} active users), "
-          f"features {feat_s:.1f}s ({feats.users:,} users)", flush=True)
+    feats, feat_s = _timed(build_features.run, StageContext(cfg, spark), last)
+    assert feats.details["incremental"], "build_features day N should advance from day N-1"
+    print(f"incremental {last}: sequences {seq_inc_s:.1f}s ({seq_inc.details['users']:,} active users), "
+          f"features {feat_s:.1f}s ({feats.details['users']:,} users)", flush=True)
     inc_features = _feature_totals_of_day(spark, cfg, last)
 
     full_path = str(root / "full_sequences")
     full_totals, seq_full_s = _timed(spark_full_sequences, spark, cfg, last, full_path)
-    feats_full, feat_full_s = _timed(build_features.run, cfg, last, spark, True)
+    feats_full, feat_full_s = _timed(build_features.run, StageContext(cfg, spark), last, True)
     print(f"full recompute {last}: sequences {seq_full_s:.1f}s ({full_totals['rows']:,} users), "
           f"features {feat_full_s:.1f}s", flush=True)
 
     # Correctness before figures: the incremental day-N rows equal the full recompute's for those users.
-    inc_rows = lakehouse.read_table(spark, cfg, SILVER_USER_SEQUENCES).where(F.col("ds") == F.lit(last).cast("date"))
+    inc_rows = tables.read_table(spark, cfg, SILVER_USER_SEQUENCES).where(F.col("ds") == F.lit(last).cast("date"))
     full_active = spark.read.format("delta").load(full_path).join(inc_rows.select("user_id"), "user_id", "left_semi")
     inc_totals, full_active_totals = _sequence_totals(inc_rows), _sequence_totals(full_active)
     assert inc_totals == full_active_totals, (inc_totals, full_active_totals)
     spark_features = _feature_totals_of_day(spark, cfg, last)
-    assert not feats_full.incremental and spark_features == inc_features, (spark_features, inc_features)
+    assert not feats_full.details["incremental"] and spark_features == inc_features, (spark_features, inc_features)
     spark.stop()  # DuckDB gets the machine to itself
     spark_result = {
         "events_per_day": args.events_per_day, "days": args.days, "users": args.users, "bronze_events": n_events,
-        "active_users_day_n": seq_inc.users, "users_total": full_totals["rows"],
+        "active_users_day_n": seq_inc.details["users"], "users_total": full_totals["rows"],
         "spark_sequences_chain_mean_s": sum(chain_s) / len(chain_s) if chain_s else None,
         "spark_sequences_chain_s": chain_s,
         "spark_sequences_compaction_s": compaction_s, "sequence_compaction_days": period,

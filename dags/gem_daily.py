@@ -1,6 +1,6 @@
 """gem_daily: one day of ads data, landing -> bronze -> silver -> training examples -> mixture -> pretraining.
 
-Thin on purpose: the tasks and their order come from the stage registry (gem.stages), the dates,
+Thin on purpose: the tasks and their order come from the stage registry (gem.lakehouse.stages), the dates,
 schedule and commands from gem.orchestration. Every task is a `python -m jobs.<name> --ds <ds>` (or
 `--ready-on <ds>`) subprocess, so Spark never runs inside the Airflow worker. The jobs read their
 config from $GEM_CONFIG in the worker's environment.
@@ -13,7 +13,7 @@ from __future__ import annotations
 from airflow.providers.standard.operators.bash import BashOperator
 from airflow.sdk import DAG
 
-from gem import stages
+from gem.lakehouse import stages
 from gem.orchestration import (
     REPO_ROOT,
     daily_timetable,

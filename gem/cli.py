@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from gem.config import add_config_arg
 from gem.days import day_range, shift_day
-from gem.stages import ready_on_day
+from gem.lakehouse.stages import ready_on_day
 
 __all__ = ["day_range", "examples_parser", "iso_day", "job_parser", "resolve_examples_day", "shift_day"]
 

@@ -220,7 +220,7 @@ EMBEDDING_OPTIMIZERS = ("sgd", "rowwise_adagrad")
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Pretraining (gem/train.py)."""
+    """Pretraining (gem/train/)."""
 
     steps: int = 200
     lr: float = 1e-3
@@ -236,7 +236,7 @@ class TrainConfig:
     bf16: bool = True
     compile: bool = False
     # model.embeddings.backend "torchrec" only: the tables' optimizer, fused into the backward
-    # (gem/model/sharding.py); the dense part keeps AdamW at `lr`.
+    # (gem/train/sharding.py); the dense part keeps AdamW at `lr`.
     embedding_optimizer: str = "rowwise_adagrad"
     embedding_lr: float = 0.05
 

@@ -109,7 +109,7 @@ def model_metrics(cfg: GemConfig) -> str | None:
     """The latest pretraining run's held-out NE / AUC / calibration per task, from gold.metrics
     (None when no run has written any)."""
     from gem.data.delta_log import read_table
-    from gem.evaluate import metrics_table
+    from gem.train.evaluate import metrics_table
 
     path = GOLD_METRICS.path(cfg.lakehouse_uri)
     if not Path(path, "_delta_log").is_dir():
@@ -126,7 +126,7 @@ def model_metrics(cfg: GemConfig) -> str | None:
 
 
 def reports(cfg: GemConfig) -> str:
-    from gem.quality import docs_site_dir
+    from gem.quality.runner import docs_site_dir
 
     return f"  {'data-quality report':<28} {docs_site_dir(cfg) / 'index.html'}"
 

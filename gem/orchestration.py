@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gem.stages import Stage
+from gem.lakehouse.stages import Stage
 
 if TYPE_CHECKING:
     from airflow.sdk import CronDataIntervalTimetable
@@ -52,7 +52,7 @@ DEFAULT_RETRY_DELAY_S = 300
 DAY_FLAGS = ("--ds", "--ready-on")
 # A --ready-on job exits with this when no partition is ready on the run's day (BashOperator skips).
 NOTHING_READY_EXIT = 99
-# The Airflow pool GPU stages queue in (gem.stages.GPU_POOL; infra/airflow/init_db.sh creates it
+# The Airflow pool GPU stages queue in (gem.lakehouse.stages.GPU_POOL; infra/airflow/init_db.sh creates it
 # with one slot per GPU host; on the embedded default the job trains on CPU, still one at a time).
 GPU_POOL_SLOTS = 1
 

@@ -22,7 +22,7 @@ Flow (pure transforms; thin I/O around them):
   link_clicks(clicks, impressions) -> each click's impression;
   attribute_conversions(conversions, linked clicks) -> each conversion's click, impression, reason;
   assemble(impressions of D, linked clicks, attributed conversions, features) -> examples of D;
-  commit (gem.commit.StageCommit): withdraw (assemble_examples, D); replace examples ds=D; replace attribution quarantine
+  commit (gem.lakehouse.commit.StageCommit): withdraw (assemble_examples, D); replace examples ds=D; replace attribution quarantine
   ds=D (the conversions that arrived on D and count nowhere); publish the record LAST with
   rows_in = impressions(D) + conversions(D) = examples + attributed + quarantined.
 """
@@ -31,14 +31,13 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gem.cli import examples_parser, resolve_examples_day, shift_day
-from gem.commit import ReconciliationError, StageCommit, StageContext
 from gem.config import GemConfig, load_config
+from gem.lakehouse.commit import ReconciliationError, StageCommit, StageContext, StageResult
+from gem.lakehouse.stages import examples_bronze_days
 from gem.orchestration import NOTHING_READY_EXIT  # exit code: nothing ready yet, the task is skipped
-from gem.stages import examples_bronze_days
 from schemas.events import BRONZE_AD_EVENTS
 from schemas.examples import (
     AD_FEATURE_PREFIX,
@@ -58,24 +57,13 @@ VALIDATE_SILVER_STAGE = "validate_silver"
 VALIDATE_EVENTS_STAGE = "validate_events"
 
 
-@dataclass(frozen=True)
-class AssembleResult:
-    ds: str
-    examples: int
-    conversions_in: int  # conversions that arrived on ds
-    attributed: int  # ... of which attributed to some impression
-    quarantined_by_reason: dict[str, int]
-    table_versions: dict[str, int]
-    seconds: float
-
-
 # --------------------------------------------------------------------------------------------------
 # Which bronze days a run reads.
 
 
 def bronze_window(cfg: GemConfig, ds: str) -> tuple[str, str]:
     """(first, last) arrival day read for the examples of ds: [max(ds-2W-1, start_ds), ds+W]
-    (the registry's day rule, gem.stages.examples_bronze_days)."""
+    (the registry's day rule, gem.lakehouse.stages.examples_bronze_days)."""
     days = examples_bronze_days(cfg, ds)
     return days[0], days[-1]
 
@@ -266,10 +254,11 @@ def require_feature_days(commit: StageCommit, day_impressions: DataFrame) -> lis
     return days
 
 
-def run(ctx: StageContext, ds: str) -> AssembleResult:
+def run(ctx: StageContext, ds: str) -> StageResult:
+    """Assemble impression day ds; details: examples, conversions_in (arrived on ds), attributed."""
     from pyspark.sql import functions as F
 
-    from gem import lakehouse
+    from gem.lakehouse import tables
 
     t0, cfg = time.time(), ctx.cfg
     first, last = check_day(cfg, ds)
@@ -279,7 +268,7 @@ def run(ctx: StageContext, ds: str) -> AssembleResult:
 
     # Each input at the version its validation saw (refused if rewritten since, naming the rerun).
     bronze_version = commit.validated_version(BRONZE_AD_EVENTS, VALIDATE_EVENTS_STAGE, examples_bronze_days(cfg, ds))
-    bronze = lakehouse.read_table(spark, cfg, BRONZE_AD_EVENTS, version=bronze_version).where(
+    bronze = tables.read_table(spark, cfg, BRONZE_AD_EVENTS, version=bronze_version).where(
         F.col("ds").between(F.lit(first).cast("date"), F.lit(last).cast("date"))
     )
     narrow = bronze.select("event_id", "event_type", "user_id", "ad_id", "surface", "event_time", "ds", "conversion_type")
@@ -300,7 +289,7 @@ def run(ctx: StageContext, ds: str) -> AssembleResult:
     in_days = F.col("ds").isin([F.lit(d).cast("date") for d in feature_days]) if feature_days else F.lit(False)
     validated_days = feature_days or [ds]
     user_features, ad_features = (
-        lakehouse.read_table(spark, cfg, schema, version=commit.validated_version(
+        tables.read_table(spark, cfg, schema, version=commit.validated_version(
             schema, VALIDATE_SILVER_STAGE, validated_days)).where(in_days)
         for schema in (SILVER_USER_FEATURES, SILVER_AD_FEATURES))
     examples = assemble(
@@ -322,14 +311,13 @@ def run(ctx: StageContext, ds: str) -> AssembleResult:
     if commit.committed_rows[SILVER_TRAINING_EXAMPLES.name] != n_examples:
         raise ReconciliationError(f"{STAGE} ds={ds}: the examples' commit wrote "
                                   f"{commit.committed_rows[SILVER_TRAINING_EXAMPLES.name]} rows, counted {n_examples}")
-    record = commit.publish(
+    commit.publish(
         rows_in=n_impressions + conversions_in,
         rows_written=n_examples + attributed_today,
         quarantined_by_reason=quarantined,
         quarantine_table=SILVER_ATTRIBUTION_QUARANTINE,
     )
-    versions = record["table_versions"]
-    return AssembleResult(ds, n_examples, conversions_in, attributed_today, quarantined, versions, time.time() - t0)
+    return commit.result(t0, examples=n_examples, conversions_in=conversions_in, attributed=attributed_today)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -339,12 +327,10 @@ def main(argv: list[str] | None = None) -> int:
     if ds is None:
         print(f"{STAGE}: no impression day's window closes on {args.ready_on} (start_ds={cfg.start_ds}); nothing to do")
         return NOTHING_READY_EXIT
-    r = run(StageContext(cfg), ds)
-    print(
-        f"{STAGE} ds={r.ds}: examples={r.examples} conversions arrived={r.conversions_in} "
-        f"attributed={r.attributed} quarantined={r.quarantined_by_reason} versions={r.table_versions} "
-        f"in {r.seconds:.1f}s"
-    )
+    result = run(StageContext(cfg), ds)
+    details = result.details
+    print(f"{result.summary()} (examples={details['examples']}, conversions arrived={details['conversions_in']}, "
+          f"attributed={details['attributed']})")
     return 0
 
 

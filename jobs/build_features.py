@@ -30,7 +30,7 @@ Two ways to the same rows (tests/spark/test_build_features.py checks they agree 
     bronze changed): rewrites the daily counts of every arrival day in the window from bronze, then
     sums them.
 
-Commit (gem.commit.StageCommit): the registry's needs (bronze of the window validated) checked;
+Commit (gem.lakehouse.commit.StageCommit): the registry's needs (bronze of the window validated) checked;
 withdraw the (build_features, D) record; write the daily counts; replace both partitions ds=D
 (each computed by its write); publish the record LAST. A rerun rewrites the same rows.
 """
@@ -39,15 +39,14 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
 from functools import reduce
 from operator import add
 from typing import TYPE_CHECKING
 
 from gem.cli import job_parser, shift_day
-from gem.commit import StageCommit, StageContext
 from gem.config import GemConfig, load_config
-from gem.stages import feature_window_days
+from gem.lakehouse.commit import StageCommit, StageContext, StageResult
+from gem.lakehouse.stages import feature_window_days
 from schemas.events import BRONZE_AD_EVENTS
 from schemas.features import (
     AD_METADATA_COLUMNS,
@@ -74,17 +73,6 @@ LONGEST_WINDOW_DAYS = max(WINDOW_DAYS)
 # Counting the window's distinct users and ads apart from the rows written would cost a second scan
 # of the daily counts; the record says there is no separate input count rather than claim a check.
 NO_INPUT_COUNT = "one row per user (ad) with an event in the window; no separate input count"
-
-
-@dataclass(frozen=True)
-class BuildResult:
-    ds: str
-    users: int  # rows written to silver.user_features ds
-    ads: int  # rows written to silver.ad_features ds
-    table_versions: dict[str, int]
-    seconds: float
-    incremental: bool  # users advanced from ds-1's counters (False: summed over the whole window)
-    daily_count_days: list[str]  # arrival days whose daily counts this run (re)wrote
 
 
 # --------------------------------------------------------------------------------------------------
@@ -133,7 +121,7 @@ def daily_counts(bronze: DataFrame, key: str) -> DataFrame:
     from pyspark.sql import functions as F
 
     schema = SILVER_AD_DAILY_COUNTS if key == "ad_id" else SILVER_USER_DAILY_COUNTS
-    events = bronze.withColumn("event_day", F.to_date("event_time"))  # the session time zone is UTC (gem.spark)
+    events = bronze.withColumn("event_day", F.to_date("event_time"))  # the session time zone is UTC (gem.lakehouse.spark)
     # Never true after ingest (event_after_arrival); dropped so that no window counts an event
     # before it arrived, whichever way the counters are computed.
     events = events.where(F.col("event_day") <= F.col("ds"))
@@ -273,9 +261,9 @@ def _arrived(spark: SparkSession, cfg: GemConfig, schema: TableSchema, first: st
     (at `version`, else the latest)."""
     from pyspark.sql import functions as F
 
-    from gem import lakehouse
+    from gem.lakehouse import tables
 
-    rows = lakehouse.read_table(spark, cfg, schema, version=version)
+    rows = tables.read_table(spark, cfg, schema, version=version)
     return rows.where(F.col("ds").between(F.lit(first).cast("date"), F.lit(last).cast("date")))
 
 
@@ -288,18 +276,19 @@ def _write_daily_counts(spark: SparkSession, commit: StageCommit, days: list[str
         commit.replace(daily_counts(bronze, key), schema, days)
 
 
-def run(ctx: StageContext, ds: str, full: bool = False) -> BuildResult:
-    """Build ds; incremental when build_features has completed ds-1 and `full` is False."""
+def run(ctx: StageContext, ds: str, full: bool = False) -> StageResult:
+    """Build ds; incremental when build_features has completed ds-1 and `full` is False. Details:
+    users, ads (rows written), incremental, daily_count_days (the arrival days whose counts it wrote)."""
     from pyspark.sql import functions as F
 
-    from gem import lakehouse
+    from gem.lakehouse import completions, tables
 
     t0, cfg = time.time(), ctx.cfg
     if ds < cfg.start_ds:
         raise ValueError(f"{STAGE} ds={ds} is before the pipeline's start_ds={cfg.start_ds}")
     spark = ctx.spark_for(STAGE, ds)
     last_day = shift_day(ds, -1)
-    incremental = not full and ds > cfg.start_ds and lakehouse.completion(cfg, STAGE, last_day) is not None
+    incremental = not full and ds > cfg.start_ds and completions.completion(cfg, STAGE, last_day) is not None
     window = bronze_days(cfg, ds)
     rewritten = [last_day] if incremental else window
     commit = StageCommit.begin(ctx, STAGE, ds)
@@ -313,7 +302,7 @@ def run(ctx: StageContext, ds: str, full: bool = False) -> BuildResult:
         user_daily = _arrived(spark, cfg, SILVER_USER_DAILY_COUNTS, first, last_day)
         ad_daily = _arrived(spark, cfg, SILVER_AD_DAILY_COUNTS, window[0], last_day)
         if incremental:
-            previous = lakehouse.read_table(spark, cfg, SILVER_USER_FEATURES).where(F.col("ds") == _day(ds, 1))
+            previous = tables.read_table(spark, cfg, SILVER_USER_FEATURES).where(F.col("ds") == _day(ds, 1))
             users = advance_user_counters(previous, user_daily, ds)
         else:
             users = window_counters(user_daily, "user_id", ds)
@@ -324,10 +313,10 @@ def run(ctx: StageContext, ds: str, full: bool = False) -> BuildResult:
     for schema, rows in ((SILVER_USER_FEATURES, users), (SILVER_AD_FEATURES, ads)):
         # Each table is computed once, by its Delta write; row counts from the commit's metrics.
         commit.replace(feature_rows(rows, schema, ds) if window else rows, schema)
-    record = commit.publish(None, written_tables=(SILVER_USER_FEATURES, SILVER_AD_FEATURES),
+    commit.publish(None, written_tables=(SILVER_USER_FEATURES, SILVER_AD_FEATURES),
                             no_input_count=NO_INPUT_COUNT)
     n_users, n_ads = (commit.committed_rows[s.name] for s in (SILVER_USER_FEATURES, SILVER_AD_FEATURES))
-    return BuildResult(ds, n_users, n_ads, record["table_versions"], time.time() - t0, incremental, rewritten)
+    return commit.result(t0, users=n_users, ads=n_ads, incremental=incremental, daily_count_days=rewritten)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -339,11 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cfg = load_config(args.config)
     result = run(StageContext(cfg), args.ds, full=args.full)
-    mode = "incremental" if result.incremental else "full"
-    print(
-        f"{STAGE} ds={result.ds} ({mode}): users={result.users} ads={result.ads} "
-        f"versions={result.table_versions} in {result.seconds:.1f}s"
-    )
+    details = result.details
+    mode = "incremental" if details["incremental"] else "full"
+    print(f"{result.summary()} ({mode}: users={details['users']} ads={details['ads']})")
     return 0
 
 

@@ -12,7 +12,7 @@ Flow (the transform is pure; I/O is the thin shell around it):
   looked up in the last compaction C < D plus the daily partitions (C, D), not the whole history;
   merge_sequences(previous, day events, caps): per type, old sequence + new events (dedup on
   event_id), sorted by (event_time, event_id), last `cap` kept;
-  commit (gem.commit.StageCommit): withdraw the (build_sequences, D) record; replace silver ds=D;
+  commit (gem.lakehouse.commit.StageCommit): withdraw the (build_sequences, D) record; replace silver ds=D;
   on a compaction day (every `sequence_compaction_days` from start_ds) also write every user's
   snapshot as of D to silver.user_sequences_compacted ds=D; publish the record LAST, naming both
   versions (a reader uses a compaction only when the record of its day names it).
@@ -25,12 +25,11 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gem.cli import job_parser, shift_day
-from gem.commit import StageCommit, StageContext
 from gem.config import GemConfig, SequenceCaps, load_config
+from gem.lakehouse.commit import StageCommit, StageContext, StageResult
 from schemas.events import BRONZE_AD_EVENTS
 from schemas.sequences import (
     SEQUENCE_COLUMNS,
@@ -46,16 +45,6 @@ if TYPE_CHECKING:
 STAGE = "build_sequences"
 
 
-@dataclass(frozen=True)
-class BuildResult:
-    ds: str
-    users: int  # distinct users with events on ds = rows written
-    table_version: int
-    seconds: float
-    compacted_users: int | None = None  # rows of the compaction written on ds, if ds is a compaction day
-    compaction_seconds: float = 0.0  # part of `seconds`
-
-
 # --------------------------------------------------------------------------------------------------
 # The compaction schedule.
 
@@ -67,9 +56,9 @@ def _days_since_start(cfg: GemConfig, ds: str) -> int:
 
 
 def is_compaction_day(cfg: GemConfig, ds: str) -> bool:
-    """Whether the registry's schedule (gem.stages.compaction_days) compacts on ds. Example: start
+    """Whether the registry's schedule (gem.lakehouse.stages.compaction_days) compacts on ds. Example: start
     2026-01-01, every 7 -> 2026-01-07, 2026-01-14, ..."""
-    from gem.stages import compaction_days
+    from gem.lakehouse.stages import compaction_days
 
     return bool(compaction_days(cfg, ds))
 
@@ -194,30 +183,30 @@ def history_through(spark: "SparkSession", cfg: GemConfig, last_day: str, base_d
     """
     from pyspark.sql import functions as F
 
-    from gem import lakehouse
+    from gem.lakehouse import tables
 
-    daily = lakehouse.read_table(spark, cfg, SILVER_USER_SEQUENCES).where(F.col("ds") <= F.lit(last_day).cast("date"))
+    daily = tables.read_table(spark, cfg, SILVER_USER_SEQUENCES).where(F.col("ds") <= F.lit(last_day).cast("date"))
     if base_ds is None or not has_compaction(cfg, base_ds):
         return daily
     base_day = F.lit(base_ds).cast("date")
-    base = lakehouse.read_table(spark, cfg, SILVER_USER_SEQUENCES_COMPACTED).where(F.col("ds") == base_day)
+    base = tables.read_table(spark, cfg, SILVER_USER_SEQUENCES_COMPACTED).where(F.col("ds") == base_day)
     return base.unionByName(daily.where(F.col("ds") > base_day))
 
 
 def has_compaction(cfg: GemConfig, ds: str) -> bool:
     """Whether build_sequences' record of ds names a compaction it committed."""
-    from gem import lakehouse
+    from gem.lakehouse import completions
 
-    record = lakehouse.completion(cfg, STAGE, ds)
+    record = completions.completion(cfg, STAGE, ds)
     return record is not None and SILVER_USER_SEQUENCES_COMPACTED.name in record["table_versions"]
 
 
 def _previous_rows(spark: "SparkSession", cfg: GemConfig, ds: str, users: "DataFrame") -> "DataFrame":
     from delta.tables import DeltaTable
 
-    from gem import lakehouse
+    from gem.lakehouse import tables
 
-    path = lakehouse.table_path(cfg, SILVER_USER_SEQUENCES)
+    path = tables.table_path(cfg, SILVER_USER_SEQUENCES)
     # The first day starts fresh, whatever an earlier experiment left in the table.
     if ds == cfg.start_ds or not DeltaTable.isDeltaTable(spark, path):
         return spark.createDataFrame([], SILVER_USER_SEQUENCES.spark_schema())
@@ -238,17 +227,19 @@ def compact(spark: "SparkSession", commit: StageCommit) -> int:
     return commit.committed_rows[SILVER_USER_SEQUENCES_COMPACTED.name]
 
 
-def run(ctx: StageContext, ds: str) -> BuildResult:
+def run(ctx: StageContext, ds: str) -> StageResult:
+    """Advance the sequences of ds's active users; details: users, compacted_users (None when ds is
+    not a compaction day), compaction_seconds."""
     from pyspark.sql import functions as F
 
-    from gem import lakehouse
+    from gem.lakehouse import tables
 
     t0, cfg = time.time(), ctx.cfg
     spark = ctx.spark_for(STAGE, ds)
     commit = StageCommit.begin(ctx, STAGE, ds)
 
     bronze_version = commit.validated_version(BRONZE_AD_EVENTS, "validate_events", [ds])  # as validated
-    day_events = lakehouse.read_table(spark, cfg, BRONZE_AD_EVENTS, version=bronze_version).where(
+    day_events = tables.read_table(spark, cfg, BRONZE_AD_EVENTS, version=bronze_version).where(
         F.col("ds") == F.lit(ds).cast("date"))
     users = day_events.select("user_id").distinct()
     previous = _previous_rows(spark, cfg, ds, users)
@@ -257,23 +248,25 @@ def run(ctx: StageContext, ds: str) -> BuildResult:
     rows = merge_sequences(previous, day_events, cfg.sequence_caps).localCheckpoint(eager=True)
     rows_in = users.count()
 
-    version = commit.replace(rows, SILVER_USER_SEQUENCES)
+    commit.replace(rows, SILVER_USER_SEQUENCES)
     compacted, t1 = None, time.time()
     if is_compaction_day(cfg, ds):
         compacted = compact(spark, commit)
     # One row per active user: rows in (users with events on ds) = rows written, checked against the commit.
+    compaction_seconds = time.time() - t1
     record = commit.publish(rows_in, written_tables=(SILVER_USER_SEQUENCES,))
-    return BuildResult(ds, record["rows_written"], version, time.time() - t0, compacted, time.time() - t1)
+    return commit.result(t0, users=record["rows_written"], compacted_users=compacted,
+                         compaction_seconds=compaction_seconds)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = job_parser(__doc__.splitlines()[0]).parse_args(argv)
     cfg = load_config(args.config)
     result = run(StageContext(cfg), args.ds)
-    compaction = (f"; compacted {result.compacted_users} users in {result.compaction_seconds:.1f}s"
-                  if result.compacted_users is not None else "")
-    print(f"{STAGE} ds={result.ds}: users={result.users} version={result.table_version} in "
-          f"{result.seconds:.1f}s{compaction}")
+    details = result.details
+    compaction = (f"; compacted {details['compacted_users']} users in {details['compaction_seconds']:.1f}s"
+                  if details["compacted_users"] is not None else "")
+    print(f"{result.summary()}{compaction}")
     return 0
 
 

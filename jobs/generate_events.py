@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 
 from gem.config import GemConfig, add_config_arg, load_config
+from gem.lakehouse.commit import StageContext, StageResult
 from gem.sources.synthetic_day import generate_day
 
 
@@ -42,12 +43,18 @@ def config_from_args(args: argparse.Namespace) -> GemConfig:
     return load_config(args.config, overrides={"generator": overrides} if overrides else None)
 
 
+def run(ctx: StageContext, ds: str) -> StageResult:
+    """Generate day ds's landing files. A source: its completion is the landing partition's
+    `_SUCCESS` marker (which ingest_events needs), not a record; details: the marker's manifest."""
+    started = time.time()
+    manifest = generate_day(ctx.cfg, ds)
+    return StageResult("generate_events", ds, time.time() - started, details=manifest)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    cfg = config_from_args(args)
-    started = time.perf_counter()
-    manifest = generate_day(cfg, args.ds)
-    seconds = time.perf_counter() - started
+    result = run(StageContext(config_from_args(args)), args.ds)
+    manifest, seconds = result.details, result.seconds
     events = manifest["events"]
     print(
         f"generate_events ds={args.ds}: {manifest['lines']} lines ({events['impression']} impressions, "

@@ -1,18 +1,19 @@
 """Ingest one arrival day of landing events into bronze.ad_events and bronze.quarantine.
 
-`python -m jobs.ingest_events --ds YYYY-MM-DD [--config FILE]`
+`python -m jobs.ingest_events --ds YYYY-MM-DD [--through YYYY-MM-DD] [--config FILE]`
 
 Flow (the transform is pure; I/O is the thin shell around it):
   landing/ds=D/*.json.gz --read_landing--> (value, source_file)
       --classify--> every line with its typed fields and the first rule it breaks (or none)
       --check_drift--> fail the job if a column's type or the key set changed for many rows
       --validate (Great Expectations, before any commit)-->
-  commit (gem.commit.StageCommit): withdraw the (ingest_events, D) completion record; replace
+  commit (gem.lakehouse.commit.StageCommit): withdraw the (ingest_events, D) completion record; replace
   bronze ds=D; replace quarantine ds=D; publish the record, reconciled with the commits' row
   counts, LAST.
 
 A crash between commits leaves no completion record, so no downstream stage reads the day; a rerun
-rewrites both partitions with identical contents and converges.
+rewrites both partitions with identical contents and converges. `--through D2` ingests D..D2 in one
+commit per table with one record per day, with the same contents as ingesting the days one by one.
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gem.cli import job_parser, shift_day
-from gem.commit import StageCommit, StageContext
+from gem.cli import iso_day, job_parser, shift_day
 from gem.config import GemConfig, load_config
 from gem.faults import crash_point
-from gem.landing import require_partition
+from gem.lakehouse.commit import DayCounts, StageCommit, StageContext, StageResult
+from gem.lakehouse.landing import require_partition
 from schemas.events import BRONZE_AD_EVENTS, BRONZE_QUARANTINE, ID_COLUMNS, LANDING_EVENTS
 from schemas.table import Column
 
@@ -40,16 +41,6 @@ STAGE = "ingest_events"
 
 class SchemaDriftError(RuntimeError):
     """The landing data no longer matches the landing contract in schemas/events.py."""
-
-
-@dataclass(frozen=True)
-class IngestResult:
-    ds: str
-    rows_in: int
-    rows_written: int
-    quarantined_by_reason: dict[str, int]
-    table_versions: dict[str, int]
-    seconds: float
 
 
 # --------------------------------------------------------------------------------------------------
@@ -299,86 +290,108 @@ def check_drift(census: LineCensus, cfg: GemConfig, where: str) -> None:
 # Thin I/O.
 
 
-def _prior_event_ids(spark: "SparkSession", cfg: GemConfig, ds: str) -> "DataFrame | None":
+def _prior_event_ids(spark: "SparkSession", cfg: GemConfig, ds: str, first_day: str,
+                     earlier_in_range: "DataFrame | None") -> "DataFrame | None":
+    """(event_id, ds) of the good events of the dedup lookback before ds: bronze's before the
+    first day of this run (a rerun of a range replaces the range's own), plus those of the range's
+    earlier days ingested by this run."""
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
-    from gem.lakehouse import table_path
+    from gem.lakehouse.tables import table_path
 
     if cfg.ingest.dedup_lookback_days <= 0:
         return None
+    lo = F.lit(shift_day(ds, -cfg.ingest.dedup_lookback_days)).cast("date")
     path = table_path(cfg, BRONZE_AD_EVENTS)
-    if not DeltaTable.isDeltaTable(spark, path):
-        return None
-    lo = shift_day(ds, -cfg.ingest.dedup_lookback_days)
-    return (
-        spark.read.format("delta")
-        .load(path)
-        .where((F.col("ds") >= F.lit(lo).cast("date")) & (F.col("ds") < F.lit(ds).cast("date")))
-        .select("event_id", "ds")
-    )
+    prior = None
+    if DeltaTable.isDeltaTable(spark, path):
+        prior = (spark.read.format("delta").load(path)
+                 .where((F.col("ds") >= lo) & (F.col("ds") < F.lit(first_day).cast("date")))
+                 .select("event_id", "ds"))
+    if earlier_in_range is not None:
+        earlier = earlier_in_range.where(F.col("ds") >= lo)
+        prior = earlier if prior is None else prior.unionByName(earlier)
+    return prior
 
 
-def run(ctx: StageContext, ds: str) -> IngestResult:
-    from pyspark import StorageLevel
-
-    from gem import quality
-
-    t0, cfg = time.time(), ctx.cfg
-    files = require_partition(cfg.landing_root, ds)  # fails naming the folder if absent
-    spark = ctx.spark_for(STAGE, ds)
-
-    lines = read_landing(spark, files)
+def _ingest_day(spark: "SparkSession", cfg: GemConfig, day: str, first_day: str,
+                earlier_in_range: "DataFrame | None") -> tuple["DataFrame", DayCounts]:
+    """One landing day -> its classified lines (checkpointed) and counts, duplicates marked against
+    the lookback's good events."""
+    lines = read_landing(spark, require_partition(cfg.landing_root, day))  # a marker over no files: refused
     # gzip is not splittable: spread the lines over the cores before the per-line parsing.
     lines = lines.repartition(max(spark.sparkContext.defaultParallelism, 2))
-    classified = mark_duplicates(classify(lines, ds, cfg), _prior_event_ids(spark, cfg, ds))
+    prior = _prior_event_ids(spark, cfg, day, first_day, earlier_in_range)
     # A local checkpoint, not persist(): the plan reads bronze (earlier days' ids), and a cached plan
     # over bronze would be recomputed in full when this job's own bronze commit invalidates it.
-    classified = classified.localCheckpoint(eager=True)
+    classified = mark_duplicates(classify(lines, day, cfg), prior).localCheckpoint(eager=True)
+    census = take_census(classified)
+    check_drift(census, cfg, where=f"landing ds={day}")
+    by_reason = dict(census.by_reason)
+    rows_written = by_reason.pop("", 0)
+    return classified, DayCounts(rows_written + sum(by_reason.values()), rows_written, dict(sorted(by_reason.items())))
+
+
+def run(ctx: StageContext, ds: str, through: str | None = None) -> StageResult:
+    """Ingest landing day ds (or the days ds..through, in one commit per table with one record per
+    day, exactly as if ingested one by one)."""
+    from functools import reduce
+
+    from pyspark import StorageLevel
+    from pyspark.sql import DataFrame
+
+    from gem.quality import expectations, runner
+
+    t0, cfg = time.time(), ctx.cfg
+    # The registry's landing need (each day's _SUCCESS marker) is checked, and the old records
+    # withdrawn, before anything is read: a failing rerun leaves no record claiming a day.
+    commit = StageCommit.begin(ctx, STAGE, ds, through)
+    crash_point(f"{STAGE}:after_withdraw")
+    spark = ctx.spark_for(STAGE, ds)
+    per_day: dict[str, DayCounts] = {}
+    classified_days: list[DataFrame] = []
     good = None
     try:
-        census = take_census(classified)
-        check_drift(census, cfg, where=f"landing ds={ds}")
-        by_reason = dict(census.by_reason)
-        rows_written = by_reason.pop("", 0)
-        rows_in = rows_written + sum(by_reason.values())
-
+        goods, quarantines, earlier = [], [], None
+        for day in commit.days:
+            classified, per_day[day] = _ingest_day(spark, cfg, day, commit.days[0], earlier)
+            classified_days.append(classified)
+            goods.append(good_rows(classified, day))
+            quarantines.append(quarantined_rows(classified, day))
+            ids = goods[-1].select("event_id", "ds")
+            earlier = ids if earlier is None else earlier.unionByName(ids)
         # The typed rows GX scans ~50 times and the bronze write reads: cache them compactly.
-        good = good_rows(classified, ds).persist(StorageLevel.MEMORY_AND_DISK)
-        quality.validate(
+        good = reduce(DataFrame.unionByName, goods).persist(StorageLevel.MEMORY_AND_DISK)
+        label = ds if len(commit.days) == 1 else f"{commit.days[0]}..{commit.days[-1]}"
+        runner.validate(
             cfg,
             good,
             suite_name=f"{BRONZE_AD_EVENTS.name}.schema",
-            expectations=quality.schema_expectations(BRONZE_AD_EVENTS),
-            batch_label=f"{STAGE}:{ds}",
+            expectations=expectations.schema_expectations(BRONZE_AD_EVENTS),
+            batch_label=f"{STAGE}:{label}",
         )
-        commit = StageCommit.begin(ctx, STAGE, ds)
-        crash_point(f"{STAGE}:after_withdraw")
         commit.replace(good, BRONZE_AD_EVENTS)
         crash_point(f"{STAGE}:after_bronze")
-        commit.replace(quarantined_rows(classified, ds), BRONZE_QUARANTINE)
+        commit.replace(reduce(DataFrame.unionByName, quarantines), BRONZE_QUARANTINE)
         crash_point(f"{STAGE}:after_quarantine")
         # Reconciled against what the commits say they wrote, not only what we counted.
-        record = commit.publish(rows_in, rows_written, by_reason,
-                                written_tables=(BRONZE_AD_EVENTS,), quarantine_table=BRONZE_QUARANTINE)
+        commit.publish(per_day=per_day, written_tables=(BRONZE_AD_EVENTS,), quarantine_table=BRONZE_QUARANTINE)
     finally:
-        for cached in (good, classified):
+        for cached in (good, *classified_days):
             if cached is not None:
                 cached.unpersist()
-    return IngestResult(ds, rows_in, rows_written, dict(sorted(by_reason.items())), record["table_versions"],
-                        time.time() - t0)
+    return commit.result(t0)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = job_parser(__doc__.splitlines()[0]).parse_args(argv)
+    parser = job_parser(__doc__.splitlines()[0])
+    parser.add_argument("--through", type=iso_day, default=None,
+                        help="ingest the days --ds..--through in one commit (one record per day), e.g. a backfill")
+    args = parser.parse_args(argv)
     cfg = load_config(args.config)
-    result = run(StageContext(cfg), args.ds)
-    rate = result.rows_in / max(result.seconds, 1e-9)
-    print(
-        f"ingest_events ds={result.ds}: in={result.rows_in} written={result.rows_written} "
-        f"quarantined={sum(result.quarantined_by_reason.values())} {result.quarantined_by_reason} "
-        f"versions={result.table_versions} in {result.seconds:.1f}s ({rate:,.0f} events/s)"
-    )
+    result = run(StageContext(cfg), args.ds, args.through)
+    print(f"{result.summary()} ({result.rows_in / max(result.seconds, 1e-9):,.0f} events/s)")
     return 0
 
 

@@ -17,7 +17,7 @@ Rates per training source s with n_s rows (`mix.policy`, see gem.config.MixConfi
   fixed         p_s = fixed_rates[s] (default max_rate)
 plus `mix.negative_rate` on rows whose label for the task is 0. Eval sources use rate 1, no
 negative down-sampling. Gate: validate_examples for every example day used. No Spark: the log is
-read and the manifest written through `deltalake` (gem.commit.StageCommit.replace_arrow).
+read and the manifest written through `deltalake` (gem.lakehouse.commit.StageCommit.replace_arrow).
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gem.cli import day_range, job_parser, shift_day
-from gem.commit import StageCommit, StageContext
 from gem.config import GemConfig, MixConfig, load_config
-from gem.data.delta_log import LoggedFile, logged_files, read_logged, table_version
+from gem.data.delta_log import LoggedFile, logged_files, read_logged
+from gem.lakehouse.commit import StageCommit, StageContext, StageResult
 from gem.orchestration import NOTHING_READY_EXIT
 from schemas.examples import LABEL_COLUMNS, SILVER_TRAINING_EXAMPLES
 from schemas.mixture import GOLD_MIXTURE_MANIFEST
@@ -43,6 +43,7 @@ from schemas.tasks import task_name
 
 STAGE = "mix"
 VALIDATE_STAGE = "validate_examples"
+VALIDATE_SILVER_STAGE = "validate_silver"
 # A manifest is a plan (one row per source file and split), not a transform of input rows.
 NO_INPUT_COUNT = "a plan: one row per (split, source, file); nothing is read row by row"
 
@@ -51,16 +52,6 @@ NO_INPUT_COUNT = "a plan: one row per (split, source, file); nothing is read row
 class MixDays:
     train: tuple[str, ...]
     eval: str
-
-
-@dataclass(frozen=True)
-class MixResult:
-    ds: str
-    mixture_id: str
-    rows: int
-    sources: int
-    examples_version: int
-    seconds: float
 
 
 # --------------------------------------------------------------------------------------------------
@@ -157,40 +148,41 @@ def manifest_rows(cfg: GemConfig, ds: str, days: MixDays, examples_path: str, ex
 # Thin I/O.
 
 
-def run(ctx: StageContext, ds: str) -> MixResult | None:
+def run(ctx: StageContext, ds: str) -> StageResult:
     """The manifest of run day ds (no Spark: the log is read and the manifest written through
-    `deltalake`); None when no training day precedes the held-out day yet."""
+    `deltalake`); nothing published when no training day precedes the held-out day yet. Details:
+    mixture_id, sources, examples_version."""
     import pyarrow as pa
 
-    from gem import lakehouse
+    from gem.lakehouse import tables
 
     t0, cfg = time.time(), ctx.cfg
     days = mix_days(cfg, ds)
     if days is None:
-        return None
+        return StageResult(STAGE, ds, time.time() - t0)
     commit = StageCommit.begin(ctx, STAGE, ds)
-    examples_path = lakehouse.table_path(cfg, SILVER_TRAINING_EXAMPLES)
-    sequences_path = lakehouse.table_path(cfg, SILVER_USER_SEQUENCES)
+    examples_path = tables.table_path(cfg, SILVER_TRAINING_EXAMPLES)
+    sequences_path = tables.table_path(cfg, SILVER_USER_SEQUENCES)
     examples_version = commit.validated_version(SILVER_TRAINING_EXAMPLES, VALIDATE_STAGE, [*days.train, days.eval])
-    sequences_version = commit.read(SILVER_USER_SEQUENCES.name, table_version(sequences_path))
+    # The loader reads the sequences of the mixed days: at the version their validation saw.
+    sequences_version = commit.validated_version(SILVER_USER_SEQUENCES, VALIDATE_SILVER_STAGE, [*days.train, days.eval])
     mixture_id, rows = manifest_rows(cfg, ds, days, examples_path, examples_version, sequences_path, sequences_version)
     commit.replace_arrow(pa.Table.from_pylist(rows, schema=GOLD_MIXTURE_MANIFEST.arrow_schema()), GOLD_MIXTURE_MANIFEST)
     commit.publish(None, written_tables=(GOLD_MIXTURE_MANIFEST,), no_input_count=NO_INPUT_COUNT)
     n_sources = len({(r["split"], r["source"]) for r in rows})
-    return MixResult(ds, mixture_id, len(rows), n_sources, examples_version, time.time() - t0)
+    return commit.result(t0, mixture_id=mixture_id, sources=n_sources, examples_version=examples_version)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = job_parser(__doc__.splitlines()[0]).parse_args(argv)
     cfg = load_config(args.config)
     result = run(StageContext(cfg), args.ds)
-    if result is None:
+    if not result.published:
         print(f"{STAGE} ds={args.ds}: no closed example day before the held-out one yet; nothing to do")
         return NOTHING_READY_EXIT
-    print(
-        f"{STAGE} ds={result.ds}: {result.mixture_id}: {result.sources} sources, {result.rows} manifest rows "
-        f"(examples version {result.examples_version}) in {result.seconds:.1f}s"
-    )
+    details = result.details
+    print(f"{result.summary()} ({details['mixture_id']}: {details['sources']} sources, "
+          f"examples version {details['examples_version']})")
     return 0
 
 

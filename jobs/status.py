@@ -1,9 +1,10 @@
 """List every stage's state per day: done, stale, missing (or - where the stage has nothing to do).
 
     python -m jobs.status [--start YYYY-MM-DD] [--end YYYY-MM-DD] [--config FILE]
+    python -m jobs.status --registry      # the stage registry: each stage's day, needs and writes
 
 Read from `_ops.completions` alone (no Spark). A stale record rests on data rewritten after it was
-made (gem.staleness); under the grid, each stale record says what changed and what to rerun first.
+made (gem.lakehouse.staleness); under the grid, each stale record says what changed and what to rerun first.
 Defaults: start_ds through the newest day any record names.
 """
 
@@ -21,7 +22,7 @@ NOTHING_TO_DO = "-"
 def has_work(cfg: GemConfig, name: str, ds: str) -> bool:
     """False where a skippable stage has nothing to do on ds (mix before any training day, and
     pretraining on such a day): its missing record is no gap."""
-    from gem import stages
+    from gem.lakehouse import stages
 
     stage = stages.stage(name)
     if not stage.skippable:
@@ -35,8 +36,8 @@ def has_work(cfg: GemConfig, name: str, ds: str) -> bool:
 
 def grid(cfg: GemConfig, days: list[str]) -> tuple[list[str], list[str]]:
     """(the table's lines, one line per stale record saying why and what to rerun)."""
-    from gem import stages
-    from gem.staleness import STALE, Ledger, all_records
+    from gem.lakehouse import stages
+    from gem.lakehouse.staleness import STALE, Ledger, all_records
 
     ledger = Ledger(all_records(cfg))
     ledger.warm(ledger.records)
@@ -58,13 +59,21 @@ def grid(cfg: GemConfig, days: list[str]) -> tuple[list[str], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gem.staleness import all_records
+    from gem.lakehouse.staleness import all_records
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--start", type=iso_day, default=None, help="first day (default: start_ds)")
     parser.add_argument("--end", type=iso_day, default=None, help="last day (default: the newest recorded)")
+    parser.add_argument("--registry", action="store_true", help="print the stage registry and exit")
     add_config_arg(parser)
     args = parser.parse_args(argv)
+    if args.registry:
+        from gem.lakehouse import stages
+
+        rows = [("stage", "day", "needs", "writes", "runs")] + stages.describe()
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        print("\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows))
+        return 0
     cfg = load_config(args.config)
     start = args.start or cfg.start_ds
     end = args.end or max((d for _, d in all_records(cfg)), default=start)

@@ -4,7 +4,7 @@
 
 Needs ingest_events' completion record for the ds. Reads the ds partition of bronze.ad_events (and
 the ds's bronze.quarantine row count) at the Delta versions ingest recorded, and runs the
-`bronze.ad_events.statistics` suite (gem.quality): per-surface CTR, null rates, duplicate and
+`bronze.ad_events.statistics` suite (gem.quality.bronze): per-surface CTR, null rates, duplicate and
 quarantine rates from the ingest record, and bronze/quarantine counts reconciled with that record.
 The schema suite (`bronze.ad_events.schema`: every rule of the table's schema) already ran in
 ingest_events on the same rows before they were committed, and Delta's NOT NULL and CHECK
@@ -12,7 +12,7 @@ constraints held at commit, so it is not run twice; its results are in the same 
 
 then refreshes the (offline) Data Docs and prints the index.html path with a summary. A failed
 critical expectation exits non-zero with the failures listed; otherwise the stage publishes its
-completion record last (gem.commit): the versions it validated, rows_written = rows validated,
+completion record last (gem.lakehouse.commit): the versions it validated, rows_written = rows validated,
 rows_in null (a validation has no input count of its own to reconcile).
 """
 
@@ -20,24 +20,23 @@ from __future__ import annotations
 
 import datetime as dt
 import sys
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from gem.cli import job_parser
-from gem.commit import StageCommit, StageContext
 from gem.config import GemConfig, load_config
-from gem.docs_assets import MissingDocsAssetsError
-from gem.lakehouse import MissingInputError, latest_version, read_table, table_path
-from gem.quality import (
-    ROWS_VALIDATED,
+from gem.lakehouse.commit import StageCommit, StageContext, StageResult
+from gem.lakehouse.completions import MissingInputError
+from gem.lakehouse.tables import latest_version, read_table, table_path
+from gem.quality.bronze import ROWS_VALIDATED, event_statistics, event_statistics_expectations, statistics_frame
+from gem.quality.docs_assets import MissingDocsAssetsError
+from gem.quality.runner import (
     DataQualityError,
     ValidationReport,
     build_data_docs,
     docs_site_dir,
-    event_statistics,
-    event_statistics_expectations,
     raise_for_critical,
-    statistics_frame,
     validate,
 )
 from schemas.events import BRONZE_AD_EVENTS, BRONZE_QUARANTINE
@@ -97,11 +96,11 @@ def _summary(
     }
 
 
-def run(ctx: StageContext, ds: str) -> dict[str, Any]:
-    """Validate bronze.ad_events for `ds`; returns a summary. Raises MissingInputError without
+def run(ctx: StageContext, ds: str) -> StageResult:
+    """Validate bronze.ad_events for `ds`; details: the summary (suites, warnings, Data Docs index). Raises MissingInputError without
     ingest's record, DataQualityError (after Data Docs are built) on a failed critical expectation."""
     dt.date.fromisoformat(ds)
-    cfg = ctx.cfg
+    t0, cfg = time.time(), ctx.cfg
     spark = ctx.spark_for(STAGE, ds)
     # Withdrawn first: a rerun that fails must not leave an earlier "validated" record standing.
     commit = StageCommit.begin(ctx, STAGE, ds)
@@ -128,7 +127,7 @@ def run(ctx: StageContext, ds: str) -> dict[str, Any]:
     if (quarantine_version := _recorded_version(ingest_record, BRONZE_QUARANTINE.name)) is not None:
         validated[BRONZE_QUARANTINE.name] = quarantine_version
     commit.publish(None, rows, no_input_count=VALIDATION_WRITES_NOTHING, validated=validated)
-    return summary
+    return commit.result(t0, **summary)
 
 
 def _print_summary(summary: dict[str, Any]) -> None:
@@ -144,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = job_parser("Validate one day of bronze.ad_events (Great Expectations).").parse_args(argv)
     cfg = load_config(args.config)
     try:
-        summary = run(StageContext(cfg), args.ds)
+        summary = run(StageContext(cfg), args.ds).details
     except DataQualityError as e:
         print(f"{STAGE} ds={args.ds} FAILED: {e}", file=sys.stderr)
         print(f"Data Docs: {docs_site_dir(cfg) / 'index.html'}", file=sys.stderr)

@@ -1,6 +1,6 @@
 """gold.metrics: evaluation of a training run, per task, on the held-out day of its mixture.
 
-Written by gem.train without Spark (the `deltalake` package): each run replaces the rows of its
+Written by gem.train.daily without Spark (the `deltalake` package): each run replaces the rows of its
 (ds, arch), so a rerun of a day leaves one row per task, from the latest run.
 A row says which run (run_id, code version, config), what it read (mixture id and the pinned
 Delta versions of the examples and sequences), and how it did: NE, AUC and calibration weighted

@@ -11,7 +11,7 @@ COMPLETIONS = TableSchema(
         "Downstream stages read a ds only when its record exists. Counts reconcile: "
         "rows_in = rows_written + rows_quarantined, and rows_quarantined = sum(quarantined_by_reason); "
         "a stage without a separate input count leaves rows_in null and says why in reconciliation. "
-        "Written through gem.commit.StageCommit."
+        "Written through gem.lakehouse.commit.StageCommit."
     ),
     columns=(
         Column("stage", "string", nullable=False),

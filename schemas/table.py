@@ -2,7 +2,7 @@
 
 From one `TableSchema` come the Spark schema, the Delta table (partition columns, NOT NULL,
 CHECK constraints, table properties), the column order of writes, and the Great Expectations
-suite's structural expectations (see gem.quality). pyspark is imported lazily so that DAG files
+suite's structural expectations (see gem.quality.expectations). pyspark is imported lazily so that DAG files
 and the loader can read schemas without it.
 """
 

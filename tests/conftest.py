@@ -14,7 +14,7 @@ from tests.support import make_config
 
 @pytest.fixture(scope="session")
 def spark():
-    from gem.spark import get_spark
+    from gem.lakehouse.spark import get_spark
 
     cfg = load_config(overrides={"spark": {"master": "local[2]", "shuffle_partitions": 2, "driver_memory": "2g"}})
     session = get_spark(cfg, app_name="gem-tests")

@@ -6,7 +6,7 @@ import datetime as dt
 import json
 from typing import Any
 
-from gem.landing import LandingFile, mark_partition_complete
+from gem.lakehouse.landing import LandingFile, mark_partition_complete
 from schemas.events import LANDING_EVENTS
 
 DAY = "2026-01-01"

@@ -155,8 +155,8 @@ TINY_TRAIN = TrainConfig(steps=10, lr=3e-3, checkpoint_every=4)
 
 
 def tiny_trainer(run_dir: Path) -> Any:
-    """A gem.train.Trainer of the tiny task over ListStream."""
-    from gem.train import Trainer
+    """A gem.train.trainer.Trainer of the tiny task over ListStream."""
+    from gem.train.trainer import Trainer
 
     torch.manual_seed(0)
     return Trainer(tiny_task(), ListStream(), TINY_TRAIN, run_dir)

@@ -6,9 +6,9 @@ import torch
 
 from gem.data.encode import VOCABULARIES
 from gem.model.configs import ModelConfig
+from gem.model.dlrm import DLRM
 from gem.model.embeddings import PlainEmbeddings
 from gem.model.heads import DomainExpertHeads
-from gem.model.dlrm import DLRM
 from gem.model.hstu import HSTU
 from gem.model.interformer import InterFormer
 from gem.model.kunlun import Kunlun
@@ -37,7 +37,7 @@ def build_task(cfg: ModelConfig, tasks: tuple[str, ...], sparse_features: tuple[
                events: tuple[str, ...] = ("impression", "click", "conversion")) -> GemTrainTask:
     """sparse_backend (default: cfg.embeddings.backend) "torch": plain nn.Embedding tables (no
     torchrec; runs anywhere); "torchrec": the same tables in a torchrec EmbeddingCollection fed by
-    the batch's KJTs (gem.model.sparse), to be sharded by gem.model.sharding."""
+    the batch's KJTs (gem.model.sparse), to be sharded by gem.train.sharding."""
     sparse_backend = sparse_backend or cfg.embeddings.backend
     missing = sorted(set(sparse_features) - set(cfg.embeddings.buckets))
     if missing:

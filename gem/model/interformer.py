@@ -24,8 +24,8 @@ import torch
 from torch import nn
 
 from gem.model.configs import InterFormerConfig
-from gem.model.kunlun import GatedCompression
 from gem.model.history import HistoryTokens
+from gem.model.kunlun import GatedCompression
 from gem.model.ops.rope import rope
 from gem.model.wukong import WukongLayer
 

@@ -3,7 +3,7 @@
 The same tables and id policy as gem.model.embeddings.PlainEmbeddings (ids taken modulo the
 table's `buckets`, sequence ad ids in the shared `sequence_table`), so the two are interchangeable
 (tests/distributed/test_sparse.py loads the same weights into both and compares). This module is what
-torchrec shards (gem.model.sharding); the dense model never imports torchrec.
+torchrec shards (gem.train.sharding); the dense model never imports torchrec.
 
 Input, from a Batch of B examples:
     batch.to_kjt():        keys = sparse features, one id per example      e.g. lengths [1, 1, 1]
@@ -20,7 +20,6 @@ from torch import nn
 
 from gem.data.batch import Batch
 from gem.model.configs import EmbeddingConfig
-
 
 COLLECTION_PREFIX = "embeddings.collection.embeddings."
 
@@ -41,7 +40,7 @@ def sequence_key(event: str) -> str:
 
 
 class TorchrecEmbeddings(nn.Module):
-    backend = "torchrec"  # model.embeddings.backend: sharded by gem.model.sharding in training
+    backend = "torchrec"  # model.embeddings.backend: sharded by gem.train.sharding in training
 
     def __init__(self, cfg: EmbeddingConfig, events: tuple[str, ...], device: torch.device | None = None) -> None:
         super().__init__()

@@ -1,0 +1,1 @@
+"""Sources of landing events: the synthetic world and its simulation, and MovieLens."""

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from gem.config import GemConfig
-from gem.landing import LandingFile, partition_dir
+from gem.lakehouse.landing import LandingFile, partition_dir
 from gem.sources.dirty import DirtyPlanter
 from gem.sources.simulation import ChunkEvents
 from gem.sources.world import ARRIVAL_DAYS, MAX_POSITION, World

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from gem.config import GemConfig
-from gem.landing import LandingFile, mark_partition_complete
+from gem.lakehouse.landing import LandingFile, mark_partition_complete
 from gem.sources.movielens_format import (
     UNKNOWN_GENRE,
     Movie,

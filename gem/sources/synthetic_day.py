@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from gem.config import GemConfig
-from gem.landing import clear_partition_complete, mark_partition_complete
+from gem.lakehouse.landing import clear_partition_complete, mark_partition_complete
 from gem.sources.engagement import EngagementState, recent_engagement, save_state, state_before, world_fingerprint
 from gem.sources.landing_output import ArrivalFiles, conversion_lines, line_head, positioned_lines
 from gem.sources.simulation import ChunkEvents, DiurnalClock, simulate_chunk

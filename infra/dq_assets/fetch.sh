@@ -12,5 +12,5 @@ command -v npm >/dev/null || { echo "need npm to fetch the Data Docs assets once
 
 mkdir -p "$dest"
 dest=$(cd "$dest" && pwd)
-(cd "$repo" && "$python" -m gem.docs_assets --fetch --dest "$dest")
+(cd "$repo" && "$python" -m gem.quality.docs_assets --fetch --dest "$dest")
 touch "$dest/.complete"

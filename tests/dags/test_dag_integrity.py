@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from gem import orchestration, stages
+from gem import orchestration
+from gem.lakehouse import stages
 from gem.orchestration import REPO_ROOT, job_command, manual_logical_date, partition_ds
 
 DAGS = REPO_ROOT / "dags"
@@ -91,7 +92,7 @@ def test_tasks_in_order(dag: Any) -> None:
 
 
 def test_the_dag_is_the_registry(dag: Any) -> None:
-    """The DAG is built from gem.stages; the graph above is written out by hand, so a wrong registry
+    """The DAG is built from gem.lakehouse.stages; the graph above is written out by hand, so a wrong registry
     fails one of the two comparisons."""
     assert set(stages.REGISTRY) == set(dag.task_ids) == set(JOBS)
     assert {name: stages.upstream(name) for name in stages.REGISTRY} == UPSTREAM

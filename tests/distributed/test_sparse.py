@@ -43,7 +43,7 @@ def test_torchrec_collection_equals_plain_tables():
 
 
 def test_plan_is_table_wise_on_the_fused_kernel():
-    from gem.model.sharding import sharding_plan
+    from gem.train.sharding import sharding_plan
 
     _, rec = _tasks()
     plan = sharding_plan(rec, world_size=2, device_type="cpu")
@@ -57,7 +57,7 @@ def test_plan_is_table_wise_on_the_fused_kernel():
 def _worker(rank: int, init_file: str, out: str) -> None:
     torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     try:
-        from gem.model.sharding import dense_parameters, shard_task
+        from gem.train.sharding import dense_parameters, shard_task
 
         _, rec = _tasks()
         before = {n: t.weight.detach().clone() for n, t in rec.embeddings.collection.embeddings.items()}

@@ -14,7 +14,7 @@ import torch
 import torch.multiprocessing as mp
 
 from gem.config import TrainConfig
-from gem.train import Trainer
+from gem.train.trainer import Trainer
 from tests.support import tiny_batch, tiny_task
 
 STEPS = 3

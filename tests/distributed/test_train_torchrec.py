@@ -13,7 +13,7 @@ import torch
 import torch.multiprocessing as mp
 
 from gem.config import TrainConfig
-from gem.train import Trainer
+from gem.train.trainer import Trainer
 from tests.support import ListStream, tiny_batch, tiny_task
 
 pytest.importorskip("torchrec")

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from gem import lakehouse
 from gem.cli import day_range, shift_day
-from gem.commit import StageContext
 from gem.data.sequences import cut_before
+from gem.lakehouse import completions, tables
+from gem.lakehouse.commit import StageContext
 from jobs import assemble_examples, build_features, build_sequences
 from schemas.events import BRONZE_AD_EVENTS
 from schemas.examples import LABEL_COLUMNS, SILVER_ATTRIBUTION_QUARANTINE, SILVER_TRAINING_EXAMPLES
@@ -114,7 +114,7 @@ def _random_traffic(seed: int = 11) -> list[dict[str, Any]]:
 
 
 def _append_records(spark, cfg, records: list[dict[str, Any]]) -> None:
-    path = lakehouse.ensure_table(spark, cfg, COMPLETIONS)
+    path = tables.ensure_table(spark, cfg, COMPLETIONS)
     spark.createDataFrame(records, COMPLETIONS.spark_schema()).write.format("delta").mode("append").save(path)
 
 
@@ -125,9 +125,9 @@ def assembled(spark, tmp_path_factory):
     whose suites are tested in test_quality_silver); examples assembled for every ready day."""
     cfg = make_config(tmp_path_factory.mktemp("examples"), start_ds=S, attribution_window_days=W)
     events = _planted() + _random_traffic()
-    path = lakehouse.ensure_table(spark, cfg, BRONZE_AD_EVENTS)
+    path = tables.ensure_table(spark, cfg, BRONZE_AD_EVENTS)
     spark.createDataFrame(events, BRONZE_AD_EVENTS.spark_schema()).write.format("delta").mode("append").save(path)
-    bronze = {BRONZE_AD_EVENTS.name: lakehouse.latest_version(path)}  # what the validation stand-ins validated
+    bronze = {BRONZE_AD_EVENTS.name: tables.latest_version(path)}  # what the validation stand-ins validated
     _append_records(spark, cfg, stand_in_records("validate_events", day_range(S, LAST), table_versions=bronze))
     for day in day_range(S, D):
         build_sequences.run(StageContext(cfg, spark), day)
@@ -142,14 +142,14 @@ def assembled(spark, tmp_path_factory):
 
 
 def _examples(spark, cfg, ds: str | None = None) -> dict[str, dict[str, Any]]:
-    df = lakehouse.read_table(spark, cfg, SILVER_TRAINING_EXAMPLES)
+    df = tables.read_table(spark, cfg, SILVER_TRAINING_EXAMPLES)
     if ds is not None:
         df = df.where(f"ds = DATE'{ds}'")
     return {r["impression_id"]: r.asDict() for r in df.collect()}
 
 
 def _quarantine(spark, cfg) -> dict[str, dict[str, Any]]:
-    return {r["conversion_id"]: r.asDict() for r in lakehouse.read_table(spark, cfg, SILVER_ATTRIBUTION_QUARANTINE).collect()}
+    return {r["conversion_id"]: r.asDict() for r in tables.read_table(spark, cfg, SILVER_ATTRIBUTION_QUARANTINE).collect()}
 
 
 def _labels(row: dict[str, Any]) -> dict[str, int]:
@@ -188,16 +188,16 @@ def test_unmatched_conversions_quarantined_and_counts_reconcile(spark, assembled
     for day, r in results.items():
         arrived = [e for e in events if e["event_type"] == "conversion" and e["ds"].isoformat() == day]
         impressions = [e for e in events if e["event_type"] == "impression" and e["ds"].isoformat() == day]
-        assert r.conversions_in == len(arrived)
-        assert r.attributed + sum(r.quarantined_by_reason.values()) == len(arrived)
-        assert r.examples == len(impressions)
-        record = lakehouse.completion(cfg, "assemble_examples", day)
+        assert r.details["conversions_in"] == len(arrived)
+        assert r.details["attributed"] + sum(r.quarantined_by_reason.values()) == len(arrived)
+        assert r.details["examples"] == len(impressions)
+        record = completions.completion(cfg, "assemble_examples", day)
         assert record["rows_in"] == len(arrived) + len(impressions)
         assert record["rows_quarantined"] == sum(1 for c in q.values() if c["ds"].isoformat() == day)
     # Attributed conversions land on examples: every day whose conversions can only go to assembled
     # impression days (arrival day X attributes to X-W..X) sums up on both sides.
     closed = [d for d in ASSEMBLED if shift_day(d, -W) >= S]
-    attributed_by_arrival = sum(results[d].attributed for d in closed)
+    attributed_by_arrival = sum(results[d].details["attributed"] for d in closed)
     ex = _examples(spark, cfg)
     conversion_arrival = {e["event_id"]: e["ds"].isoformat() for e in events if e["event_type"] == "conversion"}
     assert attributed_by_arrival == _reference_attributed_count(events, closed, conversion_arrival)
@@ -280,7 +280,7 @@ def test_labels_and_quarantine_equal_a_plain_python_reference(spark, assembled):
 def test_features_are_the_impression_days_counters(spark, assembled):
     cfg, _, _ = assembled
     row = _examples(spark, cfg, D)["s-target"]
-    user = lakehouse.read_table(spark, cfg, build_features.SILVER_USER_FEATURES).where(
+    user = tables.read_table(spark, cfg, build_features.SILVER_USER_FEATURES).where(
         f"ds = DATE'{D}' AND user_id = 'u_seq'").collect()[0]
     assert row["features_ds"].isoformat() == D and row["sequence_ds"].isoformat() == D
     # As of the end of D-1: S's impression + click and D-1's impression; nothing of D.
@@ -291,7 +291,7 @@ def test_features_are_the_impression_days_counters(spark, assembled):
 def test_materialized_sequence_is_strictly_before_the_impression(spark, assembled):
     cfg, _, _ = assembled
     ex = _examples(spark, cfg, D)
-    snapshot = lakehouse.read_table(spark, cfg, SILVER_USER_SEQUENCES).where(
+    snapshot = tables.read_table(spark, cfg, SILVER_USER_SEQUENCES).where(
         f"ds = DATE'{ex['s-target']['sequence_ds']}' AND user_id = 'u_seq'").collect()[0].asDict(recursive=True)
     ids = {}
     for event_type, (seq, _) in SEQUENCE_COLUMNS.items():
@@ -308,15 +308,15 @@ def test_rerun_is_idempotent(spark, assembled):
     cfg, _, results = assembled
     before = (_examples(spark, cfg, D), sorted(_quarantine(spark, cfg)))
     again = assemble_examples.run(StageContext(cfg, spark), D)
-    assert (again.examples, again.attributed, again.quarantined_by_reason) == (
-        results[D].examples, results[D].attributed, results[D].quarantined_by_reason)
+    assert (again.details["examples"], again.details["attributed"], again.quarantined_by_reason) == (
+        results[D].details["examples"], results[D].details["attributed"], results[D].quarantined_by_reason)
     assert (_examples(spark, cfg, D), sorted(_quarantine(spark, cfg))) == before
 
 
 def test_missing_inputs_fail_naming_the_stage(spark, tmp_path):
     cfg = make_config(tmp_path, start_ds=S, attribution_window_days=W)
     _append_records(spark, cfg, stand_in_records("validate_events", day_range(S, shift_day(D, W - 1))))
-    with pytest.raises(lakehouse.MissingInputError, match=f"validate_events.*ds={shift_day(D, W)}"):
+    with pytest.raises(completions.MissingInputError, match=f"validate_events.*ds={shift_day(D, W)}"):
         assemble_examples.run(StageContext(cfg, spark), D)
 
 

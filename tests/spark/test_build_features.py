@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from gem import lakehouse
 from gem.cli import shift_day
-from gem.commit import StageContext
+from gem.lakehouse import completions, tables
+from gem.lakehouse.commit import StageContext
 from jobs import build_features
 from schemas.events import BRONZE_AD_EVENTS
 from schemas.features import (
@@ -112,12 +112,12 @@ def _generated_events(seed: int = 5) -> list[dict[str, Any]]:
 def _load_bronze(spark, cfg, rows: list[dict[str, Any]], days: list[str] = BRONZE_DAYS) -> None:
     """All bronze days in one append, then the validate_events records build_features gates on (one
     per day in `days`), in one append too (two commits rather than two per day keep the fixture fast)."""
-    bronze_path = lakehouse.ensure_table(spark, cfg, BRONZE_AD_EVENTS)
+    bronze_path = tables.ensure_table(spark, cfg, BRONZE_AD_EVENTS)
     spark.createDataFrame(rows, BRONZE_AD_EVENTS.spark_schema()).write.format("delta").mode("append").save(bronze_path)
     records = stand_in_records("validate_events", days,
                                rows_written={d: sum(r["ds"].isoformat() == d for r in rows) for d in days},
-                               table_versions={BRONZE_AD_EVENTS.name: lakehouse.latest_version(bronze_path)})
-    completions_path = lakehouse.ensure_table(spark, cfg, COMPLETIONS)
+                               table_versions={BRONZE_AD_EVENTS.name: tables.latest_version(bronze_path)})
+    completions_path = tables.ensure_table(spark, cfg, COMPLETIONS)
     completions = spark.createDataFrame(records, COMPLETIONS.spark_schema())
     completions.write.format("delta").mode("append").save(completions_path)
 
@@ -145,7 +145,7 @@ def _rounded(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _partition(spark, cfg, schema, key: str, ds: str = D) -> dict[str, dict[str, Any]]:
-    rows = lakehouse.read_table(spark, cfg, schema).where(f"ds = DATE'{ds}'").collect()
+    rows = tables.read_table(spark, cfg, schema).where(f"ds = DATE'{ds}'").collect()
     return {r[key]: r.asDict() for r in rows}
 
 
@@ -221,14 +221,14 @@ def test_every_row_matches_a_plain_recount_and_clicks_never_exceed_impressions(s
                     for s in SCOPES:
                         imps, clicks, convs = (row[counter_name(m, w, s)] for m in COUNT_METRICS.values())
                         assert convs <= clicks <= imps, (entity, w, s)
-    assert (result.users, result.ads) == (len(_partition(spark, cfg, SILVER_USER_FEATURES, "user_id")),
+    assert (result.details["users"], result.details["ads"]) == (len(_partition(spark, cfg, SILVER_USER_FEATURES, "user_id")),
                                           len(_partition(spark, cfg, SILVER_AD_FEATURES, "ad_id")))
 
 
 def test_first_day_has_empty_partitions_and_a_record(spark, built):
     cfg, _, _, start_result = built
-    assert (start_result.users, start_result.ads) == (0, 0)
-    record = lakehouse.require_completed(cfg, "build_features", START)
+    assert (start_result.details["users"], start_result.details["ads"]) == (0, 0)
+    record = completions.require_completed(cfg, "build_features", START)
     assert record["rows_written"] == 0
     assert set(record["table_versions"]) == {SILVER_USER_FEATURES.name, SILVER_AD_FEATURES.name}
 
@@ -243,22 +243,22 @@ def test_rerun_rewrites_identical_partitions(spark, built):
     before = snapshot()
     again = build_features.run(StageContext(cfg, spark), D)
     assert snapshot() == before
-    assert (again.users, again.ads) == (result.users, result.ads)
-    records = lakehouse.read_table(spark, cfg, lakehouse.COMPLETIONS).where(
+    assert (again.details["users"], again.details["ads"]) == (result.details["users"], result.details["ads"])
+    records = tables.read_table(spark, cfg, COMPLETIONS).where(
         f"stage = 'build_features' AND ds = DATE'{D}'"
     ).collect()
-    assert len(records) == 1 and records[0]["rows_written"] == result.users + result.ads
+    assert len(records) == 1 and records[0]["rows_written"] == result.details["users"] + result.details["ads"]
 
 
 def test_missing_validate_events_record_fails_naming_the_day(spark, built):
     cfg, _, _, _ = built
     gap_day, day = shift_day(D, 1), shift_day(D, 2)  # bronze gap_day was never validated
     with pytest.raises(
-        lakehouse.MissingInputError,
+        completions.MissingInputError,
         match=f"needs records that do not exist yet: validate_events ds={gap_day}.*jobs.validate_events --ds {gap_day}",
     ):
         build_features.run(StageContext(cfg, spark), day)
-    assert lakehouse.completion(cfg, "build_features", day) is None
+    assert completions.completion(cfg, "build_features", day) is None
 
 
 def test_bronze_days_read_are_the_longest_window_clipped_at_start_ds(tmp_path):
@@ -327,11 +327,11 @@ def chain(spark, tmp_path_factory):
 
 def test_chain_runs_incrementally_after_its_first_day(chain):
     _, _, results, _, rerun, _, full_results, _ = chain
-    assert [r.incremental for r in results] == [False, True, True, True]
+    assert [r.details["incremental"] for r in results] == [False, True, True, True]
     # The first day rewrote the daily counts of its whole window; the others only their newest day.
-    assert results[0].daily_count_days == build_features.bronze_days(chain[0], CHAIN_DAYS[0])
-    assert [r.daily_count_days for r in results[1:]] == [[shift_day(d, -1)] for d in CHAIN_DAYS[1:]]
-    assert rerun.incremental and not any(r.incremental for r in full_results)
+    assert results[0].details["daily_count_days"] == build_features.bronze_days(chain[0], CHAIN_DAYS[0])
+    assert [r.details["daily_count_days"] for r in results[1:]] == [[shift_day(d, -1)] for d in CHAIN_DAYS[1:]]
+    assert rerun.details["incremental"] and not any(r.details["incremental"] for r in full_results)
 
 
 def test_incremental_equals_full_recompute_and_a_plain_recount(chain):

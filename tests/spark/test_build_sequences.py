@@ -11,12 +11,13 @@ from typing import Any
 
 import pytest
 
-from gem import lakehouse
 from gem.cli import shift_day
-from gem.commit import StageContext
-from gem.staleness import DONE, STALE, Ledger, all_records
+from gem.lakehouse import completions, tables
+from gem.lakehouse.commit import StageContext
+from gem.lakehouse.staleness import DONE, STALE, Ledger, all_records
 from jobs import build_sequences
 from schemas.events import BRONZE_AD_EVENTS
+from schemas.ops import COMPLETIONS
 from schemas.sequences import (
     SEQUENCE_COLUMNS,
     SEQUENCE_FIELDS,
@@ -75,8 +76,8 @@ def _random_days(seed: int = 11) -> dict[str, list[dict[str, Any]]]:
 def _load_bronze_day(spark, cfg, ds: str, rows: list[dict[str, Any]]) -> None:
     """Bronze ds rows plus the validate_events record build_sequences gates on."""
     df = spark.createDataFrame(rows, BRONZE_AD_EVENTS.spark_schema())
-    version = lakehouse.replace_partition(df, cfg, BRONZE_AD_EVENTS, {"ds": ds})
-    lakehouse.publish_completion(cfg, "validate_events", ds, f"test:{ds}", None, len(rows), {},
+    version = tables.replace_partition(df, cfg, BRONZE_AD_EVENTS, {"ds": ds}).version
+    completions.publish_completion(cfg, "validate_events", ds, f"test:{ds}", None, len(rows), {},
                                  {BRONZE_AD_EVENTS.name: version}, reconciliation=STAND_IN)
 
 
@@ -104,7 +105,7 @@ def _snapshot_of(row) -> dict[str, Any]:
 
 def _silver_rows(spark, cfg) -> dict[tuple[str, str], Any]:
     """(ds, user_id) -> row of silver.user_sequences."""
-    rows = lakehouse.read_table(spark, cfg, SILVER_USER_SEQUENCES).collect()
+    rows = tables.read_table(spark, cfg, SILVER_USER_SEQUENCES).collect()
     return {(r["ds"].isoformat(), r["user_id"]): r for r in rows}
 
 
@@ -144,7 +145,7 @@ def test_incremental_build_equals_full_recompute_every_user_every_day(spark, bui
 def test_compaction_holds_every_users_snapshot(spark, built):
     cfg, _, results = built
     silver = _silver_rows(spark, cfg)
-    compacted = lakehouse.read_table(spark, cfg, SILVER_USER_SEQUENCES_COMPACTED).collect()
+    compacted = tables.read_table(spark, cfg, SILVER_USER_SEQUENCES_COMPACTED).collect()
     assert sorted({r["ds"].isoformat() for r in compacted}) == [DAYS[1], DAYS[3]]
     for ds in (DAYS[1], DAYS[3]):
         rows = {r["user_id"]: r for r in compacted if r["ds"].isoformat() == ds}
@@ -152,12 +153,12 @@ def test_compaction_holds_every_users_snapshot(spark, built):
         assert set(rows) == set(expected), ds
         for user, row in rows.items():
             assert _snapshot_of(row) == _snapshot_of(expected[user]), (user, ds)
-        assert results[ds].compacted_users == len(expected)
+        assert results[ds].details["compacted_users"] == len(expected)
         # The day's record names the compaction's version: readers use a compaction only then.
-        record = lakehouse.require_completed(cfg, "build_sequences", ds)
+        record = completions.require_completed(cfg, "build_sequences", ds)
         assert SILVER_USER_SEQUENCES_COMPACTED.name in record["table_versions"]
         assert record["reconciliation"] == "checked"
-    assert all(results[d].compacted_users is None for d in (DAYS[0], DAYS[2], DAYS[4]))
+    assert all(results[d].details["compacted_users"] is None for d in (DAYS[0], DAYS[2], DAYS[4]))
 
 
 def test_a_build_reads_the_last_compaction_not_the_days_before_it(spark, built, tmp_path):
@@ -170,12 +171,12 @@ def test_a_build_reads_the_last_compaction_not_the_days_before_it(spark, built, 
         build_sequences.run(StageContext(cfg, spark), ds)
     from delta.tables import DeltaTable
 
-    DeltaTable.forPath(spark, lakehouse.table_path(cfg, SILVER_USER_SEQUENCES)).delete(f"ds <= DATE'{DAYS[3]}'")
+    DeltaTable.forPath(spark, tables.table_path(cfg, SILVER_USER_SEQUENCES)).delete(f"ds <= DATE'{DAYS[3]}'")
     _load_bronze_day(spark, cfg, DAYS[4], days[DAYS[4]])
     build_sequences.run(StageContext(cfg, spark), DAYS[4])
 
     def day5(c) -> dict[str, Any]:
-        rows = lakehouse.read_table(spark, c, SILVER_USER_SEQUENCES).where(f"ds = DATE'{DAYS[4]}'").collect()
+        rows = tables.read_table(spark, c, SILVER_USER_SEQUENCES).where(f"ds = DATE'{DAYS[4]}'").collect()
         return {r["user_id"]: _snapshot_of(r) for r in rows}
 
     assert day5(cfg) == day5(cfg_full) and day5(cfg)
@@ -202,8 +203,8 @@ def test_only_users_with_events_get_a_row_and_others_keep_their_snapshot(spark, 
     for i, ds in enumerate(DAYS):
         active = {e["user_id"] for e in days[ds]}
         assert {u for (d, u) in silver if d == ds} == active, ds
-        assert results[ds].users == len(active)
-        record = lakehouse.require_completed(cfg, "build_sequences", ds)
+        assert results[ds].details["users"] == len(active)
+        record = completions.require_completed(cfg, "build_sequences", ds)
         assert (record["rows_in"], record["rows_written"], record["rows_quarantined"]) == (len(active), len(active), 0)
         if i == 0:
             continue
@@ -229,7 +230,7 @@ def test_rerun_rewrites_identical_partition_contents(spark, built):
     ds = DAYS[2]  # a middle day: later days exist already and must not matter
 
     def partition() -> list[tuple]:
-        rows = lakehouse.read_table(spark, cfg, SILVER_USER_SEQUENCES).where(f"ds = DATE'{ds}'").collect()
+        rows = tables.read_table(spark, cfg, SILVER_USER_SEQUENCES).where(f"ds = DATE'{ds}'").collect()
         return sorted((r["user_id"], repr(r.asDict(recursive=True))) for r in rows)
 
     before = partition()
@@ -240,12 +241,12 @@ def test_rerun_rewrites_identical_partition_contents(spark, built):
     ledger = Ledger(all_records(cfg))
     assert [ledger.status("build_sequences", d).state for d in DAYS] == [DONE, DONE, DONE, STALE, STALE]
     assert ledger.status("build_sequences", DAYS[4]).rerun_first == ("build_sequences", DAYS[3])
-    with pytest.raises(lakehouse.StaleInputError, match=rf"needs build_sequences ds={DAYS[3]}, which is stale.*"
+    with pytest.raises(completions.StaleInputError, match=rf"needs build_sequences ds={DAYS[3]}, which is stale.*"
                        rf"rerun `python -m jobs.build_sequences --ds {DAYS[3]}` first"):
         build_sequences.run(StageContext(cfg, spark), DAYS[4])
 
     def compaction(day: str) -> list[tuple]:
-        rows = lakehouse.read_table(spark, cfg, SILVER_USER_SEQUENCES_COMPACTED).where(f"ds = DATE'{day}'").collect()
+        rows = tables.read_table(spark, cfg, SILVER_USER_SEQUENCES_COMPACTED).where(f"ds = DATE'{day}'").collect()
         return sorted((r["user_id"], repr(r.asDict(recursive=True))) for r in rows)
 
     compacted = compaction(DAYS[3])
@@ -254,7 +255,7 @@ def test_rerun_rewrites_identical_partition_contents(spark, built):
     build_sequences.run(StageContext(cfg, spark), DAYS[4])
     ledger = Ledger(all_records(cfg))
     assert {ledger.status("build_sequences", d).state for d in DAYS} == {DONE}
-    records = lakehouse.read_table(spark, cfg, lakehouse.COMPLETIONS).where(
+    records = tables.read_table(spark, cfg, COMPLETIONS).where(
         f"stage = 'build_sequences' AND ds = DATE'{ds}'"
     ).count()
     assert records == 1
@@ -265,20 +266,20 @@ def test_missing_inputs_fail_with_a_clear_message(spark, built):
     cfg, _, _ = built
     gap_day, day = shift_day(DAYS[-1], 1), shift_day(DAYS[-1], 2)  # gap_day is never built
     with pytest.raises(
-        lakehouse.MissingInputError,
+        completions.MissingInputError,
         match=f"build_sequences ds={day} needs records that do not exist yet: validate_events ds={day}, "
               f"build_sequences ds={gap_day}; run `python -m jobs.validate_events --ds {day}` first",
     ):
         build_sequences.run(StageContext(cfg, spark), day)
 
-    lakehouse.publish_completion(cfg, "validate_events", day, "test", 0, 0, {}, {})
+    completions.publish_completion(cfg, "validate_events", day, "test", 0, 0, {}, {})
     with pytest.raises(
-        lakehouse.MissingInputError,
+        completions.MissingInputError,
         match=f"needs records that do not exist yet: build_sequences ds={gap_day}; "
               f"run `python -m jobs.build_sequences --ds {gap_day}` first",
     ):
         build_sequences.run(StageContext(cfg, spark), day)
-    assert lakehouse.completion(cfg, "build_sequences", day) is None
+    assert completions.completion(cfg, "build_sequences", day) is None
 
 
 def test_cli_rejects_a_malformed_day():

@@ -8,11 +8,13 @@ import subprocess
 
 import pytest
 
-from gem import lakehouse
-from gem.commit import StageContext
-from gem.landing import MissingLandingPartition, partition_dir
+from gem.lakehouse import completions, tables
+from gem.lakehouse.commit import StageContext
+from gem.lakehouse.completions import MissingInputError
+from gem.lakehouse.landing import MissingLandingPartition, mark_partition_complete, partition_dir
 from jobs import ingest_events
 from schemas.events import BRONZE_AD_EVENTS, BRONZE_QUARANTINE, QUARANTINE_REASONS
+from schemas.ops import COMPLETIONS
 from tests.landing_lines import CLEAN_LINES, DAY, DIRTY_LINES, all_dirty_lines, line, write_day
 from tests.support import PYTHON, REPO, make_config, subprocess_env
 
@@ -20,7 +22,7 @@ EXTRA_CLEAN = [line(f"k{i}", user_id=f"u{i}") for i in range(20)]
 
 
 def _rows(spark, cfg, schema, ds=DAY):
-    df = lakehouse.read_table(spark, cfg, schema).where(f"ds = DATE'{ds}'")
+    df = tables.read_table(spark, cfg, schema).where(f"ds = DATE'{ds}'")
     return sorted(tuple(str(v) for v in r) for r in df.collect())
 
 
@@ -48,27 +50,27 @@ def test_every_dirty_kind_is_quarantined_with_its_reason(spark, dirty_day):
     assert result.rows_in == len(CLEAN_LINES) + len(EXTRA_CLEAN) + sum(expected.values())
     assert result.rows_written == len(CLEAN_LINES) + len(EXTRA_CLEAN)
 
-    bronze_ids = {r.event_id for r in lakehouse.read_table(spark, cfg, BRONZE_AD_EVENTS).collect()}
+    bronze_ids = {r.event_id for r in tables.read_table(spark, cfg, BRONZE_AD_EVENTS).collect()}
     assert bronze_ids == {json.loads(x)["event_id"] for x in CLEAN_LINES + EXTRA_CLEAN}
 
-    quarantine = lakehouse.read_table(spark, cfg, BRONZE_QUARANTINE).collect()
+    quarantine = tables.read_table(spark, cfg, BRONZE_QUARANTINE).collect()
     by_line = {(r.reason, r.raw_line) for r in quarantine}
     for reason, lines in DIRTY_LINES.items():
         for raw in lines:
             assert (reason, raw) in by_line, (reason, raw)  # the raw line is kept verbatim
 
-    record = lakehouse.require_completed(cfg, "ingest_events", DAY)
+    record = completions.require_completed(cfg, "ingest_events", DAY)
     assert record["rows_in"] == record["rows_written"] + record["rows_quarantined"]
     assert record["quarantined_by_reason"] == expected
-    assert record["table_versions"][BRONZE_AD_EVENTS.name] == lakehouse.latest_version(
-        lakehouse.table_path(cfg, BRONZE_AD_EVENTS)
+    assert record["table_versions"][BRONZE_AD_EVENTS.name] == tables.latest_version(
+        tables.table_path(cfg, BRONZE_AD_EVENTS)
     )
 
     # Rerun: identical contents, still exactly one completion record for the day.
     before = _snapshot(spark, cfg)
     ingest_events.run(StageContext(cfg, spark), DAY)
     assert _snapshot(spark, cfg) == before
-    records = lakehouse.read_table(spark, cfg, lakehouse.COMPLETIONS).where("stage = 'ingest_events'").count()
+    records = tables.read_table(spark, cfg, COMPLETIONS).where("stage = 'ingest_events'").count()
     assert records == 1
 
 
@@ -91,12 +93,12 @@ def test_crash_between_commits_leaves_no_completion_and_rerun_converges(spark, d
         monkeypatch.setattr(ingest_events, "crash_point", die_at)
         with pytest.raises(Killed):
             ingest_events.run(StageContext(cfg, spark), DAY)
-        assert lakehouse.completion(cfg, "ingest_events", DAY) is None, point
+        assert completions.completion(cfg, "ingest_events", DAY) is None, point
 
         monkeypatch.undo()
         ingest_events.run(StageContext(cfg, spark), DAY)
         assert _snapshot(spark, cfg) == reference, point
-        assert lakehouse.completion(cfg, "ingest_events", DAY) is not None
+        assert completions.completion(cfg, "ingest_events", DAY) is not None
 
 
 @pytest.mark.slow
@@ -111,14 +113,14 @@ def test_process_killed_after_bronze_commit(spark, tmp_path):
         [PYTHON, "-m", "jobs.ingest_events", "--ds", DAY], cwd=REPO, env=env, capture_output=True, text=True
     )
     assert proc.returncode == -9, proc.stderr[-2000:]
-    assert lakehouse.completion(cfg, "ingest_events", DAY) is None
+    assert completions.completion(cfg, "ingest_events", DAY) is None
     # The bronze commit happened; the quarantine table never got its partition.
     assert len(_rows(spark, cfg, BRONZE_AD_EVENTS)) == len(CLEAN_LINES) + len(EXTRA_CLEAN)
 
     result = ingest_events.run(StageContext(cfg, spark), DAY)
     assert result.rows_in == result.rows_written + sum(result.quarantined_by_reason.values())
     assert len(_rows(spark, cfg, BRONZE_QUARANTINE)) == sum(len(v) for v in DIRTY_LINES.values())
-    assert lakehouse.completion(cfg, "ingest_events", DAY) is not None
+    assert completions.completion(cfg, "ingest_events", DAY) is not None
 
 
 def test_schema_drift_unexpected_column_fails_loudly(spark, tmp_path):
@@ -126,7 +128,7 @@ def test_schema_drift_unexpected_column_fails_loudly(spark, tmp_path):
     write_day(cfg.landing_root, DAY, [line(f"d{i}", discount_pct=10) for i in range(10)])
     with pytest.raises(ingest_events.SchemaDriftError, match="unexpected column 'discount_pct' in 10 of 10"):
         ingest_events.run(StageContext(cfg, spark), DAY)
-    assert lakehouse.completion(cfg, "ingest_events", DAY) is None
+    assert completions.completion(cfg, "ingest_events", DAY) is None
 
 
 def test_schema_drift_changed_type_fails_loudly(spark, tmp_path):
@@ -135,17 +137,24 @@ def test_schema_drift_changed_type_fails_loudly(spark, tmp_path):
     write_day(cfg.landing_root, DAY, [line(f"d{i}", event_time="2026-01-01T01:00:00Z") for i in range(10)])
     with pytest.raises(ingest_events.SchemaDriftError, match="wrong type in column 'event_time'.*event_time: long"):
         ingest_events.run(StageContext(cfg, spark), DAY)
-    assert lakehouse.completion(cfg, "ingest_events", DAY) is None
+    assert completions.completion(cfg, "ingest_events", DAY) is None
 
 
 def test_missing_or_unfinished_landing_partition_is_named(spark, tmp_path):
+    """The registry's landing need: ingest refuses a day whose producer has not finished, naming
+    the command to run; a marker over no data files is refused naming the folder."""
     cfg = make_config(tmp_path)
-    with pytest.raises(MissingLandingPartition, match=str(partition_dir(cfg.landing_root, DAY))):
+    needs = rf"landing ds={DAY} \(no _SUCCESS marker\); run `python -m jobs.generate_events --ds {DAY}` first"
+    with pytest.raises(MissingInputError, match=needs):
         ingest_events.run(StageContext(cfg, spark), DAY)
     folder = partition_dir(cfg.landing_root, DAY)
     folder.mkdir(parents=True)
     (folder / "part-0.json.gz").write_bytes(b"")
-    with pytest.raises(MissingLandingPartition, match="no _SUCCESS marker"):
+    with pytest.raises(MissingInputError, match=needs):
+        ingest_events.run(StageContext(cfg, spark), DAY)
+    (folder / "part-0.json.gz").unlink()
+    mark_partition_complete(cfg.landing_root, DAY, {"producer": "test"})
+    with pytest.raises(MissingLandingPartition, match=f"{folder} has a _SUCCESS marker but no"):
         ingest_events.run(StageContext(cfg, spark), DAY)
 
 
@@ -159,7 +168,7 @@ def test_event_seen_on_an_earlier_day_is_a_duplicate(spark, tmp_path):
     write_day(cfg.landing_root, next_day, [replayed, fresh])
     result = ingest_events.run(StageContext(cfg, spark), next_day)
     assert result.quarantined_by_reason == {"duplicate_event_id": 1}
-    rows = lakehouse.read_table(spark, cfg, BRONZE_QUARANTINE).where(f"ds = DATE'{next_day}'").collect()
+    rows = tables.read_table(spark, cfg, BRONZE_QUARANTINE).where(f"ds = DATE'{next_day}'").collect()
     assert [r.detail for r in rows] == [f"already in bronze ds={DAY}"]
 
 
@@ -186,3 +195,43 @@ def test_generated_days_reconcile_exactly_with_the_planted_dirty_rows(spark, tmp
         assert result.quarantined_by_reason == expected["quarantine"], ds
         assert result.rows_written == expected["clean"], ds
         assert len(expected["quarantine"]) == 8, expected  # every kind planted (null/empty id share a reason)
+
+
+def _range_landing(cfg) -> list[str]:
+    """Three landing days: dirty rows on the first, an event replayed from the first on the second
+    and third, so dedup across the range's own days is exercised."""
+    days = [DAY, "2026-01-02", "2026-01-03"]
+    write_day(cfg.landing_root, days[0], CLEAN_LINES + EXTRA_CLEAN + all_dirty_lines())
+    replayed = line("g2", event_type="click", surface="fb_feed")  # the id of a day-1 event
+    for i, d in enumerate(days[1:], start=1):
+        fresh = [line(f"n{i}-{k}", event_time=1767225600000 + i * 86_400_000 + 60_000 * k) for k in range(3)]
+        write_day(cfg.landing_root, d, [replayed, *fresh])
+    return days
+
+
+def test_a_range_commit_equals_ingesting_the_days_one_by_one(spark, tmp_path):
+    """`--through`: one commit per table for three days, one record per day, and the same bronze,
+    quarantine and per-day counts as three daily runs; a rerun of the range converges."""
+    from deltalake import DeltaTable
+
+    one_by_one, ranged = make_config(tmp_path / "daily"), make_config(tmp_path / "range")
+    days = _range_landing(one_by_one)
+    _range_landing(ranged)
+    daily = [ingest_events.run(StageContext(one_by_one, spark), d) for d in days]
+    result = ingest_events.run(StageContext(ranged, spark), days[0], days[-1])
+
+    def contents(cfg):
+        return [_rows(spark, cfg, schema, d) for d in days for schema in (BRONZE_AD_EVENTS, BRONZE_QUARANTINE)]
+
+    assert contents(ranged) == contents(one_by_one)
+    records = [completions.completion(ranged, "ingest_events", d) for d in days]
+    counts = lambda r: (r["rows_in"], r["rows_written"], r["quarantined_by_reason"])  # noqa: E731
+    assert [counts(r) for r in records] == [counts(r.record) for r in daily]
+    assert records[1]["quarantined_by_reason"] == {"duplicate_event_id": 1}  # the replay of a day-1 event
+    assert [r["ds"] for r in result.records] == days and len({r["run_id"] for r in records}) == 1
+    for schema in (BRONZE_AD_EVENTS, BRONZE_QUARANTINE):  # one commit per table for the three days
+        writes = [c for c in DeltaTable(tables.table_path(ranged, schema)).history()
+                  if records[0]["run_id"] in (c.get("userMetadata") or "")]
+        assert len(writes) == 1 and all(r["table_versions"][schema.name] == writes[0]["version"] for r in records)
+    again = ingest_events.run(StageContext(ranged, spark), days[0], days[-1])
+    assert contents(ranged) == contents(one_by_one) and again.quarantined_by_reason == result.quarantined_by_reason

@@ -18,21 +18,21 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from gem import lakehouse
 from gem.cli import day_range, shift_day
-from gem.commit import StageContext
 from gem.config import MixConfig
 from gem.data.delta_log import MissingDataFileError, UnavailableVersionError, logged_files, read_table, table_version
 from gem.data.encode import hash_ids
 from gem.data.loader import ExampleStream, ResumableLoader
 from gem.data.manifest import read_manifest
 from gem.data.sampling import row_uniforms
+from gem.lakehouse import completions, tables
+from gem.lakehouse.commit import StageContext
 from jobs import assemble_examples, build_features, build_sequences, mix
 from schemas.events import BRONZE_AD_EVENTS
 from schemas.examples import LABEL_COLUMNS, SILVER_TRAINING_EXAMPLES
 from schemas.features import SILVER_AD_FEATURES, SILVER_USER_FEATURES
 from schemas.ops import COMPLETIONS
-from schemas.sequences import SEQUENCE_COLUMNS
+from schemas.sequences import SEQUENCE_COLUMNS, SILVER_USER_SEQUENCES
 from tests.landing_lines import bronze_event
 from tests.support import make_config, stand_in_records
 
@@ -65,7 +65,7 @@ def _traffic(seed: int = 5) -> list[dict[str, Any]]:
 
 
 def _append(spark, cfg, schema, rows) -> None:
-    path = lakehouse.ensure_table(spark, cfg, schema)
+    path = tables.ensure_table(spark, cfg, schema)
     spark.createDataFrame(rows, schema.spark_schema()).write.format("delta").mode("append").save(path)
 
 
@@ -79,19 +79,20 @@ def lake(spark, tmp_path_factory):
         loader={"batch_size": 64, "num_workers": 0, "max_impressions": 8, "max_clicks": 4, "max_conversions": 2},
     )
     _append(spark, cfg, BRONZE_AD_EVENTS, _traffic())
-    bronze = {BRONZE_AD_EVENTS.name: table_version(lakehouse.table_path(cfg, BRONZE_AD_EVENTS))}
+    bronze = {BRONZE_AD_EVENTS.name: table_version(tables.table_path(cfg, BRONZE_AD_EVENTS))}
     _append(spark, cfg, COMPLETIONS, stand_in_records("validate_events", DAYS, table_versions=bronze))
     for day in EXAMPLE_DAYS:
-        build_sequences.run(StageContext(cfg, spark), day)
+        sequences = build_sequences.run(StageContext(cfg, spark), day)
         built = build_features.run(StageContext(cfg, spark), day)
         # The stand-ins for the data-quality stages name the versions they validated.
         _append(spark, cfg, COMPLETIONS, stand_in_records("validate_silver", [day], table_versions={
-            t: built.table_versions[t] for t in (SILVER_USER_FEATURES.name, SILVER_AD_FEATURES.name)}))
+            SILVER_USER_SEQUENCES.name: sequences.table_versions[SILVER_USER_SEQUENCES.name],
+            **{t: built.table_versions[t] for t in (SILVER_USER_FEATURES.name, SILVER_AD_FEATURES.name)}}))
         assembled = assemble_examples.run(StageContext(cfg, spark), day)
         # validate_examples' record names the version it validated (the one the assembly committed).
         _append(spark, cfg, COMPLETIONS, stand_in_records("validate_examples", [day], table_versions={
             SILVER_TRAINING_EXAMPLES.name: assembled.table_versions[SILVER_TRAINING_EXAMPLES.name]}))
-    examples_version = table_version(lakehouse.table_path(cfg, SILVER_TRAINING_EXAMPLES))
+    examples_version = table_version(tables.table_path(cfg, SILVER_TRAINING_EXAMPLES))
     result = mix.run(StageContext(cfg, spark), MIX_DS)
     return cfg, result, examples_version
 
@@ -122,8 +123,8 @@ def test_temperature_rates_follow_volume_to_the_power_one_over_t():
 
 def test_manifest_lists_the_logs_files_at_a_pinned_version_and_rewrites_nothing(spark, lake):
     cfg, result, examples_version = lake
-    assert result.examples_version == examples_version  # mixing wrote nothing to the examples table
-    assert table_version(lakehouse.table_path(cfg, SILVER_TRAINING_EXAMPLES)) == examples_version
+    assert result.details["examples_version"] == examples_version  # mixing wrote nothing to the examples table
+    assert table_version(tables.table_path(cfg, SILVER_TRAINING_EXAMPLES)) == examples_version
     train, held_out = read_manifest(cfg, MIX_DS, "train"), read_manifest(cfg, MIX_DS, "eval")
     logged = {f.path: f for f in logged_files(train.examples_path, train.examples_version)}
     expected_train = {p for p, f in logged.items() if f.partition["ds"] in EXAMPLE_DAYS[:-1]}
@@ -308,8 +309,8 @@ def _plain(x):
 def test_train_cli_trains_evaluates_and_warm_starts(lake, tmp_path, capsys):
     import yaml
 
-    from gem import checkpoint, promotion, train
     from gem.orchestration import NOTHING_READY_EXIT
+    from gem.train import checkpoint, daily, promotion
     from jobs import pretrain
     from schemas.metrics import GOLD_METRICS
 
@@ -333,13 +334,13 @@ def test_train_cli_trains_evaluates_and_warm_starts(lake, tmp_path, capsys):
     assert click["examples"] > 0 and 0 < click["auc"] <= 1 and click["train_steps"] == 4
     # A rerun of the same day (another run folder) must not start from the model trained for that
     # day: nothing was promoted for an earlier day, so it starts fresh.
-    assert train.main(["--config", str(path), "--mix-ds", MIX_DS, "--no-progress", "--run-dir",
+    assert daily.main(["--config", str(path), "--mix-ds", MIX_DS, "--no-progress", "--run-dir",
                        str(tmp_path / "ckpt" / "rerun")]) == 0
     assert "warm start from" not in capsys.readouterr().out
     # Given a model promoted for an earlier day, a new run of the day starts from it.
     earlier = promotion.promote(tmp_path / "ckpt", cfg.model.arch, shift_day(MIX_DS, -1),
                                 checkpoint.latest(tmp_path / "ckpt" / "rerun"), 4)
-    assert train.main(["--config", str(path), "--mix-ds", MIX_DS, "--no-progress", "--run-dir",
+    assert daily.main(["--config", str(path), "--mix-ds", MIX_DS, "--no-progress", "--run-dir",
                        str(tmp_path / "ckpt" / "third"), "--steps", "2"]) == 0
     assert f"warm start from {earlier.checkpoint} (promoted for {earlier.mix_ds})" in capsys.readouterr().out
     assert promotion.current(tmp_path / "ckpt", cfg.model.arch).checkpoint.parent.name == "third"
@@ -403,17 +404,17 @@ def test_a_day_rewritten_after_its_validation_is_refused_until_revalidated(lake,
     shutil.copytree(cfg.lakehouse_uri, copy)
     moved = dataclasses.replace(cfg, lakehouse_uri=str(copy))
     day = mix.mix_days(cfg, MIX_DS).train[0]
-    path = lakehouse.table_path(moved, SILVER_TRAINING_EXAMPLES)
+    path = tables.table_path(moved, SILVER_TRAINING_EXAMPLES)
     rows = read_table(path, where={"ds": day})
     write_deltalake(path, rows.select(SILVER_TRAINING_EXAMPLES.column_names), mode="overwrite",
                     predicate=f"ds = '{day}'", partition_by=list(SILVER_TRAINING_EXAMPLES.partition_by))
-    with pytest.raises(lakehouse.StaleInputError,
+    with pytest.raises(completions.StaleInputError,
                        match=rf"training_examples ds={day} changed after its validation.*"
                              rf"python -m jobs.validate_silver --ds {day} --examples"):
         mix.run(StageContext(moved), MIX_DS)
     revalidated = stand_in_records("validate_examples", [day], table_versions={
         SILVER_TRAINING_EXAMPLES.name: table_version(path)})
-    lakehouse.publish_completion(moved, "validate_examples", day, "test", None, 0, {},
+    completions.publish_completion(moved, "validate_examples", day, "test", None, 0, {},
                                  revalidated[0]["table_versions"], reconciliation=revalidated[0]["reconciliation"])
     result = mix.run(StageContext(moved), MIX_DS)
-    assert result.examples_version == table_version(path)
+    assert result.details["examples_version"] == table_version(path)

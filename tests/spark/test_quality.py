@@ -14,22 +14,20 @@ from typing import Any
 import pytest
 import yaml
 
-from gem import docs_assets
-from gem.commit import StageContext
 from gem.config import GemConfig
-from gem.lakehouse import completion, publish_completion, replace_partition
-from gem.quality import (
-    DataQualityError,
-    build_data_docs,
+from gem.lakehouse.commit import StageContext
+from gem.lakehouse.completions import completion, publish_completion
+from gem.lakehouse.tables import replace_partition
+from gem.quality import docs_assets
+from gem.quality.bronze import (
     ctr_column,
-    docs_site_dir,
     event_statistics_expectations,
     event_statistics_frame,
     null_rate_column,
     nullable_event_columns,
-    schema_expectations,
-    validate,
 )
+from gem.quality.expectations import schema_expectations
+from gem.quality.runner import DataQualityError, build_data_docs, docs_site_dir, validate
 from jobs import validate_events
 from schemas.events import BRONZE_AD_EVENTS
 from schemas.ops import COMPLETIONS
@@ -90,7 +88,7 @@ def frame(spark: Any, rows: list[dict[str, Any]], strict: bool = True) -> Any:
 
 
 def ingest_record(rows_written: int, quarantined: dict[str, int] | None = None) -> dict[str, Any]:
-    """An ingest_events completion record as gem.lakehouse.completion returns it."""
+    """An ingest_events completion record as gem.lakehouse.completions.completion returns it."""
     quarantined = quarantined or {}
     rows_quarantined = sum(quarantined.values())
     return {
@@ -249,7 +247,7 @@ def test_statistics_fail_on_ctr_and_quarantine_rate_but_only_warn_on_nulls(spark
 def _write_day(spark: Any, cfg: GemConfig, ds: str, rows: list[dict[str, Any]]) -> None:
     """bronze.ad_events for ds plus ingest_events' completion record, through gem.lakehouse."""
     rows = [{**r, "ds": dt.date.fromisoformat(ds)} for r in rows]
-    version = replace_partition(frame(spark, rows), cfg, BRONZE_AD_EVENTS, {"ds": ds})
+    version = replace_partition(frame(spark, rows), cfg, BRONZE_AD_EVENTS, {"ds": ds}).version
     run_id = f"ingest_events:{ds}:test"
     versions = {BRONZE_AD_EVENTS.name: version}
     publish_completion(cfg, "ingest_events", ds, run_id, len(rows), len(rows), {}, versions)
@@ -292,7 +290,7 @@ def test_results_persist_under_gx_root(validated_day: ValidatedDay) -> None:
         assert Path(path).is_file() and Path(cfg.gx_root) in Path(path).parents
 
 
-# Independent of gem.docs_assets' scanner: remote URLs in src/href/srcset, CSS url() and @import.
+# Independent of gem.quality.docs_assets' scanner: remote URLs in src/href/srcset, CSS url() and @import.
 _REMOTE_LOAD = re.compile(
     r"""(?:\b(?:src|href|srcset)\s*=\s*["']?|url\(\s*["']?|@import\s+(?:url\(\s*)?["']?)\s*(?:https?:)?//""",
     re.IGNORECASE,

@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 
-from gem import lakehouse
-from gem import quality_silver as qs
-from gem.quality import statistics_frame, validate
+from gem.lakehouse import tables
+from gem.quality import silver as qs
+from gem.quality.bronze import statistics_frame
+from gem.quality.runner import validate
 from schemas.examples import LABEL_COLUMNS, SILVER_TRAINING_EXAMPLES
 from schemas.features import COUNTER_COLUMNS, SILVER_USER_FEATURES
 from schemas.sequences import SILVER_USER_SEQUENCES
@@ -163,8 +164,8 @@ def _example(iid: str, user: str = "u1", surface: str = "reels", click: int = 0,
 @pytest.fixture(scope="module")
 def sequences_path(spark, cfg):
     rows = [_sequence_row(u, [_element(1, f"s-{u}")]) for u in ("u1", "u2")]
-    lakehouse.replace_partition(_sequences(spark, rows), cfg, SILVER_USER_SEQUENCES, {"ds": D})
-    return lakehouse.table_path(cfg, SILVER_USER_SEQUENCES)
+    tables.replace_partition(_sequences(spark, rows), cfg, SILVER_USER_SEQUENCES, {"ds": D})
+    return tables.table_path(cfg, SILVER_USER_SEQUENCES)
 
 
 def _examples(spark, rows):

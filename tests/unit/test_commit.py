@@ -1,4 +1,4 @@
-"""gem.commit.StageCommit, the one commit path: inputs checked, record withdrawn, only declared
+"""gem.lakehouse.commit.StageCommit, the one commit path: inputs checked, record withdrawn, only declared
 partitions replaced, counts reconciled against the commits' own metrics, a record naming the
 versions read and created. Through `deltalake` (the torch stages' path): no JVM."""
 
@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import datetime as dt
 import multiprocessing
+import time
 
 import pyarrow as pa
 import pytest
 
-from gem import lakehouse
-from gem.commit import CHECKED, ReconciliationError, StageCommit, StageContext, UndeclaredWriteError
 from gem.data.delta_log import read_table
+from gem.lakehouse import completions, tables
+from gem.lakehouse.commit import CHECKED, ReconciliationError, StageCommit, StageContext, UndeclaredWriteError
 from schemas.metrics import GOLD_METRICS
 from schemas.mixture import GOLD_MIXTURE_MANIFEST
 from tests.support import make_config
@@ -31,21 +32,21 @@ def _metrics(ds: str, arch: str = "kunlun", tasks: tuple[str, ...] = ("reels/cli
 
 
 def _mix_record(cfg, ds: str, manifest_version: int = 7) -> None:
-    lakehouse.publish_completion(cfg, "mix", ds, f"test:{ds}", None, 0, {}, {GOLD_MIXTURE_MANIFEST.name: manifest_version},
+    completions.publish_completion(cfg, "mix", ds, f"test:{ds}", None, 0, {}, {GOLD_MIXTURE_MANIFEST.name: manifest_version},
                                  reconciliation="test stand-in")
 
 
 def test_begin_checks_inputs_then_withdraws_the_old_record(tmp_path):
     cfg = make_config(tmp_path)
-    with pytest.raises(lakehouse.MissingInputError, match="mix ds=2026-01-03"):
+    with pytest.raises(completions.MissingInputError, match="mix ds=2026-01-03"):
         StageCommit.begin(StageContext(cfg), "pretrain", DS)
     _mix_record(cfg, DS)
     first = StageCommit.begin(StageContext(cfg), "pretrain", DS)
     first.replace_arrow(_metrics(DS), GOLD_METRICS, also={"arch": "kunlun"})
     first.publish(None, written_tables=(GOLD_METRICS,), no_input_count="scores")
-    assert lakehouse.completion(cfg, "pretrain", DS) is not None
+    assert completions.completion(cfg, "pretrain", DS) is not None
     StageCommit.begin(StageContext(cfg), "pretrain", DS)  # a rerun starts: the old record is gone
-    assert lakehouse.completion(cfg, "pretrain", DS) is None
+    assert completions.completion(cfg, "pretrain", DS) is None
 
 
 def test_record_names_the_versions_read_and_created(tmp_path):
@@ -54,7 +55,7 @@ def test_record_names_the_versions_read_and_created(tmp_path):
     commit = StageCommit.begin(StageContext(cfg), "pretrain", DS)
     version = commit.replace_arrow(_metrics(DS), GOLD_METRICS, also={"arch": "kunlun"})
     record = commit.publish(None, written_tables=(GOLD_METRICS,), no_input_count="scores")
-    stored = lakehouse.completion(cfg, "pretrain", DS)
+    stored = completions.completion(cfg, "pretrain", DS)
     assert stored["input_versions"] == {f"mix:{GOLD_MIXTURE_MANIFEST.name}@{DS}": 7} == record["input_versions"]
     assert stored["table_versions"] == {GOLD_METRICS.name: version}
     assert (stored["rows_in"], stored["rows_written"], stored["reconciliation"]) == (None, 2, "scores")
@@ -92,7 +93,7 @@ def test_counts_must_agree_with_the_commits_and_unchecked_counts_say_why(tmp_pat
         commit.publish(3, 3, written_tables=(GOLD_METRICS,))
     with pytest.raises(ValueError, match="say why"):
         commit.publish(None, written_tables=(GOLD_METRICS,))
-    assert lakehouse.completion(cfg, "pretrain", DS) is None  # nothing was published
+    assert completions.completion(cfg, "pretrain", DS) is None  # nothing was published
     record = commit.publish(2, written_tables=(GOLD_METRICS,))
     assert (record["rows_in"], record["rows_written"], record["reconciliation"]) == (2, 2, CHECKED)
 
@@ -123,7 +124,7 @@ def test_two_days_committing_at_once_record_their_own_versions(tmp_path):
     days = ("2026-01-03", "2026-01-04")
     for d in days:
         _mix_record(cfg, d)
-    lakehouse.ensure_table(None, cfg, GOLD_METRICS)
+    tables.ensure_table(None, cfg, GOLD_METRICS)
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(2)
     procs = [ctx.Process(target=_commit_day, args=(cfg.lakehouse_uri, d, barrier)) for d in days]
@@ -137,7 +138,7 @@ def test_two_days_committing_at_once_record_their_own_versions(tmp_path):
     by_run = {c.get("userMetadata"): int(c["version"]) for c in DeltaTable(GOLD_METRICS.path(cfg.lakehouse_uri)).history()}
     versions = []
     for d in days:
-        record = lakehouse.completion(cfg, "pretrain", d)
+        record = completions.completion(cfg, "pretrain", d)
         version = record["table_versions"][GOLD_METRICS.name]
         meta = next(m for m, v in by_run.items() if v == version)
         assert meta is not None, (d, record, DeltaTable(GOLD_METRICS.path(cfg.lakehouse_uri)).history())
@@ -151,7 +152,9 @@ def test_two_days_committing_at_once_record_their_own_versions(tmp_path):
 def _rerun_day(lake: str, ds: str, barrier, results) -> None:
     cfg = make_config_at(lake)
     barrier.wait()  # both runs of one (stage, ds) start at the same moment
-    for attempt in range(3):  # a run that loses a commit race fails clearly; the retry succeeds
+    for attempt in range(60):  # the run that finds the other's lease fails clearly; a retry succeeds
+        if attempt:
+            time.sleep(0.5)
         try:
             commit = StageCommit.begin(StageContext(cfg), "pretrain", ds)
             commit.replace_arrow(_metrics(ds), GOLD_METRICS, also={"arch": "kunlun"})
@@ -167,7 +170,7 @@ def test_two_runs_of_one_stage_and_day_at_once_end_as_one_run(tmp_path):
     a version its own run committed, whichever order the commits land in."""
     cfg = make_config(tmp_path)
     _mix_record(cfg, DS)
-    lakehouse.ensure_table(None, cfg, GOLD_METRICS)
+    tables.ensure_table(None, cfg, GOLD_METRICS)
     ctx = multiprocessing.get_context("spawn")
     barrier, results = ctx.Barrier(2), ctx.Queue()
     procs = [ctx.Process(target=_rerun_day, args=(cfg.lakehouse_uri, DS, barrier, results)) for _ in range(2)]
@@ -177,11 +180,50 @@ def test_two_runs_of_one_stage_and_day_at_once_end_as_one_run(tmp_path):
         p.join(120)
     outcomes = [results.get(timeout=5) for _ in range(results.qsize())]
     assert sum(o[0] == "ok" for o in outcomes) == 2, outcomes  # each run succeeded, at the latest on retry
+    failures = [o[2] for o in outcomes if o[0] == "error"]
+    assert all("LeaseHeldError" in f and "retry when it has finished" in f for f in failures), failures
     rows = read_table(GOLD_METRICS.path(cfg.lakehouse_uri)).to_pylist()
     assert sorted(r["task"] for r in rows) == ["fb_feed/click", "reels/click"]  # one run's rows, not two
-    record = lakehouse.completion(cfg, "pretrain", DS)
+    record = completions.completion(cfg, "pretrain", DS)
     from deltalake import DeltaTable
 
     history = DeltaTable(GOLD_METRICS.path(cfg.lakehouse_uri)).history()
     meta = next(c.get("userMetadata") for c in history if int(c["version"]) == record["table_versions"][GOLD_METRICS.name])
     assert record["run_id"] in meta
+
+
+def test_a_run_holding_the_lease_refuses_a_second_and_a_dead_holder_is_taken_over(tmp_path):
+    import json
+    import os
+    import subprocess
+
+    from gem.lakehouse import lease
+
+    cfg = make_config(tmp_path)
+    _mix_record(cfg, DS)
+    first = StageCommit.begin(StageContext(cfg), "pretrain", DS)
+    # Another live process holding it: refused, naming the holder.
+    holder = json.loads(lease.lease_path(cfg, "pretrain", DS).read_text())
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        lease.lease_path(cfg, "pretrain", DS).write_text(json.dumps({**holder, "pid": sleeper.pid}))
+        with pytest.raises(lease.LeaseHeldError, match=f"{first.run_id}.*pid {sleeper.pid}.*retry"):
+            StageCommit.begin(StageContext(cfg), "pretrain", DS)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    # Its process gone: the lease is taken over; publishing releases it.
+    second = StageCommit.begin(StageContext(cfg), "pretrain", DS)
+    assert json.loads(lease.lease_path(cfg, "pretrain", DS).read_text())["run_id"] == second.run_id
+    second.replace_arrow(_metrics(DS), GOLD_METRICS, also={"arch": "kunlun"})
+    second.publish(None, written_tables=(GOLD_METRICS,), no_input_count="scores")
+    assert not lease.lease_path(cfg, "pretrain", DS).exists()
+    assert os.getpid() == holder["pid"]
+
+
+def test_a_range_needs_a_stage_declared_with_ranges(tmp_path):
+    from gem.lakehouse.commit import UndeclaredWriteError
+
+    cfg = make_config(tmp_path)
+    with pytest.raises(UndeclaredWriteError, match="pretrain is not declared with ranges"):
+        StageCommit.begin(StageContext(cfg), "pretrain", DS, "2026-01-05")

@@ -5,16 +5,17 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
-from gem import demo, lakehouse
-from gem.commit import StageCommit, StageContext
-from gem.train import write_metrics as write_run_metrics
+from gem import demo
+from gem.lakehouse import completions
+from gem.lakehouse.commit import StageCommit, StageContext
+from gem.train.daily import write_metrics as write_run_metrics
 from tests.support import make_config
 
 
 def write_metrics(cfg, rows: list[dict]) -> None:
     """Commit a run's metrics as the pretraining stage does, after a stand-in for its mixture's record."""
     ds = rows[0]["ds"].isoformat()
-    lakehouse.publish_completion(cfg, "mix", ds, "test", None, 0, {}, {}, reconciliation="test stand-in")
+    completions.publish_completion(cfg, "mix", ds, "test", None, 0, {}, {}, reconciliation="test stand-in")
     commit = StageCommit.begin(StageContext(cfg), "pretrain", ds)
     write_run_metrics(commit, rows)
     commit.publish(None, no_input_count="test")

@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 
 from gem.config import GemConfig
-from gem.landing import MissingLandingPartition, partition_dir, read_manifest, require_partition
+from gem.lakehouse.landing import MissingLandingPartition, partition_dir, read_manifest, require_partition
 from gem.sources.engagement import IncompatibleGeneratorState, MissingGeneratorState, load_state, recent_engagement
 from gem.sources.landing_output import expected_landing_counts, sidecar_path
 from gem.sources.synthetic_day import generate_day

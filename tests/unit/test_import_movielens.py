@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gem.landing import SUCCESS_MARKER, read_manifest, require_partition
+from gem.lakehouse.landing import SUCCESS_MARKER, read_manifest, require_partition
 from gem.sources.movielens_events import FALLBACK_SURFACE, GENRE_SURFACE, LANDING_FILE_NAME, import_movielens
 from gem.sources.movielens_format import ML100K_GENRES, MovieLensFormatError, detect_format
 from jobs.import_movielens import main

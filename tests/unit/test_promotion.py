@@ -1,11 +1,11 @@
-"""gem.promotion: a run of day D warm-starts from the newest model promoted for a day before D, never
+"""gem.train.promotion: a run of day D warm-starts from the newest model promoted for a day before D, never
 from D's own or a later day's; a rerun of an old day never moves the current model back."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from gem import checkpoint, promotion
+from gem.train import checkpoint, promotion
 from tests.support import tiny_trainer
 
 

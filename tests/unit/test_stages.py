@@ -1,4 +1,4 @@
-"""gem.stages: the registry's day rules agree with the jobs, the DAG edges are the producers of each
+"""gem.lakehouse.stages: the registry's day rules agree with the jobs, the DAG edges are the producers of each
 stage's needs (each drawn once), and missing inputs are found from real completion records and
 named with the command to run."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from gem import lakehouse, stages
 from gem.cli import day_range, shift_day
+from gem.lakehouse import completions, stages
 from jobs import build_sequences, mix
 from tests.support import make_config
 
@@ -42,7 +42,8 @@ def test_schedules_and_windows_agree_with_the_jobs(tmp_path):
         assert (compacts == [ds]) == build_sequences.is_compaction_day(cfg, ds), ds
         days = mix.mix_days(cfg, ds)
         expected = [] if days is None else [*days.train, days.eval]
-        assert [d for _, d in stages.stage("mix").needed(cfg, ds)] == expected, ds
+        needed = stages.stage("mix").needed(cfg, ds)  # the examples and the sequences of the mixed days, validated
+        assert needed == [("validate_examples", d) for d in expected] + [("validate_silver", d) for d in expected], ds
 
 
 def test_dag_edges_are_the_producers_of_needs_each_drawn_once():
@@ -59,12 +60,12 @@ def test_missing_inputs_come_from_real_completion_records(tmp_path):
     cfg = make_config(tmp_path, start_ds=S, attribution_window_days=1)
 
     def completed(stage: str, day: str):
-        return lakehouse.completion(cfg, stage, day)
+        return completions.completion(cfg, stage, day)
 
     assert stages.missing_inputs("build_sequences", cfg, "2026-01-02", completed) == [
         ("validate_events", "2026-01-02"), ("build_sequences", "2026-01-01")]
     for stage, day in (("validate_events", "2026-01-02"), ("build_sequences", "2026-01-01")):
-        lakehouse.publish_completion(cfg, stage, day, f"test:{day}", 1, 1, {}, {})
+        completions.publish_completion(cfg, stage, day, f"test:{day}", 1, 1, {}, {})
     assert stages.missing_inputs("build_sequences", cfg, "2026-01-02", completed) == []
     missing = stages.missing_inputs("validate_examples", cfg, "2026-01-01", completed)
     assert missing == [("assemble_examples", "2026-01-01")]
@@ -73,3 +74,25 @@ def test_missing_inputs_come_from_real_completion_records(tmp_path):
         "run `python -m jobs.assemble_examples --ds 2026-01-01` first")
     message = stages.describe_missing("mix", "2026-01-03", [("validate_examples", "2026-01-02")])
     assert message.endswith("run `python -m jobs.validate_silver --ds 2026-01-02 --examples` first")
+
+
+def test_the_registry_prints_as_a_table_of_days_needs_and_writes(capsys):
+    from jobs import status
+
+    assert status.main(["--registry"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["stage", "day", "needs", "writes", "runs"]
+    by_stage = {line.split()[0]: line for line in lines[1:]}
+    assert list(by_stage) == [s.name for s in stages.STAGES]
+    assert "landing (after generate_events)" in by_stage["ingest_events"] and "ranges" in by_stage["ingest_events"]
+    assert "silver.user_sequences_compacted[compaction_days]" in by_stage["build_sequences"]
+    assert "validate_events[feature_window_days]" in by_stage["build_features"]
+
+
+def test_the_readme_shows_the_registry_as_it_is():
+    from tests.support import REPO
+
+    readme = (REPO / "README.md").read_text()
+    rows = [line for line in readme.splitlines() if line.startswith("| `") and line.count(" | ") == 4]
+    shown = [tuple(c.strip().strip("`") for c in line.strip("|").split(" | ")) for line in rows]
+    assert shown == stages.describe()

@@ -1,15 +1,15 @@
-"""gem.staleness and `python -m jobs.status`: a rewritten day makes every later record that rested on
+"""gem.lakehouse.staleness and `python -m jobs.status`: a rewritten day makes every later record that rested on
 it stale, readers refuse stale inputs naming what to rerun, and the listing shows done / stale /
 missing per stage and day. Real completion records in a real Delta table (deltalake, no Spark),
-written as gem.commit writes them."""
+written as gem.lakehouse.commit writes them."""
 
 from __future__ import annotations
 
 import pytest
 
-from gem import lakehouse
-from gem.commit import StageCommit, StageContext, input_key
-from gem.staleness import DONE, MISSING, STALE, Ledger, all_records
+from gem.lakehouse import completions
+from gem.lakehouse.commit import StageCommit, StageContext, input_key
+from gem.lakehouse.staleness import DONE, MISSING, STALE, Ledger, all_records
 from jobs import status
 from tests.support import make_config
 
@@ -20,7 +20,7 @@ SEQ = "silver.user_sequences"
 
 
 def _publish(cfg, stage: str, day: str, created: dict[str, int], read: dict[str, int]) -> None:
-    lakehouse.publish_completion(cfg, stage, day, f"{stage}:{day}", None, 0, {}, created, read,
+    completions.publish_completion(cfg, stage, day, f"{stage}:{day}", None, 0, {}, created, read,
                                  reconciliation="test: versions only")
 
 
@@ -57,7 +57,7 @@ def test_rewriting_a_day_makes_everything_after_it_stale(tmp_path):
 def test_a_withdrawn_input_makes_its_readers_stale(tmp_path):
     cfg = make_config(tmp_path, start_ds=S)
     _chain(cfg, {d: 10 for d in DAYS})
-    lakehouse.clear_completion(cfg, "validate_events", DAYS[0])  # a rerun that has not finished
+    completions.clear_completion(cfg, "validate_events", DAYS[0])  # a rerun that has not finished
     ledger = Ledger(all_records(cfg))
     assert ledger.status("validate_events", DAYS[0]).state == MISSING
     assert ledger.status("build_sequences", DAYS[0]).state == STALE
@@ -68,7 +68,7 @@ def test_a_reader_refuses_a_stale_input_naming_the_rerun(tmp_path):
     cfg = make_config(tmp_path, start_ds=S, attribution_window_days=0, mix={"train_days": 1})
     _publish(cfg, "mix", DAYS[1], {"gold.mixture_manifest": 3}, {input_key("validate_examples", "x", DAYS[1]): 5})
     _publish(cfg, "validate_examples", DAYS[1], {"x": 6}, {})  # its examples were revalidated at 6
-    with pytest.raises(lakehouse.StaleInputError,
+    with pytest.raises(completions.StaleInputError,
                        match=r"pretrain ds=2026-01-02 needs mix ds=2026-01-02, which is stale .*"
                              r"rerun `python -m jobs.mix --ds 2026-01-02` first"):
         StageCommit.begin(StageContext(cfg), "pretrain", DAYS[1])

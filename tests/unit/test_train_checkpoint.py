@@ -10,8 +10,8 @@ import shutil
 import pytest
 import torch
 
-from gem import checkpoint
-from gem.train import Trainer
+from gem.train import checkpoint
+from gem.train.trainer import Trainer
 from tests.support import TINY_TRAIN, ListStream, tiny_task, tiny_trainer
 
 

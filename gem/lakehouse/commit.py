@@ -19,7 +19,7 @@ The record names
 - `input_versions`: `"{stage}:{table}@{day}"` -> the version the input record (stage, day) named,
   plus any table the stage read outside a record (`read`, keyed by the table alone), so a run can be
   replayed at exactly its inputs, and a record is known stale once an input record names another
-  version (gem.staleness);
+  version (gem.lakehouse.staleness);
 - `reconciliation`: `checked` when rows_in = rows_written + rows_quarantined was verified against
   the commits' row counts; otherwise why the stage has no separate input count (rows_in is null).
 """
@@ -27,12 +27,13 @@ The record names
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
-from gem import lakehouse, stages, staleness
 from gem.config import GemConfig
 from gem.days import day_range
+from gem.lakehouse import completions, lease, stages, staleness, tables
 from schemas.table import TableSchema
 
 if TYPE_CHECKING:
@@ -56,6 +57,73 @@ class ReconciliationError(RuntimeError):
     """The rows a stage counted disagree with what its commits wrote."""
 
 
+@dataclass(frozen=True)
+class DayCounts:
+    """One day's counts in a range commit: rows in (None: the stage has no separate input count),
+    rows written, rows quarantined by reason."""
+
+    rows_in: int | None
+    rows_written: int
+    quarantined_by_reason: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StageResult:
+    """What every stage's `run(ctx, ds)` returns: the completion records it published (one per day
+    its commit covered; none when nothing was ready) and the stage's own figures (`details`, e.g.
+    the users a feature build advanced, a validation's reports)."""
+
+    stage: str
+    ds: str
+    seconds: float
+    records: tuple[Mapping[str, Any], ...] = ()
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def published(self) -> bool:
+        return bool(self.records)
+
+    @property
+    def record(self) -> Mapping[str, Any]:
+        """The record of ds (the last day of a range commit)."""
+        if not self.records:
+            raise LookupError(f"{self.stage} ds={self.ds} published no record")
+        return self.records[-1]
+
+    @property
+    def table_versions(self) -> dict[str, int]:
+        return dict(self.record["table_versions"])
+
+    @property
+    def rows_in(self) -> int | None:
+        counts = [r["rows_in"] for r in self.records]
+        return None if not counts or None in counts else sum(counts)
+
+    @property
+    def rows_written(self) -> int:
+        return sum(int(r["rows_written"]) for r in self.records)
+
+    @property
+    def quarantined_by_reason(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.records:
+            for reason, n in r["quarantined_by_reason"].items():
+                out[reason] = out.get(reason, 0) + int(n)
+        return dict(sorted(out.items()))
+
+    def summary(self) -> str:
+        """One line for the job's output, e.g. "ingest_events ds=2026-01-01: in=1020 written=1000
+        quarantined=20 {...} versions={...} in 4.1s"."""
+        if not self.records:
+            return f"{self.stage} ds={self.ds}: nothing published in {self.seconds:.1f}s"
+        days = self.ds if len(self.records) == 1 else f"{self.records[0]['ds']}..{self.records[-1]['ds']}"
+        rows_in = "" if self.rows_in is None else f"in={self.rows_in} "
+        quarantined = sum(self.quarantined_by_reason.values())
+        return (f"{self.stage} ds={days}: {rows_in}written={self.rows_written} "
+                + (f"quarantined={quarantined} {self.quarantined_by_reason} " if quarantined else "")
+                + f"versions={self.table_versions} in {self.seconds:.1f}s")
+
+
 @dataclass
 class StageContext:
     """What a stage's `run(ctx, ds)` gets: the config and, for Spark stages, a session opened on
@@ -68,7 +136,7 @@ class StageContext:
         if not stages.stage(stage_name).spark:
             raise RuntimeError(f"stage {stage_name} is declared without Spark; it must not start a session")
         if self.spark_session is None:
-            from gem.spark import get_spark
+            from gem.lakehouse.spark import get_spark
 
             self.spark_session = get_spark(self.cfg, app_name=f"{stage_name}:{ds}")
         return self.spark_session
@@ -84,22 +152,46 @@ class StageCommit:
     run_id: str
     inputs: dict[tuple[str, str], dict[str, Any]]
     input_versions: dict[str, int]
+    days: tuple[str, ...] = ()  # the days this commit covers, ds first (one, unless a range)
     table_versions: dict[str, int] = field(default_factory=dict)
     committed_rows: dict[str, int] = field(default_factory=dict)
-    published: dict[str, Any] | None = None
+    published: dict[str, Any] | None = None  # the record of the last day published
+    published_records: list[dict[str, Any]] = field(default_factory=list)
+    leases: list[lease.Lease] = field(default_factory=list)  # released once the records are published
 
     @classmethod
-    def begin(cls, ctx: StageContext, name: str, ds: str) -> StageCommit:
+    def begin(cls, ctx: StageContext, name: str, ds: str, through: str | None = None) -> StageCommit:
         """Check the registry's needs (MissingInputError naming what to run first; StaleInputError
         when one rests on rewritten data, naming what to rerun), then withdraw the stage's record for
-        ds, so a crash from here on leaves no record claiming the outputs."""
+        ds, so a crash from here on leaves no record claiming the outputs.
+
+        through: one commit for the days ds..through, one record per day (stages declared with
+        `ranges`): each day's needs are checked, except the stage's own records of days in the range,
+        which this commit makes."""
         stage = stages.stage(name)
-        records = lakehouse.require_stage_inputs(ctx.cfg, name, ds)
+        days = tuple(day_range(ds, through)) if through is not None else (ds,)
+        if not days:
+            raise ValueError(f"{name}: empty range ds={ds} .. {through}")
+        if len(days) > 1 and not stage.ranges:
+            raise UndeclaredWriteError(f"{name} is not declared with ranges: one commit covers one day")
+        records: dict[tuple[str, str], dict[str, Any]] = {}
+        for day in days:
+            records |= completions.require_stage_inputs(ctx.cfg, name, day, made_here={(name, d) for d in days})
         versions = {input_key(s, table, day): int(v) for (s, day), record in records.items()
                     for table, v in sorted((record.get("table_versions") or {}).items())}
         staleness.require_fresh(ctx.cfg, name, ds, list(records))
-        lakehouse.clear_completion(ctx.cfg, name, ds)
-        return cls(ctx.cfg, stage, ds, lakehouse.new_run_id(name, ds), records, versions)
+        run_id = completions.new_run_id(name, ds)
+        leases: list[lease.Lease] = []
+        try:  # one run at a time per (stage, day): a concurrent run fails here, naming this one
+            for day in days:
+                leases.append(lease.acquire(ctx.cfg, name, day, run_id))
+        except lease.LeaseHeldError:
+            for held in leases:
+                held.release()
+            raise
+        for day in days:
+            completions.clear_completion(ctx.cfg, name, day)
+        return cls(ctx.cfg, stage, ds, run_id, records, versions, days, leases=leases)
 
     # --- what the stage read --------------------------------------------------------------------
 
@@ -114,7 +206,7 @@ class StageCommit:
         """A record needed beyond the registry's day rules, known only from the data (e.g. the
         feature days of late impressions): required like the declared ones (MissingInputError
         naming it), and its versions noted as read."""
-        record = lakehouse.require_completed(self.cfg, stage_name, day)
+        record = completions.require_completed(self.cfg, stage_name, day)
         staleness.require_fresh(self.cfg, self.stage.name, self.ds, [(stage_name, day)])
         self.inputs[(stage_name, day)] = record
         self.input_versions |= {input_key(stage_name, t, day): int(v) for t, v in sorted(record["table_versions"].items())}
@@ -133,13 +225,13 @@ class StageCommit:
         for day in days:
             version = self.record(validation_stage, day)["table_versions"].get(table)
             if version is None:
-                raise lakehouse.StaleInputError(
+                raise completions.StaleInputError(
                     f"{self.stage.name} ds={self.ds}: the {validation_stage} record of ds={day} names no validated "
                     f"version of {table}; run `{stages.command(validation_stage, day)}` first")
             validated[day] = int(version)
         if not validated:
             raise ValueError(f"{self.stage.name}: no day of {table} to read")
-        path = lakehouse.table_path(self.cfg, schema)
+        path = tables.table_path(self.cfg, schema)
         listings: dict[int, dict[str, set[str]]] = {}
 
         def files(version: int) -> dict[str, set[str]]:
@@ -156,7 +248,7 @@ class StageCommit:
         for day, version in sorted(validated.items()):
             seen = files(version).get(day, set())
             if files(pinned).get(day, set()) != seen or files(latest).get(day, set()) != seen:
-                raise lakehouse.StaleInputError(
+                raise completions.StaleInputError(
                     f"{self.stage.name} ds={self.ds}: {table} ds={day} changed after its validation (version "
                     f"{version}; read at {pinned}); run `{stages.command(validation_stage, day)}` first")
         return pinned
@@ -170,10 +262,18 @@ class StageCommit:
 
     @property
     def user_metadata(self) -> str:
-        return json.dumps({"run_id": self.run_id, "stage": self.stage.name, "ds": self.ds})
+        through = {"through": self.days[-1]} if len(self.days) > 1 else {}
+        return json.dumps({"run_id": self.run_id, "stage": self.stage.name, "ds": self.ds, **through})
+
+    def _declared(self, table: str) -> list[str] | None:
+        """The partitions of `table` this commit's days declare, oldest first (None: none)."""
+        found = [self.stage.partitions(self.cfg, day).get(table) for day in self.days]
+        if all(f is None for f in found):
+            return None
+        return sorted({d for f in found if f for d in f})
 
     def _declared_where(self, schema: TableSchema, days: list[str] | None) -> tuple[list[str], Any]:
-        declared = self.stage.partitions(self.cfg, self.ds).get(schema.name)
+        declared = self._declared(schema.name)
         if declared is None:
             raise UndeclaredWriteError(
                 f"{self.stage.name} ds={self.ds} writes {schema.name}, which its registry declaration "
@@ -192,8 +292,10 @@ class StageCommit:
         """Replace the declared partitions (all of the day's, or `days` among them) of `schema` with
         `df` in one Delta commit; -> the version that commit created."""
         _, ds_where = self._declared_where(schema, days)
-        version = lakehouse.replace_partition(df, self.cfg, schema, {"ds": ds_where}, self.user_metadata)
-        return self._committed(schema, version)
+        committed = tables.replace_partition(df, self.cfg, schema, {"ds": ds_where}, self.user_metadata)
+        self.table_versions[schema.name] = committed.version
+        self.committed_rows[schema.name] = committed.rows
+        return committed.version
 
     def replace_arrow(self, rows: pa.Table, schema: TableSchema, also: Mapping[str, str] | None = None) -> int:
         """The same for a stage without Spark, through `deltalake`: replace the rows of the declared
@@ -206,14 +308,14 @@ class StageCommit:
         where = {"ds": days[0], **(also or {})}
         from deltalake import DeltaTable
 
-        path = lakehouse.ensure_table(None, self.cfg, schema)
+        path = tables.ensure_table(None, self.cfg, schema)
         # Written through a table object: after the write it stands at the version this transaction
         # committed (after any conflict retries). A fresh read of the log while another process
         # commits to it was measured to miss the commit.
         table = DeltaTable(path)
-        write_deltalake(table, rows, mode="overwrite", predicate=lakehouse.predicate(where),
+        write_deltalake(table, rows, mode="overwrite", predicate=tables.predicate(where),
                         partition_by=list(schema.partition_by) or None,
-                        commit_properties=lakehouse.commit_properties(self.user_metadata))
+                        commit_properties=tables.commit_properties(self.user_metadata))
         (own,) = [c for c in table.history(1) if c.get("userMetadata") == self.user_metadata] or [None]
         if own is None:
             raise RuntimeError(f"{schema.name}: the write of {self.run_id} left no commit of its own at v{table.version()}")
@@ -221,16 +323,11 @@ class StageCommit:
         self.committed_rows[schema.name] = int((own.get("operationMetrics") or {}).get("num_added_rows", 0))
         return int(table.version())
 
-    def _committed(self, schema: TableSchema, version: int) -> int:
-        self.table_versions[schema.name] = version
-        self.committed_rows[schema.name] = lakehouse.rows_committed(self.cfg, schema, version, self.user_metadata)
-        return version
-
     # --- the record ----------------------------------------------------------------------------
 
     def publish(
         self,
-        rows_in: int | None,
+        rows_in: int | None = None,
         rows_written: int | None = None,
         quarantined_by_reason: Mapping[str, int] | None = None,
         *,
@@ -238,6 +335,7 @@ class StageCommit:
         quarantine_table: TableSchema | None = None,
         no_input_count: str = "",
         validated: Mapping[str, int] | None = None,
+        per_day: Mapping[str, DayCounts] | None = None,
     ) -> dict[str, Any]:
         """Reconcile and publish the record for ds; -> the record.
 
@@ -247,7 +345,22 @@ class StageCommit:
         rows_in=None: the stage has no separate input count; `no_input_count` says why, and the
             record says so instead of claiming a check.
         validated: a validation stage's validated versions (it creates none of its own).
+        per_day: a range commit's counts per day (its totals are the sums, and rows_in,
+            rows_written and quarantined_by_reason are left out); one record per day is published.
         """
+        if len(self.days) > 1 or per_day is not None:
+            if per_day is None or sorted(per_day) != list(self.days):
+                raise ValueError(f"{self.stage.name}: a commit of {list(self.days)} publishes counts per day, "
+                                 f"got {sorted(per_day or {})}")
+            if rows_in is not None or rows_written is not None or quarantined_by_reason:
+                raise ValueError(f"{self.stage.name}: a range commit's totals come from per_day")
+            counts = [per_day[d] for d in self.days]
+            rows_in = None if any(c.rows_in is None for c in counts) else sum(c.rows_in for c in counts)
+            rows_written = sum(c.rows_written for c in counts)
+            quarantined_by_reason = {}
+            for c in counts:
+                for reason, n in c.quarantined_by_reason.items():
+                    quarantined_by_reason[reason] = quarantined_by_reason.get(reason, 0) + int(n)
         by_reason = {k: int(v) for k, v in (quarantined_by_reason or {}).items()}
         committed = sum(self.committed_rows[s.name] for s in written_tables)
         if rows_written is None:
@@ -267,10 +380,22 @@ class StageCommit:
             if self.table_versions:
                 raise ValueError(f"{self.stage.name}: a validation stage commits no table of its own")
             versions = {k: int(v) for k, v in validated.items()}
-        self.published = lakehouse.publish_completion(
-            self.cfg, self.stage.name, self.ds, self.run_id,
-            rows_in=rows_in, rows_written=int(rows_written), quarantined_by_reason=by_reason,
-            table_versions=versions, input_versions=self.input_versions,
-            reconciliation=CHECKED if rows_in is not None else no_input_count,
-        )
+        reconciliation = CHECKED if rows_in is not None else no_input_count
+        days = per_day or {self.ds: DayCounts(rows_in, int(rows_written), by_reason)}
+        for day, c in days.items():  # one record per day, each reconciled on its own counts
+            self.published = completions.publish_completion(
+                self.cfg, self.stage.name, day, self.run_id,
+                rows_in=c.rows_in, rows_written=int(c.rows_written), quarantined_by_reason=c.quarantined_by_reason,
+                table_versions=versions, input_versions=self.input_versions, reconciliation=reconciliation,
+            )
+            self.published_records.append(self.published)
+        for held in self.leases:
+            held.release()
         return self.published
+
+    def result(self, started: float, **details: Any) -> StageResult:
+        """The run's StageResult: its published record, the seconds since `started` (time.time()),
+        the stage's own figures."""
+        if self.published is None:
+            raise RuntimeError(f"{self.stage.name} ds={self.ds}: result() before publish()")
+        return StageResult(self.stage.name, self.ds, time.time() - started, tuple(self.published_records), details)

@@ -1,7 +1,7 @@
 """Which completion records still hold: done, stale or missing, per (stage, day).
 
 A record names the versions it read, as `"{stage}:{table}@{day}"` -> version: the version the input
-record (stage, day) named when the stage ran (gem.commit). It is stale when
+record (stage, day) named when the stage ran (gem.lakehouse.commit). It is stale when
 
 - an input record it read is gone (withdrawn by a rerun that has not finished), or
 - an input record now names another version of that table (its day was rewritten), or
@@ -21,7 +21,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gem import lakehouse, stages
+from gem.lakehouse import completions, tables
+from gem.lakehouse import stages
 
 if TYPE_CHECKING:
     from gem.config import GemConfig
@@ -61,7 +62,7 @@ def all_records(cfg: GemConfig) -> dict[Key, dict[str, Any]]:
     from gem.data.delta_log import read_table
     from schemas.ops import COMPLETIONS
 
-    path = lakehouse.table_path(cfg, COMPLETIONS)
+    path = tables.table_path(cfg, COMPLETIONS)
     if not DeltaTable.is_deltatable(path):
         return {}
     out = {}
@@ -132,6 +133,6 @@ def require_fresh(cfg: GemConfig, stage_name: str, ds: str, inputs: list[Key]) -
         status = ledger.status(s, d)
         if status.state == STALE:
             first = status.rerun_first or (s, d)
-            raise lakehouse.StaleInputError(
+            raise completions.StaleInputError(
                 f"{stage_name} ds={ds} needs {s} ds={d}, which is stale ({status.why}); rerun "
                 f"`{stages.command(*first)}` first, then the stages after it")

@@ -1,18 +1,12 @@
 """Pretraining loop: steps over a resumable batch stream, checkpoints that resume exactly.
 
-    python -m gem.train --config FILE --mix-ds D [--run-dir DIR] [--steps N]
-    torchrun --nproc-per-node 2 -m gem.train --config FILE --mix-ds D     # gloo on CPU, NCCL on GPU
-
 Each step: batch -> GemTrainTask (masked, importance-weighted loss) -> AdamW on the dense part;
-with model.embeddings.backend "torchrec" the tables are sharded by an explicit plan and trained by
-a fused in-backward optimizer (Trainer). Every `train.checkpoint_every` steps and at the end,
-gem.checkpoint writes model, optimizers, loader state and RNG states; a run started on a folder
-that holds checkpoints continues from the latest one, so a killed run resumed with the same config
-produces the same losses and final weights as an uninterrupted one (tested on CPU, both backends).
-A new run folder of day D warm-starts its weights (not the optimizers or the loader) from the model
-its architecture promoted for the newest day before D (gem.promotion), never from D's own or a
-later day's. After training, rank 0 scores the held-out day with a plain-torch copy of the model,
-replaces the day's rows of gold.metrics and promotes the run's final checkpoint for D.
+with model.embeddings.backend "torchrec" the tables are sharded by an explicit plan
+(gem.train.sharding) and trained by a fused in-backward optimizer. Every `train.checkpoint_every`
+steps and at the end, gem.train.checkpoint writes model, optimizers, loader state and RNG states; a
+run started on a folder that holds checkpoints continues from the latest one, so a killed run
+resumed with the same config produces the same losses and final weights as an uninterrupted one
+(tested on CPU, both backends).
 """
 
 from __future__ import annotations
@@ -26,9 +20,9 @@ from typing import Any, Protocol
 
 import torch
 
-from gem import checkpoint, promotion
 from gem.config import TrainConfig
 from gem.data.batch import Batch
+from gem.train import checkpoint
 
 
 class BatchStream(Protocol):
@@ -56,7 +50,7 @@ class Trainer:
 
     Two sparse backends (task.embeddings.backend):
       "torch"    the whole task is one module; under a process group DDP averages all gradients.
-      "torchrec" DistributedModelParallel: the tables sharded by gem.model.sharding's explicit plan,
+      "torchrec" DistributedModelParallel: the tables sharded by gem.train.sharding's explicit plan,
                  trained by a fused in-backward optimizer (train.embedding_optimizer), the dense rest
                  in DDP under AdamW. A single process gets a one-rank gloo group.
     Checkpoints hold the model (tables as sharded tensors), the dense optimizer's state by
@@ -75,7 +69,7 @@ class Trainer:
             task.body.compile()
         self.owns_process_group = False
         if self.sharded:
-            from gem.model.sharding import dense_parameters, ensure_process_group, shard_task
+            from gem.train.sharding import dense_parameters, ensure_process_group, shard_task
 
             self.owns_process_group = ensure_process_group(self.device)
             # The dense part goes to the device here; the tables move as DMP shards them.
@@ -180,7 +174,7 @@ class Trainer:
             raise checkpoint.CheckpointError(f"warm start: no checkpoint in {source}")
         extra = checkpoint.read_extra(path)
         theirs, ours = extra.get("config", {}).get("model"), self.config_snapshot.get("model")
-        if theirs is not None and ours is not None and _jsonable(theirs) != _jsonable(ours):
+        if theirs is not None and ours is not None and jsonable(theirs) != jsonable(ours):
             raise checkpoint.CheckpointError(
                 f"warm start: {path} was trained with model config {theirs}, this run's is {ours}; "
                 f"start this architecture fresh or point --run-dir elsewhere")
@@ -194,7 +188,7 @@ class Trainer:
 
         Evaluation runs that plain model on rank 0 alone, for either backend."""
         if self.sharded:
-            from gem.model.sharding import unsharded_state
+            from gem.train.sharding import unsharded_state
 
             return unsharded_state(self.model)
         rank0 = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
@@ -251,149 +245,7 @@ class Trainer:
         result.padding_ratio = {e: 1.0 - real[e] / padded[e] if padded[e] else 0.0 for e in sorted(padded)}
         return result
 
-
-# --------------------------------------------------------------------------------------------------
-# The command line: one day's continued pretraining from the mixture manifest.
-
-def _jsonable(x: Any) -> Any:
+def jsonable(x: Any) -> Any:
     import json
 
     return json.loads(json.dumps(x, default=str))
-
-
-def code_version() -> str:
-    import subprocess
-
-    from gem.config import REPO_ROOT
-
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-# The pretraining record has no separate input count: it scores the held-out day, one metrics row
-# per task, each row counting the examples it scored.
-PRETRAIN_STAGE = "pretrain"
-NO_INPUT_COUNT = "scores: one gold.metrics row per held-out task, each with the examples it scored"
-
-
-def write_metrics(commit: Any, rows: list[dict[str, Any]]) -> int:
-    """Replace gold.metrics' rows of one (held-out day, architecture) with `rows`, in one commit of
-    the pretraining stage (gem.commit.StageCommit): a rerun of a day's pretraining leaves one row per
-    task, never a second set beside the first. -> the version created."""
-    import pyarrow as pa
-
-    from schemas.metrics import GOLD_METRICS
-
-    keys = {(r["ds"], r["arch"]) for r in rows}
-    if len(keys) != 1:
-        raise ValueError(f"gold.metrics rows of one run share one (ds, arch); got {sorted(keys)}")
-    ((ds, arch),) = keys
-    if ds.isoformat() != commit.ds:
-        raise ValueError(f"gold.metrics rows of ds={ds} in the pretraining commit of ds={commit.ds}")
-    table = pa.Table.from_pylist(rows, schema=GOLD_METRICS.arrow_schema())
-    return commit.replace_arrow(table, GOLD_METRICS, also={"arch": arch})
-
-
-def init_from_torchrun(device_type: str) -> bool:
-    """Join the process group torchrun describes (WORLD_SIZE, RANK, MASTER_ADDR/PORT in the
-    environment): gloo on CPU, NCCL on GPU, one GPU per local rank. False when not under torchrun."""
-    import os
-
-    if "WORLD_SIZE" not in os.environ or torch.distributed.is_initialized():
-        return False
-    if device_type == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    torch.distributed.init_process_group("nccl" if device_type == "cuda" else "gloo")
-    return True
-
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    from gem.cli import iso_day
-    from gem.commit import StageCommit, StageContext
-    from gem.config import add_config_arg, load_config
-    from gem.data.encode import DENSE_COLUMNS
-    from gem.data.loader import SPARSE_FEATURES, ExampleStream, ResumableLoader
-    from gem.data.manifest import read_manifest
-    from gem.evaluate import evaluate
-    from gem.model.build import build_task
-    from schemas.metrics import GOLD_METRICS
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_config_arg(parser)
-    parser.add_argument("--mix-ds", required=True, type=iso_day, help="the gold.mixture_manifest day to train on")
-    parser.add_argument("--run-dir", default=None, help="checkpoint folder (default: under train.checkpoint_root)")
-    parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("--no-progress", action="store_true")
-    args = parser.parse_args(argv)
-    cfg = load_config(args.config)
-    joined = init_from_torchrun("cuda" if torch.cuda.is_available() else "cpu")
-    rank = torch.distributed.get_rank() if joined else 0
-    torch.manual_seed(cfg.train.seed)
-    root = Path(cfg.train.checkpoint_root or f"{cfg.lakehouse_uri.rstrip('/')}/_checkpoints")
-    run_dir = Path(args.run_dir) if args.run_dir else root / f"{cfg.model.arch}-{args.mix_ds}"
-
-    # Rank 0 commits for the stage: inputs (the mixture's record) checked and the day's record
-    # withdrawn before training, published after the metrics and the promotion.
-    commit = StageCommit.begin(StageContext(cfg), PRETRAIN_STAGE, args.mix_ds) if rank == 0 else None
-    train_manifest, eval_manifest = read_manifest(cfg, args.mix_ds, "train"), read_manifest(cfg, args.mix_ds, "eval")
-    tasks = tuple(f"{s}/{t}" for s, t in cfg.tasks if f"{s}/{t}" in {x.name for x in train_manifest.sources})
-    stream = ResumableLoader(ExampleStream(train_manifest, tasks, cfg.loader))
-    task = build_task(cfg.model, tasks, SPARSE_FEATURES, len(DENSE_COLUMNS), cfg.train.task_weights)
-    task.heads.init_from_base_rates({s.name: s.positives / s.rows for s in train_manifest.sources if s.rows})
-    trainer = Trainer(task, stream, cfg.train, run_dir, config_snapshot=cfg.to_dict())
-    if trainer.resume():
-        print(f"resumed {run_dir} at step {trainer.step}")
-    elif (previous := promotion.warm_start_for(root, cfg.model.arch, args.mix_ds)) is not None:
-        print(f"warm start from {trainer.warm_start(previous.checkpoint)} (promoted for {previous.mix_ds})")
-    result = trainer.fit(steps=args.steps, progress=not args.no_progress and rank == 0)
-    seconds = max(result.seconds, 1e-9)
-    print(f"[rank {rank}] trained {result.steps} steps; {result.examples:,} examples in {result.seconds:.1f}s "
-          f"({result.examples / seconds:,.0f} examples/s on {trainer.device}); padding share of padded sequence "
-          f"blocks: " + ", ".join(f"{e} {r:.1%}" for e, r in result.padding_ratio.items()))
-    state = trainer.plain_state()  # every rank takes part (tables are gathered from their owners)
-    trainer.close()
-    if rank == 0:
-        # Rank 0 alone scores the whole held-out day with a plain-torch copy of the trained model.
-        eval_task = build_task(cfg.model, tasks, SPARSE_FEATURES, len(DENSE_COLUMNS), cfg.train.task_weights,
-                               sparse_backend="torch")
-        eval_task.load_state_dict(state)
-        eval_stream = ResumableLoader(ExampleStream(eval_manifest, tasks, cfg.loader, rank=0, world_size=1))
-        _report(commit, evaluate(eval_task, eval_stream.epoch()), result.steps, eval_manifest)
-        promotion.promote(root, cfg.model.arch, args.mix_ds, result.checkpoint or checkpoint.latest(run_dir), result.steps)
-        commit.publish(None, written_tables=(GOLD_METRICS,), no_input_count=NO_INPUT_COUNT)
-    if joined:
-        torch.distributed.barrier()  # nobody exits before rank 0 has published
-        torch.distributed.destroy_process_group()
-    return 0
-
-
-def _report(commit: Any, scores: dict[str, dict[str, Any]], steps: int, eval_manifest: Any) -> None:
-    """Write the held-out scores to gold.metrics (with run id, config, code and table versions) and print them."""
-    import datetime as dt
-    import json
-    import uuid
-
-    from gem.evaluate import metrics_table
-
-    cfg, mix_ds = commit.cfg, commit.ds
-    run_id = f"{cfg.model.arch}:{mix_ds}:{uuid.uuid4().hex[:8]}"
-    now = dt.datetime.now(dt.UTC)
-    rows = [{
-        "ds": dt.date.fromisoformat(mix_ds), "run_id": run_id, "arch": cfg.model.arch, "task": name,
-        "split": "eval", "examples": s["examples"], "positives": s["positives"], "ne": s["ne"], "auc": s["auc"],
-        "calibration": s["calibration"], "train_steps": steps, "mixture_id": eval_manifest.mixture_id,
-        "examples_version": eval_manifest.examples_version, "sequences_version": eval_manifest.sequences_version,
-        "code_version": code_version(), "config": json.dumps(cfg.to_dict(), default=str), "created_at": now,
-    } for name, s in scores.items()]
-    write_metrics(commit, rows)
-    print(f"held-out day {eval_manifest.file_ds[eval_manifest.files[0]]} ({run_id}):")
-    print(metrics_table(scores))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,19 +1,11 @@
-"""Data quality with Great Expectations 1.x on Spark DataFrames: suites, validation, Data Docs.
+"""Great Expectations 1.x runner: one suite on one DataFrame, results and offline Data Docs.
 
-Expectations come from two places and are never re-listed by hand:
-
-* `schema_expectations(schema)`: derived from a `TableSchema` (column order and types, NOT NULL,
-  `allowed`, `min`/`max`, key uniqueness, the table-level CHECKs). All critical: a violation means
-  the table contract is broken.
-* `event_statistics_expectations(cfg)`: bounds from `cfg.quality` on a one-row statistics frame
-  built by `event_statistics_frame` (per-surface CTR, null rates, duplicate and quarantine rates
-  from the ingest completion record, reconciliation of bronze counts with that record).
-
-`validate` runs one suite on one DataFrame (Spark; pandas for the one-row statistics) through a
-GX checkpoint in a file-backed context at `cfg.gx_root` (so results and Data Docs persist),
-suites, validation definitions and checkpoints add-or-update'd so reruns are idempotent. Each expectation carries `meta={"critical": bool, "rule": str}`; a failed critical
-expectation raises `DataQualityError`, warnings are only reported. Data Docs are made to render
-offline by gem.docs_assets (pinned vendored CSS/JS, no remote URL left in any page).
+`validate` runs one suite (gem.quality.expectations, .bronze, .silver) on one DataFrame (Spark;
+pandas for one-row statistics) through a GX checkpoint in a file-backed context at `cfg.gx_root`
+(so results and Data Docs persist), with suites, validation definitions and checkpoints
+add-or-update'd so reruns are idempotent. A failed critical expectation raises `DataQualityError`;
+warnings are only reported. Data Docs are made to render offline by gem.quality.docs_assets
+(pinned vendored CSS/JS, no remote URL left in any page).
 """
 
 from __future__ import annotations
@@ -29,11 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
-from gem import docs_assets
 from gem.config import GemConfig
-from schemas.events import BRONZE_AD_EVENTS
-from schemas.table import TableSchema
-from schemas.tasks import EVENT_TYPES
+from gem.quality import docs_assets
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -59,10 +48,6 @@ DOCS_SITE_DIR = Path("uncommitted") / "data_docs" / DOCS_SITE_NAME
 # How many offending values a result (and an error message) shows per expectation.
 SAMPLE_SIZE = 10
 
-IMPRESSION, CLICK = "impression", "click"
-if not {IMPRESSION, CLICK} <= set(EVENT_TYPES):
-    raise ImportError(f"gem.quality counts {IMPRESSION!r}/{CLICK!r} events; schemas.tasks has {EVENT_TYPES}")
-
 
 class DataQualityError(RuntimeError):
     """One or more critical expectations failed; `reports` hold the full outcome."""
@@ -70,242 +55,6 @@ class DataQualityError(RuntimeError):
     def __init__(self, message: str, reports: Sequence[ValidationReport]) -> None:
         super().__init__(message)
         self.reports = tuple(reports)
-
-
-# --------------------------------------------------------------------------------------------------
-# Expectations derived from a schema.
-
-
-def gx_expectations() -> Any:
-    """The GX expectations module, imported lazily (GX takes seconds to import)."""
-    import great_expectations.expectations as gxe
-
-    return gxe
-
-
-def rule_meta(rule: str, critical: bool) -> dict[str, Any]:
-    """The meta every expectation of a suite carries: its rule name and whether it is critical."""
-    return {"critical": critical, "rule": rule}
-
-
-def expectation_severity(critical: bool) -> Any:
-    from great_expectations.expectations.metadata_types import FailureSeverity
-
-    return FailureSeverity.CRITICAL if critical else FailureSeverity.WARNING
-
-
-def _structure_expectations(schema: TableSchema) -> list[Expectation]:
-    """Column names in order, then each column's Spark type class."""
-    gxe = gx_expectations()
-    out = [
-        gxe.ExpectTableColumnsToMatchOrderedList(
-            column_list=schema.column_names, meta=rule_meta("columns_in_order", True), severity=expectation_severity(True)
-        )
-    ]
-    for c in schema.columns:
-        type_name = type(c.spark_type()).__name__
-        out.append(
-            gxe.ExpectColumnValuesToBeOfType(
-                column=c.name, type_=type_name, meta=rule_meta(f"type:{c.name}", True), severity=expectation_severity(True)
-            )
-        )
-    return out
-
-
-def _column_rule_expectations(schema: TableSchema) -> list[Expectation]:
-    """NOT NULL, allowed values and numeric bounds of every column that declares them."""
-    gxe = gx_expectations()
-    out: list[Expectation] = []
-    for c in schema.columns:
-        if not c.nullable:
-            out.append(
-                gxe.ExpectColumnValuesToNotBeNull(
-                    column=c.name, meta=rule_meta(f"not_null:{c.name}", True), severity=expectation_severity(True)
-                )
-            )
-        if c.allowed is not None:
-            out.append(
-                gxe.ExpectColumnValuesToBeInSet(
-                    column=c.name,
-                    value_set=list(c.allowed),
-                    meta=rule_meta(f"allowed:{c.name}", True),
-                    severity=expectation_severity(True),
-                )
-            )
-        if c.min is not None or c.max is not None:
-            out.append(
-                gxe.ExpectColumnValuesToBeBetween(
-                    column=c.name,
-                    min_value=c.min,
-                    max_value=c.max,
-                    meta=rule_meta(f"range:{c.name}", True),
-                    severity=expectation_severity(True),
-                )
-            )
-    return out
-
-
-def _key_expectations(schema: TableSchema) -> list[Expectation]:
-    """The key is unique: one column, or the combination of several."""
-    gxe = gx_expectations()
-    if not schema.key:
-        return []
-    rule = rule_meta(f"unique_key:{','.join(schema.key)}", True)
-    if len(schema.key) == 1:
-        return [gxe.ExpectColumnValuesToBeUnique(column=schema.key[0], meta=rule, severity=expectation_severity(True))]
-    return [gxe.ExpectCompoundColumnsToBeUnique(column_list=list(schema.key), meta=rule, severity=expectation_severity(True))]
-
-
-def _table_check_expectations(schema: TableSchema) -> list[Expectation]:
-    """Table-level CHECKs as queries for the rows that break them (NULL passes, as in a CHECK)."""
-    gxe = gx_expectations()
-    return [
-        gxe.UnexpectedRowsExpectation(
-            unexpected_rows_query=f"SELECT * FROM {{batch}} WHERE NOT ({expr})",
-            description=f"No row breaks CHECK {name}: {expr}",
-            meta=rule_meta(f"check:{name}", True),
-            severity=expectation_severity(True),
-        )
-        for name, expr in schema.checks
-    ]
-
-
-def schema_expectations(schema: TableSchema) -> list[Expectation]:
-    """Every structural and column rule of `schema` as GX expectations, all critical."""
-    return (
-        _structure_expectations(schema)
-        + _column_rule_expectations(schema)
-        + _key_expectations(schema)
-        + _table_check_expectations(schema)
-    )
-
-
-# --------------------------------------------------------------------------------------------------
-# Statistics of one day of events, and their bounds.
-
-
-def ctr_column(surface: str) -> str:
-    return f"ctr__{surface}"
-
-
-def null_rate_column(column: str) -> str:
-    return f"null_rate__{column}"
-
-
-ROWS_VALIDATED = "rows_validated"
-DUPLICATE_RATE = "duplicate_rate"
-QUARANTINE_RATE = "quarantine_rate"
-BRONZE_ROWS_MINUS_RECORD = "bronze_rows_minus_record"
-QUARANTINE_ROWS_MINUS_RECORD = "quarantine_rows_minus_record"
-DUPLICATE_REASON = "duplicate_event_id"
-
-
-def nullable_event_columns() -> list[str]:
-    """Nullable columns of bronze.ad_events: the ones whose null rate is tracked."""
-    return [c.name for c in BRONZE_AD_EVENTS.columns if c.nullable]
-
-
-def expect_between(column: str, low: float | None, high: float | None, rule: str, critical: bool) -> Expectation:
-    """The column's values lie in [low, high] (None: unbounded), as rule `rule`."""
-    return gx_expectations().ExpectColumnValuesToBeBetween(
-        column=column, min_value=low, max_value=high, meta=rule_meta(rule, critical), severity=expectation_severity(critical)
-    )
-
-
-def event_statistics_expectations(cfg: GemConfig) -> list[Expectation]:
-    """Bounds on the statistics frame: CTR per surface, rates from ingest (critical); null rates
-    (warnings); bronze and quarantine counts equal the ingest record's (critical)."""
-    q = cfg.quality
-    out = [expect_between(ROWS_VALIDATED, 1, None, "bronze_partition_not_empty", True)]
-    out += [
-        expect_between(ctr_column(s), q.min_surface_ctr, q.max_surface_ctr, f"surface_ctr:{s}", True)
-        for s in cfg.surfaces
-    ]
-    out += [
-        expect_between(null_rate_column(c), 0.0, q.max_null_rate, f"null_rate:{c}", False)
-        for c in nullable_event_columns()
-    ]
-    out += [
-        expect_between(DUPLICATE_RATE, 0.0, q.max_duplicate_rate, "duplicate_rate", True),
-        expect_between(QUARANTINE_RATE, 0.0, q.max_quarantine_rate, "quarantine_rate", True),
-        expect_between(BRONZE_ROWS_MINUS_RECORD, 0, 0, "bronze_rows_match_ingest_record", True),
-        expect_between(QUARANTINE_ROWS_MINUS_RECORD, 0, 0, "quarantine_rows_match_ingest_record", True),
-    ]
-    return out
-
-
-def _event_aggregates(events: DataFrame, cfg: GemConfig) -> dict[str, int]:
-    """One Spark pass: row count, impressions and clicks per surface, scoped null counts."""
-    from pyspark.sql import functions as F
-
-    def count_where(cond: Any) -> Any:
-        return F.sum(F.when(cond, 1).otherwise(0))
-
-    exprs = [F.count(F.lit(1)).alias("rows")]
-    for s in cfg.surfaces:
-        on_surface = F.col("surface") == s
-        exprs.append(count_where(on_surface & (F.col("event_type") == IMPRESSION)).alias(f"impressions:{s}"))
-        exprs.append(count_where(on_surface & (F.col("event_type") == CLICK)).alias(f"clicks:{s}"))
-    for c in nullable_event_columns():
-        scope = F.expr(cfg.quality.null_rate_scopes.get(c, "true"))
-        exprs.append(count_where(scope).alias(f"scoped:{c}"))
-        exprs.append(count_where(scope & F.col(c).isNull()).alias(f"nulls:{c}"))
-    row = events.agg(*exprs).collect()[0].asDict()
-    return {k: int(v or 0) for k, v in row.items()}
-
-
-def _ratio(numerator: int, denominator: int) -> float | None:
-    """None when there is nothing to divide by (GX then skips the value instead of passing 0)."""
-    return numerator / denominator if denominator else None
-
-
-def event_statistics(
-    events: DataFrame,
-    ingest_record: Mapping[str, Any],
-    quarantine_rows: int,
-    cfg: GemConfig,
-) -> dict[str, int | float | None]:
-    """The statistics `event_statistics_expectations` bound, for one ds of bronze.ad_events.
-
-    `ingest_record` is ingest_events' completion record for the ds, `quarantine_rows` the ds's row
-    count in bronze.quarantine. A rate with nothing to divide by (e.g. a surface without
-    impressions) is None, which GX reports as missing rather than passing as 0."""
-    agg = _event_aggregates(events, cfg)
-    rows_in = int(ingest_record["rows_in"])
-    by_reason = ingest_record.get("quarantined_by_reason") or {}
-    values: dict[str, int | float | None] = {ROWS_VALIDATED: agg["rows"]}
-    for s in cfg.surfaces:
-        values[ctr_column(s)] = _ratio(agg[f"clicks:{s}"], agg[f"impressions:{s}"])
-    for c in nullable_event_columns():
-        values[null_rate_column(c)] = _ratio(agg[f"nulls:{c}"], agg[f"scoped:{c}"])
-    values[DUPLICATE_RATE] = _ratio(int(by_reason.get(DUPLICATE_REASON, 0)), rows_in)
-    values[QUARANTINE_RATE] = _ratio(int(ingest_record["rows_quarantined"]), rows_in)
-    values[BRONZE_ROWS_MINUS_RECORD] = agg["rows"] - int(ingest_record["rows_written"])
-    values[QUARANTINE_ROWS_MINUS_RECORD] = quarantine_rows - int(ingest_record["rows_quarantined"])
-    return values
-
-
-def statistics_frame(statistics: Mapping[str, int | float | None]) -> pd.DataFrame:
-    """A one-row pandas DataFrame, one column per statistic (integers as int64, the rest as
-    float64 with None as NaN). Pandas, not Spark: GX validates it in a fraction of the time."""
-    import pandas as pd
-
-    return pd.DataFrame(
-        {
-            name: pd.Series([value], dtype="int64" if isinstance(value, int) else "float64")
-            for name, value in statistics.items()
-        }
-    )
-
-
-def event_statistics_frame(
-    events: DataFrame,
-    ingest_record: Mapping[str, Any],
-    quarantine_rows: int,
-    cfg: GemConfig,
-) -> pd.DataFrame:
-    """`event_statistics` as the one-row frame the statistics suite validates."""
-    return statistics_frame(event_statistics(events, ingest_record, quarantine_rows, cfg))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -613,7 +362,7 @@ def _require_docs_assets(cfg: GemConfig, assets: Sequence[docs_assets.VendoredFi
     if missing:
         raise docs_assets.MissingDocsAssetsError(
             f"{len(missing)} pinned Data Docs assets missing from {cfg.quality.docs_assets_dir}; "
-            "run `make setup` once (it runs `python -m gem.docs_assets --fetch`)"
+            "run `make setup` once (it runs `python -m gem.quality.docs_assets --fetch`)"
         )
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gem.config import GemConfig
-from gem.quality import expect_between, expectation_severity, gx_expectations, rule_meta
+from gem.quality.expectations import expect_between, expectation_severity, gx_expectations, rule_meta
 from schemas.examples import LABEL_COLUMNS
 from schemas.features import COUNT_METRICS, WINDOW_DAYS, counter_name
 from schemas.sequences import SEQUENCE_COLUMNS

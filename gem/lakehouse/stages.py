@@ -10,7 +10,7 @@ record per day it completes. Its declaration says:
 - per table, the partitions it writes (days relative to its ds, or on a schedule).
 
 dags/gem_daily.py builds its tasks and dependencies from this registry; every job commits through
-`gem.commit.StageCommit`, which checks the needs before anything is written and refuses a write
+`gem.lakehouse.commit.StageCommit`, which checks the needs before anything is written and refuses a write
 the declaration does not name; tests/dags/test_dag_integrity.py compares the parsed DAG with both the
 registry and a hand-written expected graph. Adding a stage means: a declaration here, its job, its
 tests.
@@ -104,7 +104,7 @@ class Need:
 
 @dataclass(frozen=True)
 class Writes:
-    """The partitions (`ds` values) of `table` one run of the stage may replace (gem.commit refuses
+    """The partitions (`ds` values) of `table` one run of the stage may replace (gem.lakehouse.commit refuses
     any other); a run may replace fewer, e.g. build_features' daily run rewrites only ds-1's counts."""
 
     table: str
@@ -121,6 +121,8 @@ class Stage:
     skippable: exit 99 means "nothing to do yet" (always true for ready_on stages).
     after: DAG order that no completion record expresses (the landing files of generate_events).
     pool: the Airflow pool its task queues in (None: the default pool).
+    ranges: one run may cover a range of days in one commit, publishing one record per day
+        (`--ds D1 --through D2`, e.g. a backfill of bronze from landing).
     """
 
     name: str
@@ -133,6 +135,7 @@ class Stage:
     after: tuple[str, ...] = ()
     extra_args: str = ""
     pool: str | None = None
+    ranges: bool = False
     doc: str = ""
 
     def ds(self, cfg: GemConfig, run_day: str) -> str | None:
@@ -149,11 +152,14 @@ class Stage:
 
 
 GPU_POOL = "gpu"
+# A need of this "stage" is a landing partition: met by the `_SUCCESS` marker its producer (the
+# generator, the MovieLens import, a real export) writes last; it creates no DAG edge (`after` does).
+LANDING = "landing"
 
 STAGES: tuple[Stage, ...] = (
     Stage("generate_events", "generate_events", spark=False,
           doc="the synthetic world's gzipped JSON-lines landing files of ds (a source, not a table)"),
-    Stage("ingest_events", "ingest_events", after=("generate_events",),
+    Stage("ingest_events", "ingest_events", after=("generate_events",), needs=(Need(LANDING),), ranges=True,
           writes=(Writes("bronze.ad_events"), Writes("bronze.quarantine")),
           doc="landing -> typed, deduplicated bronze; bad lines quarantined with a reason"),
     Stage("validate_events", "validate_events", needs=(Need("ingest_events"),),
@@ -177,7 +183,8 @@ STAGES: tuple[Stage, ...] = (
     Stage("validate_examples", "validate_silver", extra_args="--examples", ready_on=True,
           needs=(Need("assemble_examples"),),
           doc="Great Expectations on ds's training examples"),
-    Stage("mix", "mix", spark=False, skippable=True, needs=(Need("validate_examples", mixed_days),),
+    Stage("mix", "mix", spark=False, skippable=True,
+          needs=(Need("validate_examples", mixed_days), Need("validate_silver", mixed_days)),
           writes=(Writes("gold.mixture_manifest"),),
           doc="the training mixture over the closed example days: a manifest of files, no data copied"),
     Stage("pretrain", "pretrain", spark=False, skippable=True, pool=GPU_POOL, needs=(Need("mix"),),
@@ -207,7 +214,8 @@ def upstream(name: str) -> set[str]:
 
 def _direct_upstream() -> dict[str, set[str]]:
     return {
-        s.name: ({n.stage for n in s.needs} | set(s.after)) - {s.name}  # a stage's own earlier days: not an edge
+        # A stage's own earlier days are not an edge; a landing need is met outside the DAG's stages.
+        s.name: ({n.stage for n in s.needs} | set(s.after)) - {s.name, LANDING}
         for s in STAGES
     }
 
@@ -232,11 +240,31 @@ def missing_inputs(name: str, cfg: GemConfig, ds: str,
 def describe_missing(name: str, ds: str, missing: list[tuple[str, str]]) -> str:
     """A message that names what to run first, e.g. "assemble_examples ds=2026-01-03 needs records
     that do not exist yet: validate_events ds=2026-01-05; run `python -m jobs.validate_events --ds 2026-01-05` first"."""
-    listed = ", ".join(f"{s} ds={d}" for s, d in missing)
+    listed = ", ".join(f"{s} ds={d}" + (" (no _SUCCESS marker)" if s == LANDING else "") for s, d in missing)
     return f"{name} ds={ds} needs records that do not exist yet: {listed}; run `{command(*missing[0])}` first"
 
 
 def command(name: str, ds: str) -> str:
     """The command that runs one stage for one day, e.g. `python -m jobs.validate_silver --ds D --examples`."""
+    if name == LANDING:
+        return f"python -m jobs.generate_events --ds {ds}"  # or the MovieLens import, or a real export
     st = stage(name)
     return " ".join(filter(None, (f"python -m jobs.{st.module} --ds {ds}", st.extra_args)))
+
+
+def describe() -> list[tuple[str, str, str, str, str]]:
+    """The registry as rows (stage, day, needs, writes, runs on), day rules by name, e.g.
+    ("build_features", "ds", "validate_events[feature_window_days]", "silver.user_daily_counts[...], ...", "spark")."""
+    def rule(days: DayRule) -> str:
+        return "" if days is same_day else f"[{days.__name__}]"
+
+    rows = []
+    for s in STAGES:
+        day = "R - attribution_window_days" if s.ready_on else "ds"
+        needs = ", ".join(f"{n.stage}{rule(n.days)}" for n in s.needs) or "-"
+        if s.after:
+            needs += f" (after {', '.join(s.after)})"
+        writes = ", ".join(f"{w.table}{rule(w.days)}" for w in s.writes) or "-"
+        runs = ("spark" if s.spark else "no JVM") + (", ranges" if s.ranges else "") + (f", pool {s.pool}" if s.pool else "")
+        rows.append((s.name, day, needs, writes, runs))
+    return rows

@@ -9,7 +9,7 @@ so a crash leaves at most a `.tmp-*` folder, which is never loaded (and `discard
 An existing step folder is never overwritten (a second writer of the same step fails).
 `latest(root)` is the highest published step; `load` refuses a folder whose extra.json or shards
 are missing or unreadable, naming it, and a resuming trainer then sets it aside and falls back to
-the step before (see gem.train.Trainer.resume).
+the step before (see gem.train.trainer.Trainer.resume).
 """
 
 from __future__ import annotations

@@ -85,6 +85,12 @@ def clear_partition_complete(landing_root: str, ds: str) -> None:
     (partition_dir(landing_root, ds) / SUCCESS_MARKER).unlink(missing_ok=True)
 
 
+def completed_manifest(landing_root: str, ds: str) -> dict[str, Any] | None:
+    """The manifest of a completed landing partition (its `_SUCCESS` marker); None while incomplete."""
+    marker = partition_dir(landing_root, ds) / SUCCESS_MARKER
+    return json.loads(marker.read_text()) if marker.is_file() else None
+
+
 def read_manifest(landing_root: str, ds: str) -> dict[str, Any]:
     return json.loads((partition_dir(landing_root, ds) / SUCCESS_MARKER).read_text())
 

@@ -5,7 +5,7 @@ Font Awesome, vega and a logo from public CDNs, so a site opened without interne
 and every page view calls out. Here:
 
 1. `fetch_assets` gets the files pinned in infra/dq_assets/assets.txt once, at set-up (`make setup`
-   runs infra/dq_assets/fetch.sh, i.e. `python -m gem.docs_assets --fetch`): `npm pack` per
+   runs infra/dq_assets/fetch.sh, i.e. `python -m gem.quality.docs_assets --fetch`): `npm pack` per
    package, every file checked against its sha384, kept in `cfg.quality.docs_assets_dir`.
 2. `install_assets` copies them into a site's `static/vendor/<package>@<version>/<file>`
    (package-internal paths kept, so Font Awesome's CSS finds its ../webfonts/).
@@ -163,7 +163,7 @@ def install_assets(site_dir: str | Path, cache_dir: str | Path, files: Sequence[
         names = ", ".join(sorted({f.package for f in missing}))
         raise MissingDocsAssetsError(
             f"Data Docs assets missing from {cache_dir} ({names}); run `make setup` once "
-            f"(it runs `python -m gem.docs_assets --fetch`)"
+            f"(it runs `python -m gem.quality.docs_assets --fetch`)"
         )
     for file in files:
         source = Path(cache_dir) / file.vendor_path
@@ -310,7 +310,7 @@ def localize_site(site_dir: str | Path, files: Sequence[VendoredFile]) -> int:
 
 
 # --------------------------------------------------------------------------------------------------
-# Command line: `python -m gem.docs_assets --fetch` (set-up) or `--check`.
+# Command line: `python -m gem.quality.docs_assets --fetch` (set-up) or `--check`.
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,1 @@
+"""Data quality: the Great Expectations runner, suites per layer, offline Data Docs assets."""

@@ -1,0 +1,1 @@
+"""Training: the loop, checkpoints, sharding plans, evaluation, promotion, and the daily entry."""

@@ -1,0 +1,181 @@
+"""One day's continued pretraining from the mixture manifest: the `pretrain` stage's entry point.
+
+    python -m gem.train --config FILE --mix-ds D [--run-dir DIR] [--steps N]
+    torchrun --nproc-per-node 2 -m gem.train --config FILE --mix-ds D     # gloo on CPU, NCCL on GPU
+
+A new run folder of day D warm-starts its weights (not the optimizers or the loader) from the model
+its architecture promoted for the newest day before D (gem.train.promotion), never from D's own or
+a later day's. After training (gem.train.trainer), rank 0 scores the held-out day with a plain-torch
+copy of the model, replaces the day's rows of gold.metrics in the stage's commit and promotes the
+run's final checkpoint for D.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gem.train import checkpoint, promotion
+from gem.train.trainer import Trainer
+
+# --------------------------------------------------------------------------------------------------
+# The command line: one day's continued pretraining from the mixture manifest.
+
+
+
+def code_version() -> str:
+    import subprocess
+
+    from gem.config import REPO_ROOT
+
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
+        return out.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+# The pretraining record has no separate input count: it scores the held-out day, one metrics row
+# per task, each row counting the examples it scored.
+PRETRAIN_STAGE = "pretrain"
+NO_INPUT_COUNT = "scores: one gold.metrics row per held-out task, each with the examples it scored"
+
+
+def write_metrics(commit: Any, rows: list[dict[str, Any]]) -> int:
+    """Replace gold.metrics' rows of one (held-out day, architecture) with `rows`, in one commit of
+    the pretraining stage (gem.lakehouse.commit.StageCommit): a rerun of a day's pretraining leaves one row per
+    task, never a second set beside the first. -> the version created."""
+    import pyarrow as pa
+
+    from schemas.metrics import GOLD_METRICS
+
+    keys = {(r["ds"], r["arch"]) for r in rows}
+    if len(keys) != 1:
+        raise ValueError(f"gold.metrics rows of one run share one (ds, arch); got {sorted(keys)}")
+    ((ds, arch),) = keys
+    if ds.isoformat() != commit.ds:
+        raise ValueError(f"gold.metrics rows of ds={ds} in the pretraining commit of ds={commit.ds}")
+    table = pa.Table.from_pylist(rows, schema=GOLD_METRICS.arrow_schema())
+    return commit.replace_arrow(table, GOLD_METRICS, also={"arch": arch})
+
+
+def init_from_torchrun(device_type: str) -> bool:
+    """Join the process group torchrun describes (WORLD_SIZE, RANK, MASTER_ADDR/PORT in the
+    environment): gloo on CPU, NCCL on GPU, one GPU per local rank. False when not under torchrun."""
+    import os
+
+    if "WORLD_SIZE" not in os.environ or torch.distributed.is_initialized():
+        return False
+    if device_type == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    torch.distributed.init_process_group("nccl" if device_type == "cuda" else "gloo")
+    return True
+
+
+def run(ctx: Any, ds: str, run_dir: Path | None = None, steps: int | None = None,
+        progress: bool = False) -> Any:
+    """Train on the mixture of `ds`, score its held-out day, promote the model; -> a StageResult
+    (rank 0 publishes the record; other ranks return one without records). Details: steps,
+    examples, checkpoint."""
+    import time
+
+    from gem.data.encode import DENSE_COLUMNS
+    from gem.data.loader import SPARSE_FEATURES, ExampleStream, ResumableLoader
+    from gem.data.manifest import read_manifest
+    from gem.lakehouse.commit import StageCommit, StageResult
+    from gem.model.build import build_task
+    from gem.train.evaluate import evaluate
+    from schemas.metrics import GOLD_METRICS
+
+    t0, cfg = time.time(), ctx.cfg
+    joined = init_from_torchrun("cuda" if torch.cuda.is_available() else "cpu")
+    rank = torch.distributed.get_rank() if joined else 0
+    torch.manual_seed(cfg.train.seed)
+    root = Path(cfg.train.checkpoint_root or f"{cfg.lakehouse_uri.rstrip('/')}/_checkpoints")
+    run_dir = Path(run_dir) if run_dir else root / f"{cfg.model.arch}-{ds}"
+
+    # Rank 0 commits for the stage: inputs (the mixture's record) checked and the day's record
+    # withdrawn before training, published after the metrics and the promotion.
+    commit = StageCommit.begin(ctx, PRETRAIN_STAGE, ds) if rank == 0 else None
+    train_manifest, eval_manifest = read_manifest(cfg, ds, "train"), read_manifest(cfg, ds, "eval")
+    tasks = tuple(f"{s}/{t}" for s, t in cfg.tasks if f"{s}/{t}" in {x.name for x in train_manifest.sources})
+    stream = ResumableLoader(ExampleStream(train_manifest, tasks, cfg.loader))
+    task = build_task(cfg.model, tasks, SPARSE_FEATURES, len(DENSE_COLUMNS), cfg.train.task_weights)
+    task.heads.init_from_base_rates({s.name: s.positives / s.rows for s in train_manifest.sources if s.rows})
+    trainer = Trainer(task, stream, cfg.train, run_dir, config_snapshot=cfg.to_dict())
+    if trainer.resume():
+        print(f"resumed {run_dir} at step {trainer.step}")
+    elif (previous := promotion.warm_start_for(root, cfg.model.arch, ds)) is not None:
+        print(f"warm start from {trainer.warm_start(previous.checkpoint)} (promoted for {previous.mix_ds})")
+    result = trainer.fit(steps=steps, progress=progress and rank == 0)
+    seconds = max(result.seconds, 1e-9)
+    print(f"[rank {rank}] trained {result.steps} steps; {result.examples:,} examples in {result.seconds:.1f}s "
+          f"({result.examples / seconds:,.0f} examples/s on {trainer.device}); padding share of padded sequence "
+          f"blocks: " + ", ".join(f"{e} {r:.1%}" for e, r in result.padding_ratio.items()))
+    state = trainer.plain_state()  # every rank takes part (tables are gathered from their owners)
+    trainer.close()
+    checkpoint_path = result.checkpoint or checkpoint.latest(run_dir)
+    if rank == 0:
+        # Rank 0 alone scores the whole held-out day with a plain-torch copy of the trained model.
+        eval_task = build_task(cfg.model, tasks, SPARSE_FEATURES, len(DENSE_COLUMNS), cfg.train.task_weights,
+                               sparse_backend="torch")
+        eval_task.load_state_dict(state)
+        eval_stream = ResumableLoader(ExampleStream(eval_manifest, tasks, cfg.loader, rank=0, world_size=1))
+        _report(commit, evaluate(eval_task, eval_stream.epoch()), result.steps, eval_manifest)
+        promotion.promote(root, cfg.model.arch, ds, checkpoint_path, result.steps)
+        commit.publish(None, written_tables=(GOLD_METRICS,), no_input_count=NO_INPUT_COUNT)
+    if joined:
+        torch.distributed.barrier()  # nobody exits before rank 0 has published
+        torch.distributed.destroy_process_group()
+    details = {"steps": result.steps, "examples": result.examples, "checkpoint": str(checkpoint_path)}
+    return commit.result(t0, **details) if commit is not None else StageResult(PRETRAIN_STAGE, ds, time.time() - t0,
+                                                                             details=details)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from gem.cli import iso_day
+    from gem.config import add_config_arg, load_config
+    from gem.lakehouse.commit import StageContext
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_config_arg(parser)
+    parser.add_argument("--mix-ds", required=True, type=iso_day, help="the gold.mixture_manifest day to train on")
+    parser.add_argument("--run-dir", default=None, help="checkpoint folder (default: under train.checkpoint_root)")
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    result = run(StageContext(load_config(args.config)), args.mix_ds, args.run_dir, args.steps, not args.no_progress)
+    if result.published:
+        print(result.summary())
+    return 0
+
+
+def _report(commit: Any, scores: dict[str, dict[str, Any]], steps: int, eval_manifest: Any) -> None:
+    """Write the held-out scores to gold.metrics (with run id, config, code and table versions) and print them."""
+    import datetime as dt
+    import json
+    import uuid
+
+    from gem.train.evaluate import metrics_table
+
+    cfg, mix_ds = commit.cfg, commit.ds
+    run_id = f"{cfg.model.arch}:{mix_ds}:{uuid.uuid4().hex[:8]}"
+    now = dt.datetime.now(dt.UTC)
+    rows = [{
+        "ds": dt.date.fromisoformat(mix_ds), "run_id": run_id, "arch": cfg.model.arch, "task": name,
+        "split": "eval", "examples": s["examples"], "positives": s["positives"], "ne": s["ne"], "auc": s["auc"],
+        "calibration": s["calibration"], "train_steps": steps, "mixture_id": eval_manifest.mixture_id,
+        "examples_version": eval_manifest.examples_version, "sequences_version": eval_manifest.sequences_version,
+        "code_version": code_version(), "config": json.dumps(cfg.to_dict(), default=str), "created_at": now,
+    } for name, s in scores.items()]
+    write_metrics(commit, rows)
+    print(f"held-out day {eval_manifest.file_ds[eval_manifest.files[0]]} ({run_id}):")
+    print(metrics_table(scores))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
