@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.silver_incremental import START, _config
+from bench.silver_incremental import START, bench_config
 from gem.cli import shift_day
 from gem.lakehouse import tables
 from jobs import build_sequences
@@ -41,7 +41,7 @@ def main() -> None:
     parser.add_argument("--days", type=int, default=30)
     parser.add_argument("--master", default="local[2]")
     args = parser.parse_args()
-    cfg = _config(Path(args.root), args.master)
+    cfg = bench_config(Path(args.root), args.master)
     spark = get_spark(cfg, app_name="bench-sequence-lookup")
     ds = shift_day(START, args.days - 1)
     day = F.lit(ds).cast("date")

@@ -50,7 +50,7 @@ START = "2026-01-01"
 ADS = 2_000
 
 
-def _config(root: Path, master: str) -> GemConfig:
+def bench_config(root: Path, master: str) -> GemConfig:
     return load_config(
         overrides={
             "lakehouse_uri": str(root / "lakehouse"),
@@ -251,7 +251,7 @@ def duckdb_only(args: argparse.Namespace) -> dict[str, Any]:
     from gem.lakehouse.spark import get_spark
 
     root = Path(args.root)
-    cfg = _config(root, args.master)
+    cfg = bench_config(root, args.master)
     last = shift_day(START, args.days - 1)
     spark = get_spark(cfg, app_name="bench-silver-check")
     full_totals = _sequence_totals(spark.read.format("delta").load(str(root / "full_sequences")))
@@ -296,7 +296,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     root = Path(args.root)
     shutil.rmtree(root, ignore_errors=True)
-    cfg = _config(root, args.master)
+    cfg = bench_config(root, args.master)
     spark = get_spark(cfg, app_name="bench-silver")
     days = day_range(START, shift_day(START, args.days - 1))
     last = days[-1]

@@ -269,7 +269,7 @@ def validated_day(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Valid
     tests below."""
     cfg = make_config(tmp_path_factory.mktemp("validated"))
     _write_day(spark, cfg, DS, clean_day(cfg.surfaces))
-    return cfg, validate_events.run(StageContext(cfg), DS)
+    return cfg, validate_events.run(StageContext(cfg), DS).details
 
 
 def test_validate_events_passes_and_publishes_completion(spark: Any, validated_day: ValidatedDay) -> None:
