@@ -1,0 +1,156 @@
+"""Completion records (ops.completions): written last by a stage; the only signal downstream readers
+trust.
+
+The records live in a small Delta table read and written with `deltalake`: a check or a publish
+costs milliseconds and no Spark job, and stages without a JVM (training) publish the same way.
+Stages publish through gem.lakehouse.commit.StageCommit, never by calling `publish_completion`
+themselves.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Set
+from typing import TYPE_CHECKING, Any, Mapping
+
+from gem.config import GemConfig
+from gem.lakehouse.tables import commit_properties, ensure_table, table_path
+from schemas.ops import COMPLETIONS
+
+if TYPE_CHECKING:
+    pass
+
+class MissingInputError(RuntimeError):
+    """An input partition a stage needs has not been completed by its producer."""
+
+
+class StaleInputError(MissingInputError):
+    """An input partition changed after the record a reader relies on (e.g. rewritten after its
+    validation); the message names the stage to rerun."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Completion records: written last by a stage; the only signal downstream readers trust.
+
+
+def new_run_id(stage: str, ds: str) -> str:
+    return f"{stage}:{ds}:{uuid.uuid4().hex[:12]}"
+
+
+# The records live in a small Delta table read and written with `deltalake`: a check or a publish
+# costs milliseconds and no Spark job, and stages without a JVM (training) publish the same way.
+
+
+def _completion_where(stage: str, ds: str) -> str:
+    return f"stage = '{stage}' AND ds = '{ds}'"
+
+
+def clear_completion(cfg: GemConfig, stage: str, ds: str) -> None:
+    """Withdraw a (stage, ds) record before rewriting its outputs, so a crash mid-rerun leaves none."""
+    from deltalake import DeltaTable
+
+    if completion(cfg, stage, ds) is None:  # a read is far cheaper than a no-op DELETE commit
+        return
+    DeltaTable(table_path(cfg, COMPLETIONS)).delete(_completion_where(stage, ds))
+
+
+def publish_completion(
+    cfg: GemConfig,
+    stage: str,
+    ds: str,
+    run_id: str,
+    rows_in: int | None,
+    rows_written: int,
+    quarantined_by_reason: Mapping[str, int],
+    table_versions: Mapping[str, int],
+    input_versions: Mapping[str, int] | None = None,
+    reconciliation: str = "checked",
+) -> dict[str, Any]:
+    """Write the (stage, ds) record in one commit (replacing any earlier one); -> the record.
+    Stages publish through gem.lakehouse.commit.StageCommit, which fills in the versions and the
+    reconciliation; rows_in None means the stage has no separate input count (`reconciliation` says why)."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    rows_quarantined = int(sum(quarantined_by_reason.values()))
+    if rows_in is not None and rows_in != rows_written + rows_quarantined:
+        raise RuntimeError(
+            f"{stage} ds={ds}: counts do not reconcile: in={rows_in} != written={rows_written} "
+            f"+ quarantined={rows_quarantined} ({dict(quarantined_by_reason)})"
+        )
+    row = {
+        "stage": stage,
+        "ds": dt.date.fromisoformat(ds),
+        "run_id": run_id,
+        "rows_in": None if rows_in is None else int(rows_in),
+        "rows_written": int(rows_written),
+        "rows_quarantined": rows_quarantined,
+        "quarantined_by_reason": sorted((k, int(v)) for k, v in quarantined_by_reason.items()),
+        "table_versions": sorted((k, int(v)) for k, v in table_versions.items()),
+        "input_versions": sorted((k, int(v)) for k, v in (input_versions or {}).items()),
+        "reconciliation": reconciliation,
+        "completed_at": dt.datetime.now(dt.timezone.utc),
+    }
+    path = ensure_table(None, cfg, COMPLETIONS)
+    table = pa.Table.from_pylist([row], schema=COMPLETIONS.arrow_schema())
+    write_deltalake(path, table, mode="overwrite", predicate=_completion_where(stage, ds),
+                    partition_by=list(COMPLETIONS.partition_by), commit_properties=commit_properties(run_id))
+    return row | {"ds": ds, "quarantined_by_reason": dict(row["quarantined_by_reason"]),
+                  "table_versions": dict(row["table_versions"]), "input_versions": dict(row["input_versions"])}
+
+
+def completion(cfg: GemConfig, stage: str, ds: str) -> dict[str, Any] | None:
+    from deltalake import DeltaTable
+
+    from gem.data.delta_log import read_table as read_logged_table
+
+    path = table_path(cfg, COMPLETIONS)
+    if not DeltaTable.is_deltatable(path):
+        return None
+    rows = read_logged_table(path, where={"stage": stage, "ds": ds}).to_pylist()
+    if not rows:
+        return None
+    record = rows[-1]
+    for key in ("quarantined_by_reason", "table_versions", "input_versions"):  # Arrow maps come back as (key, value) pairs
+        record[key] = dict(record[key] or [])
+    return record
+
+
+def require_stage_inputs(cfg: GemConfig, stage: str, ds: str,
+                         made_here: Set[tuple[str, str]] = frozenset()) -> dict[tuple[str, str], dict[str, Any]]:
+    """The completion records the registry says `stage` needs for ds, by (stage, day); raises
+    MissingInputError naming every missing one and the command to run first. A landing need
+    (stages.LANDING) is met by the partition's `_SUCCESS` marker: its record names no versions and
+    carries the producer's manifest. Needs in `made_here` (a range commit's own days) count as met
+    and are not returned."""
+    from gem.lakehouse import landing, stages
+
+    found: dict[tuple[str, str], Any] = {}
+
+    def completed(needed_stage: str, day: str) -> dict[str, Any] | None:
+        if (needed_stage, day) in made_here:
+            return {}
+        if needed_stage == stages.LANDING:
+            manifest = landing.completed_manifest(cfg.landing_root, day)
+            record = None if manifest is None else {"stage": stages.LANDING, "ds": day, "table_versions": {},
+                                                    "manifest": manifest}
+        else:
+            record = completion(cfg, needed_stage, day)
+        found[(needed_stage, day)] = record
+        return record
+
+    missing = stages.missing_inputs(stage, cfg, ds, completed)
+    if missing:
+        raise MissingInputError(stages.describe_missing(stage, ds, missing))
+    return {key: record for key, record in found.items() if key not in made_here}
+
+
+def require_completed(cfg: GemConfig, stage: str, ds: str) -> dict[str, Any]:
+    record = completion(cfg, stage, ds)
+    if record is None:
+        raise MissingInputError(
+            f"input not ready: stage {stage!r} has no completion record for ds={ds} in "
+            f"{table_path(cfg, COMPLETIONS)}; run `python -m jobs.{stage} --ds {ds}` first"
+        )
+    return record

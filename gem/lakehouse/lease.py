@@ -1,0 +1,98 @@
+"""One run at a time per (stage, day): a lease file taken before a run withdraws its record.
+
+Two runs of one (stage, ds) writing at once would each commit and publish; the table ends as one
+run's contents, but the record left standing could name the commit of the run that wrote first,
+whose files the other run's commit has since replaced, and a reader checking the partition's files
+against that version would refuse it. The lease makes the second run fail at once, with the
+holder's run id, and succeed on retry.
+
+The lease is a file `{lakehouse}/_ops/leases/{stage}/ds={ds}.json`, created with O_EXCL (atomic on
+a POSIX filesystem, where the lakehouse folder lives), holding the run id, host, pid and start
+time; the run's publish removes it. A lease whose holder is gone is taken over: on the same host
+when its pid no longer runs (or is this very process: a retry after an exception), on another host
+once it is older than LEASE_EXPIRY_S.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from gem.config import GemConfig
+
+LEASE_EXPIRY_S = 6 * 3600  # a holder on another host is presumed dead after this long
+
+
+class LeaseHeldError(RuntimeError):
+    """Another run of the same (stage, ds) is in progress; retry once it has finished."""
+
+
+@dataclass(frozen=True)
+class Lease:
+    path: Path
+    run_id: str
+
+    def release(self) -> None:
+        """Remove the lease if this run still holds it."""
+        try:
+            if json.loads(self.path.read_text())["run_id"] == self.run_id:
+                self.path.unlink()
+        except (FileNotFoundError, json.JSONDecodeError, KeyError):
+            pass
+
+
+def lease_path(cfg: GemConfig, stage: str, ds: str) -> Path:
+    return Path(cfg.lakehouse_uri) / "_ops" / "leases" / stage / f"ds={ds}.json"
+
+
+def _pid_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it runs, as another user
+        return True
+    return True
+
+
+def _holder_gone(holder: dict) -> bool:
+    if holder.get("host") == socket.gethostname():
+        pid = int(holder.get("pid", -1))
+        return pid == os.getpid() or not _pid_running(pid)
+    started = dt.datetime.fromisoformat(holder["started_at"])
+    return (dt.datetime.now(dt.timezone.utc) - started).total_seconds() > LEASE_EXPIRY_S
+
+
+def acquire(cfg: GemConfig, stage: str, ds: str, run_id: str) -> Lease:
+    """Take the lease of (stage, ds) for `run_id`; LeaseHeldError naming the holder if a live run
+    holds it."""
+    path = lease_path(cfg, stage, ds)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = json.dumps({"run_id": run_id, "host": socket.gethostname(), "pid": os.getpid(),
+                       "started_at": dt.datetime.now(dt.timezone.utc).isoformat()})
+    for _ in range(3):  # a stale lease is removed and the creation tried again
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                holder = json.loads(path.read_text())
+            except FileNotFoundError:
+                continue  # released meanwhile
+            except json.JSONDecodeError:  # being written this instant, or its writer was killed mid-write
+                if dt.datetime.now().timestamp() - path.stat().st_mtime < 60:
+                    raise LeaseHeldError(f"{stage} ds={ds}: another run is taking the lease {path}; retry") from None
+                holder = {}
+            if holder and not _holder_gone(holder):
+                raise LeaseHeldError(
+                    f"{stage} ds={ds} is being run by {holder['run_id']} (host {holder['host']}, pid "
+                    f"{holder['pid']}, since {holder['started_at']}); retry when it has finished") from None
+            path.unlink(missing_ok=True)
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(body)
+        return Lease(path, run_id)
+    raise LeaseHeldError(f"{stage} ds={ds}: could not take the lease {path}; retry")

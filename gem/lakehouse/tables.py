@@ -1,0 +1,210 @@
+"""Thin Delta I/O every stage shares: table creation from schemas/, partition replaces, commit metrics.
+
+Rules (README, "Rules every stage follows"): writes replace exactly the declared partitions
+atomically (`replaceWhere`), through gem.lakehouse.commit.StageCommit, which also publishes the
+completion record (gem.lakehouse.completions) last.
+
+Tables are path-based (`{lakehouse}/{layer}/{table}`), created with deletion vectors and column
+mapping off (so the `deltalake` package reads them through the log) and with log and removed-file
+retention longer than the attribution window plus the training horizon.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Mapping
+
+from gem.config import GemConfig
+from schemas.table import TableSchema
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+class TableSchemaMismatch(RuntimeError):
+    """An existing Delta table does not match its definition in schemas/."""
+
+
+def table_path(cfg: GemConfig, schema: TableSchema) -> str:
+    return schema.path(cfg.lakehouse_uri)
+
+
+def table_properties(cfg: GemConfig) -> dict[str, str]:
+    days = cfg.retention_days
+    return {
+        "delta.enableDeletionVectors": "false",
+        "delta.columnMapping.mode": "none",
+        "delta.logRetentionDuration": f"interval {days} days",
+        "delta.deletedFileRetentionDuration": f"interval {days} days",
+    }
+
+
+def _q(path: str) -> str:
+    return f"delta.`{path}`"
+
+
+def ensure_table(spark: "SparkSession | None", cfg: GemConfig, schema: TableSchema) -> str:
+    """Create the table from its schema if absent (with constraints); verify it if present.
+
+    Creation goes through Spark SQL when a session is given, else through `deltalake` (stages that
+    start no JVM). The checks read the Delta log with `deltalake`, so a table that exists costs no
+    Spark job.
+    """
+    from deltalake import DeltaTable
+
+    path = table_path(cfg, schema)
+    if not DeltaTable.is_deltatable(path):
+        if spark is not None:
+            cols = ", ".join(
+                f"`{c.name}` {c.sql_type}{'' if c.nullable else ' NOT NULL'}" for c in schema.columns
+            )
+            parts = f"PARTITIONED BY ({', '.join(schema.partition_by)})" if schema.partition_by else ""
+            # The CHECK constraints go in with the table (Delta keeps them as `delta.constraints.<name>`
+            # properties): one commit, where an ALTER TABLE ADD CONSTRAINT each costs a Spark job and
+            # a commit apiece (silver.training_examples: 6.0 s -> 0.8 s on 2 cores).
+            props = {**table_properties(cfg), **{f"delta.constraints.{n.lower()}": e for n, e in schema.check_constraints()}}
+            listed = ", ".join(f"'{k}' = {_sql_string(v)}" for k, v in props.items())
+            try:
+                spark.sql(f"CREATE TABLE IF NOT EXISTS {_q(path)} ({cols}) USING DELTA {parts} TBLPROPERTIES ({listed})")
+            except Exception as e:  # another process creating it at the same moment is fine (verified below)
+                if "DELTA_PROTOCOL_CHANGED" not in str(e) and "DELTA_METADATA_CHANGED" not in str(e):
+                    raise
+                if not DeltaTable.is_deltatable(path):
+                    raise
+        else:
+            _create_without_spark(cfg, schema, path)
+    table = DeltaTable(path)
+    _verify_schema(table, path, schema)
+    existing = _constraints(table)
+    missing = {name: expr for name, expr in schema.check_constraints() if name.lower() not in existing}
+    if missing and spark is not None:
+        for name, expr in missing.items():
+            spark.sql(f"ALTER TABLE {_q(path)} ADD CONSTRAINT {name} CHECK ({expr})")
+    elif missing:
+        table.alter.add_constraint(missing)
+    return path
+
+
+def _sql_string(value: str) -> str:
+    """A Spark SQL string literal: constraint expressions carry quotes of their own."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _create_without_spark(cfg: GemConfig, schema: TableSchema, path: str) -> None:
+    from deltalake import DeltaTable
+    from deltalake.exceptions import DeltaError
+
+    try:
+        DeltaTable.create(path, schema.arrow_schema(), mode="ignore", partition_by=list(schema.partition_by) or None,
+                          configuration=table_properties(cfg))
+    except DeltaError:
+        if not DeltaTable.is_deltatable(path):  # another writer creating it at the same time is fine
+            raise
+
+
+def _constraints(table: Any) -> set[str]:
+    prefix = "delta.constraints."
+    return {k[len(prefix) :].lower() for k in table.metadata().configuration if k.startswith(prefix)}
+
+
+def _verify_schema(table: Any, path: str, schema: TableSchema) -> None:
+    """Compare the log's schema (Spark's JSON format, parsed without a JVM) with schemas/."""
+    import json
+
+    from pyspark.sql import types as T
+
+    actual = T.StructType.fromJson(json.loads(table.schema().to_json()))
+    got = [(f.name, f.dataType.simpleString()) for f in actual.fields]
+    exp = [(f.name, f.dataType.simpleString()) for f in schema.spark_schema().fields]
+    if got != exp:
+        raise TableSchemaMismatch(f"{schema.name} at {path} has columns {got}, schemas/ defines {exp}")
+
+
+def predicate(where: Mapping[str, Any]) -> str:
+    """{"ds": "2026-01-02"} -> "ds = '2026-01-02'"; a (first, last) pair is a closed range:
+    {"ds": ("2026-01-01", "2026-01-28")} -> "ds >= '2026-01-01' AND ds <= '2026-01-28'" (Delta's
+    replaceWhere check fails to analyze BETWEEN)."""
+    terms = []
+    for col, val in where.items():
+        if isinstance(val, tuple):
+            first, last = val
+            terms.append(f"{col} >= '{first}' AND {col} <= '{last}'")
+        elif isinstance(val, (dt.date, str)):
+            terms.append(f"{col} = '{val}'")
+        else:
+            terms.append(f"{col} = {val!r}")
+    return " AND ".join(terms)
+
+
+@dataclass(frozen=True)
+class Committed:
+    """One Delta commit of a write: the version it created and the rows it wrote (from the
+    commit's own metrics, not a reread of the data)."""
+
+    version: int
+    rows: int
+
+
+def replace_partition(
+    df: "DataFrame",
+    cfg: GemConfig,
+    schema: TableSchema,
+    where: Mapping[str, Any],
+    user_metadata: str = "",
+) -> Committed:
+    """Atomically replace the rows matching `where` with `df`; -> the commit it made.
+
+    Delta fails the commit if a row of `df` falls outside `where`, so a bug cannot spill into a
+    neighbouring partition. A rerun with the same input yields the same table contents. The commit
+    is the one carrying `user_metadata` (a run id), so another writer committing right after cannot
+    be mistaken for this one.
+    """
+    spark = df.sparkSession
+    path = ensure_table(spark, cfg, schema)
+    writer = (
+        df.select(*schema.column_names)
+        .write.format("delta")
+        .mode("overwrite")
+        .option("replaceWhere", predicate(where))
+    )
+    if user_metadata:
+        writer = writer.option("userMetadata", user_metadata)
+    writer.save(path)
+    return own_commit(spark, path, user_metadata)
+
+
+def own_commit(spark: "SparkSession", path: str, user_metadata: str) -> Committed:
+    """The newest commit of `path` carrying `user_metadata`, read through the session's own view of
+    the log, which the write has just advanced to at least that commit (a fresh listing of the
+    folder by another reader, while another process commits, was measured to miss commits). Without
+    such a commit (no `user_metadata`, or Delta skipped the commit of an empty replace of an empty
+    partition): the latest version, and 0 rows for a skipped commit."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    history = DeltaTable.forPath(spark, path).history(50)
+    mine = history.where(F.col("userMetadata") == user_metadata) if user_metadata else history
+    found = mine.orderBy(F.desc("version")).select("version", "operationMetrics").limit(1).collect()
+    if not found:
+        return Committed(int(history.agg(F.max("version")).collect()[0][0]), 0)
+    metrics = found[0]["operationMetrics"] or {}
+    return Committed(int(found[0]["version"]), int(metrics.get("numOutputRows", 0)))
+
+
+def latest_version(path: str) -> int:
+    from deltalake import DeltaTable
+
+    return int(DeltaTable(path).version())
+
+
+def read_table(spark: "SparkSession", cfg: GemConfig, schema: TableSchema, version: int | None = None) -> "DataFrame":
+    reader = spark.read.format("delta")
+    if version is not None:
+        reader = reader.option("versionAsOf", version)
+    return reader.load(table_path(cfg, schema))
+
+
+def commit_properties(user_metadata: str) -> Any:
+    from deltalake import CommitProperties
+
+    return CommitProperties(custom_metadata={"userMetadata": user_metadata})
