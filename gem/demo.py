@@ -109,6 +109,8 @@ def model_metrics(cfg: GemConfig) -> str | None:
     """The latest pretraining run's held-out NE / AUC / calibration per task, from gold.metrics
     (None when no run has written any)."""
     from gem.data.delta_log import read_table
+    from gem.days import shift_day
+    from gem.lakehouse.landing import completed_manifest
     from gem.train.evaluate import metrics_table
 
     path = GOLD_METRICS.path(cfg.lakehouse_uri)
@@ -120,9 +122,14 @@ def model_metrics(cfg: GemConfig) -> str | None:
     latest = max(rows, key=lambda r: r["created_at"])
     run = sorted((r for r in rows if r["run_id"] == latest["run_id"]), key=lambda r: r["task"])
     runs = len({r["run_id"] for r in rows})
-    title = (f"  run {latest['run_id']}: {latest['arch']}, {latest['train_steps']} steps, "
-             f"held-out day of the mixture of {latest['ds']} ({runs} runs in gold.metrics)")
-    return title + "\n" + metrics_table({r["task"]: r for r in run}, indent="    ")
+    held_out = shift_day(latest["ds"].isoformat(), -cfg.attribution_window_days)  # the mix's held-out day
+    title = (f"  run {latest['run_id']}: {latest['arch']}, {latest['train_steps']} steps, held-out day {held_out} "
+             f"of the mixture of {latest['ds']} ({runs} runs in gold.metrics); floor: the NE of the generator's "
+             f"true probabilities on that day (gem.sources.bayes_floor)")
+    manifest = completed_manifest(cfg.landing_root, held_out) or {}
+    floor = ({task: f["ne"] for task, f in manifest["bayes_floor"].items()}
+             if "bayes_floor" in manifest else None)
+    return title + "\n" + metrics_table({r["task"]: r for r in run}, indent="    ", floor=floor)
 
 
 def reports(cfg: GemConfig) -> str:

@@ -21,8 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gem.lakehouse import completions, tables
-from gem.lakehouse import stages
+from gem.lakehouse import completions, stages, tables
 
 if TYPE_CHECKING:
     from gem.config import GemConfig

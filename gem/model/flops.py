@@ -6,7 +6,9 @@ out, as torch.utils.flop_counter does, so the two can be compared (tests/unit/te
 lengths are the padded lengths the model computes on: by default each event type's max_len.
 
 Example:
-    >>> from gem.model.configs import KunlunConfig
+    >>> from gem.model.ops.gdpa import uses_band
+from gem.model.ops.gdpa import uses_band
+from gem.model.configs import KunlunConfig
     >>> f = kunlun_flops(KunlunConfig(), n_sparse=8, dense_dim=420, tasks=24, surfaces=6, head_hidden=64,
     ...                  shared_experts=2)
     >>> f["total"] == sum(v for k, v in f.items() if k != "total")
@@ -24,6 +26,7 @@ from gem.model.configs import (
     ModelConfig,
     WukongConfig,
 )
+from gem.model.ops.gdpa import uses_band
 
 
 def _linear(n_in: int, n_out: int, rows: int = 1) -> int:
@@ -42,7 +45,13 @@ def _sequence_layer(e: EventConfig, dim: int, length: int, summary_tokens: int, 
     q, out = _linear(w, w, length), _linear(w, w, length)
     keys = summary_tokens if personalized else length
     kv = _linear(dim if personalized else w, 2 * w, keys)
-    attention = 2 * (2 * length * keys * w)
+    # The blocked band form scores each block of `window` queries against 2 * window keys.
+    scored = 2 * e.window if not personalized and uses_band(length, e.window) else keys
+    if scored != keys:
+        blocks = -(-length // e.window)
+        attention = 2 * (2 * blocks * e.window * scored * w)
+    else:
+        attention = 2 * (2 * length * keys * w)
     ffn = _linear(w, 2 * w, length) + _linear(2 * w, w, length)
     return q + kv + attention + out + ffn
 

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from gem.model.configs import EventConfig, KunlunConfig
-from gem.model.ops.gdpa import gdpa
+from gem.model.ops.gdpa import gdpa, uses_band, windowed_gdpa
 from gem.model.ops.jagged import keep_last, to_padded
 from gem.model.ops.masks import padding_mask, sliding_window_mask
 from gem.model.ops.sum_kron import SumKronLinear
@@ -97,8 +97,11 @@ class SequenceLayer(nn.Module):
         else:
             mask = sliding_window_mask(lengths, length, self.cfg.window)
             scale = 1.0 / self.cfg.window
-        att = gdpa(self._heads(self.q(h)), self._heads(k), self._heads(v), self.cfg.activations,
-                   self.head_dim ** -0.5, scale, mask)
+        q, k, v = self._heads(self.q(h)), self._heads(k), self._heads(v)
+        if not self.personalized and uses_band(length, self.cfg.window):  # only the window is computed
+            att = windowed_gdpa(q, k, v, self.cfg.activations, self.head_dim ** -0.5, scale, lengths, self.cfg.window)
+        else:
+            att = gdpa(q, k, v, self.cfg.activations, self.head_dim ** -0.5, scale, mask)
         s = s + self.out(att.transpose(1, 2).reshape(b, length, w))
         s = s + self.ffn(s)
         return s * real[:, :, None].to(s.dtype)  # padding stays exactly 0

@@ -70,6 +70,8 @@ class ChunkEvents:
     click_time: np.ndarray  # (clicks,) int64 epoch ms, for impressions where clicked
     converted: np.ndarray  # (clicks,) bool
     conversion_time: np.ndarray  # (conversions,) int64 epoch ms, for clicks where converted
+    p_click: np.ndarray  # (n,) float64: the true click probability of each impression
+    p_convert: np.ndarray  # (n,) float64: the true conversion probability were it clicked
 
 
 def _draw_impressions(
@@ -140,8 +142,8 @@ def simulate_chunk(
     )
     click_time = impression_times[clicked] + (1000.0 * click_delay_s).astype(np.int64)
 
-    click_user, click_ad = user[clicked], ad[clicked]
-    converted = rng.random(len(click_time)) < _sigmoid(conversion_logit(world, click_user, click_ad))
+    p_convert = _sigmoid(conversion_logit(world, user, ad))  # (n,), used for the clicked ones
+    converted = rng.random(len(click_time)) < p_convert[clicked]
     delay_fraction = rng.beta(*CONVERSION_DELAY_BETA, size=int(converted.sum()))
     max_delay_ms = CONVERSION_MAX_DELAY_DAYS * DAY_MS
     conversion_delay = np.minimum((delay_fraction * max_delay_ms).astype(np.int64), max_delay_ms - 1)
@@ -157,4 +159,6 @@ def simulate_chunk(
         click_time=click_time,
         converted=converted,
         conversion_time=conversion_time,
+        p_click=p_click,
+        p_convert=p_convert,
     )

@@ -1,8 +1,9 @@
 """One synthetic day end to end: `generate_day(cfg, ds)` simulates day D of the seed's world chunk by
 chunk, writes its landing files by arrival day, saves the day's engagement state and marks ds
 complete (`_SUCCESS` holding the run's manifest) last. Only ds=D is marked: later arrival days are
-completed by their own generator day. Rerunning a ds writes byte-identical files, sidecars, marker
-and state.
+completed by their own generator day. The manifest also holds the day's Bayes floor per task
+(gem.sources.bayes_floor): the NE of the world's true probabilities on its impressions. Rerunning
+a ds writes byte-identical files, sidecars, marker and state.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy as np
 
 from gem.config import GemConfig
 from gem.lakehouse.landing import clear_partition_complete, mark_partition_complete
+from gem.sources.bayes_floor import FloorAccumulator
 from gem.sources.engagement import EngagementState, recent_engagement, save_state, state_before, world_fingerprint
 from gem.sources.landing_output import ArrivalFiles, conversion_lines, line_head, positioned_lines
 from gem.sources.simulation import ChunkEvents, DiurnalClock, simulate_chunk
@@ -64,8 +66,10 @@ def _write_chunk(
     return written
 
 
-def _simulate_day(cfg: GemConfig, ds: str, world: World, state: EngagementState, files: ArrivalFiles) -> dict[str, int]:
-    """Simulate day `ds` chunk by chunk into `files`, updating `state` after each chunk; event totals.
+def _simulate_day(cfg: GemConfig, ds: str, world: World, state: EngagementState, files: ArrivalFiles,
+                  floor: FloorAccumulator) -> dict[str, int]:
+    """Simulate day `ds` chunk by chunk into `files`, updating `state` after each chunk and adding
+    each chunk's true probabilities to `floor`; event totals.
 
     Chunk k covers the traffic quantiles [k*C/N, (k+1)*C/N) of the diurnal curve, so chunks are
     time-ordered and history decays by the wall-clock span each chunk covers.
@@ -89,6 +93,7 @@ def _simulate_day(cfg: GemConfig, ds: str, world: World, state: EngagementState,
             world, recent_engagement(state), g.history_weight, sim_rng, times, first, last_arrival_end_ms
         )
         _write_chunk(files, world, ymd, chunk, day_start_ms, dirty_rng)
+        floor.add_chunk(world, chunk)
         window_ms = float(clock.ms_of_day(np.asarray([hi]))[0] - clock.ms_of_day(np.asarray([lo]))[0])
         clicked_ads = chunk.ad[chunk.clicked]
         state.decay_and_add(0.5 ** (window_ms / half_life_ms), chunk.user[chunk.clicked], world.ad_latent[clicked_ads])
@@ -109,8 +114,10 @@ def generate_day(cfg: GemConfig, ds: str) -> dict[str, Any]:
     state = state_before(cfg, ds, world)
     clear_partition_complete(cfg.landing_root, ds)
     files = ArrivalFiles(cfg, ds)
+    # Labels close attribution_window_days after the impression day (schemas/examples.py).
+    floor = FloorAccumulator(window_end_ms=_day_start_ms(ds) + (1 + cfg.attribution_window_days) * DAY_MS)
     try:
-        totals = _simulate_day(cfg, ds, world, state, files)
+        totals = _simulate_day(cfg, ds, world, state, files, floor)
         file_manifests = files.commit()
     except BaseException:
         files.abort()
@@ -123,6 +130,7 @@ def generate_day(cfg: GemConfig, ds: str) -> dict[str, Any]:
         "seed": g.seed,
         "world": json.loads(world_fingerprint(cfg)),
         "events": totals,
+        "bayes_floor": floor.result(),  # per task: the NE of the world's true probabilities on ds's impressions
         "lines": sum(m["lines"] for m in file_manifests.values()),
         "dirty": sum(sum(m["dirty"].values()) for m in file_manifests.values()),
         "files": file_manifests,

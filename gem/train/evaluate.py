@@ -44,12 +44,19 @@ def evaluate(task: torch.nn.Module, batches: Iterable[Batch]) -> dict[str, dict[
     return out
 
 
-def metrics_table(scores: dict[str, dict[str, float | None]], indent: str = "  ") -> str:
-    """Per-task scores (as `evaluate` returns them) as an aligned text table."""
+def metrics_table(scores: dict[str, dict[str, float | None]], indent: str = "  ",
+                  floor: dict[str, float | None] | None = None) -> str:
+    """Per-task scores (as `evaluate` returns them) as an aligned text table; with `floor` (task ->
+    the Bayes floor NE of the held-out day, gem.sources.bayes_floor), a column beside NE."""
     def fmt(v: float | None) -> str:
         return "    n/a" if v is None else f"{v:7.4f}"
 
-    lines = [f"{indent}{'task':<28} {'examples':>9} {'positives':>9} {'NE':>7} {'AUC':>7} {'calib':>7}"]
-    lines += [f"{indent}{name:<28} {s['examples']:>9,} {s['positives']:>9.0f} {fmt(s['ne'])} {fmt(s['auc'])} "
-              f"{fmt(s['calibration'])}" for name, s in scores.items()]
+    width = max([28, *(len(name) for name in scores)])
+    floor_head = f" {'floor':>7}" if floor is not None else ""
+    lines = [f"{indent}{'task':<{width}} {'examples':>9} {'positives':>9} {'NE':>7}{floor_head} "
+             f"{'AUC':>7} {'calib':>7}"]
+    for name, s in scores.items():
+        floor_cell = f" {fmt(floor.get(name))}" if floor is not None else ""
+        lines.append(f"{indent}{name:<{width}} {s['examples']:>9,} {s['positives']:>9.0f} {fmt(s['ne'])}{floor_cell} "
+                     f"{fmt(s['auc'])} {fmt(s['calibration'])}")
     return "\n".join(lines)

@@ -6,6 +6,8 @@ import datetime as dt
 from pathlib import Path
 
 from gem import demo
+from gem.days import shift_day
+from gem.lakehouse.landing import mark_partition_complete
 from gem.lakehouse import completions
 from gem.lakehouse.commit import StageCommit, StageContext
 from gem.train.daily import write_metrics as write_run_metrics
@@ -41,7 +43,9 @@ def test_model_metrics_shows_the_latest_run_with_its_partition_day(tmp_path: Pat
     text = demo.model_metrics(cfg)
     assert text is not None
     assert "kunlun:2026-01-03:new" in text and ":old" not in text
-    assert "held-out day of the mixture of 2026-01-03" in text and "(2 runs in gold.metrics)" in text
+    held_out = shift_day("2026-01-03", -cfg.attribution_window_days)
+    assert f"held-out day {held_out} of the mixture of 2026-01-03" in text and "(2 runs in gold.metrics)" in text
+    assert "floor" not in text.splitlines()[1]  # no landing manifest with a floor for that day: no column
     assert "reels/click" in text and "0.6600" in text and "0.5500" not in text
     # A rerun of a day replaces that day's run (gold.metrics holds one run per day and architecture).
     write_metrics(cfg, _rows("2026-01-03", "kunlun:2026-01-03:rerun", t0 + dt.timedelta(hours=2), 0.77))
@@ -55,3 +59,16 @@ def test_summary_counts_rows_per_day_from_the_log(tmp_path: Path) -> None:
     summary = demo.summarize(cfg)
     assert "gold.metrics" in summary and "2026-01-02: 2" in summary
     assert "bronze.ad_events" in summary and "(not written)" in summary
+
+
+def test_model_metrics_prints_the_bayes_floor_of_the_held_out_day_beside_ne(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path)
+    write_metrics(cfg, _rows("2026-01-10", "kunlun:2026-01-10:a", dt.datetime(2026, 1, 11, tzinfo=dt.UTC), 0.6))
+    held_out = shift_day("2026-01-10", -cfg.attribution_window_days)
+    mark_partition_complete(cfg.landing_root, held_out, {"bayes_floor": {
+        "reels/click": {"examples": 100, "positives": 5, "ne": 0.8123}, "fb_feed/click": {"ne": None}}})
+    header, *rows = demo.model_metrics(cfg).splitlines()[1:]
+    assert header.split() == ["task", "examples", "positives", "NE", "floor", "AUC", "calib"]
+    reels = next(r for r in rows if r.split()[0] == "reels/click").split()
+    assert reels[3:5] == ["0.9500", "0.8123"]  # NE, then the floor beside it
+    assert next(r for r in rows if r.split()[0] == "fb_feed/click").split()[4] == "n/a"

@@ -17,8 +17,13 @@ SPARSE = ("user_id", "ad_id", "surface", "objective")
 TASKS = ("reels/click", "reels/lead", "fb_feed/click")
 
 
-def test_formulas_match_the_flop_counter():
-    cfg = KunlunConfig(layers=3)
+@pytest.mark.parametrize("impression_window", [32, 8])  # 8: 64 positions take the blocked band form
+def test_formulas_match_the_flop_counter(impression_window):
+    from dataclasses import replace
+
+    base = KunlunConfig(layers=3)
+    impression = replace(base.events["impression"], window=impression_window)
+    cfg = replace(base, events={**base.events, "impression": impression})
     body = Kunlun(cfg, SPARSE, dense_dim=10)
     heads = DomainExpertHeads(body.out_dim, TASKS, hidden=24, shared_experts=2)
     b = 3

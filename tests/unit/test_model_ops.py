@@ -118,3 +118,19 @@ def test_keep_last_takes_the_most_recent():
 
     index, offsets = keep_last(torch.tensor([0, 3, 4, 4, 9]), 2)
     assert index.tolist() == [1, 2, 3, 7, 8] and offsets.tolist() == [0, 2, 3, 3, 5]
+
+
+@pytest.mark.parametrize("length,window,activations", [(7, 3, ("silu", "gelu")), (5, 9, ("relu",)),
+                                                        (64, 16, ("silu", "gelu", "silu", "relu")), (33, 8, ("tanh",))])
+def test_windowed_gdpa_equals_dense_gdpa_under_the_window_mask(length, window, activations):
+    """Values and gradients, with padded rows and one empty sequence."""
+    from gem.model.ops.gdpa import windowed_gdpa
+
+    torch.manual_seed(length)
+    q, k, v = (torch.randn(4, len(activations), length, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    lengths = torch.tensor([length, max(length - 3, 0), 1, 0])
+    dense = gdpa(q, k, v, activations, 0.3, 1 / window, sliding_window_mask(lengths, length, window))
+    band = windowed_gdpa(q, k, v, activations, 0.3, 1 / window, lengths, window)
+    torch.testing.assert_close(band, dense)
+    for a, b in zip(torch.autograd.grad(dense.sum(), (q, k, v)), torch.autograd.grad(band.sum(), (q, k, v))):
+        torch.testing.assert_close(a, b)

@@ -1,0 +1,60 @@
+"""Sliding-window self-GDPA: the dense form (L x L scores, masked to the window) against the blocked
+band form (gem.model.ops.gdpa.windowed_gdpa), forward + backward, side by side in one run.
+
+    python -m bench.windowed_attention [--batch 512] [--repeats 10]
+
+Prints milliseconds per step and the ratio dense / band for each (length, window); the models
+take the band form from gem.model.ops.gdpa.BAND_MIN_WINDOWS windows on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from gem.model.ops.gdpa import gdpa, windowed_gdpa
+from gem.model.ops.masks import sliding_window_mask
+
+SHAPES = ((64, 32), (32, 16), (128, 32), (512, 32), (2048, 64))  # (length, window)
+
+
+def step_seconds(fn, repeats: int) -> float:
+    for _ in range(2):  # warm-up
+        fn()
+    started = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    return (time.perf_counter() - started) / repeats
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=512)
+    parser.add_argument("--heads", type=int, default=2)
+    parser.add_argument("--head-dim", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=10)
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    activations = ("silu", "gelu", "silu", "relu")[: args.heads]
+    for length, window in SHAPES:
+        batch = max(1, args.batch * 64 // length)  # about the same number of positions per step
+        q, k, v = (torch.randn(batch, args.heads, length, args.head_dim, requires_grad=True) for _ in range(3))
+        lengths = torch.randint(1, length + 1, (batch,))
+
+        def dense() -> None:
+            mask = sliding_window_mask(lengths, length, window)
+            gdpa(q, k, v, activations, 0.25, 1 / window, mask).sum().backward()
+
+        def band() -> None:
+            windowed_gdpa(q, k, v, activations, 0.25, 1 / window, lengths, window).sum().backward()
+
+        d, b = step_seconds(dense, args.repeats), step_seconds(band, args.repeats)
+        print(f"L={length:>5} window={window:>3} batch={batch:>4}: dense {d * 1e3:8.1f} ms  band {b * 1e3:8.1f} ms  "
+              f"dense/band {d / b:5.2f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
