@@ -160,3 +160,13 @@ def tiny_trainer(run_dir: Path) -> Any:
 
     torch.manual_seed(0)
     return Trainer(tiny_task(), ListStream(), TINY_TRAIN, run_dir)
+
+
+def run_two_ranks(worker: Any, tmp_path: Path) -> tuple[Any, Any]:
+    """Spawn `worker(rank, init_file, out_dir)` on 2 gloo ranks; -> what each saved as rank{r}.pt."""
+    import torch.multiprocessing as mp
+
+    mp.start_processes(worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True,
+                       start_method="spawn")
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
+    return r0, r1

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -55,6 +57,14 @@ class UndeclaredWriteError(RuntimeError):
 
 class ReconciliationError(RuntimeError):
     """The rows a stage counted disagree with what its commits wrote."""
+
+
+def sum_by_reason(counts: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    """Quarantine counts by reason, added over days, sorted by reason."""
+    total: Counter[str] = Counter()
+    for c in counts:
+        total.update({reason: int(n) for reason, n in c.items()})
+    return dict(sorted(total.items()))
 
 
 @dataclass(frozen=True)
@@ -105,11 +115,7 @@ class StageResult:
 
     @property
     def quarantined_by_reason(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for r in self.records:
-            for reason, n in r["quarantined_by_reason"].items():
-                out[reason] = out.get(reason, 0) + int(n)
-        return dict(sorted(out.items()))
+        return sum_by_reason(r["quarantined_by_reason"] for r in self.records)
 
     def summary(self) -> str:
         """One line for the job's output, e.g. "ingest_events ds=2026-01-01: in=1020 written=1000
@@ -357,10 +363,7 @@ class StageCommit:
             counts = [per_day[d] for d in self.days]
             rows_in = None if any(c.rows_in is None for c in counts) else sum(c.rows_in for c in counts)
             rows_written = sum(c.rows_written for c in counts)
-            quarantined_by_reason = {}
-            for c in counts:
-                for reason, n in c.quarantined_by_reason.items():
-                    quarantined_by_reason[reason] = quarantined_by_reason.get(reason, 0) + int(n)
+            quarantined_by_reason = sum_by_reason(c.quarantined_by_reason for c in counts)
         by_reason = {k: int(v) for k, v in (quarantined_by_reason or {}).items()}
         committed = sum(self.committed_rows[s.name] for s in written_tables)
         if rows_written is None:

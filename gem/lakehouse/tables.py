@@ -180,15 +180,15 @@ def own_commit(spark: "SparkSession", path: str, user_metadata: str) -> Committe
     such a commit (no `user_metadata`, or Delta skipped the commit of an empty replace of an empty
     partition): the latest version, and 0 rows for a skipped commit."""
     from delta.tables import DeltaTable
-    from pyspark.sql import functions as F
 
+    # One read of the recent history (newest first), picked from in Python.
     history = DeltaTable.forPath(spark, path).history(50)
-    mine = history.where(F.col("userMetadata") == user_metadata) if user_metadata else history
-    found = mine.orderBy(F.desc("version")).select("version", "operationMetrics").limit(1).collect()
-    if not found:
-        return Committed(int(history.agg(F.max("version")).collect()[0][0]), 0)
-    metrics = found[0]["operationMetrics"] or {}
-    return Committed(int(found[0]["version"]), int(metrics.get("numOutputRows", 0)))
+    commits = history.select("version", "userMetadata", "operationMetrics").collect()
+    mine = [c for c in commits if not user_metadata or c["userMetadata"] == user_metadata]
+    if not mine:
+        return Committed(max(int(c["version"]) for c in commits), 0)
+    newest = max(mine, key=lambda c: int(c["version"]))
+    return Committed(int(newest["version"]), int((newest["operationMetrics"] or {}).get("numOutputRows", 0)))
 
 
 def latest_version(path: str) -> int:

@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from gem.model.build import build_task
-from tests.support import TINY_SPARSE, TINY_TASKS, tiny_batch, tiny_model_config
+from tests.support import TINY_SPARSE, TINY_TASKS, run_two_ranks, tiny_batch, tiny_model_config
 
 pytest.importorskip("torchrec")
 
@@ -85,9 +84,7 @@ def _worker(rank: int, init_file: str, out: str) -> None:
 
 @pytest.mark.slow
 def test_two_rank_sharded_training_updates_tables_and_agrees_on_dense(tmp_path):
-    mp.start_processes(_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True,
-                       start_method="spawn")
-    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
+    r0, r1 = run_two_ranks(_worker, tmp_path)
     # Each table lives on exactly one rank, and the fused optimizer moved every table some id hit.
     assert set(r0["owned"]) | set(r1["owned"]) == {"user_id", "ad_id", "surface"}
     assert not set(r0["owned"]) & set(r1["owned"])

@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from gem.config import TrainConfig
 from gem.train.trainer import Trainer
-from tests.support import tiny_batch, tiny_task
+from tests.support import run_two_ranks, tiny_batch, tiny_task
 
 STEPS = 3
 LR = 0.1
@@ -51,9 +50,7 @@ def _worker(rank: int, init_file: str, out: str) -> None:
 
 @pytest.mark.slow
 def test_two_rank_gloo_training_matches_the_mean_loss(tmp_path):
-    mp.start_processes(_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True,
-                       start_method="spawn")
-    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    r0, r1 = run_two_ranks(_worker, tmp_path)
     for name in r0:
         assert torch.equal(r0[name], r1[name]), name
     # One process, one optimizer, the mean of the two ranks' losses per step.

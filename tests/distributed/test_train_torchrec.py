@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from gem.config import TrainConfig
 from gem.train.trainer import Trainer
-from tests.support import ListStream, tiny_batch, tiny_task
+from tests.support import ListStream, run_two_ranks, tiny_batch, tiny_task
 
 pytest.importorskip("torchrec")
 
@@ -108,9 +107,7 @@ def _worker(rank: int, init_file: str, out: str) -> None:
 
 @pytest.mark.slow
 def test_two_rank_sharded_training_resumes_exactly(tmp_path):
-    mp.start_processes(_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True,
-                       start_method="spawn")
-    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
+    r0, r1 = run_two_ranks(_worker, tmp_path)
     full, resumed = r0[("full", False)], r0[("killed", True)]
     # Table-wise: each table is held by one rank, every table by some rank.
     assert not set(full["owned"]) & set(r1[("full", False)]["owned"])

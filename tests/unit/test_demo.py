@@ -7,9 +7,9 @@ from pathlib import Path
 
 from gem import demo
 from gem.days import shift_day
-from gem.lakehouse.landing import mark_partition_complete
 from gem.lakehouse import completions
 from gem.lakehouse.commit import StageCommit, StageContext
+from gem.lakehouse.landing import mark_partition_complete
 from gem.train.daily import write_metrics as write_run_metrics
 from tests.support import make_config
 
