@@ -95,7 +95,7 @@ class StageResult:
 
     @property
     def record(self) -> Mapping[str, Any]:
-        """The record of ds (the last day of a range commit)."""
+        """The last record published: ds's, or the last day's of a range commit."""
         if not self.records:
             raise LookupError(f"{self.stage} ds={self.ds} published no record")
         return self.records[-1]
