@@ -6,9 +6,11 @@ architecture shares (embeddings, heads).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 ARCHITECTURES = ("kunlun", "hstu", "interformer", "wukong", "dlrm")
+KUNLUN_ATTENTIONS = ("gdpa", "softmax")
+KUNLUN_POOLINGS = ("hsp", "mean")
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,24 @@ class EventConfig:
 
 @dataclass(frozen=True)
 class KunlunConfig:
+    """Kunlun (arXiv 2602.10016). The last six fields are ablation switches over the paper's parts;
+    their defaults are the full model, so configs and checkpoints written before them load unchanged.
+
+    attention: "gdpa" (per-head activations, no softmax) or "softmax" (scaled_dot_product_attention
+        semantics, same masks; `activations` then only sets the head count) in the personalized and
+        sliding-window sequence layers and in HSP's seed attention.
+    pooling: "hsp" (hierarchical seed pooling) or "mean" (each sequence's masked mean projected to the
+        same T_e tokens of width dim: the interaction arch sees as many tokens either way).
+    compskip: odd layers reuse the HSP output cached by the layer before (CompSkip); off, every layer
+        pools afresh. On the default config off costs 512,000 more forward FLOPs per example (layer 1's
+        HSP of impressions and clicks: +9.5% with the pipeline's 8 sparse ids, 210 dense inputs and
+        24 tasks; gem.model.flops.kunlun_flops, checked in tests/unit/test_kunlun.py).
+    sliding_window: odd layers' causal self-attention within each event's `window`; off, causal
+        attention over the whole sequence (GDPA's scale 1/window becomes 1/max_len).
+    event_personalization: each event type its own width, heads, seeds, summary tokens, rank, depth
+        and window; off, every type takes `shared_event`'s (each keeps its own max_len, i.e. the data).
+    """
+
     dim: int = 32
     layers: int = 2
     summary_tokens: int = 4
@@ -40,20 +60,56 @@ class KunlunConfig:
         "click": EventConfig(width=32, depth=2, window=16, max_len=32),
         "conversion": EventConfig(width=16, activations=("silu",), summary_tokens=2, depth=1, window=8, max_len=8),
     })
+    attention: str = "gdpa"
+    pooling: str = "hsp"
+    compskip: bool = True
+    sliding_window: bool = True
+    event_personalization: bool = True
+    shared_event: str = "impression"  # whose settings every type takes when event_personalization is off
 
     def __post_init__(self) -> None:
-        tokens = self.summary_tokens + sum(e.summary_tokens for e in self.events.values())
+        if self.attention not in KUNLUN_ATTENTIONS:
+            raise ValueError(f"attention must be one of {KUNLUN_ATTENTIONS}, got {self.attention!r}")
+        if self.pooling not in KUNLUN_POOLINGS:
+            raise ValueError(f"pooling must be one of {KUNLUN_POOLINGS}, got {self.pooling!r}")
+        if not self.event_personalization and self.shared_event not in self.events:
+            raise ValueError(f"shared_event {self.shared_event!r} is not an event type: {sorted(self.events)}")
+        tokens = self.interaction_tokens
         if tokens % self.experts or tokens // self.experts < 2:
             raise ValueError(f"{tokens} interaction tokens must split into {self.experts} experts of >= 2 tokens")
-        for name, e in self.events.items():
+        for name, e in self.effective_events.items():
             if e.width % len(e.activations):
                 raise ValueError(f"events.{name}: width {e.width} not divisible by {len(e.activations)} heads")
             if not 1 <= e.depth <= self.layers:
                 raise ValueError(f"events.{name}: depth must be in [1, {self.layers}], got {e.depth}")
 
     @property
+    def effective_events(self) -> dict[str, EventConfig]:
+        """The per-type settings the model is built with: `events`, or with event_personalization off
+        `shared_event`'s settings for every type (each keeping its own max_len)."""
+        if self.event_personalization:
+            return dict(self.events)
+        shared = self.events[self.shared_event]
+        return {name: replace(shared, max_len=e.max_len) for name, e in self.events.items()}
+
+    @property
     def interaction_tokens(self) -> int:
-        return self.summary_tokens + sum(e.summary_tokens for e in self.events.values())
+        return self.summary_tokens + sum(e.summary_tokens for e in self.effective_events.values())
+
+    def pools_afresh(self, layer: int) -> bool:
+        """Whether `layer` runs HSP (or mean pooling) itself: the personalized (even) layers, or every
+        layer with compskip off; the others reuse the pooled tokens cached before them."""
+        return not self.compskip or self.personalized(layer)
+
+    @staticmethod
+    def personalized(layer: int) -> bool:
+        """Even layers attend from the sequence to X_sum; odd layers are causal self-attention."""
+        return layer % 2 == 0
+
+    def self_attention_window(self, event: EventConfig) -> int | None:
+        """The odd layers' window for one event type; None (the whole causal prefix) with
+        sliding_window off."""
+        return event.window if self.sliding_window else None
 
 
 EMBEDDING_BACKENDS = ("torch", "torchrec")

@@ -40,16 +40,25 @@ def _hsp(e: EventConfig, dim: int, length: int) -> int:
     return kv + attention + kron
 
 
-def _sequence_layer(e: EventConfig, dim: int, length: int, summary_tokens: int, personalized: bool) -> int:
+def _pool(e: EventConfig, dim: int, length: int, pooling: str) -> int:
+    """One event type's pooling: HSP, or pooling="mean"'s projection (the masked mean itself is
+    additions, left out like the other elementwise work)."""
+    return _hsp(e, dim, length) if pooling == "hsp" else _linear(e.width, e.summary_tokens * dim)
+
+
+def _sequence_layer(e: EventConfig, dim: int, length: int, summary_tokens: int, personalized: bool,
+                    window: int | None) -> int:
+    """window: the odd layers' self-attention window (None: the whole causal prefix, all L x L scored).
+    GDPA and softmax attention compute the same two products (scores, weights @ V)."""
     w = e.width
     q, out = _linear(w, w, length), _linear(w, w, length)
     keys = summary_tokens if personalized else length
     kv = _linear(dim if personalized else w, 2 * w, keys)
     # The blocked band form scores each block of `window` queries against 2 * window keys.
-    scored = 2 * e.window if not personalized and uses_band(length, e.window) else keys
-    if scored != keys:
-        blocks = -(-length // e.window)
-        attention = 2 * (2 * blocks * e.window * scored * w)
+    band = not personalized and window is not None and uses_band(length, window)
+    if band:
+        blocks = -(-length // window)
+        attention = 2 * (2 * blocks * window * 2 * window * w)
     else:
         attention = 2 * (2 * length * keys * w)
     ffn = _linear(w, 2 * w, length) + _linear(2 * w, w, length)
@@ -67,26 +76,28 @@ def _compress(tokens: int, out_tokens: int, dim: int) -> int:
 
 def kunlun_flops(cfg: KunlunConfig, n_sparse: int, dense_dim: int, tasks: int, surfaces: int, head_hidden: int,
                  shared_experts: int, lengths: dict[str, int] | None = None) -> dict[str, int]:
-    """Forward FLOPs per example, by module name, plus "total"."""
+    """Forward FLOPs per example, by module name, plus "total"; every ablation switch of the config
+    (attention, pooling, compskip, sliding_window, event_personalization) counted as it computes."""
     lengths = lengths or {e: c.max_len for e, c in cfg.events.items()}
     x_tokens, d, n_int = n_sparse + cfg.dense_tokens, cfg.dim, cfg.interaction_tokens
-    block = n_int // cfg.experts
+    block, events = n_int // cfg.experts, cfg.effective_events
     out: dict[str, int] = {
         "dense_mlp": _linear(dense_dim, cfg.mlp_hidden) + _linear(cfg.mlp_hidden, cfg.dense_tokens * d),
-        "event_id_projection": sum(_linear(d, c.width, lengths[e]) for e, c in cfg.events.items()),
+        "event_id_projection": sum(_linear(d, c.width, lengths[e]) for e, c in events.items()),
     }
     for i in range(cfg.layers):
         out[f"layer{i}.compress"] = _compress(x_tokens, cfg.summary_tokens, d)
-        if i % 2 == 0:
-            out[f"layer{i}.hsp"] = sum(_hsp(c, d, lengths[e]) for e, c in cfg.events.items() if i < c.depth)
+        if cfg.pools_afresh(i):
+            out[f"layer{i}.pooling"] = sum(_pool(c, d, lengths[e], cfg.pooling)
+                                           for e, c in events.items() if i < c.depth)
         out[f"layer{i}.wukong_experts"] = cfg.experts * cfg.expert_layers * _wukong_layer(
             block, d, cfg.wukong_rank, max(1, block // 2), cfg.mlp_hidden)
         out[f"layer{i}.back_projection"] = _linear(n_int, x_tokens, d)
         out[f"layer{i}.sequences"] = sum(
-            _sequence_layer(c, d, lengths[e], cfg.summary_tokens, personalized=i % 2 == 0)
-            for e, c in cfg.events.items() if i < c.depth)
+            _sequence_layer(c, d, lengths[e], cfg.summary_tokens, cfg.personalized(i), cfg.self_attention_window(c))
+            for e, c in events.items() if i < c.depth)
     out["readout"] = _compress(x_tokens, cfg.summary_tokens, d) + sum(
-        _hsp(c, d, lengths[e]) for e, c in cfg.events.items())
+        _pool(c, d, lengths[e], cfg.pooling) for e, c in events.items())
     out["heads"] = heads_flops(n_int * d, tasks, surfaces, head_hidden, shared_experts)
     out["total"] = sum(out.values())
     return out

@@ -15,10 +15,19 @@ Sequence tokens = id embedding + surface + objective + log time-gap bucket embed
 here is plain torch; sparse id embeddings arrive already looked up (gem.model.embeddings), so this
 module runs without torchrec.
 
+Ablations (KunlunConfig's switches, defaults = the full model above): `attention="softmax"` swaps
+every GDPA (personalized, sliding-window, HSP's seeds) for softmax attention with the same masks;
+`pooling="mean"` swaps HSP for a masked mean projected to the same T_e tokens; `compskip=False`
+pools afresh on every layer; `sliding_window=False` makes the odd layers full causal attention;
+`event_personalization=False` gives every type one shared set of settings (cfg.effective_events).
+gem.model.flops.kunlun_flops counts each variant.
+
 Shapes: X (B, n_x, d); S_e (B, L_e, w_e) padded with lengths (B,); H_e (B, T_e, d).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -27,9 +36,19 @@ from gem.model.configs import EventConfig, KunlunConfig
 from gem.model.ops.gdpa import gdpa, uses_band, windowed_gdpa
 from gem.model.ops.jagged import keep_last, to_padded
 from gem.model.ops.masks import padding_mask, sliding_window_mask
+from gem.model.ops.softmax_attention import softmax_attention, windowed_softmax_attention
 from gem.model.ops.sum_kron import SumKronLinear
 from gem.model.ops.time_encoding import time_gap_buckets
 from gem.model.wukong import MixtureOfWukongExperts
+
+
+def attend(attention: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activations: Sequence[str],
+           alpha: float, scale: float, mask: torch.Tensor) -> torch.Tensor:
+    """GDPA (`act_h(QK^T * alpha) * scale @ V`) or softmax attention (alpha only) under one mask.
+    q (B, H, Lq, Dh), k and v (B, H, Lk, Dh), mask broadcastable to (B, H, Lq, Lk) -> (B, H, Lq, Dh)."""
+    if attention == "softmax":
+        return softmax_attention(q, k, v, alpha, mask)
+    return gdpa(q, k, v, activations, alpha, scale, mask)
 
 
 class GatedCompression(nn.Module):
@@ -46,12 +65,13 @@ class GatedCompression(nn.Module):
 
 
 class HSP(nn.Module):
-    """Hierarchical seed pooling: learnable seeds attend to the sequence (GDPA, padding masked),
-    then SumKronLinear compresses the seeds to T tokens of width d."""
+    """Hierarchical seed pooling: learnable seeds attend to the sequence (GDPA, or softmax attention
+    under attention="softmax"; padding masked), then SumKronLinear compresses the seeds to T tokens
+    of width d. forward: S (B, L, w), lengths (B,) -> (B, T, d)."""
 
-    def __init__(self, cfg: EventConfig, dim: int) -> None:
+    def __init__(self, cfg: EventConfig, dim: int, attention: str = "gdpa") -> None:
         super().__init__()
-        self.cfg, heads = cfg, len(cfg.activations)
+        self.cfg, self.attention, heads = cfg, attention, len(cfg.activations)
         self.seeds = nn.Parameter(torch.randn(cfg.seeds, cfg.width) * 0.02)
         self.kv = nn.Linear(cfg.width, 2 * cfg.width)
         self.compress = SumKronLinear(cfg.seeds, cfg.summary_tokens, cfg.width, dim, cfg.kron_rank)
@@ -62,17 +82,43 @@ class HSP(nn.Module):
         k, v = self.kv(s).view(b, length, 2, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (B, H, L, Dh) x2
         q = self.seeds.view(1, -1, self.heads, self.head_dim).transpose(1, 2).expand(b, -1, -1, -1)
         mask = padding_mask(lengths, length)[:, None, None, :]  # (B, 1, 1, L)
-        pooled = gdpa(q, k, v, self.cfg.activations, self.head_dim ** -0.5, 1.0 / self.cfg.max_len, mask)
+        pooled = attend(self.attention, q, k, v, self.cfg.activations, self.head_dim ** -0.5,
+                        1.0 / self.cfg.max_len, mask)
         pooled = pooled.transpose(1, 2).reshape(b, self.cfg.seeds, self.cfg.width)  # (B, seeds, w)
         return self.compress(pooled)  # (B, T, d)
 
 
-class SequenceLayer(nn.Module):
-    """One layer of one event type's stream: GDPA from X_sum (even layers) or windowed self-GDPA (odd)."""
+class MeanPool(nn.Module):
+    """The pooling="mean" ablation of HSP: each sequence's mean over its real positions, projected
+    to T tokens of width d (as many as HSP gives, so the interaction arch's token count is unchanged).
+    forward: S (B, L, w), lengths (B,) -> (B, T, d); an empty sequence pools to the projection's bias."""
 
-    def __init__(self, cfg: EventConfig, dim: int, personalized: bool) -> None:
+    def __init__(self, cfg: EventConfig, dim: int) -> None:
         super().__init__()
-        self.cfg, self.personalized = cfg, personalized
+        self.tokens, self.dim = cfg.summary_tokens, dim
+        self.proj = nn.Linear(cfg.width, cfg.summary_tokens * dim)
+
+    def forward(self, s: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        real = padding_mask(lengths, s.shape[1])[:, :, None].to(s.dtype)  # (B, L, 1)
+        mean = (s * real).sum(dim=1) / lengths.clamp(min=1)[:, None].to(s.dtype)  # (B, w)
+        return self.proj(mean).view(s.shape[0], self.tokens, self.dim)
+
+
+def pooler(cfg: KunlunConfig, event: EventConfig) -> nn.Module:
+    """The module that pools one event type's sequence to its T_e tokens: HSP or MeanPool (cfg.pooling)."""
+    return HSP(event, cfg.dim, cfg.attention) if cfg.pooling == "hsp" else MeanPool(event, cfg.dim)
+
+
+class SequenceLayer(nn.Module):
+    """One layer of one event type's stream: attention from X_sum (personalized, even layers) or
+    causal self-attention within `window` (odd layers; None = the whole prefix), then an FFN.
+    forward: S (B, L, w), lengths (B,), X_sum (B, n_sum, d) -> S (B, L, w), exactly 0 at padding."""
+
+    def __init__(self, cfg: EventConfig, dim: int, personalized: bool, attention: str = "gdpa",
+                 window: int | None = None) -> None:
+        super().__init__()
+        self.cfg, self.personalized, self.attention = cfg, personalized, attention
+        self.window = window  # odd layers only; None = the whole causal prefix
         self.heads, self.head_dim = len(cfg.activations), cfg.width // len(cfg.activations)
         self.norm = nn.LayerNorm(cfg.width)
         self.q = nn.Linear(cfg.width, cfg.width)
@@ -95,13 +141,17 @@ class SequenceLayer(nn.Module):
             mask = real[:, None, :, None].expand(b, 1, length, x_sum.shape[1])
             scale = 1.0 / x_sum.shape[1]
         else:
-            mask = sliding_window_mask(lengths, length, self.cfg.window)
-            scale = 1.0 / self.cfg.window
+            mask = sliding_window_mask(lengths, length, self.window)
+            scale = 1.0 / (self.window or self.cfg.max_len)  # the most keys a query reads
         q, k, v = self._heads(self.q(h)), self._heads(k), self._heads(v)
-        if not self.personalized and uses_band(length, self.cfg.window):  # only the window is computed
-            att = windowed_gdpa(q, k, v, self.cfg.activations, self.head_dim ** -0.5, scale, lengths, self.cfg.window)
+        alpha = self.head_dim ** -0.5
+        if not self.personalized and uses_band(length, self.window):  # only the window is computed
+            if self.attention == "softmax":
+                att = windowed_softmax_attention(q, k, v, alpha, lengths, self.window)
+            else:
+                att = windowed_gdpa(q, k, v, self.cfg.activations, alpha, scale, lengths, self.window)
         else:
-            att = gdpa(q, k, v, self.cfg.activations, self.head_dim ** -0.5, scale, mask)
+            att = attend(self.attention, q, k, v, self.cfg.activations, alpha, scale, mask)
         s = s + self.out(att.transpose(1, 2).reshape(b, length, w))
         s = s + self.ffn(s)
         return s * real[:, :, None].to(s.dtype)  # padding stays exactly 0
@@ -110,22 +160,28 @@ class SequenceLayer(nn.Module):
 class KunlunLayer(nn.Module):
     def __init__(self, cfg: KunlunConfig, x_tokens: int, index: int) -> None:
         super().__init__()
-        self.index = index
+        self.index, events = index, cfg.effective_events
         self.compress = GatedCompression(x_tokens, cfg.summary_tokens, cfg.dim)
-        self.fresh_hsp = index % 2 == 0  # CompSkip: GDPA layers pool afresh, the others reuse H
-        self.hsp = nn.ModuleDict({e: HSP(c, cfg.dim) for e, c in cfg.events.items() if index < c.depth and self.fresh_hsp})
-        self.seq = nn.ModuleDict({e: SequenceLayer(c, cfg.dim, personalized=index % 2 == 0)
-                                  for e, c in cfg.events.items() if index < c.depth})
+        self.fresh_hsp = cfg.pools_afresh(index)  # CompSkip: GDPA layers pool afresh, the others reuse H
+        # Each event's pooler (HSP, or MeanPool under pooling="mean"); named hsp so checkpoints load.
+        self.hsp = nn.ModuleDict({e: pooler(cfg, c) for e, c in events.items() if index < c.depth and self.fresh_hsp})
+        personalized = cfg.personalized(index)
+        self.seq = nn.ModuleDict({e: SequenceLayer(c, cfg.dim, personalized, cfg.attention, cfg.self_attention_window(c))
+                                  for e, c in events.items() if index < c.depth})
         self.interaction = MixtureOfWukongExperts(cfg.experts, cfg.expert_layers, cfg.interaction_tokens, cfg.dim,
                                                   cfg.wukong_rank, cfg.mlp_hidden)
         self.back = nn.Linear(cfg.interaction_tokens, x_tokens)  # interaction tokens -> n_x tokens
         self.x_norm = nn.LayerNorm(cfg.dim)
 
+    def pool(self, seqs: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """This layer's fresh pooling: event -> H_e (B, T_e, d), for the events it pools (none on a
+        CompSkip layer)."""
+        return {e: module(*seqs[e]) for e, module in self.hsp.items()}
+
     def forward(self, x: torch.Tensor, seqs: dict[str, tuple[torch.Tensor, torch.Tensor]],
                 cache: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
         x_sum = self.compress(x)  # (B, n_sum, d)
-        for e, module in self.hsp.items():
-            cache[e] = module(*seqs[e])  # (B, T_e, d)
+        cache.update(self.pool(seqs))  # (B, T_e, d) each
         tokens = torch.cat([x_sum, *[cache[e] for e in sorted(cache)]], dim=1)  # (B, n_int, d)
         mixed = self.interaction(tokens)
         x = self.x_norm(x + self.back(mixed.transpose(1, 2)).transpose(1, 2))
@@ -146,6 +202,7 @@ class Kunlun(nn.Module):
     def __init__(self, cfg: KunlunConfig, sparse_features: tuple[str, ...], dense_dim: int) -> None:
         super().__init__()
         self.cfg = cfg
+        self.events = cfg.effective_events
         self.sparse_features = sparse_features
         x_tokens = len(sparse_features) + cfg.dense_tokens
         self.dense_mlp = nn.Sequential(nn.Linear(dense_dim, cfg.mlp_hidden), nn.GELU(),
@@ -156,16 +213,16 @@ class Kunlun(nn.Module):
                 "surface": nn.Embedding(cfg.vocab_sizes["surface"], c.width),
                 "objective": nn.Embedding(cfg.vocab_sizes["objective"], c.width),
                 "time": nn.Embedding(cfg.time_buckets, c.width),
-            }) for e, c in cfg.events.items()
+            }) for e, c in self.events.items()
         })
         self.layers = nn.ModuleList(KunlunLayer(cfg, x_tokens, i) for i in range(cfg.layers))
         # Readout: the final X and sequences, pooled once more, so every layer's updates reach the heads.
         self.final_compress = GatedCompression(x_tokens, cfg.summary_tokens, cfg.dim)
-        self.final_hsp = nn.ModuleDict({e: HSP(c, cfg.dim) for e, c in cfg.events.items()})
+        self.final_hsp = nn.ModuleDict({e: pooler(cfg, c) for e, c in self.events.items()})
         self.out_dim = cfg.interaction_tokens * cfg.dim
 
     def sequence_tokens(self, event: str, seq: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        c, emb = self.cfg.events[event], self.event_embed[event]
+        c, emb = self.events[event], self.event_embed[event]
         tokens = (emb["id"](seq["id_emb"]) + emb["surface"](seq["surface"]) + emb["objective"](seq["objective"])
                   + emb["time"](time_gap_buckets(seq["gap_s"], self.cfg.time_buckets)))
         index, offsets = keep_last(seq["offsets"], c.max_len)  # the most recent max_len events
@@ -173,12 +230,27 @@ class Kunlun(nn.Module):
         lengths = offsets[1:] - offsets[:-1]
         return to_padded(tokens, offsets, max(1, int(lengths.max()) if lengths.numel() else 1)), lengths
 
+    def user_representation(self, sparse: dict[str, torch.Tensor], sequences: dict[str, dict[str, torch.Tensor]],
+                            user_features: tuple[str, ...] = ("user_id",)) -> torch.Tensor:
+        """The user side alone, before any layer reads the ad: each event type's sequence pooled by
+        the first layer's pooler (H_e of layer 0, as forward computes it), event types in sorted
+        order, then the user's own non-sequence tokens (`user_features`' embeddings, e.g. user_id).
+
+        sparse: name -> (B, d) (only `user_features` are read); sequences as in forward.
+        Returns (B, sum_e T_e + len(user_features), d). It reads no ad feature and no dense input
+        (the dense tokens mix the user's and the ad's counters), so it can be computed once per user.
+        """
+        seqs = {e: self.sequence_tokens(e, sequences[e]) for e in self.events}
+        pooled = self.layers[0].pool(seqs)  # layer 0 pools every type (depth >= 1, even layer)
+        user = torch.stack([sparse[f] for f in user_features], dim=1)  # (B, n_user, d)
+        return torch.cat([*(pooled[e] for e in sorted(pooled)), user], dim=1)
+
     def forward(self, sparse: dict[str, torch.Tensor], dense: torch.Tensor,
                 sequences: dict[str, dict[str, torch.Tensor]]) -> torch.Tensor:
         b = dense.shape[0]
         x = torch.cat([torch.stack([sparse[f] for f in self.sparse_features], dim=1),
                        self.dense_mlp(dense).view(b, self.cfg.dense_tokens, self.cfg.dim)], dim=1)
-        seqs = {e: self.sequence_tokens(e, sequences[e]) for e in self.cfg.events}
+        seqs = {e: self.sequence_tokens(e, sequences[e]) for e in self.events}
         cache: dict[str, torch.Tensor] = {}
         for layer in self.layers:
             x, seqs = layer(x, seqs, cache)

@@ -1,13 +1,20 @@
 """Kunlun: shapes and gradients; the padded batch equals example-by-example (jagged) runs; padding
-and events beyond max_len change nothing; CompSkip reuses HSP; event-level depth."""
+and events beyond max_len change nothing; CompSkip reuses HSP; event-level depth. Each ablation switch
+(KunlunConfig.attention, pooling, compskip, sliding_window, event_personalization) builds, trains a
+step, keeps padding out and differs from the default where it should; user_representation."""
 
 from __future__ import annotations
 
 import dataclasses
+import re
 
+import pytest
 import torch
 
-from gem.model.kunlun import Kunlun, KunlunConfig
+from gem.config import ConfigError, load_config
+from gem.model.flops import kunlun_flops
+from gem.model.kunlun import HSP, Kunlun, KunlunConfig, MeanPool
+from gem.model.ops.jagged import jagged_mean, to_jagged
 
 SPARSE = ("user_id", "ad_id", "surface")
 DENSE = 5
@@ -39,14 +46,27 @@ def _example(sparse, dense, seqs, i):
     return one, dense[i : i + 1], s1
 
 
-def _model(cfg=None):
-    torch.manual_seed(0)
-    cfg = cfg or KunlunConfig(layers=3, events={
+def _config(**switches) -> KunlunConfig:
+    return KunlunConfig(layers=3, events={
         "impression": dataclasses.replace(KunlunConfig().events["impression"], depth=3, window=3),
         "click": dataclasses.replace(KunlunConfig().events["click"], depth=2, window=2),
         "conversion": KunlunConfig().events["conversion"],
-    })
+    }, **switches)
+
+
+def _model(cfg=None):
+    torch.manual_seed(0)
+    cfg = cfg or _config()
     return Kunlun(cfg, SPARSE, DENSE).double().eval(), cfg
+
+
+# Each ablation switch away from its default (and all at once); "default" is the full model.
+VARIANTS = {"default": {}, "softmax": {"attention": "softmax"}, "mean_pooling": {"pooling": "mean"},
+            "no_compskip": {"compskip": False}, "full_attention": {"sliding_window": False},
+            "shared_events": {"event_personalization": False},
+            "all": {"attention": "softmax", "pooling": "mean", "compskip": False, "sliding_window": False,
+                    "event_personalization": False}}
+variants = pytest.mark.parametrize("switches", VARIANTS.values(), ids=VARIANTS.keys())
 
 
 def _double(x):
@@ -58,8 +78,9 @@ def _double(x):
 LENGTHS = {"impression": [5, 0, 9, 1], "click": [2, 3, 0, 4], "conversion": [0, 1, 0, 2]}
 
 
-def test_padded_batch_equals_example_by_example():
-    model, cfg = _model()
+@variants
+def test_padded_batch_equals_example_by_example(switches):
+    model, cfg = _model(_config(**switches))
     sparse, dense, seqs = map(_double, _inputs(LENGTHS, 4, cfg))
     batch = model(sparse, dense, seqs)
     assert batch.shape == (4, cfg.interaction_tokens * cfg.dim)
@@ -80,16 +101,22 @@ def test_only_the_most_recent_max_len_events_matter():
     assert not torch.allclose(out, model(sparse, dense, changed))
 
 
-def test_gradients_reach_every_input_and_parameter():
-    model, cfg = _model()
+@variants
+def test_gradients_reach_every_input_and_parameter_and_a_step_trains(switches):
+    model, cfg = _model(_config(**switches))
     model.train()
     sparse, dense, seqs = map(_double, _inputs(LENGTHS, 4, cfg))
     for s in seqs.values():
         s["id_emb"].requires_grad_(True)
-    model(sparse, dense, seqs).square().sum().backward()
+    target = torch.randn(4, model.out_dim, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    loss = (model(sparse, dense, seqs) - target).square().mean()
+    loss.backward()
     missing = [n for n, p in model.named_parameters() if p.grad is None or not torch.isfinite(p.grad).all()]
     assert not missing
     assert all(s["id_emb"].grad.abs().sum() > 0 for s in seqs.values())
+    torch.optim.SGD(model.parameters(), lr=1e-3).step()  # one small step down the gradient lowers the loss
+    with torch.no_grad():
+        assert (model(sparse, dense, seqs) - target).square().mean() < loss
 
 
 def test_compskip_and_event_depth():
@@ -99,3 +126,177 @@ def test_compskip_and_event_depth():
     assert [sorted(layer.seq) for layer in layers] == [
         ["click", "conversion", "impression"], ["click", "impression"], ["impression"]]
     assert [layer.seq["impression"].personalized for layer in layers] == [True, False, True]
+
+
+def _noise_in_padding(model: Kunlun, seed: int = 7) -> list[int]:
+    """Pre-hooks that fill every padded position of S read by a pooler or a sequence layer with large
+    noise; returns the list that counts the positions filled (hooks stay registered)."""
+    g, filled = torch.Generator().manual_seed(seed), []
+
+    def hook(module, args):
+        s, lengths, *rest = args
+        pad = ~(torch.arange(s.shape[1])[None, :] < lengths[:, None])  # (B, L)
+        filled.append(int(pad.sum()))
+        noise = torch.randn(s.shape, generator=g, dtype=s.dtype) * 100.0
+        return (torch.where(pad[:, :, None], noise, s), lengths, *rest)
+
+    for layer in model.layers:
+        for module in [*layer.hsp.values(), *layer.seq.values()]:
+            module.register_forward_pre_hook(hook)
+    for module in model.final_hsp.values():
+        module.register_forward_pre_hook(hook)
+    return filled
+
+
+@variants
+def test_padding_content_changes_nothing(switches):
+    """Every read of a padded sequence (pooling, personalized and self-attention, the readout) is
+    masked: garbage in the padding leaves every example's output as it was."""
+    model, cfg = _model(_config(**switches))
+    sparse, dense, seqs = map(_double, _inputs(LENGTHS, 4, cfg))
+    clean = model(sparse, dense, seqs)
+    filled = _noise_in_padding(model)
+    noisy = model(sparse, dense, seqs)
+    assert sum(filled) > 0  # the hooks did put garbage in
+    torch.testing.assert_close(noisy, clean, rtol=0, atol=1e-10)
+
+
+def test_switches_are_validated_and_load_from_config():
+    with pytest.raises(ValueError, match="attention"):
+        KunlunConfig(attention="flash")
+    with pytest.raises(ValueError, match="pooling"):
+        KunlunConfig(pooling="max")
+    with pytest.raises(ValueError, match="shared_event"):
+        KunlunConfig(event_personalization=False, shared_event="view")
+    cfg = load_config(environ={"GEM__MODEL__KUNLUN__COMPSKIP": "false", "GEM__MODEL__KUNLUN__ATTENTION": "softmax"})
+    assert cfg.model.kunlun.compskip is False and cfg.model.kunlun.attention == "softmax"
+    assert cfg.model.kunlun.sliding_window and cfg.model.kunlun.event_personalization  # defaults: the full model
+    with pytest.raises(ConfigError, match="bool"):
+        load_config(environ={"GEM__MODEL__KUNLUN__SLIDING_WINDOW": "3"})
+
+
+def _same_weights(switches: dict, other: dict) -> tuple[Kunlun, Kunlun, KunlunConfig]:
+    a, cfg = _model(_config(**switches))
+    b, _ = _model(_config(**other))
+    b.load_state_dict(a.state_dict())  # strict: the two variants have the same parameters
+    return a, b, cfg
+
+
+def test_softmax_attention_differs_from_gdpa_with_the_same_weights():
+    gdpa_model, softmax_model, cfg = _same_weights({}, {"attention": "softmax"})
+    sparse, dense, seqs = map(_double, _inputs(LENGTHS, 4, cfg))
+    assert not torch.allclose(gdpa_model(sparse, dense, seqs), softmax_model(sparse, dense, seqs))
+    assert all(m.attention == "softmax" for layer in softmax_model.layers for m in layer.seq.values())
+    assert all(m.attention == "softmax" for m in softmax_model.final_hsp.values())
+
+
+def test_softmax_hsp_weights_sum_to_one_over_the_real_positions():
+    """HSP's seed attention under softmax: with V = 1 (kv's value half zeroed, bias 1) each seed's
+    pooled vector is the sum of its weights, 1 for a non-empty sequence and 0 for an empty one."""
+    cfg = _config(attention="softmax")
+    hsp = HSP(cfg.events["click"], cfg.dim, "softmax").double()
+    w = cfg.events["click"].width
+    with torch.no_grad():
+        hsp.kv.weight[w:] = 0.0
+        hsp.kv.bias[w:] = 1.0
+    captured = {}
+    hsp.compress.register_forward_pre_hook(lambda m, args: captured.update(pooled=args[0]))
+    s, lengths = torch.randn(3, 5, w, dtype=torch.float64), torch.tensor([5, 2, 0])
+    hsp(s, lengths)
+    expected = torch.tensor([1.0, 1.0, 0.0], dtype=torch.float64)[:, None, None].expand_as(captured["pooled"])
+    torch.testing.assert_close(captured["pooled"], expected)
+
+
+def test_mean_pooling_is_a_masked_mean_with_as_many_tokens():
+    model, cfg = _model(_config(pooling="mean"))
+    default, _ = _model()
+    assert model.out_dim == default.out_dim  # the interaction arch sees as many tokens
+    sparse, dense, seqs = map(_double, _inputs(LENGTHS, 4, cfg))
+    seen = {}
+    for e, pool in model.layers[0].hsp.items():
+        assert isinstance(pool, MeanPool)
+        pool.register_forward_hook(lambda m, args, out, e=e: seen.update({e: (args, out)}))
+    model(sparse, dense, seqs)
+    assert sorted(seen) == sorted(cfg.events)
+    for e, ((s, lengths), out) in seen.items():
+        offsets = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
+        mean = jagged_mean(to_jagged(s, lengths), offsets)  # (B, w): the mean of the real positions
+        assert out.shape == (4, cfg.events[e].summary_tokens, cfg.dim)
+        torch.testing.assert_close(out, model.layers[0].hsp[e].proj(mean).view(4, -1, cfg.dim))
+
+
+def _pool_calls(model: Kunlun) -> dict[str, list[int]]:
+    calls: dict[str, list[int]] = {}
+    for i, layer in enumerate(model.layers):
+        for e, pool in layer.hsp.items():
+            pool.register_forward_hook(lambda m, args, out, e=e, i=i: calls.setdefault(e, []).append(i))
+    return calls
+
+
+def test_compskip_off_pools_on_every_layer_and_costs_what_the_docstring_says():
+    on, cfg_on = _model()
+    off, cfg_off = _model(_config(compskip=False))
+    sparse, dense, seqs = map(_double, _inputs(LENGTHS, 4, cfg_on))
+    calls_on, calls_off = _pool_calls(on), _pool_calls(off)
+    on(sparse, dense, seqs), off(sparse, dense, seqs)
+    assert calls_on == {"impression": [0, 2], "click": [0], "conversion": [0]}  # odd layers reuse the cache
+    assert calls_off == {"impression": [0, 1, 2], "click": [0, 1], "conversion": [0]}  # each layer within depth
+    # FLOPs: off costs exactly the odd layers' pooling (the counter test holds both counts to torch's).
+    args = dict(n_sparse=8, dense_dim=42, tasks=24, surfaces=6, head_hidden=64, shared_experts=2)
+    f_on, f_off = kunlun_flops(cfg_on, **args), kunlun_flops(cfg_off, **args)
+    assert f_off["total"] - f_on["total"] == f_off["layer1.pooling"] > 0
+    quoted = re.search(r"off costs ([\d,]+) more forward FLOPs", KunlunConfig.__doc__).group(1)
+    default_on, default_off = kunlun_flops(KunlunConfig(), **args), kunlun_flops(KunlunConfig(compskip=False), **args)
+    assert default_off["total"] - default_on["total"] == int(quoted.replace(",", ""))
+
+
+@pytest.mark.parametrize("attention", ["gdpa", "softmax"])
+def test_full_attention_equals_the_window_when_the_window_covers_the_sequence(attention):
+    """sliding_window off == a window of max_len (>= every length) with the same weights; a short
+    window differs once a sequence is longer than it."""
+    full, windowed, cfg = _same_weights({"sliding_window": False, "attention": attention},
+                                        {"attention": attention})
+    covering = _config(attention=attention)
+    covering = dataclasses.replace(covering, events={
+        e: dataclasses.replace(c, window=c.max_len) for e, c in covering.events.items()})
+    wide, _ = _model(covering)
+    wide.load_state_dict(full.state_dict())
+    assert all(layer.seq[e].window is None for layer in full.layers[1::2] for e in layer.seq)
+    sparse, dense, seqs = map(_double, _inputs(LENGTHS, 4, cfg))  # impression lengths up to 9 > window 3
+    out = full(sparse, dense, seqs)
+    torch.testing.assert_close(out, wide(sparse, dense, seqs), rtol=0, atol=1e-12)
+    assert not torch.allclose(out, windowed(sparse, dense, seqs))
+
+
+def test_shared_event_settings_give_every_type_the_impression_settings():
+    model, cfg = _model(_config(event_personalization=False))
+    shared = cfg.events["impression"]
+    for e, c in cfg.effective_events.items():
+        assert c == dataclasses.replace(shared, max_len=cfg.events[e].max_len)  # only the data length stays
+    assert model.event_embed["conversion"]["time"].embedding_dim == shared.width != cfg.events["conversion"].width
+    assert [sorted(layer.seq) for layer in model.layers] == [["click", "conversion", "impression"]] * 3  # depth 3
+    assert model.layers[1].seq["conversion"].window == shared.window
+    assert model.final_hsp["conversion"].heads == len(shared.activations)
+    sparse, dense, seqs = map(_double, _inputs(LENGTHS, 4, cfg))
+    assert model(sparse, dense, seqs).shape == (4, cfg.interaction_tokens * cfg.dim)
+
+
+@pytest.mark.parametrize("switches", [{}, {"pooling": "mean", "attention": "softmax"}], ids=["default", "mean_softmax"])
+def test_user_representation_is_the_first_layer_pooling_and_the_user_tokens(switches):
+    model, cfg = _model(_config(**switches))
+    sparse, dense, seqs = map(_double, _inputs(LENGTHS, 4, cfg))
+    pooled, x_in = {}, {}
+    for e, pool in model.layers[0].hsp.items():
+        pool.register_forward_hook(lambda m, args, out, e=e: pooled.update({e: out}))
+    model.layers[0].register_forward_pre_hook(lambda m, args: x_in.update(x=args[0]))
+    model(sparse, dense, seqs)
+    user = model.user_representation(sparse, seqs)
+    n_seq = sum(c.summary_tokens for c in cfg.events.values())
+    assert user.shape == (4, n_seq + 1, cfg.dim)
+    expected = torch.cat([*(pooled[e] for e in sorted(pooled)),
+                          x_in["x"][:, SPARSE.index("user_id")][:, None]], dim=1)  # the forward's own tensors
+    torch.testing.assert_close(user, expected, rtol=0, atol=0)
+    # The ad's features (its ids, the dense counters) change the prediction, not the user side.
+    ad = {**sparse, "ad_id": sparse["ad_id"] + 1.0, "surface": -sparse["surface"]}
+    assert not torch.allclose(model(ad, dense + 1.0, seqs), model(sparse, dense, seqs))
+    torch.testing.assert_close(model.user_representation(ad, seqs), user, rtol=0, atol=0)

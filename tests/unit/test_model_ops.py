@@ -134,3 +134,56 @@ def test_windowed_gdpa_equals_dense_gdpa_under_the_window_mask(length, window, a
     torch.testing.assert_close(band, dense)
     for a, b in zip(torch.autograd.grad(dense.sum(), (q, k, v)), torch.autograd.grad(band.sum(), (q, k, v))):
         torch.testing.assert_close(a, b)
+
+
+def _softmax_inputs(length: int, heads: int = 2, seed: int = 0):
+    torch.manual_seed(seed)
+    return tuple(torch.randn(4, heads, length, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+
+
+def test_softmax_attention_matches_reference_values_and_gradients():
+    """SDPA under GDPA's masks equals an explicit masked softmax, fully masked rows (a padded query,
+    an empty sequence) included: 0 there, and finite gradients everywhere."""
+    from gem.model.ops.softmax_attention import softmax_attention, softmax_attention_reference
+
+    q, k, v = _softmax_inputs(7)
+    mask = sliding_window_mask(torch.tensor([7, 4, 1, 0]), 7, 3)
+    fast, ref = softmax_attention(q, k, v, 0.5, mask), softmax_attention_reference(q, k, v, 0.5, mask)
+    torch.testing.assert_close(fast, ref)
+    assert fast[3].abs().max() == 0 and fast[1, :, 4:].abs().max() == 0  # no key: exactly 0
+    grads_fast = torch.autograd.grad(fast.square().sum(), (q, k, v))
+    grads_ref = torch.autograd.grad(ref.square().sum(), (q, k, v))
+    for a, b in zip(grads_fast, grads_ref, strict=True):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b)
+
+
+def test_softmax_rows_sum_to_one_over_unmasked_keys():
+    """With V = 1 each output is the sum of that query's weights: 1 when it reads any key, else 0;
+    masked keys' values change nothing."""
+    from gem.model.ops.softmax_attention import softmax_attention
+
+    q, k, _ = _softmax_inputs(6)
+    mask = torch.rand(4, 1, 6, 6, generator=torch.Generator().manual_seed(1)) > 0.5
+    mask[0, 0, 2] = False  # one query with no key at all
+    mask[..., 5] = False  # one key no query reads
+    out = softmax_attention(q, k, torch.ones_like(k), 0.5, mask)  # (B, H, Lq, Dh)
+    reads = mask.any(-1).expand(4, 2, 6).to(out.dtype)  # (B, H, Lq)
+    torch.testing.assert_close(out[..., 0], reads)
+    v = torch.randn_like(k)
+    v2 = v.masked_fill(~mask.any(2)[..., None], 1e6)  # (B, 1, Lk, 1): the keys no query reads
+    torch.testing.assert_close(softmax_attention(q, k, v, 0.5, mask), softmax_attention(q, k, v2, 0.5, mask))
+
+
+@pytest.mark.parametrize("length,window", [(7, 3), (5, 9), (64, 16), (33, 8)])
+def test_windowed_softmax_equals_dense_softmax_under_the_window_mask(length, window):
+    """The band layout's softmax form: values and gradients, with padded rows and one empty sequence."""
+    from gem.model.ops.softmax_attention import softmax_attention, windowed_softmax_attention
+
+    q, k, v = _softmax_inputs(length, seed=length)
+    lengths = torch.tensor([length, max(length - 3, 0), 1, 0])
+    dense = softmax_attention(q, k, v, 0.3, sliding_window_mask(lengths, length, window))
+    band = windowed_softmax_attention(q, k, v, 0.3, lengths, window)
+    torch.testing.assert_close(band, dense)
+    for a, b in zip(torch.autograd.grad(dense.sum(), (q, k, v)), torch.autograd.grad(band.sum(), (q, k, v))):
+        torch.testing.assert_close(a, b)
