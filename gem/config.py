@@ -79,8 +79,11 @@ class GeneratorConfig:
     seed: int = 7
     # Extra dirty landing lines per clean line, cycling through the dirty-row kinds (schemas.events.DIRTY_KIND_REASON).
     dirty_fraction: float = 0.01
-    # Events are simulated and written in chunks of this many impressions (bounded memory).
+    # Events are simulated and written in chunks of at most this many impressions (bounded memory),
+    # and in at least min_chunks_per_day time-ordered chunks: users' engagement and fatigue update
+    # after each chunk, so more chunks mean finer time-gap effects within a day.
     chunk_impressions: int = 250_000
+    min_chunks_per_day: int = 24
     # Weight of the user's recent engagement (decayed clicked-ad vector) in the click logit.
     history_weight: float = 1.5
     surface_params: dict[str, SurfaceParams] = field(default_factory=_default_surface_params)

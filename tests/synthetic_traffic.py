@@ -11,6 +11,7 @@ too rare at this size to measure.
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,9 +19,9 @@ import torch
 
 from gem.config import load_config
 from gem.data.batch import Batch, Jagged, Sparse
-from gem.sources.engagement import EngagementState, recent_engagement
-from gem.sources.simulation import simulate_chunk
-from gem.sources.world import DAY_MS, HISTORY_HALF_LIFE_HOURS, HOUR_MS, build_world
+from gem.sources.engagement import EngagementState
+from gem.sources.simulation import day_start_ms, simulate_day
+from gem.sources.world import DAY_MS, build_world
 
 SPARSE = ("user_id", "ad_id", "surface", "position")
 DENSE_DIM = 2
@@ -43,29 +44,23 @@ class Traffic:
 
 def simulate(days: int, impressions_per_day: int, users: int, ads: int, seed: int = 7,
              history_weight: float | None = None) -> Traffic:
-    generator = {"users": users, "ads": ads, "advertisers": max(2, ads // 10), "seed": seed}
+    generator = {"users": users, "ads": ads, "advertisers": max(2, ads // 10), "seed": seed,
+                 "events_per_day": impressions_per_day, "chunk_impressions": CHUNK}
     if history_weight is not None:
         generator["history_weight"] = history_weight
     cfg = load_config(overrides={"generator": generator}, environ={})
     world = build_world(cfg)
-    state = EngagementState.fresh(world.n_users, world.latent_dim)
-    rng = np.random.default_rng(seed)
-    half_life_ms = HISTORY_HALF_LIFE_HOURS * HOUR_MS
+    state = EngagementState.fresh(world)
     parts = []
     for day in range(days):
-        start = day * DAY_MS
-        for first in range(0, impressions_per_day, CHUNK):
-            n = min(CHUNK, impressions_per_day - first)
-            lo, hi = first / impressions_per_day, (first + n) / impressions_per_day
-            times = start + np.sort((rng.uniform(lo, hi, size=n) * DAY_MS).astype(np.int64))
-            chunk = simulate_chunk(world, recent_engagement(state), cfg.generator.history_weight, rng,
-                                       times, first, start + 30 * DAY_MS)
+        ds = (dt.date.fromisoformat(cfg.start_ds) + dt.timedelta(days=day)).isoformat()
+        origin = day_start_ms(cfg.start_ds)
+        for chunk in simulate_day(cfg, world, state, ds, day_start_ms(ds) + 30 * DAY_MS):
+            n = len(chunk.user)
             click_time = np.zeros(n, dtype=np.int64)
-            click_time[chunk.clicked] = chunk.click_time
-            parts.append((times, chunk.user, chunk.ad, chunk.surface, chunk.position, chunk.clicked, click_time,
-                          np.full(n, day)))
-            state.decay_and_add(0.5 ** ((hi - lo) * DAY_MS / half_life_ms), chunk.user[chunk.clicked],
-                                world.ad_latent[chunk.ad[chunk.clicked]])
+            click_time[chunk.clicked] = chunk.click_time - origin
+            parts.append((chunk.impression_time - origin, chunk.user, chunk.ad, chunk.surface, chunk.position,
+                          chunk.clicked, click_time, np.full(n, day)))
     cols = [np.concatenate(c) for c in zip(*parts, strict=True)]
     return Traffic(*cols, objective=world.ad_objective, surfaces=world.surfaces)
 

@@ -1,9 +1,16 @@
-"""Recent engagement: each user's decayed memory of the ads they clicked, carried across days.
+"""The parts of the world that evolve with time, per user, carried across days.
 
-The click logit adds h_u . ad (h_u the decayed mean of clicked-ad vectors), so click sequences
-carry signal. The state after day D is saved as `{lakehouse_uri}/_generator/state/ds=D.npz`
-(atomically, with the world's fingerprint), and day D starts from day D-1's: rerunning a day
-reproduces it byte for byte.
+- recent engagement h_u: the decayed mean of clicked-ad vectors (HISTORY_HALF_LIFE_HOURS); the
+  click logit adds history_weight * h_u . ad, so click sequences carry signal;
+- fatigue f_u: the decayed mean of impressed-ad vectors (FATIGUE_HALF_LIFE_HOURS, shrunk by
+  FATIGUE_PRIOR_WEIGHT); the click logit subtracts FATIGUE_WEIGHT * f_u . ad, so impression
+  sequences (and their time gaps) carry signal;
+- interest drift: a per-day AR(1) vector added to the user's static interest (INTEREST_DRIFT_RHO),
+  so long histories point where the user's interest was, recent ones where it is.
+
+The state after day D is saved as `{lakehouse_uri}/_generator/state/ds=D.npz` (atomically, with
+the world's fingerprint), and day D starts from day D-1's: rerunning a day reproduces it byte for
+byte.
 """
 
 from __future__ import annotations
@@ -19,7 +26,17 @@ from pathlib import Path
 import numpy as np
 
 from gem.config import GemConfig
-from gem.sources.world import HISTORY_PRIOR_WEIGHT, World
+from gem.sources.world import (
+    DRIFT_STREAM,
+    FATIGUE_HALF_LIFE_HOURS,
+    HISTORY_HALF_LIFE_HOURS,
+    HISTORY_PRIOR_WEIGHT,
+    HOUR_MS,
+    INTEREST_DRIFT_RHO,
+    INTEREST_DRIFT_STD,
+    WORLD_VERSION,
+    World,
+)
 
 
 class MissingGeneratorState(FileNotFoundError):
@@ -36,21 +53,44 @@ class IncompatibleGeneratorState(ValueError):
 
 @dataclass
 class EngagementState:
-    """Per-user exponentially decayed sum (and weight) of the latent vectors of clicked ads."""
+    """Per user: decayed clicked-ad and impressed-ad vectors (sums and weights), interest drift."""
 
     clicked_sum: np.ndarray  # (users, dim) float64
     clicked_weight: np.ndarray  # (users,) float64
+    impressed_sum: np.ndarray  # (users, dim) float64
+    impressed_weight: np.ndarray  # (users,) float64
+    drift: np.ndarray  # (users, dim) float64
+
+    ARRAYS = ("clicked_sum", "clicked_weight", "impressed_sum", "impressed_weight", "drift")
 
     @classmethod
-    def fresh(cls, n_users: int, dim: int) -> EngagementState:
-        return cls(np.zeros((n_users, dim), dtype=np.float64), np.zeros(n_users, dtype=np.float64))
+    def fresh(cls, world: World) -> EngagementState:
+        """The state before the start day: no engagement yet, the drift at its stationary start draw."""
+        n, dim = world.n_users, world.latent_dim
+        return cls(np.zeros((n, dim)), np.zeros(n), np.zeros((n, dim)), np.zeros(n),
+                   world.user_drift_start.astype(np.float64))
 
-    def decay_and_add(self, decay: float, users: np.ndarray, ad_vectors: np.ndarray) -> None:
-        """Age the state by `decay` in (0, 1], then add one unit of weight per click (users[i], ad_vectors[i])."""
-        self.clicked_sum *= decay
-        self.clicked_weight *= decay
-        np.add.at(self.clicked_sum, users, ad_vectors.astype(np.float64))
-        np.add.at(self.clicked_weight, users, 1.0)
+    def start_day(self, seed: int, ymd: int) -> None:
+        """Advance the interest drift by one day: drift <- rho * drift + sqrt(1 - rho^2) * noise, with the
+        noise drawn from the day's own stream, so the drift keeps its stationary spread."""
+        rng = np.random.default_rng([seed, DRIFT_STREAM, ymd])
+        noise = INTEREST_DRIFT_STD * rng.standard_normal(self.drift.shape) / np.sqrt(self.drift.shape[1])
+        self.drift = INTEREST_DRIFT_RHO * self.drift + np.sqrt(1.0 - INTEREST_DRIFT_RHO**2) * noise
+
+    def advance(self, elapsed_ms: float, users: np.ndarray, ad_vectors: np.ndarray, clicked: np.ndarray) -> None:
+        """Age the decayed memories by `elapsed_ms`, then add a chunk's impressions (users[i] saw
+        ad_vectors[i]) and, where clicked[i], its clicks."""
+        click_decay = 0.5 ** (elapsed_ms / (HISTORY_HALF_LIFE_HOURS * HOUR_MS))
+        self.clicked_sum *= click_decay
+        self.clicked_weight *= click_decay
+        impression_decay = 0.5 ** (elapsed_ms / (FATIGUE_HALF_LIFE_HOURS * HOUR_MS))
+        self.impressed_sum *= impression_decay
+        self.impressed_weight *= impression_decay
+        vectors = ad_vectors.astype(np.float64)
+        np.add.at(self.impressed_sum, users, vectors)
+        np.add.at(self.impressed_weight, users, 1.0)
+        np.add.at(self.clicked_sum, users[clicked], vectors[clicked])
+        np.add.at(self.clicked_weight, users[clicked], 1.0)
 
 
 def recent_engagement(state: EngagementState) -> np.ndarray:
@@ -74,7 +114,8 @@ def state_path(cfg: GemConfig, ds: str) -> Path:
 def world_fingerprint(cfg: GemConfig) -> str:
     """What a saved state must match to be reused: the world's seed, sizes and surfaces."""
     g = cfg.generator
-    keys = {"seed": g.seed, "users": g.users, "ads": g.ads, "advertisers": g.advertisers, "latent_dim": g.latent_dim}
+    keys = {"seed": g.seed, "users": g.users, "ads": g.ads, "advertisers": g.advertisers, "latent_dim": g.latent_dim,
+            "world_version": WORLD_VERSION}
     return json.dumps({**keys, "surfaces": list(cfg.surfaces)}, sort_keys=True)
 
 
@@ -96,8 +137,7 @@ def save_state(cfg: GemConfig, ds: str, state: EngagementState) -> Path:
     _write_npz_atomically(
         path,
         {
-            "clicked_sum": state.clicked_sum,
-            "clicked_weight": state.clicked_weight,
+            **{name: getattr(state, name) for name in EngagementState.ARRAYS},
             "world": np.asarray(world_fingerprint(cfg)),
             "ds": np.asarray(ds),
         },
@@ -109,13 +149,13 @@ def load_state(cfg: GemConfig, ds: str) -> EngagementState:
     """The saved end-of-day state of `ds`, checked against this config's world."""
     path = state_path(cfg, ds)
     with np.load(path, allow_pickle=False) as saved:
-        saved_world = str(saved["world"])
+        saved_world = str(saved["world"]) if "world" in saved.files else "(none)"
         if saved_world != world_fingerprint(cfg):
             raise IncompatibleGeneratorState(
                 f"generator state {path} was written for world {saved_world}, "
                 f"but this config's world is {world_fingerprint(cfg)}; regenerate from the start day"
             )
-        return EngagementState(saved["clicked_sum"].copy(), saved["clicked_weight"].copy())
+        return EngagementState(**{name: saved[name].copy() for name in EngagementState.ARRAYS})
 
 
 def _days_with_state(cfg: GemConfig) -> list[str]:
@@ -127,12 +167,12 @@ def state_before(cfg: GemConfig, ds: str, world: World) -> EngagementState:
     else day ds-1's state (MissingGeneratorState if that one is missing)."""
     previous = (dt.date.fromisoformat(ds) - dt.timedelta(days=1)).isoformat()
     if ds == cfg.start_ds:
-        return EngagementState.fresh(world.n_users, world.latent_dim)
+        return EngagementState.fresh(world)
     if state_path(cfg, previous).is_file():
         return load_state(cfg, previous)
     earlier = [d for d in _days_with_state(cfg) if d < ds]
     if not earlier:
-        return EngagementState.fresh(world.n_users, world.latent_dim)
+        return EngagementState.fresh(world)
     raise MissingGeneratorState(
         f"generator state {state_path(cfg, previous)} for ds={previous} is missing, but earlier state exists "
         f"(latest ds={earlier[-1]}); run generate_events for ds={previous} first"

@@ -1,18 +1,25 @@
-"""One time-ordered chunk of a day's traffic: impressions, the clicks they draw, the conversions
-those clicks draw, vectorized with numpy (bounded memory: one chunk of
-`generator.chunk_impressions` at a time).
+"""A day's traffic as time-ordered chunks: impressions, the clicks they draw, the conversions those
+clicks draw, vectorized with numpy (bounded memory: at most `generator.chunk_impressions` at a time).
 
+`simulate_day` is the one day loop (the landing generator and the in-memory study traffic both use
+it): it advances the users' interest drift for the day, then simulates at least
+`generator.min_chunks_per_day` chunks, updating the users' engagement and fatigue after each.
 Impression times follow a diurnal curve; the click logit adds the surface's base rate, position
-bias, user-ad affinity, the ad's quality bias and the user's recent engagement; conversions follow
-clicks by up to 7 days and depend on affinity and the campaign objective.
+bias, the user's (drifting) interest . ad, recent clicks (+), recent impressions (fatigue, -) and
+the ad's quality bias; conversions follow clicks by up to 7 days and depend on the same interest,
+the campaign objective and the user's intent for the conversion type (see gem.sources.world).
 """
 
 from __future__ import annotations
 
+import datetime as dt
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
+from gem.config import GemConfig
+from gem.sources.engagement import EngagementState
 from gem.sources.world import (
     CLICK_DELAY_MAX_S,
     CLICK_DELAY_MEDIAN_S,
@@ -23,8 +30,13 @@ from gem.sources.world import (
     DAY_MS,
     DIURNAL_AMPLITUDE,
     DIURNAL_PEAK_HOUR,
+    EPOCH,
+    FATIGUE_PRIOR_WEIGHT,
+    FATIGUE_WEIGHT,
+    HISTORY_PRIOR_WEIGHT,
     MAX_POSITION,
     POSITION_GEOMETRIC_P,
+    SIMULATION_STREAM,
     World,
     sample_from_cdf,
 )
@@ -86,32 +98,47 @@ def _draw_impressions(
     return user, surface.astype(np.int64), ad, position.astype(np.int64)
 
 
+def interest(world: World, state: EngagementState, user: np.ndarray) -> np.ndarray:
+    """The users' interest vectors today: static interest + drift; shape (n, dim)."""
+    return world.user_latent[user] + state.drift[user].astype(np.float32)
+
+
 def click_logit(
     world: World,
-    history: np.ndarray,
+    state: EngagementState,
     history_weight: float,
     user: np.ndarray,
     ad: np.ndarray,
     surface: np.ndarray,
     position: np.ndarray,
 ) -> np.ndarray:
-    """logit(base_ctr[surface]) - decay[surface]*position + u.a + w * h_u.a + ad bias; shape (n,)."""
+    """logit(base_ctr[surface]) - decay[surface]*position + i_u.a + w * h_u.a - w_f * f_u.a + ad bias + user bias; (n,).
+
+    i_u the user's interest today, h_u the decayed mean of recently clicked ad vectors, f_u the
+    decayed mean of recently impressed ones (fatigue)."""
     ad_vectors = world.ad_latent[ad]  # (n, dim)
-    affinity = np.einsum("nd,nd->n", world.user_latent[user], ad_vectors)
-    recency = np.einsum("nd,nd->n", history[user], ad_vectors)
+    affinity = np.einsum("nd,nd->n", interest(world, state, user), ad_vectors)
+    history = state.clicked_sum[user] / (state.clicked_weight[user] + HISTORY_PRIOR_WEIGHT)[:, None]  # (n, dim)
+    recency = np.einsum("nd,nd->n", history, ad_vectors)
+    seen = state.impressed_sum[user] / (state.impressed_weight[user] + FATIGUE_PRIOR_WEIGHT)[:, None]  # (n, dim)
+    fatigue = np.einsum("nd,nd->n", seen, ad_vectors)
     return (
         world.surface_base_logit[surface]
         - world.surface_position_decay[surface] * position
         + affinity
         + history_weight * recency
+        - FATIGUE_WEIGHT * fatigue
         + world.ad_bias[ad]
+        + world.user_bias[user]
     )
 
 
-def conversion_logit(world: World, user: np.ndarray, ad: np.ndarray) -> np.ndarray:
-    """logit(base CVR of the ad's objective) + affinity weight * u.a; shape (clicks,)."""
-    affinity = np.einsum("nd,nd->n", world.user_latent[user], world.ad_latent[ad])
-    return world.ad_base_cvr_logit[ad] + CVR_AFFINITY_WEIGHT * affinity
+def conversion_logit(world: World, state: EngagementState, user: np.ndarray, ad: np.ndarray) -> np.ndarray:
+    """logit(base CVR of the ad's objective) + affinity weight * i_u.a + the user's intent for the ad's
+    conversion type; shape (n,)."""
+    affinity = np.einsum("nd,nd->n", interest(world, state, user), world.ad_latent[ad])
+    intent = world.user_intent[user, world.ad_conversion_type[ad]]
+    return world.ad_base_cvr_logit[ad] + CVR_AFFINITY_WEIGHT * affinity + intent
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -120,7 +147,7 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 
 def simulate_chunk(
     world: World,
-    history: np.ndarray,
+    state: EngagementState,
     history_weight: float,
     rng: np.random.Generator,
     impression_times: np.ndarray,
@@ -134,7 +161,7 @@ def simulate_chunk(
     """
     n = len(impression_times)
     user, surface, ad, position = _draw_impressions(world, rng, n)
-    p_click = _sigmoid(click_logit(world, history, history_weight, user, ad, surface, position))
+    p_click = _sigmoid(click_logit(world, state, history_weight, user, ad, surface, position))
     clicked = rng.random(n) < p_click
     n_clicks = int(clicked.sum())
     click_delay_s = np.minimum(
@@ -142,7 +169,7 @@ def simulate_chunk(
     )
     click_time = impression_times[clicked] + (1000.0 * click_delay_s).astype(np.int64)
 
-    p_convert = _sigmoid(conversion_logit(world, user, ad))  # (n,), used for the clicked ones
+    p_convert = _sigmoid(conversion_logit(world, state, user, ad))  # (n,), used for the clicked ones
     converted = rng.random(len(click_time)) < p_convert[clicked]
     delay_fraction = rng.beta(*CONVERSION_DELAY_BETA, size=int(converted.sum()))
     max_delay_ms = CONVERSION_MAX_DELAY_DAYS * DAY_MS
@@ -162,3 +189,51 @@ def simulate_chunk(
         p_click=p_click,
         p_convert=p_convert,
     )
+
+
+# ==================================================================================================
+# The day.
+
+
+def day_start_ms(ds: str) -> int:
+    """Epoch milliseconds of the start of day `ds` (UTC)."""
+    return (dt.date.fromisoformat(ds) - EPOCH).days * DAY_MS
+
+
+def chunk_count(cfg: GemConfig) -> int:
+    """Chunks a day is simulated in: enough to bound memory, and at least min_chunks_per_day so the
+    users' engagement and fatigue move within the day (time-gap effects)."""
+    g = cfg.generator
+    if g.chunk_impressions <= 0 or g.min_chunks_per_day <= 0:
+        raise ValueError(f"generator.chunk_impressions and min_chunks_per_day must be positive, got "
+                         f"{g.chunk_impressions}, {g.min_chunks_per_day}")
+    return max(-(-g.events_per_day // g.chunk_impressions), min(g.min_chunks_per_day, max(g.events_per_day, 1)))
+
+
+def simulate_day(cfg: GemConfig, world: World, state: EngagementState, ds: str,
+                 last_arrival_end_ms: int) -> Iterator[ChunkEvents]:
+    """Day `ds`'s traffic, chunk by chunk in time order; `state` (the end of ds-1) ends as the end of ds.
+
+    Chunk k covers the traffic quantiles [k/K, (k+1)/K) of the diurnal curve (K = chunk_count), so
+    chunks are time-ordered and the memories decay by the wall-clock span each chunk covers. Each
+    chunk's state update happens before it is yielded, so a consumer that stops early still leaves a
+    consistent state for the chunks it saw.
+    """
+    g = cfg.generator
+    ymd = int(dt.date.fromisoformat(ds).strftime("%Y%m%d"))
+    rng = np.random.default_rng([g.seed, SIMULATION_STREAM, ymd])
+    clock = DiurnalClock.build()
+    start_ms = day_start_ms(ds)
+    state.start_day(g.seed, ymd)
+    chunks = chunk_count(cfg)
+    bounds = [round(k * g.events_per_day / chunks) for k in range(chunks + 1)]
+    for first, end in zip(bounds[:-1], bounds[1:]):
+        n = end - first
+        if n == 0:
+            continue
+        lo, hi = first / g.events_per_day, end / g.events_per_day
+        times = start_ms + clock.ms_of_day(np.sort(rng.uniform(lo, hi, size=n)))
+        chunk = simulate_chunk(world, state, g.history_weight, rng, times, first, last_arrival_end_ms)
+        elapsed_ms = float(clock.ms_of_day(np.asarray([hi]))[0] - clock.ms_of_day(np.asarray([lo]))[0])
+        state.advance(elapsed_ms, chunk.user, world.ad_latent[chunk.ad], chunk.clicked)
+        yield chunk

@@ -17,28 +17,13 @@ import numpy as np
 from gem.config import GemConfig
 from gem.lakehouse.landing import clear_partition_complete, mark_partition_complete
 from gem.sources.bayes_floor import FloorAccumulator
-from gem.sources.engagement import EngagementState, recent_engagement, save_state, state_before, world_fingerprint
+from gem.sources.engagement import EngagementState, save_state, state_before, world_fingerprint
 from gem.sources.landing_output import ArrivalFiles, conversion_lines, line_head, positioned_lines
-from gem.sources.simulation import ChunkEvents, DiurnalClock, simulate_chunk
-from gem.sources.world import (
-    ARRIVAL_DAYS,
-    DAY_MS,
-    DIRTY_STREAM,
-    EPOCH,
-    HISTORY_HALF_LIFE_HOURS,
-    HOUR_MS,
-    PRODUCER,
-    SIMULATION_STREAM,
-    World,
-    build_world,
-)
+from gem.sources.simulation import ChunkEvents, day_start_ms, simulate_day
+from gem.sources.world import ARRIVAL_DAYS, DAY_MS, DIRTY_STREAM, PRODUCER, World, build_world
 
 # ==================================================================================================
 # The day.
-
-
-def _day_start_ms(ds: str) -> int:
-    return (dt.date.fromisoformat(ds) - EPOCH).days * DAY_MS
 
 
 def _write_chunk(
@@ -68,36 +53,16 @@ def _write_chunk(
 
 def _simulate_day(cfg: GemConfig, ds: str, world: World, state: EngagementState, files: ArrivalFiles,
                   floor: FloorAccumulator) -> dict[str, int]:
-    """Simulate day `ds` chunk by chunk into `files`, updating `state` after each chunk and adding
-    each chunk's true probabilities to `floor`; event totals.
-
-    Chunk k covers the traffic quantiles [k*C/N, (k+1)*C/N) of the diurnal curve, so chunks are
-    time-ordered and history decays by the wall-clock span each chunk covers.
-    """
-    g = cfg.generator
-    if g.chunk_impressions <= 0:
-        raise ValueError(f"generator.chunk_impressions must be positive, got {g.chunk_impressions}")
+    """Simulate day `ds` chunk by chunk (gem.sources.simulation.simulate_day) into `files`, adding
+    each chunk's true probabilities to `floor`; event totals."""
     ymd = dt.date.fromisoformat(ds).strftime("%Y%m%d")
-    sim_rng = np.random.default_rng([g.seed, SIMULATION_STREAM, int(ymd)])
-    dirty_rng = np.random.default_rng([g.seed, DIRTY_STREAM, int(ymd)])
-    clock = DiurnalClock.build()
-    day_start_ms = _day_start_ms(ds)
-    last_arrival_end_ms = day_start_ms + ARRIVAL_DAYS * DAY_MS
-    half_life_ms = HISTORY_HALF_LIFE_HOURS * HOUR_MS
+    dirty_rng = np.random.default_rng([cfg.generator.seed, DIRTY_STREAM, int(ymd)])
+    start_ms = day_start_ms(ds)
     totals = {"impression": 0, "click": 0, "conversion": 0}
-    for first in range(0, g.events_per_day, g.chunk_impressions):
-        n = min(g.chunk_impressions, g.events_per_day - first)
-        lo, hi = first / g.events_per_day, (first + n) / g.events_per_day
-        times = day_start_ms + clock.ms_of_day(np.sort(sim_rng.uniform(lo, hi, size=n)))
-        chunk = simulate_chunk(
-            world, recent_engagement(state), g.history_weight, sim_rng, times, first, last_arrival_end_ms
-        )
-        _write_chunk(files, world, ymd, chunk, day_start_ms, dirty_rng)
+    for chunk in simulate_day(cfg, world, state, ds, start_ms + ARRIVAL_DAYS * DAY_MS):
+        _write_chunk(files, world, ymd, chunk, start_ms, dirty_rng)
         floor.add_chunk(world, chunk)
-        window_ms = float(clock.ms_of_day(np.asarray([hi]))[0] - clock.ms_of_day(np.asarray([lo]))[0])
-        clicked_ads = chunk.ad[chunk.clicked]
-        state.decay_and_add(0.5 ** (window_ms / half_life_ms), chunk.user[chunk.clicked], world.ad_latent[clicked_ads])
-        totals["impression"] += n
+        totals["impression"] += len(chunk.user)
         totals["click"] += len(chunk.click_time)
         totals["conversion"] += len(chunk.conversion_time)
     return totals
@@ -115,7 +80,7 @@ def generate_day(cfg: GemConfig, ds: str) -> dict[str, Any]:
     clear_partition_complete(cfg.landing_root, ds)
     files = ArrivalFiles(cfg, ds)
     # Labels close attribution_window_days after the impression day (schemas/examples.py).
-    floor = FloorAccumulator(window_end_ms=_day_start_ms(ds) + (1 + cfg.attribution_window_days) * DAY_MS)
+    floor = FloorAccumulator(window_end_ms=day_start_ms(ds) + (1 + cfg.attribution_window_days) * DAY_MS)
     try:
         totals = _simulate_day(cfg, ds, world, state, files, floor)
         file_manifests = files.commit()

@@ -1,10 +1,38 @@
 """The synthetic world: users, ads, campaigns and surfaces of one seed, fixed across days.
 
-Signal a model can learn lives here: users and ads share latent interest topics across surfaces
-(affinity = user . ad), ads carry a quality bias, surfaces a base rate and position bias, and each
-campaign objective its own conversion rate. `build_world(cfg)` draws it from `generator.seed`
-alone, so every day of one seed sees the same world; the JSON fragments of every user, ad and
-(surface, position) are rendered once here, so a day's serialization is gathers, not json.dumps.
+`build_world(cfg)` draws it from `generator.seed` alone, so every day of one seed sees the same
+world; the JSON fragments of every user, ad and (surface, position) are rendered once here, so a
+day's serialization is gathers, not json.dumps.
+
+The structure a foundation model is meant to find is planted here (static parts) and in
+gem.sources.engagement (parts that evolve with time), and combined per impression by
+gem.sources.simulation:
+
+- interests shared across surfaces: users and ads share latent topic vectors (N_TOPICS clusters);
+  affinity = (user interest) . ad enters the click and the conversion logit on every surface, so a
+  click on one surface says something about every other;
+- long-range interests that drift slowly: a user's interest is a static vector plus a drift that
+  follows a per-day AR(1) process (INTEREST_DRIFT_RHO, stationary norm ~ INTEREST_DRIFT_STD), so
+  what a user clicked weeks ago still points the right way but less than last week; the user's
+  lifelong click sequence reveals it, while the feature counters (clicks and CTRs over 1/7/28
+  days) do not say which topics;
+- per-event-type signal: recent clicks raise the click logit of similar ads (history_weight *
+  h_u . ad, h_u the 24 h-decayed mean clicked-ad vector), recent impressions lower it (ad fatigue,
+  FATIGUE_WEIGHT * f_u . ad, f_u the FATIGUE_HALF_LIFE_HOURS-decayed mean of impressed-ad vectors),
+  and conversions reveal a per-user intent for each conversion type (INTENT_STD) that clicks do
+  not show: clicks, impressions and conversions say different things;
+- time-gap effects: both the engagement boost and the fatigue decay with the time since the event
+  (half-lives above), so an event's age (the sequences' time gap) matters, and the day is
+  simulated in at least `generator.min_chunks_per_day` time-ordered chunks so this holds within a day;
+- sparse conversion tasks whose signal overlaps the click tasks: the conversion logit shares the
+  affinity term (CVR_AFFINITY_WEIGHT) with the click logit, so the data-rich click tasks teach the
+  interests that the sparse conversion tasks need;
+- heterogeneity the counters and id embeddings can learn: a per-user click propensity
+  (USER_BIAS_STD) and a per-ad quality bias (AD_BIAS_STD), as real users' and ads' click rates
+  differ several-fold;
+- plus surface base rates and position decay and per-objective base CVRs.
+
+Changing any of these changes the world: WORLD_VERSION is part of the saved state's fingerprint.
 """
 
 from __future__ import annotations
@@ -18,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from gem.config import GemConfig
-from schemas.tasks import CREATIVE_TYPES, OBJECTIVES
+from schemas.tasks import CONVERSION_TYPES, CREATIVE_TYPES, OBJECTIVES
 
 PRODUCER = "generate_events"
 DAY_MS = 86_400_000
@@ -33,7 +61,8 @@ ARRIVAL_DAYS = CONVERSION_MAX_DELAY_DAYS + 1
 N_TOPICS = 12  # interest clusters shared by users and advertisers
 TOPIC_NOISE = 0.8  # spread of a user's / ad's latent vector around its topic centre
 USER_INTEREST_SCALE = 2.0  # norm of user latent vectors: affinity = user . ad in [-2, 2]
-AD_BIAS_STD = 0.4  # per-ad quality bias in the click logit
+AD_BIAS_STD = 0.8  # per-ad quality bias in the click logit (ads' CTRs differ several-fold)
+USER_BIAS_STD = 0.8  # per-user click propensity in the click logit (so do users')
 USER_ACTIVITY_SIGMA = 1.0  # lognormal spread of user activity (heavy users)
 AD_POPULARITY_SIGMA = 0.8  # lognormal spread of ad serving volume
 SURFACE_PREF_CONCENTRATION = 20.0  # Dirichlet concentration around each surface's traffic share
@@ -50,6 +79,17 @@ CLICK_DELAY_MAX_S = 1800.0
 HISTORY_HALF_LIFE_HOURS = 24.0  # recent-engagement decay
 HISTORY_PRIOR_WEIGHT = 1.0  # pseudo-count shrinking the decayed mean toward 0 for light clickers
 CVR_AFFINITY_WEIGHT = 1.0
+# Slow interest drift: per-day AR(1) on a vector added to the user's static interest.
+INTEREST_DRIFT_RHO = 0.93  # per day: half-life ~ 10 days
+INTEREST_DRIFT_STD = 1.0  # stationary norm of the drift (the static interest has norm USER_INTEREST_SCALE)
+# Ad fatigue: the decayed mean of recently impressed ad vectors lowers the click logit of similar ads.
+FATIGUE_HALF_LIFE_HOURS = 6.0
+FATIGUE_PRIOR_WEIGHT = 2.0  # pseudo-count: a user who saw few ads lately is barely fatigued
+FATIGUE_WEIGHT = 1.0
+# Per-user intent per conversion type (logit offset), seen only through that user's conversions.
+INTENT_STD = 1.0
+# Bumped whenever the world's structure changes, so state saved by another world is refused.
+WORLD_VERSION = 2
 # Base conversion rate given a click, and the conversion type each campaign objective produces.
 OBJECTIVE_BASE_CVR: dict[str, float] = {
     "sales": 0.06,
@@ -104,6 +144,7 @@ COUNTRIES: dict[str, float] = {
 WORLD_STREAM = 0
 SIMULATION_STREAM = 1
 DIRTY_STREAM = 2
+DRIFT_STREAM = 3
 
 
 # ==================================================================================================
@@ -190,6 +231,10 @@ class World:
     ad_objective: np.ndarray  # (ads,) int64 index into OBJECTIVES
     ad_creative: np.ndarray  # (ads,) int64 index into CREATIVE_TYPES
     ad_base_cvr_logit: np.ndarray  # (ads,) float32: logit of the objective's base CVR
+    ad_conversion_type: np.ndarray  # (ads,) int64 index into CONVERSION_TYPES of the ad's objective
+    user_bias: np.ndarray  # (users,) float32: click propensity (logit offset)
+    user_intent: np.ndarray  # (users, conversion types) float32: logit offset of each conversion type
+    user_drift_start: np.ndarray  # (users, dim) float32: the interest drift on the start day (stationary draw)
     fragments: JsonFragments
 
     @property
@@ -297,6 +342,14 @@ def build_world(cfg: GemConfig) -> World:
         np.float32
     )
 
+    # Drawn last, so the static world above is the same as before these parts were added.
+    user_bias = (USER_BIAS_STD * rng.standard_normal(g.users)).astype(np.float32)
+    user_intent = (INTENT_STD * rng.standard_normal((g.users, len(CONVERSION_TYPES)))).astype(np.float32)
+    user_drift_start = (INTEREST_DRIFT_STD * rng.standard_normal((g.users, dim)) / np.sqrt(dim)).astype(np.float32)
+    ad_conversion_type = np.asarray(
+        [CONVERSION_TYPES.index(OBJECTIVE_CONVERSION_TYPE[OBJECTIVES[o]]) for o in ad_objective.tolist()], dtype=np.int64
+    )
+
     base_ctr = np.asarray([g.surface_params[s].base_ctr for s in cfg.surfaces])
     return World(
         surfaces=tuple(cfg.surfaces),
@@ -314,5 +367,9 @@ def build_world(cfg: GemConfig) -> World:
         ad_objective=ad_objective,
         ad_creative=ad_creative,
         ad_base_cvr_logit=ad_base_cvr_logit,
+        ad_conversion_type=ad_conversion_type,
+        user_bias=user_bias,
+        user_intent=user_intent,
+        user_drift_start=user_drift_start,
         fragments=_render_fragments(cfg.surfaces, user_attrs, ad_advertiser, ad_campaign, ad_objective, ad_creative),
     )

@@ -7,7 +7,7 @@ import torch
 
 from gem.model import metrics
 from gem.sources.bayes_floor import FloorAccumulator, delay_cdf
-from gem.sources.engagement import EngagementState, recent_engagement
+from gem.sources.engagement import EngagementState
 from gem.sources.simulation import simulate_chunk
 from gem.sources.synthetic_day import generate_day
 from gem.sources.world import DAY_MS, build_world
@@ -34,10 +34,10 @@ def test_the_floor_is_gem_model_metrics_ne_of_the_true_probabilities(tmp_path):
     """Cross-checked against the NE the models are scored with, on one simulated chunk."""
     cfg = make_config(tmp_path, generator=GEN)
     world = build_world(cfg)
-    state = EngagementState.fresh(world.n_users, world.latent_dim)
+    state = EngagementState.fresh(world)
     rng = np.random.default_rng(3)
     times = np.sort(rng.integers(0, DAY_MS, size=5_000)).astype(np.int64)
-    chunk = simulate_chunk(world, recent_engagement(state), 1.0, rng, times, 0, 8 * DAY_MS)
+    chunk = simulate_chunk(world, state, 1.0, rng, times, 0, 8 * DAY_MS)
     acc = FloorAccumulator(window_end_ms=2 * DAY_MS)
     acc.add_chunk(world, chunk)
     result = acc.result()

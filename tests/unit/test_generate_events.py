@@ -218,7 +218,7 @@ def test_state_from_another_world_is_rejected(tmp_path: Path) -> None:
 
 
 def test_conversions_follow_their_click_and_arrive_in_later_partitions(tmp_path: Path) -> None:
-    cfg = make_config(tmp_path, generator={"events_per_day": 30_000, "chunk_impressions": 7_000, "dirty_fraction": 0.0})
+    cfg = make_config(tmp_path, generator={"events_per_day": 60_000, "chunk_impressions": 7_000, "dirty_fraction": 0.0})
     generate_day(cfg, DAY1)
     events = _clean_events(cfg, DAY1)
     event_day = pd.to_datetime(events.event_time, unit="ms", utc=True).dt.strftime("%Y-%m-%d")
@@ -305,6 +305,7 @@ def _alignment_lift(tmp_path: Path, history_weight: float) -> float:
             "ads": 200,
             "events_per_day": 100_000,
             "chunk_impressions": 100_000,
+            "min_chunks_per_day": 1,
             "history_weight": history_weight,
             "dirty_fraction": 0.0,
         },
