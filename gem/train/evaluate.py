@@ -44,19 +44,27 @@ def evaluate(task: torch.nn.Module, batches: Iterable[Batch]) -> dict[str, dict[
     return out
 
 
+def gap_closed(ne: float | None, floor: float | None) -> str:
+    """(1 - NE) / (1 - floor) as a percentage: 0% is the base rate, 100% the world's own probabilities."""
+    if ne is None or floor is None or floor >= 1.0:
+        return "n/a"
+    return f"{100.0 * (1.0 - ne) / (1.0 - floor):.0f}%"
+
+
 def metrics_table(scores: dict[str, dict[str, float | None]], indent: str = "  ",
                   floor: dict[str, float | None] | None = None) -> str:
     """Per-task scores (as `evaluate` returns them) as an aligned text table; with `floor` (task ->
-    the Bayes floor NE of the held-out day, gem.sources.bayes_floor), a column beside NE."""
+    the Bayes floor NE of the held-out day, gem.sources.bayes_floor), a column beside NE and the
+    share of the way from the base rate (NE 1) to the floor that the model covered, (1 - NE) / (1 - floor)."""
     def fmt(v: float | None) -> str:
         return "    n/a" if v is None else f"{v:7.4f}"
 
     width = max([28, *(len(name) for name in scores)])
-    floor_head = f" {'floor':>7}" if floor is not None else ""
+    floor_head = f" {'floor':>7} {'to floor':>8}" if floor is not None else ""
     lines = [f"{indent}{'task':<{width}} {'examples':>9} {'positives':>9} {'NE':>7}{floor_head} "
              f"{'AUC':>7} {'calib':>7}"]
     for name, s in scores.items():
-        floor_cell = f" {fmt(floor.get(name))}" if floor is not None else ""
+        floor_cell = f" {fmt(floor.get(name))} {gap_closed(s['ne'], floor.get(name)):>8}" if floor is not None else ""
         lines.append(f"{indent}{name:<{width}} {s['examples']:>9,} {s['positives']:>9.0f} {fmt(s['ne'])}{floor_cell} "
                      f"{fmt(s['auc'])} {fmt(s['calibration'])}")
     return "\n".join(lines)

@@ -68,7 +68,8 @@ def test_model_metrics_prints_the_bayes_floor_of_the_held_out_day_beside_ne(tmp_
     mark_partition_complete(cfg.landing_root, held_out, {"bayes_floor": {
         "reels/click": {"examples": 100, "positives": 5, "ne": 0.8123}, "fb_feed/click": {"ne": None}}})
     header, *rows = demo.model_metrics(cfg).splitlines()[1:]
-    assert header.split() == ["task", "examples", "positives", "NE", "floor", "AUC", "calib"]
+    assert header.split() == ["task", "examples", "positives", "NE", "floor", "to", "floor", "AUC", "calib"]
     reels = next(r for r in rows if r.split()[0] == "reels/click").split()
     assert reels[3:5] == ["0.9500", "0.8123"]  # NE, then the floor beside it
+    assert reels[5] == f"{100 * 0.05 / (1 - 0.8123):.0f}%"  # the share of the way from NE 1 to the floor
     assert next(r for r in rows if r.split()[0] == "fb_feed/click").split()[4] == "n/a"
