@@ -176,8 +176,13 @@ class MixConfig:
     fixed_rates: dict[str, float] = field(default_factory=dict)
     # Rows whose label for the source's task is 0 are kept with this extra probability (1 = all).
     negative_rate: float = 1.0
-    # Training sources cover this many closed example days, ending the day before the held-out day.
+    # Training sources cover this many closed example days, ending the day before the validation days.
     train_days: int = 14
+    # The example days just before the held-out day that form the "validation" split (every row,
+    # rate 1, weight 1, as the held-out split): hyper-parameters are chosen on them, so the held-out
+    # day stays unseen by every choice. Train, validation and held-out days are disjoint and in that
+    # order; 0 = no validation split (training ends the day before the held-out day).
+    validation_days: int = 1
     seed: int = 17
 
     def __post_init__(self) -> None:
@@ -191,6 +196,8 @@ class MixConfig:
                 raise ConfigError(f"mix.{name} must be in (0, 1], got {rate}")
         if self.train_days < 1:
             raise ConfigError(f"mix.train_days must be >= 1, got {self.train_days}")
+        if self.validation_days < 0:
+            raise ConfigError(f"mix.validation_days must be >= 0, got {self.validation_days}")
 
 
 @dataclass(frozen=True)

@@ -6,18 +6,22 @@ Cost-free mixing: nothing is copied or rewritten. The manifest pins silver.train
 silver.user_sequences at one Delta version each (the examples at the newest validated version of
 its days, refused when a day was rewritten after its validation; the sequences at the latest) and lists, from the Delta log, the files of
 each source with their row counts (schemas/mixture.py). Days, with W = attribution_window_days:
-  eval:  the latest closed example day, E = R - W (held out, later than every training day);
-  train: the `mix.train_days` days before E (from start_ds on).
-Nothing to train on yet (E - 1 < start_ds) exits 99, which the DAG shows as skipped.
+  eval:       the latest closed example day, E = R - W (held out, later than every other day);
+  validation: the `mix.validation_days` days V just before E (hyper-parameters are chosen on
+              them, so no choice sees E; none when validation_days is 0);
+  train:      the `mix.train_days` days before those (from start_ds on).
+Days come from the registry's `mixed_days` rule (gem.lakehouse.stages), the days the gate checks.
+Nothing to train on yet (E - V - 1 < start_ds) exits 99, which the DAG shows as skipped.
 
 Rates per training source s with n_s rows (`mix.policy`, see gem.config.MixConfig):
   proportional  p_s = max_rate
   temperature   p_s = max_rate * (n_s / n_min) ** (1/T - 1): realized share ~ n_s ** (1/T),
                 the smallest source is drawn at max_rate and larger ones are down-sampled
   fixed         p_s = fixed_rates[s] (default max_rate)
-plus `mix.negative_rate` on rows whose label for the task is 0. Eval sources use rate 1, no
-negative down-sampling. Gate: validate_examples for every example day used. No Spark: the log is
-read and the manifest written through `deltalake` (gem.lakehouse.commit.StageCommit.replace_arrow).
+plus `mix.negative_rate` on rows whose label for the task is 0. Validation and eval sources use
+rate 1, no negative down-sampling (they are scored in full, weights 1). Gate: validate_examples
+for every example day used. No Spark: the log is read and the manifest written through
+`deltalake` (gem.lakehouse.commit.StageCommit.replace_arrow).
 """
 
 from __future__ import annotations
@@ -31,13 +35,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gem.cli import day_range, job_parser, shift_day
+from gem.cli import job_parser
 from gem.config import GemConfig, MixConfig, load_config
 from gem.data.delta_log import LoggedFile, logged_files, read_logged
 from gem.lakehouse.commit import StageCommit, StageContext, StageResult
+from gem.lakehouse.stages import mixed_days
 from gem.orchestration import NOTHING_READY_EXIT
 from schemas.examples import LABEL_COLUMNS, SILVER_TRAINING_EXAMPLES
-from schemas.mixture import GOLD_MIXTURE_MANIFEST
+from schemas.mixture import GOLD_MIXTURE_MANIFEST, SPLITS
 from schemas.sequences import SILVER_USER_SEQUENCES
 from schemas.tasks import task_name
 
@@ -50,8 +55,21 @@ NO_INPUT_COUNT = "a plan: one row per (split, source, file); nothing is read row
 
 @dataclass(frozen=True)
 class MixDays:
+    """The example days of one mixture, per split: train < validation < eval, disjoint."""
+
     train: tuple[str, ...]
+    validation: tuple[str, ...]
     eval: str
+
+    def by_split(self) -> dict[str, tuple[str, ...]]:
+        """Split -> its days, in schemas.mixture.SPLITS order (a split with no days is left out)."""
+        days = {"train": self.train, "validation": self.validation, "eval": (self.eval,)}
+        return {split: days[split] for split in SPLITS if days[split]}
+
+    @property
+    def all_days(self) -> list[str]:
+        """Every example day the mixture reads, oldest first."""
+        return [d for days in self.by_split().values() for d in days]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -59,15 +77,18 @@ class MixDays:
 
 
 def mix_days(cfg: GemConfig, ds: str) -> MixDays | None:
-    """Held-out day and training days for the mix of run day ds; None if nothing to train on yet.
+    """Held-out, validation and training days for the mix of run day ds; None if nothing to train
+    on yet. The registry's `mixed_days` names them all (the gate checks those days); the newest is
+    held out, the `mix.validation_days` before it validate, the rest train.
 
-    Example: window 1, train_days 14, start 2026-01-01, ds 2026-01-03 -> eval 2026-01-02,
-    train ("2026-01-01",).
+    Example: window 1, train_days 14, validation_days 1, start 2026-01-01, ds 2026-01-04 ->
+    eval 2026-01-03, validation ("2026-01-02",), train ("2026-01-01",).
     """
-    eval_day = shift_day(ds, -cfg.attribution_window_days)
-    first = max(shift_day(eval_day, -cfg.mix.train_days), cfg.start_ds)
-    train = tuple(day_range(first, shift_day(eval_day, -1)))
-    return MixDays(train, eval_day) if train else None
+    days = mixed_days(cfg, ds)
+    if not days:
+        return None
+    validation_at = len(days) - 1 - cfg.mix.validation_days  # >= 1: mixed_days leaves a training day
+    return MixDays(tuple(days[:validation_at]), tuple(days[validation_at:-1]), days[-1])
 
 
 def sampling_rates(rows_by_source: Mapping[str, int], mix: MixConfig) -> dict[str, float]:
@@ -107,9 +128,9 @@ def manifest_rows(cfg: GemConfig, ds: str, days: MixDays, examples_path: str, ex
                   sequences_path: str, sequences_version: int) -> tuple[str, list[dict[str, Any]]]:
     """(mixture_id, gold.mixture_manifest rows) for the run day ds."""
     files = [f for f in logged_files(examples_path, examples_version) if f.partition["surface"] in cfg.surfaces]
-    split_days = {"train": set(days.train), "eval": {days.eval}}
+    split_days = days.by_split()
     by_split = {split: [f for f in files if f.partition["ds"] in wanted] for split, wanted in split_days.items()}
-    positives = label_positives(by_split["train"] + by_split["eval"], cfg.label_types)
+    positives = label_positives([f for split_files in by_split.values() for f in split_files], cfg.label_types)
 
     sources: list[tuple[str, str, str, list[LoggedFile]]] = []  # (split, surface, label type, files)
     for split, split_files in by_split.items():
@@ -121,8 +142,8 @@ def manifest_rows(cfg: GemConfig, ds: str, days: MixDays, examples_path: str, ex
     rows = []
     for split, surface, label_type, source_files in sources:
         name = task_name(surface, label_type)
-        is_train = split == "train"
-        first, last = (days.train[0], days.train[-1]) if is_train else (days.eval, days.eval)
+        is_train = split == "train"  # validation and eval rows are all read, at weight 1
+        first, last = split_days[split][0], split_days[split][-1]
         for f in sorted(source_files, key=lambda f: f.path):
             rows.append({
                 "ds": dt.date.fromisoformat(ds), "split": split, "source": name, "surface": surface,
@@ -163,9 +184,9 @@ def run(ctx: StageContext, ds: str) -> StageResult:
     commit = StageCommit.begin(ctx, STAGE, ds)
     examples_path = tables.table_path(cfg, SILVER_TRAINING_EXAMPLES)
     sequences_path = tables.table_path(cfg, SILVER_USER_SEQUENCES)
-    examples_version = commit.validated_version(SILVER_TRAINING_EXAMPLES, VALIDATE_STAGE, [*days.train, days.eval])
+    examples_version = commit.validated_version(SILVER_TRAINING_EXAMPLES, VALIDATE_STAGE, days.all_days)
     # The loader reads the sequences of the mixed days: at the version their validation saw.
-    sequences_version = commit.validated_version(SILVER_USER_SEQUENCES, VALIDATE_SILVER_STAGE, [*days.train, days.eval])
+    sequences_version = commit.validated_version(SILVER_USER_SEQUENCES, VALIDATE_SILVER_STAGE, days.all_days)
     mixture_id, rows = manifest_rows(cfg, ds, days, examples_path, examples_version, sequences_path, sequences_version)
     commit.replace_arrow(pa.Table.from_pylist(rows, schema=GOLD_MIXTURE_MANIFEST.arrow_schema()), GOLD_MIXTURE_MANIFEST)
     commit.publish(None, written_tables=(GOLD_MIXTURE_MANIFEST,), no_input_count=NO_INPUT_COUNT)
@@ -178,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(args.config)
     result = run(StageContext(cfg), args.ds)
     if not result.published:
-        print(f"{STAGE} ds={args.ds}: no closed example day before the held-out one yet; nothing to do")
+        print(f"{STAGE} ds={args.ds}: no closed example day before the validation and held-out days yet; "
+              "nothing to do")
         return NOTHING_READY_EXIT
     details = result.details
     print(f"{result.summary()} ({details['mixture_id']}: {details['sources']} sources, "

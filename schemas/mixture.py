@@ -1,7 +1,8 @@
 """gold.mixture_manifest: what training reads, as a versioned decision instead of a copied dataset.
 
 One partition per mix day ds; one row per (source, data file). A source is a task (surface,
-label type) over a range of silver.training_examples days, in a split ("train" or "eval"). Its
+label type) over a range of silver.training_examples days, in a split: "train", "validation" (the
+days just before the held-out one, for choosing hyper-parameters) or "eval" (held out). Its
 files are the examples table's files at a PINNED Delta version, listed from the Delta log (never
 from the folder), so the manifest keeps meaning exactly those rows even after later rewrites. The
 rows of a file of partition (ds, surface) belong to every task of that surface: the same file
@@ -10,7 +11,8 @@ appears once per label type, each with that source's own rates.
 Sampling (gem/data/loader.py applies it; no row is rewritten): a row of source s is drawn in a pass
 with probability  p = sampling_rate  if its label for the task is 1, else sampling_rate *
 negative_rate, decided by a hash of (seed, pass, source, file, row), and then carries the
-importance weight 1 / p for that task. Eval sources always have rate 1 and negative_rate 1.
+importance weight 1 / p for that task. Validation and eval sources always have rate 1 and
+negative_rate 1.
 
 Example row:
     {"ds": 2026-01-16, "mixture_id": "mix-2026-01-16-5f0c2a", "split": "train", "source": "reels/click",
@@ -27,7 +29,8 @@ from __future__ import annotations
 from schemas.table import Column, TableSchema
 from schemas.tasks import LABEL_TYPES, SURFACES
 
-SPLITS: tuple[str, ...] = ("train", "eval")
+# In day order: every training day precedes every validation day, which precede the held-out day.
+SPLITS: tuple[str, ...] = ("train", "validation", "eval")
 
 GOLD_MIXTURE_MANIFEST = TableSchema(
     name="gold.mixture_manifest",

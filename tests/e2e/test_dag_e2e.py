@@ -88,7 +88,8 @@ def _config(tmp: Path) -> Path:
             "events_per_day": 3000,
             "chunk_impressions": 3000,
         },
-        "mix": {"train_days": 1},
+        # As the demo: 2 days, day 1 trains and day 2 is held out; none is left to validate on.
+        "mix": {"train_days": 1, "validation_days": 0},
         "loader": {"batch_size": 128, "num_workers": 0},
         "model": {"embeddings": {"backend": "torchrec"}},  # as the demo trains
         "train": {"steps": TRAIN_STEPS, "checkpoint_every": 2},

@@ -38,8 +38,9 @@ from tests.support import make_config, stand_in_records
 
 S = "2026-01-01"
 W = 1
-DAYS = day_range(S, shift_day(S, 4))  # bronze S..S+4
-EXAMPLE_DAYS = DAYS[:-W]  # S..S+3 assembled; the mix of S+4 holds out S+3 and trains on S..S+2
+DAYS = day_range(S, shift_day(S, 5))  # bronze S..S+5
+# S..S+4 assembled; the mix of S+5 holds out S+4, validates on S+3 and trains on S..S+2.
+EXAMPLE_DAYS = DAYS[:-W]
 MIX_DS = DAYS[-1]
 SURFACES = ("reels", "fb_feed")
 TASKS = tuple(f"{s}/{t}" for s in SURFACES for t in LABEL_COLUMNS)
@@ -75,7 +76,7 @@ def lake(spark, tmp_path_factory):
     then jobs.mix with temperature mixing and negatives down-sampled to 0.5."""
     cfg = make_config(
         tmp_path_factory.mktemp("loader"), start_ds=S, attribution_window_days=W, surfaces=list(SURFACES),
-        mix={"policy": "temperature", "temperature": 2.0, "negative_rate": 0.5, "seed": 23},
+        mix={"policy": "temperature", "temperature": 2.0, "negative_rate": 0.5, "seed": 23, "validation_days": 1},
         loader={"batch_size": 64, "num_workers": 0, "max_impressions": 8, "max_clicks": 4, "max_conversions": 2},
     )
     _append(spark, cfg, BRONZE_AD_EVENTS, _traffic())
@@ -126,10 +127,16 @@ def test_manifest_lists_the_logs_files_at_a_pinned_version_and_rewrites_nothing(
     assert result.details["examples_version"] == examples_version  # mixing wrote nothing to the examples table
     assert table_version(tables.table_path(cfg, SILVER_TRAINING_EXAMPLES)) == examples_version
     train, held_out = read_manifest(cfg, MIX_DS, "train"), read_manifest(cfg, MIX_DS, "eval")
+    validation = read_manifest(cfg, MIX_DS, "validation")
     logged = {f.path: f for f in logged_files(train.examples_path, train.examples_version)}
-    expected_train = {p for p, f in logged.items() if f.partition["ds"] in EXAMPLE_DAYS[:-1]}
+    expected_train = {p for p, f in logged.items() if f.partition["ds"] in EXAMPLE_DAYS[:-2]}
     assert set(train.files) == expected_train
+    # The day before the held-out one validates: every row of it, in no other split.
+    assert {validation.file_ds[f] for f in validation.files} == {EXAMPLE_DAYS[-2]}
+    assert set(validation.files) == {p for p, f in logged.items() if f.partition["ds"] == EXAMPLE_DAYS[-2]}
     assert {held_out.file_ds[f] for f in held_out.files} == {EXAMPLE_DAYS[-1]}
+    assert validation.mixture_id == train.mixture_id == held_out.mixture_id
+    assert validation.examples_version == train.examples_version
     for source in train.sources:
         assert source.rows == sum(logged[f].rows for f in source.files)
         assert source.negative_rate == 0.5
@@ -137,7 +144,8 @@ def test_manifest_lists_the_logs_files_at_a_pinned_version_and_rewrites_nothing(
     rows = {s.name: s.rows for s in train.sources}
     assert rates["fb_feed/click"] == 1.0 and rates["reels/click"] == pytest.approx(
         (rows["reels/click"] / rows["fb_feed/click"]) ** -0.5)
-    assert all(s.sampling_rate == 1.0 and s.negative_rate == 1.0 for s in held_out.sources)
+    assert all(s.sampling_rate == 1.0 and s.negative_rate == 1.0 for s in held_out.sources + validation.sources)
+    assert {s.name for s in validation.sources} == {s.name for s in held_out.sources} == set(TASKS)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ def test_yaml_then_env_overrides(tmp_path):
         ({"surfaces": ["reels", "myspace"]}, r"\['myspace'\] are not in schemas.tasks.SURFACES"),
         ({"retention_days": 20}, r"retention_days=20 must exceed"),
         ({"label_types": ["click", "purchase"]}, r"\['purchase'\] are not in schemas.tasks.LABEL_TYPES"),
+        ({"mix": {"validation_days": -1}}, r"mix.validation_days must be >= 0, got -1"),
     ],
 )
 def test_bad_config_fails_with_the_offending_path(overrides, message):
@@ -56,10 +57,12 @@ def test_demo_config_loads_and_extends_the_default():
 
     cfg = load_config(DEFAULT_CONFIG, environ={})
     assert isinstance(cfg, GemConfig)
-    # The demo's last day mixes: a training day and a later held-out day, both with closed windows.
+    # The demo's last day mixes: a training day and a later held-out day, both with closed windows;
+    # its 2 days leave none to validate on (the default validates on 1).
     last = shift_day(cfg.demo.start_ds, cfg.demo.days - 1)
     days = mix_days(cfg, last)
-    assert days is not None and days.train and days.eval > days.train[-1]
+    assert days is not None and days.train and days.eval > days.train[-1] and days.validation == ()
+    assert load_config(environ={}).mix.validation_days == 1
 
 
 def test_task_vocabulary_is_surface_by_label_type():

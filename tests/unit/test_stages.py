@@ -34,16 +34,23 @@ def test_needs_resolve_to_days_relative_to_the_stage_day(tmp_path):
         "silver.user_features": ["2026-01-04"], "silver.ad_features": ["2026-01-04"]}
 
 
-def test_schedules_and_windows_agree_with_the_jobs(tmp_path):
+@pytest.mark.parametrize("validation_days", [0, 1, 2])
+def test_schedules_and_windows_agree_with_the_jobs(tmp_path, validation_days):
     cfg = make_config(tmp_path, start_ds=S, attribution_window_days=1, sequence_compaction_days=7,
-                      mix={"train_days": 3})
+                      mix={"train_days": 3, "validation_days": validation_days})
     for ds in day_range(S, shift_day(S, 30)):
         compacts = stages.stage("build_sequences").partitions(cfg, ds).get("silver.user_sequences_compacted")
         assert (compacts == [ds]) == build_sequences.is_compaction_day(cfg, ds), ds
         days = mix.mix_days(cfg, ds)
-        expected = [] if days is None else [*days.train, days.eval]
+        # Every day the mix reads, validation days included, is gated; a day with nothing to train on needs none.
+        expected = [] if days is None else [*days.train, *days.validation, days.eval]
         needed = stages.stage("mix").needed(cfg, ds)  # the examples and the sequences of the mixed days, validated
         assert needed == [("validate_examples", d) for d in expected] + [("validate_silver", d) for d in expected], ds
+        assert days is None or len(days.validation) == validation_days
+    # The first run day that mixes: a training day, then the validation days, then the held-out day.
+    first = shift_day(S, 1 + validation_days + 1)
+    assert mix.mix_days(cfg, shift_day(first, -1)) is None
+    assert stages.mixed_days(cfg, first) == day_range(S, shift_day(first, -1))
 
 
 def test_dag_edges_are_the_producers_of_needs_each_drawn_once():
