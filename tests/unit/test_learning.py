@@ -1,6 +1,6 @@
 """Each architecture learns the generator's traffic, and Kunlun uses the sequences.
 
-Traffic from jobs.generate_events' world (tests/synthetic_traffic.py): 2 days to train on, the
+Traffic from jobs.generate_events' world (gem/study/traffic.py), click tasks only: 2 days to train on, the
 next day held out (40k impressions a day, 500 users, 50 ads, history weight 4). NE is the held-out cross-entropy over the base-rate model's (the held-out
 day's click rate), so the base-rate model scores 1.0. Margins (measured on this data when
 the test was written: per-task NE 0.85-0.93, Kunlun 0.894 with histories vs 0.925 without):
@@ -26,7 +26,7 @@ from gem.model.configs import (
     ModelConfig,
     WukongConfig,
 )
-from tests.synthetic_traffic import DENSE_DIM, SPARSE, batches, simulate
+from gem.study.traffic import DENSE_DIM, SPARSE, batches, simulate
 
 LEARN_MARGIN = 0.05
 SEQUENCE_MARGIN = 0.01
@@ -69,8 +69,8 @@ def train_and_score(traffic, arch: str, sequences: bool = True, epochs: int = 2)
 
 
 def _train_and_score(traffic, arch: str, sequences: bool, epochs: int) -> tuple[float, dict[str, float]]:
-    train = batches(traffic, (0, 1), 256, LENGTHS, sequences=sequences, seed=1)
-    held_out = batches(traffic, (2,), 2048, LENGTHS, sequences=sequences, shuffle=False)
+    train = batches(traffic, (0, 1), 256, LENGTHS, sequences=sequences, seed=1, label_types=("click",))
+    held_out = batches(traffic, (2,), 2048, LENGTHS, sequences=sequences, shuffle=False, label_types=("click",))
     torch.manual_seed(0)
     task = build_task(_config(arch), train[0].tasks, SPARSE, DENSE_DIM)
     labels = torch.cat([b.labels for b in train])

@@ -1,0 +1,69 @@
+"""python -m gem.study --preset {smoke,small,gpu}: the model quality study (gem/study/study.py).
+
+Writes {lakehouse_uri}/_reports/study/<preset>/index.html (plus img/) and results.json beside it,
+and prints the report's path.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from gem.config import load_config
+from gem.study.presets import PRESETS
+
+
+def study_dir(lakehouse_uri: str, preset: str) -> Path:
+    return Path(lakehouse_uri.removeprefix("file://")) / "_reports" / "study" / preset
+
+
+def _json_safe(x: Any) -> Any:
+    """NaN / inf (an interval of one value) as null: results.json stays standard JSON."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {str(k): _json_safe(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_json_safe(v) for v in x]
+    return x
+
+
+def run_study(preset_name: str, out_dir: Path) -> Path:
+    """Run the preset, write results.json and the report into out_dir -> the report's path."""
+    from gem.study.claims import all_claims
+    from gem.study.page import write_report
+    from gem.study.study import Study
+    from gem.train.daily import code_version
+
+    preset = PRESETS[preset_name]
+    start, started = time.perf_counter(), dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    study = Study(preset)
+    results = study.run()
+    results |= {"commit": code_version(), "device": str(study.device), "started": started,
+                "wall_s": round(time.perf_counter() - start, 1)}
+    results = _json_safe(results)
+    claims = all_claims(results)
+    results["claims"] = claims
+    path = write_report(results, claims, out_dir)
+    (out_dir / "results.json").write_text(json.dumps(results, indent=1, sort_keys=True))
+    return path
+
+
+@click.command()
+@click.option("--preset", type=click.Choice(sorted(PRESETS)), default="smoke", show_default=True)
+@click.option("--config", "config_path", default=None, help="config file (its lakehouse_uri names the output)")
+def main(preset: str, config_path: str | None) -> None:
+    """Train the architectures on the generator's traffic and report the measured claims."""
+    cfg = load_config(config_path)
+    path = run_study(preset, study_dir(cfg.lakehouse_uri, preset))
+    click.echo(f"report: {path}")
+
+
+if __name__ == "__main__":
+    main()

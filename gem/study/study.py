@@ -1,0 +1,252 @@
+"""The quality study: every run of a preset, and the numbers of results.json.
+
+Jobs: each architecture sized to each of its compute targets (gem.study.sizing), Kunlun's ablation
+variants at the matched target, and Kunlun trained on one conversion task alone for the transfer
+comparison. Every job gets the same tuning: each learning rate of the preset's grid trained with
+seed 0 and scored on the VALIDATION day; the lr of lowest pooled validation NE is kept, the other
+seeds trained with it, and every seed of that lr scored on the HELD-OUT day (seed 0's held-out score
+is of the model the lr was chosen with; the held-out day played no part in choosing it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from gem.data.batch import Batch
+from gem.model.configs import KunlunConfig, ModelConfig
+from gem.study import fits
+from gem.study.presets import ARCHS, SCALED, StudyPreset
+from gem.study.runner import Scores, run
+from gem.study.sizing import SizingContext, kunlun_switch_names, size_to
+from gem.study.traffic import DayRoles, Traffic, batches, simulate
+from schemas.tasks import CONVERSION_TYPES
+
+# The value each Kunlun ablation switch is turned to (booleans: off).
+ABLATED = {"attention": "softmax", "pooling": "mean", "compskip": False, "sliding_window": False,
+           "event_personalization": False}
+TOLERANCE = 0.10  # matched compute: every architecture within 10% of the target
+
+
+@dataclass
+class Job:
+    name: str
+    arch: str
+    config: ModelConfig
+    flops: int
+    target: float
+    shape: str
+    tasks: tuple[str, ...] | None = None  # None: every task
+    lr_trials: list[dict[str, float]] = field(default_factory=list)
+    lr: float | None = None
+    seeds: list[dict[str, Any]] = field(default_factory=list)  # per seed: held-out summary
+
+    def values(self, key: str) -> list[float]:
+        return [s[key] for s in self.seeds]
+
+
+class Progress:
+    """tqdm on a terminal, plain lines otherwise."""
+
+    def __init__(self, total: int) -> None:
+        self.bar = tqdm(total=total, unit="run") if sys.stderr.isatty() else None
+        self.total, self.done = total, 0
+
+    def step(self, text: str) -> None:
+        self.done += 1
+        if self.bar is not None:
+            self.bar.set_postfix_str(text)
+            self.bar.update()
+        else:
+            print(f"[{self.done}/{self.total}] {text}", flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _interval(values: list[float]) -> list[float]:
+    return list(fits.mean_interval(values))
+
+
+class Study:
+    def __init__(self, preset: StudyPreset, log: Callable[[str], None] = print) -> None:
+        self.preset, self.log = preset, log
+        if preset.device == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError(f"preset {preset.name!r} runs on CUDA, and torch sees no CUDA device here "
+                               "(torch.cuda.is_available() is False); use --preset small on a CPU")
+        self.device = torch.device(preset.device)
+        if self.device.type == "cpu":
+            torch.set_num_threads(preset.threads)
+        p = preset.traffic
+        self.roles = DayRoles.consecutive(p.train_days, p.warmup_days)
+        start = time.perf_counter()
+        self.traffic: Traffic = simulate(self.roles.days, p.impressions_per_day, p.users, p.ads, p.seed, p.history_weight)
+        self.tasks = self.traffic.tasks()
+        self.click_tasks = self.traffic.tasks(("click",))
+        self.conversion_tasks = self.traffic.tasks(CONVERSION_TYPES)
+        self._batches: dict[tuple[str, tuple[str, ...]], list[Batch]] = {}
+        self.ctx = SizingContext(lengths=dict(preset.lengths), tasks=len(self.tasks), surfaces=len(self.traffic.surfaces),
+                                 buckets={"user_id": p.users, "ad_id": p.ads, "surface": 8, "position": 32},
+                                 backend=preset.backend)
+        self.log(f"traffic: {len(self.traffic.user):,} impressions over {self.roles.days} days "
+                 f"({time.perf_counter() - start:.1f} s)")
+
+    # ---- data ------------------------------------------------------------------------------------
+    def data(self, split: str, tasks: tuple[str, ...]) -> list[Batch]:
+        """Training batches (negatives down-sampled, weighted) or a validation / held-out day (all)."""
+        key = (split, tasks)
+        if key not in self._batches:
+            p = self.preset
+            if split == "train":
+                self._batches[key] = batches(self.traffic, self.roles.train, p.batch_size, p.lengths, tasks=tasks,
+                                             negative_rate=p.negative_rate)
+            else:
+                day = self.roles.validation if split == "validation" else self.roles.held_out
+                self._batches[key] = batches(self.traffic, (day,), p.eval_batch_size, p.lengths, tasks=tasks,
+                                             shuffle=False)
+        return self._batches[key]
+
+    # ---- jobs ------------------------------------------------------------------------------------
+    def sized(self, arch: str, index: int, switches: dict[str, Any] | None = None, name: str | None = None) -> Job:
+        target = self.preset.targets[index]
+        ctx = dataclasses.replace(self.ctx, kunlun_switches=switches or {})
+        shape = size_to(arch, target, ctx, tolerance=TOLERANCE / 2)
+        return Job(name or f"{arch}@{index}", arch, shape.config, shape.flops, target, shape.describe())
+
+    def plan(self) -> tuple[dict[str, Job], list[dict[str, Any]], list[str]]:
+        """-> (the sized jobs, the ablation variants, the transfer tasks)."""
+        p = self.preset
+        jobs: dict[str, Job] = {}
+        for arch in ARCHS:
+            for i in (range(len(p.targets)) if arch in SCALED else p.baseline_targets):
+                job = self.sized(arch, i)
+                jobs[job.name] = job
+        variants = []
+        if p.ablations:
+            for switch in kunlun_switch_names():
+                value = ABLATED[switch]
+                job = self.sized("kunlun", p.matched, {switch: value}, name=f"kunlun-{switch}={value}")
+                jobs[job.name] = job
+                variants.append({"job": job.name, "switch": switch, "value": value})
+        # Transfer: the conversion tasks with the most training positives (measurable held-out NE).
+        positives = {t: int((self.traffic.eligible(t) & self.traffic.label(t)
+                             & np.isin(self.traffic.day, self.roles.train)).sum()) for t in self.conversion_tasks}
+        transfer = sorted(positives, key=lambda t: -positives[t])[:p.transfer_tasks]
+        matched = jobs[f"kunlun@{p.matched}"]
+        for task in transfer:
+            jobs[f"alone:{task}"] = dataclasses.replace(matched, name=f"alone:{task}", tasks=(task,), lr_trials=[],
+                                                        seeds=[])
+        return jobs, variants, transfer
+
+    def summary(self, s: Scores) -> dict[str, Any]:
+        """Held-out numbers of one model."""
+        tasks = s.tasks
+        per_task = {t: s.ne((t,)) for t in tasks if s.positives(t) >= self.preset.min_positives}
+        calibration = {}
+        for surface in self.traffic.surfaces:
+            mine = tuple(t for t in tasks if t.startswith(f"{surface}/"))
+            if mine:
+                calibration[surface] = s.calibration(mine)
+        return {"ne": s.ne(tasks), "ne_click": s.ne(tuple(t for t in tasks if t in self.click_tasks)),
+                "ne_conversion": s.ne(tuple(t for t in tasks if t in self.conversion_tasks)),
+                "tasks": per_task, "calibration": calibration}
+
+    def runs_per_job(self) -> int:
+        return len(self.preset.lrs) + self.preset.seeds - 1
+
+    def execute(self, job: Job, progress: Progress) -> Iterator[None]:
+        """Tune the job's lr on the validation day, then train its seeds and score the held-out day."""
+        p, tasks = self.preset, job.tasks or self.tasks
+        train = self.data("train", tasks)
+        evals = {"validation": self.data("validation", tasks), "held_out": self.data("held_out", tasks)}
+        held_out: dict[float, tuple[Scores, float, int]] = {}
+        for lr in p.lrs:
+            r = run(job.config, train, evals, lr, 0, p.epochs, self.device, p.bf16)
+            job.lr_trials.append({"lr": lr, "validation_ne": r.scores["validation"].ne(tasks), "seconds": r.seconds})
+            held_out[lr] = (r.scores["held_out"], r.seconds, r.examples)
+            progress.step(f"{job.name} lr {lr:g}: validation NE {job.lr_trials[-1]['validation_ne']:.4f} "
+                          f"({r.seconds:.1f} s)")
+            yield
+        job.lr = min(job.lr_trials, key=lambda t: t["validation_ne"] if t["validation_ne"] is not None else np.inf)["lr"]
+        s0, seconds, examples = held_out[job.lr]
+        job.seeds.append({"seed": 0, "seconds": seconds, "examples": examples, **self.summary(s0)})
+        for seed in range(1, p.seeds):
+            r = run(job.config, train, {"held_out": evals["held_out"]}, job.lr, seed, p.epochs, self.device, p.bf16)
+            job.seeds.append({"seed": seed, "seconds": r.seconds, "examples": r.examples,
+                              **self.summary(r.scores["held_out"])})
+            progress.step(f"{job.name} seed {seed}: held-out NE {job.seeds[-1]['ne']:.4f} ({r.seconds:.1f} s)")
+            yield
+
+    # ---- the whole study -------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        jobs, variants, transfer = self.plan()
+        for job in jobs.values():
+            self.log(f"{job.name}: {job.shape}, {job.flops:,} FLOPs/example (target {job.target:,.0f})")
+        progress = Progress(len(jobs) * self.runs_per_job())
+        for job in jobs.values():
+            for _ in self.execute(job, progress):
+                pass
+        progress.close()
+        return self.results(jobs, variants, transfer)
+
+    def results(self, jobs: dict[str, Job], variants: list[dict[str, Any]], transfer: list[str]) -> dict[str, Any]:
+        p, t, held = self.preset, self.traffic, self.roles.held_out
+        floor = {"ne": t.floor(held, self.tasks), "ne_click": t.floor(held, self.click_tasks),
+                 "ne_conversion": t.floor(held, self.conversion_tasks),
+                 "tasks": {task: t.floor(held, (task,)) for task in self.tasks}}
+        out: dict[str, Any] = {
+            "preset": dataclasses.asdict(p), "roles": dataclasses.asdict(self.roles), "floor": floor,
+            "traffic": {"impressions": len(t.user), "clicks": int(t.clicked.sum()),
+                        "conversions": int(t.converted.sum())},
+            "jobs": {name: {k: v for k, v in dataclasses.asdict(j).items() if k != "config"} | {"config": repr(j.config)}
+                     for name, j in jobs.items()},
+        }
+        matched = {a: jobs[f"{a}@{p.matched}"] for a in ARCHS}
+        out["matched"] = {a: {k: _interval(j.values(k)) for k in ("ne", "ne_click", "ne_conversion")}
+                          | {"flops": j.flops, "lr": j.lr} for a, j in matched.items()}
+        out["matched_diff"] = {a: _interval(list(np.subtract(matched["kunlun"].values("ne"), j.values("ne"))))
+                               for a, j in matched.items() if a != "kunlun"}
+        scaling: dict[str, Any] = {}
+        for arch in ARCHS:
+            points = [jobs[n] for n in jobs if n.startswith(f"{arch}@")]
+            flops = np.array([j.flops for j in points], dtype=np.float64)
+            ne = np.array([j.values("ne") for j in points]).T  # (seeds, sizes)
+            fitted = len(points) >= 2  # one size has no slope
+            ne0, eta = fits.fit_eta(flops, ne.mean(0)) if fitted else (float("nan"), float("nan"))
+            scaling[arch] = {"flops": flops.tolist(), "ne": ne.tolist(), "ne0": ne0, "eta": eta,
+                             "eta_interval": list(fits.eta_interval(flops, ne)) if fitted else [float("nan")] * 3}
+        k, i = scaling["kunlun"], scaling["interformer"]
+        scaling["ratio"] = list(fits.ratio_interval(np.array(k["flops"]), np.array(k["ne"]),
+                                                    np.array(i["flops"]), np.array(i["ne"])))
+        out["scaling"] = scaling
+        joint = matched["kunlun"]
+        out["transfer"] = []
+        for task in transfer:
+            alone = jobs[f"alone:{task}"]
+            j_ne = [s["tasks"].get(task) for s in joint.seeds]
+            a_ne = [s["ne"] for s in alone.seeds]
+            ok = all(v is not None for v in j_ne + a_ne)
+            out["transfer"].append({
+                "task": task, "floor": floor["tasks"][task], "lr_alone": alone.lr,
+                "joint": _interval(j_ne) if ok else None, "alone": _interval(a_ne) if ok else None,
+                "diff": _interval(list(np.subtract(j_ne, a_ne))) if ok else None,
+                "held_out_positives": int((t.eligible(task) & t.label(task) & (t.day == held)).sum())})
+        out["calibration"] = {s: _interval([x["calibration"][s] for x in joint.seeds])
+                              for s in t.surfaces if all(x["calibration"].get(s) is not None for x in joint.seeds)}
+        out["ablations"] = {
+            "available": kunlun_switch_names(), "missing": [s for s in ABLATED if s not in kunlun_switch_names()],
+            "variants": [v | {"ne": _interval(jobs[v["job"]].values("ne")), "flops": jobs[v["job"]].flops,
+                              "diff": _interval(list(np.subtract(jobs[v["job"]].values("ne"), joint.values("ne"))))}
+                         for v in variants]}
+        out["kunlun_defaults"] = {f.name: repr(f.default) for f in dataclasses.fields(KunlunConfig)
+                                  if f.name in ABLATED}
+        return out

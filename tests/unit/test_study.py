@@ -1,0 +1,105 @@
+"""The quality study (gem.study): traffic labels and day roles, matched-compute sizing, the scaling
+fit, and the smoke preset end to end (report and results.json)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from gem.study.fits import eta_interval, fit_eta
+from gem.study.presets import ARCHS
+from gem.study.sizing import SizingContext, flops_of, size_to
+from gem.study.traffic import DayRoles, batches, simulate
+from schemas.tasks import CONVERSION_TYPES
+
+LENGTHS = {"impression": 8, "click": 8, "conversion": 4}
+
+
+@pytest.fixture(scope="module")
+def traffic():
+    return simulate(days=3, impressions_per_day=4_000, users=200, ads=30)
+
+
+def test_conversion_labels_follow_the_simulation(traffic):
+    """A clicked-and-converted impression is labelled for its ad's conversion type; no other is."""
+    out = batches(traffic, (0, 1, 2), 100_000, LENGTHS, shuffle=False)
+    b = out[0]
+    assert b.size == len(traffic.user)  # no down-sampling: every impression, in order
+    types = traffic.conversion_type
+    for j, task in enumerate(b.tasks):
+        surface, label_type = task.split("/")
+        on = traffic.surface == traffic.surfaces.index(surface)
+        mask = b.label_mask[:, j].numpy()
+        label = b.labels[:, j].numpy() > 0
+        if label_type == "click":
+            assert (mask == on).all() and (label == (on & traffic.clicked)).all()
+        else:
+            assert (mask == (on & (types == label_type))).all()
+            assert (label == (mask & traffic.clicked & traffic.converted)).all()
+    assert traffic.converted.sum() > 0 and not (traffic.converted & ~traffic.clicked).any()
+    assert set(np.unique(types)) <= set(CONVERSION_TYPES)
+
+
+def test_negative_down_sampling_is_importance_weighted(traffic):
+    rate = {"click": 0.25}
+    out = batches(traffic, (0,), 100_000, LENGTHS, label_types=("click",), negative_rate=rate)[0]
+    w, y, m = out.weights.numpy(), out.labels.numpy(), out.label_mask.numpy()
+    assert np.allclose(w[m & (y > 0)], 1.0) and np.allclose(w[m & (y == 0)], 4.0) and (w[~m] == 0).all()
+    # weighted negatives estimate the unsampled count
+    negatives = ((traffic.day == 0) & ~traffic.clicked).sum()
+    assert abs(w[m & (y == 0)].sum() / negatives - 1) < 0.1
+
+
+def test_validation_and_held_out_days_are_distinct():
+    roles = DayRoles.consecutive(train_days=2, warmup_days=1)
+    assert roles.train == (1, 2) and roles.validation == 3 and roles.held_out == 4
+    with pytest.raises(ValueError):
+        DayRoles(train=(0,), validation=1, held_out=1)
+    with pytest.raises(ValueError):
+        DayRoles(train=(0, 1), validation=1, held_out=2)
+
+
+def test_floor_is_below_the_base_rate(traffic):
+    tasks = traffic.tasks(("click",))
+    floor = traffic.floor(2, tasks)
+    assert 0 < floor < 1
+
+
+@pytest.mark.parametrize("target", [1e6, 4e6])
+def test_matched_compute_sizing_within_ten_percent(target):
+    ctx = SizingContext(lengths={"impression": 32, "click": 16, "conversion": 4}, tasks=24, surfaces=6,
+                        buckets={"user_id": 512, "ad_id": 64, "surface": 8, "position": 32})
+    for arch in ARCHS:
+        shape = size_to(arch, target, ctx)
+        assert abs(shape.flops / target - 1) <= 0.10, (arch, shape.flops)
+        assert flops_of(shape.config, ctx) == shape.flops
+
+
+def test_scaling_fit_recovers_eta():
+    rng = np.random.default_rng(0)
+    flops = np.geomspace(1e5, 1e7, 6)
+    ne = 1.2 - 0.03 * np.log(flops)[None, :] + rng.normal(0, 0.002, size=(5, 6))
+    ne0, eta = fit_eta(flops, ne.mean(0))
+    assert abs(eta - 0.03) < 0.003 and abs(ne0 - 1.2) < 0.05
+    _mean, lo, hi = eta_interval(flops, ne)
+    assert lo < 0.03 < hi and hi - lo < 0.01
+
+
+def test_smoke_preset_end_to_end(tmp_path):
+    from gem.study.__main__ import run_study
+
+    path = run_study("smoke", tmp_path)
+    assert path == tmp_path / "index.html" and path.is_file()
+    html = path.read_text()
+    assert "Claims" in html and "Bayes floor" in html
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert {c["status"] for c in results["claims"]} <= {"reproduced", "not reproduced", "inconclusive"}
+    assert len(results["claims"]) == 4
+    for arch, m in results["matched"].items():
+        assert all(math.isfinite(x) for x in m["ne"]), arch
+    assert math.isfinite(results["floor"]["ne"]) and results["floor"]["ne"] < 1
+    for job in results["jobs"].values():
+        assert job["seeds"] and all(math.isfinite(s["ne"]) for s in job["seeds"])
