@@ -213,9 +213,15 @@ class LoaderConfig:
     max_conversions: int = 32
     # Day snapshots of silver.user_sequences each worker keeps indexed in memory.
     snapshot_cache_days: int = 2
+    # Length-aware batching: each shard buffers this many batches' rows, sorts them by sequence
+    # length and cuts batches of similar lengths, emitted in a seeded order (gem/data/length_batching.py);
+    # exact resume and the draws are unchanged. 1 = batches in stream order. 64 x 512 rows: padding
+    # of all sequence blocks 66% -> 10% on the generator's histories (16: 16%; bench.train_throughput).
+    length_sort_batches: int = 64
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "max_impressions", "max_clicks", "max_conversions", "snapshot_cache_days"):
+        for name in ("batch_size", "max_impressions", "max_clicks", "max_conversions", "snapshot_cache_days",
+                     "length_sort_batches"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"loader.{name} must be >= 1, got {getattr(self, name)}")
         if self.num_workers < 0:
@@ -223,6 +229,12 @@ class LoaderConfig:
 
     def max_length(self, event_type: str) -> int:
         return int(getattr(self, f"max_{event_type}s"))
+
+    def capped(self, lengths: Mapping[str, int]) -> LoaderConfig:
+        """This config cutting no sequence longer than `lengths` (event type -> what the model reads,
+        ModelConfig.sequence_lengths()): events the model would drop are never copied or looked up,
+        and the padding the trainer reports is the padding the model computes on."""
+        return dataclasses.replace(self, **{f"max_{e}s": min(self.max_length(e), int(n)) for e, n in lengths.items()})
 
 
 EMBEDDING_OPTIMIZERS = ("sgd", "rowwise_adagrad")

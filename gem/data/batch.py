@@ -57,6 +57,15 @@ class Batch:
     def size(self) -> int:
         return int(self.dense.shape[0])
 
+    def padded_sizes(self) -> dict[str, tuple[int, int]]:
+        """Per event type, (real events, positions of the padded (B, max length) block): what a
+        padded kernel computes on, against what a jagged one does."""
+        out = {}
+        for event, seq in self.sequences.items():
+            lengths = seq.lengths
+            out[event] = (int(lengths.sum()), self.size * (int(lengths.max()) if self.size else 0))
+        return out
+
     def to(self, device: torch.device | str) -> Batch:
         def move(x: Any) -> Any:
             if isinstance(x, torch.Tensor):

@@ -12,17 +12,25 @@ Semantics (each one tested in tests/spark/test_loader.py):
     world_size x num_workers shards; each file is read by exactly one shard, and a row lives in one
     file, so across ranks and workers no row is emitted twice in a pass. Rows of a file are
     shuffled with (seed, k, file).
+  * Length-aware batching (`loader.length_sort_batches` = K > 1). A shard fills a buffer of K
+    batches' rows in stream order, orders them by sequence length and cuts them into batches of
+    similar lengths, emitted in a seeded shuffled order (gem.data.length_batching): padded
+    sequence blocks hold far less padding. Draws, weights and the set of examples of a pass are
+    those of K = 1 (stream order, the batches cut as the rows come); only the grouping changes.
   * Determinism and resume. Everything above depends only on (seed, k, file, row), so a pass is
-    reproducible. Every batch carries its shard and the cursor (file position, row position) just
-    after it; `ResumableLoader.state_dict()` is those cursors plus the pass and which worker is next
-    (DataLoader takes workers round-robin), a few integers. Loading it continues with exactly the
-    batches an uninterrupted run would have produced next.
+    reproducible. Every batch carries its shard and the cursor (file position, row position,
+    batches already emitted) of where it continues: the start of its buffer and how many of the
+    buffer's batches are out, or, after a buffer's last batch, the position after the buffer.
+    `ResumableLoader.state_dict()` is those cursors plus the pass and which worker is next
+    (DataLoader takes workers round-robin), a few integers. Loading it re-reads the open buffer
+    from its start and skips what was emitted, so it continues with exactly the batches an
+    uninterrupted run would have produced next.
   * Sequences. Each example's sequences come from the user_sequences row (user_id, sequence_ds) at
     the manifest's pinned version, cut strictly before impression_time, the most recent
     `loader.max_<type>s` kept. A worker indexes a day's snapshot once (gem.data.snapshots) and serves
     all that day's files from it, instead of reading a snapshot per example.
 
-Batches hold fewer than batch_size examples only at the end of a shard's pass.
+Batches hold fewer than batch_size examples only in the last buffer of a shard's pass.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from gem.config import LoaderConfig
 from gem.data.batch import Batch, Jagged, Sparse
 from gem.data.delta_log import LoggedFile, MissingDataFileError, logged_files, read_logged, require_file
 from gem.data.encode import DENSE_COLUMNS, HASHED_IDS, VOCABULARIES, dense_matrix, hash_ids, timestamps_us, vocab_index
+from gem.data.length_batching import length_sorted_batches
 from gem.data.manifest import Manifest
 from gem.data.sampling import keep_probability, row_uniforms, stable_hash
 from gem.data.snapshots import MODEL_FIELDS, DaySnapshot, load_day
@@ -61,9 +70,33 @@ MAX_POSITION = 63  # positions above share one value
 class Cursor:
     file_pos: int  # index into the shard's file order of this pass
     row_pos: int  # index into that file's drawn rows, in their shuffled order
+    emitted: int = 0  # batches of the buffer that starts at (file_pos, row_pos) already emitted
 
-    def as_tuple(self) -> tuple[int, int]:
-        return (self.file_pos, self.row_pos)
+    def as_tuple(self) -> tuple[int, int, int]:
+        return (self.file_pos, self.row_pos, self.emitted)
+
+    @classmethod
+    def of(cls, state: tuple[int, ...] | None) -> Cursor:
+        """From a saved tuple; a 2-tuple (checkpoints before length-aware batching) emitted nothing."""
+        return cls(*state) if state is not None else cls(0, 0)
+
+
+@dataclass
+class Spans:
+    """Where each of n examples' sequences lie in its day snapshot's flat arrays: per event type,
+    events first[i] .. cut[i] (exclusive) of the user's row in snapshot days[i]."""
+
+    days: list[str]
+    first: dict[str, np.ndarray]  # event type -> (n,) int64
+    cut: dict[str, np.ndarray]  # event type -> (n,) int64
+
+    def lengths(self) -> np.ndarray:
+        """(n, event types) int64, event types in SEQUENCE_COLUMNS order."""
+        return np.stack([self.cut[e] - self.first[e] for e in SEQUENCE_COLUMNS], axis=1)
+
+    def take(self, index: np.ndarray) -> Spans:
+        return Spans([self.days[i] for i in index], {e: v[index] for e, v in self.first.items()},
+                     {e: v[index] for e, v in self.cut.items()})
 
 
 def _rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -99,11 +132,11 @@ class ExampleStream(IterableDataset):
             if f.partition["ds"] in days:
                 self.sequence_files[f.partition["ds"]].append(f)
         self.pass_index, self.rotation = 0, 0
-        self.cursors: dict[int, tuple[int, int]] = {}
+        self.cursors: dict[int, tuple[int, ...]] = {}
         self._snapshots: OrderedDict[str, DaySnapshot] = OrderedDict()
 
     # ---- resume plumbing (set by ResumableLoader before each iteration) ----------------------------
-    def configure(self, pass_index: int, cursors: dict[int, tuple[int, int]], rotation: int) -> None:
+    def configure(self, pass_index: int, cursors: dict[int, tuple[int, ...]], rotation: int) -> None:
         self.pass_index, self.cursors, self.rotation = pass_index, dict(cursors), rotation
 
     # ---- which files a shard reads ----------------------------------------------------------------
@@ -156,27 +189,37 @@ class ExampleStream(IterableDataset):
             self._snapshots.popitem(last=False)
         return snap
 
-    def cut_sequences(self, users: list[str], sequence_ds: list[str], times: np.ndarray) -> dict[str, Jagged]:
-        """Per event type, each example's events strictly before its impression time, newest kept."""
-        out = {}
+    def sequence_spans(self, users: list[str], sequence_ds: list[str], times: np.ndarray) -> Spans:
+        """Per event type, where each example's events strictly before its impression time lie
+        (the newest `loader.max_<type>s` kept), without copying them."""
         snaps = {d: self.snapshot(d) for d in sorted(set(sequence_ds))}
+        rows = [snaps[ds].user_row.get(user) for user, ds in zip(users, sequence_ds, strict=True)]
+        first, cut = {}, {}
         for event_type in SEQUENCE_COLUMNS:
             max_len = self.cfg.max_length(event_type)
-            lengths = np.zeros(len(users), dtype=np.int64)
-            values: dict[str, list[np.ndarray]] = {}
-            gap: list[np.ndarray] = []
-            for i, (user, ds) in enumerate(zip(users, sequence_ds, strict=True)):
-                snap = snaps[ds]
-                row = snap.user_row.get(user)
+            lo, hi = np.zeros(len(users), dtype=np.int64), np.zeros(len(users), dtype=np.int64)
+            for i, (row, ds) in enumerate(zip(rows, sequence_ds, strict=True)):
                 if row is None:  # no history up to that day
                     continue
-                flat = snap.sequences[event_type]
+                flat = snaps[ds].sequences[event_type]
                 start, end = int(flat.offsets[row]), int(flat.offsets[row + 1])
-                cut = start + int(np.searchsorted(flat.times[start:end], times[i], side="left"))
-                first = max(start, cut - max_len)
-                lengths[i] = cut - first
-                if cut == first:
-                    continue
+                hi[i] = start + int(np.searchsorted(flat.times[start:end], times[i], side="left"))
+                lo[i] = max(start, hi[i] - max_len)
+            first[event_type], cut[event_type] = lo, hi
+        return Spans(list(sequence_ds), first, cut)
+
+    def cut_sequences(self, spans: Spans, times: np.ndarray) -> dict[str, Jagged]:
+        """Per event type, the examples' events that `spans` locates, as one Jagged each."""
+        out = {}
+        snaps = {d: self.snapshot(d) for d in sorted(set(spans.days))}
+        lengths_all = spans.lengths()
+        for k, event_type in enumerate(SEQUENCE_COLUMNS):
+            lengths = lengths_all[:, k]
+            values: dict[str, list[np.ndarray]] = {}
+            gap: list[np.ndarray] = []
+            for i in np.flatnonzero(lengths):
+                flat = snaps[spans.days[i]].sequences[event_type]
+                first, cut = int(spans.first[event_type][i]), int(spans.cut[event_type][i])
                 for name, arr in flat.fields.items():  # slices of the flat arrays: no index array needed
                     values.setdefault(name, []).append(arr[first:cut])
                 gap.append((times[i] - flat.times[first:cut]) / 1e6)
@@ -189,7 +232,9 @@ class ExampleStream(IterableDataset):
         return out
 
     # ---- batches ----------------------------------------------------------------------------------
-    def make_batch(self, table: pa.Table, mask: np.ndarray, weights: np.ndarray, meta: dict[str, Any]) -> Batch:
+    def make_batch(self, table: pa.Table, mask: np.ndarray, weights: np.ndarray, meta: dict[str, Any],
+                   spans: Spans) -> Batch:
+        """One batch of the table's rows; `spans`: where their sequences lie (sequence_spans)."""
         n = table.num_rows
         times = timestamps_us(table["impression_time"])
         sparse = {}
@@ -208,11 +253,10 @@ class ExampleStream(IterableDataset):
             surface, label_type = task.split("/")
             on_surface = np.array([s == surface for s in surfaces])
             labels[:, j] = np.where(on_surface, table[LABEL_COLUMNS[label_type]].to_numpy(zero_copy_only=False), 0)
-        sequence_ds = [d.isoformat() for d in table["sequence_ds"].to_pylist()]
         return Batch(
             dense=torch.from_numpy(dense_matrix(table)),
             sparse=sparse,
-            sequences=self.cut_sequences(table["user_id"].to_pylist(), sequence_ds, times),
+            sequences=self.cut_sequences(spans, times),
             labels=torch.from_numpy(labels),
             label_mask=torch.from_numpy(mask),
             weights=torch.from_numpy(weights),
@@ -221,6 +265,10 @@ class ExampleStream(IterableDataset):
             example_ids=table["impression_id"].to_pylist(),
             meta=meta,
         )
+
+    @staticmethod
+    def sequence_days(table: pa.Table) -> list[str]:
+        return [d.isoformat() for d in table["sequence_ds"].to_pylist()]
 
     def __iter__(self) -> Iterator[Batch]:
         info = get_worker_info()
@@ -234,41 +282,54 @@ class ExampleStream(IterableDataset):
 
     def _iter_shard(self, shard: int, worker: int) -> Iterator[Batch]:
         files = self.shard_files(self.pass_index, shard)
-        file_pos, row_pos = self.cursors.get(shard, (0, 0))
+        start = Cursor.of(self.cursors.get(shard))
+        buffer_rows = self.cfg.batch_size * self.cfg.length_sort_batches
         pending: list[tuple[pa.Table, np.ndarray, np.ndarray]] = []
         pending_rows = 0
         context = f"manifest {self.manifest.mixture_id}"
-        for fp in range(file_pos, len(files)):
+        for fp in range(start.file_pos, len(files)):
             path = files[fp]
             require_file(path, context)
             table = self.read_file(path)
             rows, mask, weights = self.draw(path, table, self.pass_index)
-            pos = row_pos if fp == file_pos else 0
+            pos = start.row_pos if fp == start.file_pos else 0
             while pos < len(rows):
-                take = rows[pos : pos + self.cfg.batch_size - pending_rows]
+                take = rows[pos : pos + buffer_rows - pending_rows]
                 pending.append((table.take(pa.array(take)), mask[take], weights[take]))
                 pending_rows += len(take)
                 pos += len(take)
-                if pending_rows == self.cfg.batch_size:
-                    yield self._emit(pending, shard, worker, Cursor(fp, pos))
-                    pending, pending_rows = [], 0
+                if pending_rows == buffer_rows:
+                    yield from self._emit(pending, shard, worker, start, Cursor(fp, pos))
+                    pending, pending_rows, start = [], 0, Cursor(fp, pos)
         if pending_rows:
-            yield self._emit(pending, shard, worker, Cursor(len(files), 0))
+            yield from self._emit(pending, shard, worker, start, Cursor(len(files), 0))
 
     def _emit(self, pending: list[tuple[pa.Table, np.ndarray, np.ndarray]], shard: int, worker: int,
-              cursor: Cursor) -> Batch:
+              start: Cursor, end: Cursor) -> Iterator[Batch]:
+        """The batches of one buffer (rows from `start` to `end`), skipping `start.emitted` of them."""
         table = pa.concat_tables([t for t, _, _ in pending])
         mask = np.concatenate([m for _, m, _ in pending])
         weights = np.concatenate([w for _, _, w in pending])
-        meta = {"shard": shard, "worker": worker, "cursor": cursor.as_tuple(), "pass": self.pass_index}
-        return self.make_batch(table, mask, weights, meta)
+        times = timestamps_us(table["impression_time"])
+        spans = self.sequence_spans(table["user_id"].to_pylist(), self.sequence_days(table), times)
+        if self.cfg.length_sort_batches == 1:  # stream order: one batch per buffer, as cut
+            groups = [np.arange(table.num_rows)]
+        else:
+            seed = [self.manifest.seed, self.pass_index, shard, start.file_pos, start.row_pos]
+            groups = length_sorted_batches(spans.lengths(), self.cfg.batch_size, seed)
+        for done, index in enumerate(groups, start=1):
+            if done <= start.emitted:  # emitted before the run this resumes was stopped
+                continue
+            cursor = end if done == len(groups) else Cursor(start.file_pos, start.row_pos, done)
+            meta = {"shard": shard, "worker": worker, "cursor": cursor.as_tuple(), "pass": self.pass_index}
+            yield self.make_batch(table.take(pa.array(index)), mask[index], weights[index], meta, spans.take(index))
 
 
 class ResumableLoader:
     """Iterates an ExampleStream through a DataLoader (cfg.num_workers processes) pass after pass,
     tracking the small state that makes a resumed run continue exactly.
 
-    state_dict() -> {"pass": k, "cursors": {shard: (file_pos, row_pos)}, "rotation": r}
+    state_dict() -> {"pass": k, "cursors": {shard: (file_pos, row_pos, emitted)}, "rotation": r}
     """
 
     def __init__(self, stream: ExampleStream) -> None:

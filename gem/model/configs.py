@@ -243,3 +243,10 @@ class ModelConfig:
     def body_config(self) -> KunlunConfig | HSTUConfig | InterFormerConfig | WukongConfig | DLRMConfig:
         """The config of the architecture `arch` selects."""
         return getattr(self, self.arch)
+
+    def sequence_lengths(self) -> dict[str, int]:
+        """Event type -> how many of the most recent events the selected architecture reads."""
+        body = self.body_config()
+        if isinstance(body, KunlunConfig):
+            return {e: c.max_len for e, c in body.effective_events.items()}
+        return dict(body.max_len)

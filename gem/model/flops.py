@@ -3,12 +3,12 @@
 Counts the matrix products (linear layers, attention scores and values, einsums), which is what
 dominates and what MFU is measured against; elementwise work (activations, norms, gating) is left
 out, as torch.utils.flop_counter does, so the two can be compared (tests/unit/test_flops.py). Sequence
-lengths are the padded lengths the model computes on: by default each event type's max_len.
+lengths are the padded lengths the model computes on: by default each event type's max_len;
+`kunlun_batch_flops` counts one batch as it runs (its padded lengths, the id projection on the
+events kept), which is what a throughput figure should divide by.
 
 Example:
-    >>> from gem.model.ops.gdpa import uses_band
-from gem.model.ops.gdpa import uses_band
-from gem.model.configs import KunlunConfig
+    >>> from gem.model.configs import KunlunConfig
     >>> f = kunlun_flops(KunlunConfig(), n_sparse=8, dense_dim=420, tasks=24, surfaces=6, head_hidden=64,
     ...                  shared_experts=2)
     >>> f["total"] == sum(v for k, v in f.items() if k != "total")
@@ -16,6 +16,8 @@ from gem.model.configs import KunlunConfig
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
 
 from gem.model.configs import (
     DLRMConfig,
@@ -99,6 +101,27 @@ def kunlun_flops(cfg: KunlunConfig, n_sparse: int, dense_dim: int, tasks: int, s
     out["readout"] = _compress(x_tokens, cfg.summary_tokens, d) + sum(
         _pool(c, d, lengths[e], cfg.pooling) for e, c in events.items())
     out["heads"] = heads_flops(n_int * d, tasks, surfaces, head_hidden, shared_experts)
+    out["total"] = sum(out.values())
+    return out
+
+
+def kunlun_batch_flops(cfg: KunlunConfig, lengths: Mapping[str, Sequence[int]], n_sparse: int, dense_dim: int,
+                       tasks: int, surfaces: int, head_hidden: int, shared_experts: int) -> dict[str, int]:
+    """Forward FLOPs of one batch as Kunlun runs it, by module, plus "total".
+
+    lengths: event type -> each example's sequence length as the loader cut it (B values each).
+    The model keeps each example's most recent max_len events and pads every event type to the
+    longest kept sequence of the batch (at least 1 position): every module computes on that padded
+    length, except the id projection, which runs on the kept events alone (it precedes padding).
+    So the count follows the batch, not the configured maximum (with no padding and every
+    sequence at max_len it equals B x kunlun_flops).
+    """
+    kept = {e: [min(int(n), c.max_len) for n in lengths[e]] for e, c in cfg.effective_events.items()}
+    b = len(next(iter(kept.values())))
+    padded = {e: max([1, *k]) for e, k in kept.items()}
+    per_example = kunlun_flops(cfg, n_sparse, dense_dim, tasks, surfaces, head_hidden, shared_experts, padded)
+    out = {k: b * v for k, v in per_example.items() if k != "total"}
+    out["event_id_projection"] = sum(_linear(cfg.dim, c.width, sum(kept[e])) for e, c in cfg.effective_events.items())
     out["total"] = sum(out.values())
     return out
 

@@ -223,10 +223,12 @@ class Kunlun(nn.Module):
 
     def sequence_tokens(self, event: str, seq: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         c, emb = self.events[event], self.event_embed[event]
-        tokens = (emb["id"](seq["id_emb"]) + emb["surface"](seq["surface"]) + emb["objective"](seq["objective"])
-                  + emb["time"](time_gap_buckets(seq["gap_s"], self.cfg.time_buckets)))
-        index, offsets = keep_last(seq["offsets"], c.max_len)  # the most recent max_len events
-        tokens = tokens[index]
+        # The most recent max_len events, selected before the token projections: the events cut
+        # away cost no projection (same tokens as projecting all, then selecting).
+        index, offsets = keep_last(seq["offsets"], c.max_len)
+        tokens = (emb["id"](seq["id_emb"][index]) + emb["surface"](seq["surface"][index])
+                  + emb["objective"](seq["objective"][index])
+                  + emb["time"](time_gap_buckets(seq["gap_s"][index], self.cfg.time_buckets)))
         lengths = offsets[1:] - offsets[:-1]
         return to_padded(tokens, offsets, max(1, int(lengths.max()) if lengths.numel() else 1)), lengths
 

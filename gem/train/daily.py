@@ -101,7 +101,8 @@ def run(ctx: Any, ds: str, run_dir: Path | None = None, steps: int | None = None
     commit = StageCommit.begin(ctx, PRETRAIN_STAGE, ds) if rank == 0 else None
     train_manifest, eval_manifest = read_manifest(cfg, ds, "train"), read_manifest(cfg, ds, "eval")
     tasks = tuple(f"{s}/{t}" for s, t in cfg.tasks if f"{s}/{t}" in {x.name for x in train_manifest.sources})
-    stream = ResumableLoader(ExampleStream(train_manifest, tasks, cfg.loader))
+    loader_cfg = cfg.loader.capped(cfg.model.sequence_lengths())  # cut no longer than the model reads
+    stream = ResumableLoader(ExampleStream(train_manifest, tasks, loader_cfg))
     task = build_task(cfg.model, tasks, SPARSE_FEATURES, len(DENSE_COLUMNS), cfg.train.task_weights)
     task.heads.init_from_base_rates({s.name: s.positives / s.rows for s in train_manifest.sources if s.rows})
     trainer = Trainer(task, stream, cfg.train, run_dir, config_snapshot=cfg.to_dict())
@@ -122,7 +123,7 @@ def run(ctx: Any, ds: str, run_dir: Path | None = None, steps: int | None = None
         eval_task = build_task(cfg.model, tasks, SPARSE_FEATURES, len(DENSE_COLUMNS), cfg.train.task_weights,
                                sparse_backend="torch")
         eval_task.load_state_dict(state)
-        eval_stream = ResumableLoader(ExampleStream(eval_manifest, tasks, cfg.loader, rank=0, world_size=1))
+        eval_stream = ResumableLoader(ExampleStream(eval_manifest, tasks, loader_cfg, rank=0, world_size=1))
         _report(commit, evaluate(eval_task, eval_stream.epoch()), result.steps, eval_manifest)
         promotion.promote(root, cfg.model.arch, ds, checkpoint_path, result.steps)
         commit.publish(None, written_tables=(GOLD_METRICS,), no_input_count=NO_INPUT_COUNT)

@@ -40,8 +40,9 @@ class TrainResult:
     examples: int = 0
     seconds: float = 0.0
     checkpoint: Path | None = None
-    # Per event type, the share of the padded (B, max length in batch) sequence blocks of this
-    # run's batches that is padding: what a padded kernel wastes and a jagged one does not.
+    # Per event type and over all types ("all"), the share of the padded (B, max length in batch)
+    # sequence blocks of this run's batches that is padding: what a padded kernel wastes and a
+    # jagged one does not (loader.length_sort_batches keeps it low).
     padding_ratio: dict[str, float] = field(default_factory=dict)
 
 
@@ -220,10 +221,9 @@ class Trainer:
         real: dict[str, int] = {}
         padded: dict[str, int] = {}
         for batch in self.stream.batches(limit=total - self.step):
-            for event, seq in batch.sequences.items():
-                lengths = seq.lengths
-                real[event] = real.get(event, 0) + int(lengths.sum())
-                padded[event] = padded.get(event, 0) + batch.size * (int(lengths.max()) if batch.size else 0)
+            for event, (n_real, n_padded) in batch.padded_sizes().items():
+                real[event] = real.get(event, 0) + n_real
+                padded[event] = padded.get(event, 0) + n_padded
             batch = batch.to(self.device)
             self.optimizer.zero_grad(set_to_none=True)
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
@@ -242,8 +242,16 @@ class Trainer:
         if bar is not None:
             bar.close()
         result.steps, result.losses, result.seconds = self.step, list(self.losses), time.perf_counter() - t0
-        result.padding_ratio = {e: 1.0 - real[e] / padded[e] if padded[e] else 0.0 for e in sorted(padded)}
+        result.padding_ratio = padding_ratios(real, padded)
         return result
+
+def padding_ratios(real: dict[str, int], padded: dict[str, int]) -> dict[str, float]:
+    """Per event type, and over all of them ("all": the share of every padded block position,
+    which is what padded sequence compute wastes), 1 - real / padded."""
+    totals = {**padded, "all": sum(padded.values())}
+    reals = {**real, "all": sum(real.values())}
+    return {e: 1.0 - reals[e] / totals[e] if totals[e] else 0.0 for e in sorted(totals)}
+
 
 def jsonable(x: Any) -> Any:
     import json

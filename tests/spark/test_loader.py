@@ -198,6 +198,59 @@ def test_resume_continues_exactly(lake):
     assert got == reference  # crosses into the second pass too (a pass is ~12 batches here)
 
 
+def _example(batch, i: int) -> tuple:
+    """Everything the loader emits for example i of a batch, sequences included."""
+    seqs = []
+    for jag in batch.sequences.values():
+        lo, hi = int(jag.offsets[i]), int(jag.offsets[i + 1])
+        seqs.append({k: v[lo:hi].tolist() for k, v in sorted(jag.values.items())})
+    return (batch.label_mask[i].tolist(), batch.weights[i].tolist(), batch.labels[i].tolist(),
+            batch.dense[i].tolist(), {f: int(s.values[i]) for f, s in batch.sparse.items()}, seqs)
+
+
+def test_length_sorted_batches_hold_the_stream_passs_examples_with_less_padding(lake):
+    """loader.length_sort_batches regroups a pass: the same examples with the same draws, weights,
+    labels and sequences, in batches of similar lengths (less padding)."""
+    cfg, _, _ = lake
+    stream_pass = _pass(_stream(cfg, length_sort_batches=1))
+    sorted_pass = _pass(_stream(cfg, length_sort_batches=4))
+
+    def by_id(batches):
+        return {iid: _example(b, i) for b in batches for i, iid in enumerate(b.example_ids)}
+
+    assert by_id(sorted_pass) == by_id(stream_pass)
+    assert [b.size for b in sorted_pass].count(cfg.loader.batch_size) >= len(sorted_pass) - 1
+
+    def padding(batches):
+        sizes = [b.padded_sizes()["impression"] for b in batches]
+        return 1 - sum(r for r, _ in sizes) / sum(p for _, p in sizes)
+
+    # Here most histories reach the cap of 8 (40 users): measured 11.5% -> 6.6%.
+    assert padding(sorted_pass) < 0.75 * padding(stream_pass), (padding(sorted_pass), padding(stream_pass))
+
+
+def test_resume_inside_a_length_sorted_buffer_continues_exactly(lake):
+    """Stopped after any batch of a buffer (the state then names the buffer's start and how many of
+    its batches are out), a resumed loader yields exactly the batches that were still to come."""
+    cfg, _, _ = lake
+
+    def key(batch):
+        return (batch.example_ids, batch.weights.tolist(), batch.meta["shard"])
+
+    reference = [key(b) for b in ResumableLoader(_stream(cfg, length_sort_batches=4)).batches(limit=16)]
+    mid_buffer = 0
+    for stop in (1, 2, 3, 5, 9):
+        first = ResumableLoader(_stream(cfg, length_sort_batches=4))
+        got = [key(b) for b in first.batches(limit=stop)]
+        state = first.state_dict()
+        mid_buffer += any(c[2] > 0 for c in state["cursors"].values())
+        resumed = ResumableLoader(_stream(cfg, length_sort_batches=4))
+        resumed.load_state_dict(state)
+        got += [key(b) for b in resumed.batches(limit=16 - stop)]
+        assert got == reference, stop
+    assert mid_buffer >= 3  # most stops fell inside a buffer, not at its end
+
+
 def test_sequences_equal_a_brute_force_cut(lake):
     cfg, _, _ = lake
     stream = _stream(cfg, "eval")

@@ -65,6 +65,18 @@ def test_demo_config_loads_and_extends_the_default():
     assert load_config(environ={}).mix.validation_days == 1
 
 
+def test_loader_cut_is_capped_at_what_the_model_reads():
+    cfg = load_config(environ={})
+    lengths = cfg.model.sequence_lengths()
+    assert lengths == {e: c.max_len for e, c in cfg.model.kunlun.events.items()}
+    capped = cfg.loader.capped(lengths)
+    assert capped.max_impressions == min(cfg.loader.max_impressions, lengths["impression"]) < cfg.loader.max_impressions
+    assert capped.capped({"click": 10**6}).max_clicks == capped.max_clicks  # never longer than configured
+    assert capped.length_sort_batches == cfg.loader.length_sort_batches >= 2  # length-aware batching on by default
+    hstu = load_config(overrides={"model": {"arch": "hstu", "hstu": {"max_len": {"impression": 5}}}}, environ={})
+    assert hstu.model.sequence_lengths() == {"impression": 5}
+
+
 def test_task_vocabulary_is_surface_by_label_type():
     assert len(TASKS) == len(SURFACES) * len(LABEL_TYPES) and LABEL_TYPES[0] == "click"
     assert task_name("reels", "app_install") == "reels/app_install"

@@ -1,4 +1,5 @@
-"""The FLOP formulas equal what torch's FLOP counter measures on a forward pass at full lengths."""
+"""The FLOP formulas equal what torch's FLOP counter measures on a forward pass at full lengths, and on a
+real ragged batch as it runs (kunlun_batch_flops)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from gem.model.build import build_task
 from gem.model.configs import ARCHITECTURES, KunlunConfig
-from gem.model.flops import kunlun_flops, model_flops
+from gem.model.flops import kunlun_batch_flops, kunlun_flops, model_flops
 from gem.model.heads import DomainExpertHeads
 from gem.model.kunlun import Kunlun
 from tests.support import tiny_model_config
@@ -78,3 +79,87 @@ def test_every_architecture_formula_matches_the_flop_counter(arch):
         task.heads(task.body(sparse, torch.randn(b, 6), sequences))
     formula = model_flops(cfg, n_sparse=len(sparse_names), dense_dim=6, tasks=len(tasks), surfaces=2)
     assert counter.get_total_flops() == b * formula["total"], (counter.get_total_flops() / b, formula)
+
+
+def _ragged_batch(cfg, tasks: tuple[str, ...], sparse_names: tuple[str, ...], dense_dim: int, b: int, seed: int = 0):
+    """A Batch with long-tailed sequence lengths: most short, some past max_len (cut by the model),
+    and one event type with no events at all."""
+    from gem.data.batch import Batch, Jagged, Sparse
+
+    g = torch.Generator().manual_seed(seed)
+    sequences = {}
+    for e, c in cfg.kunlun.events.items():
+        if e == "conversion":
+            lengths = torch.zeros(b, dtype=torch.long)
+        else:  # geometric-like tail: median ~ max_len / 4, a few at 2 x max_len
+            lengths = (torch.rand(b, generator=g) ** 3 * 2 * c.max_len).long()
+        n = int(lengths.sum())
+        sequences[e] = Jagged({"ad_id": torch.randint(0, 1 << 30, (n,), generator=g),
+                               "surface": torch.randint(0, 7, (n,), generator=g),
+                               "objective": torch.randint(0, 6, (n,), generator=g),
+                               "gap_s": torch.rand(n, generator=g) * 1e6},
+                              torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]))
+    ones = torch.ones(b, dtype=torch.int32)
+    mask = torch.rand(b, len(tasks), generator=g) < 0.5
+    return Batch(dense=torch.randn(b, dense_dim, generator=g),
+                 sparse={f: Sparse(torch.randint(0, 1 << 30, (b,), generator=g), ones) for f in sparse_names},
+                 sequences=sequences, labels=(torch.rand(b, len(tasks), generator=g) < 0.1).float(),
+                 label_mask=mask, weights=mask.float(), tasks=tasks, impression_times=torch.zeros(b, dtype=torch.long))
+
+
+def test_batch_flops_count_what_runs_on_a_ragged_batch():
+    """kunlun_batch_flops of a real long-tailed batch equals torch's count of the task's forward:
+    padded to each type's longest kept sequence, not to max_len; a full-length batch gives B x the
+    per-example formula."""
+    cfg = tiny_model_config("kunlun")
+    sparse_names, tasks, dense_dim, b = ("user_id", "ad_id", "surface"), ("reels/click", "fb_feed/click"), 6, 16
+    task = build_task(cfg, tasks, sparse_names, dense_dim=dense_dim)
+    batch = _ragged_batch(cfg, tasks, sparse_names, dense_dim, b)
+    lengths = {e: j.lengths.tolist() for e, j in batch.sequences.items()}
+    counted = kunlun_batch_flops(cfg.kunlun, lengths, len(sparse_names), dense_dim, len(tasks), 2,
+                                 cfg.heads.hidden, cfg.heads.shared_experts)
+    with FlopCounterMode(display=False) as counter:
+        task.logits(batch)
+    assert counter.get_total_flops() == counted["total"]
+    at_max = kunlun_flops(cfg.kunlun, len(sparse_names), dense_dim, len(tasks), 2, cfg.heads.hidden,
+                          cfg.heads.shared_experts)
+    assert counted["total"] < b * at_max["total"]  # the old max_len assumption over-counts this batch
+    full = {e: [c.max_len] * b for e, c in cfg.kunlun.events.items()}
+    assert kunlun_batch_flops(cfg.kunlun, full, len(sparse_names), dense_dim, len(tasks), 2, cfg.heads.hidden,
+                              cfg.heads.shared_experts)["total"] == b * at_max["total"]
+
+
+def test_batch_flops_per_second_is_plausible_on_this_cpu():
+    """A rough sanity figure, not a speed gate: forward + backward FLOPs (3 x forward) of a
+    demo-size batch over its wall time, against a large matmul's rate measured alongside. Counting
+    FLOPs that never run would push the model's rate past what the matmul reaches."""
+    import time
+
+    from gem.config import load_config
+
+    cfg = load_config(overrides={"model": {"embeddings": {"backend": "torch"}}}, environ={}).model
+    sparse_names, dense_dim, b = ("user_id", "ad_id", "surface", "position"), 20, 256
+    tasks = ("reels/click", "fb_feed/click")
+    torch.manual_seed(0)
+    task = build_task(cfg, tasks, sparse_names, dense_dim=dense_dim)
+    batch = _ragged_batch(cfg, tasks, sparse_names, dense_dim, b, seed=1)
+    lengths = {e: j.lengths.tolist() for e, j in batch.sequences.items()}
+    flops = 3 * kunlun_batch_flops(cfg.kunlun, lengths, len(sparse_names), dense_dim, len(tasks), 2,
+                                   cfg.heads.hidden, cfg.heads.shared_experts)["total"]
+
+    def best_seconds(fn, repeats: int = 3) -> float:
+        fn()  # warm-up
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    step = best_seconds(lambda: task(batch)[0].backward())
+    a = torch.randn(1024, 1024)
+    matmul_rate = 2 * 1024 ** 3 / best_seconds(lambda: a @ a)
+    model_rate = flops / step
+    print(f"model {model_rate / 1e9:.1f} GFLOP/s (3 x {flops / 3 / 1e9:.3f} GFLOP in {step * 1e3:.0f} ms), "
+          f"matmul {matmul_rate / 1e9:.1f} GFLOP/s")
+    assert 0 < model_rate < 2 * matmul_rate

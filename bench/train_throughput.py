@@ -1,0 +1,227 @@
+"""CPU training throughput at the demo size: a baseline commit's code against this tree's, side by side.
+
+    python -m bench.train_throughput [--baseline af6e102 --rounds 3 --steps 8]
+
+The demo's model (configs/demo.yaml: small Kunlun, torchrec tables, batch 512) trains through each
+tree's own gem.train.Trainer on the same examples: the generator's world (the traffic module of the
+baseline tree, so both arms read identical rows) simulated over 2 days at the demo's volume, day 2's
+impressions as examples with long-tailed histories cut strictly before each impression.
+  * baseline arm: the baseline tree's code on batches as its loader forms them (stream order,
+    sequences cut at the loader's lengths 256 / 128 / 32);
+  * new arm: this tree's code on batches as its loader forms them (loader.length_sort_batches:
+    rows of a 16-batch buffer sorted by length, gem.data.length_batching, the same function the
+    loader calls);
+  * new code on the baseline's batches, to split the gain between the model and the batching.
+Arms run in alternating subprocesses (the baseline from a `git worktree` of --baseline); each
+reports its mean step time after warm-up (the new arm's batches: a sample stratified over one
+buffer's batches, short to long); the summary is the median over rounds, the ratio, and
+each arm's padding share (the trainer's padding_ratio: padding / padded (B x max length) positions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+LOADER_LENGTHS = {"impression": 256, "click": 128, "conversion": 32}  # LoaderConfig defaults (the demo's)
+
+
+# ---- examples (run inside the baseline tree, so both arms read identical rows) -------------------
+def make_examples(out: Path, seed: int = 7) -> None:
+    """Day 2 of a 2-day simulation at the demo's volume -> flat arrays in `out` (.npz)."""
+    try:
+        from gem.study.traffic import batches, simulate
+    except ImportError:
+        from tests.synthetic_traffic import batches, simulate
+    traffic = simulate(days=2, impressions_per_day=60_000, users=6_000, ads=2_000, seed=seed)
+    (batch,) = batches(traffic, (1,), 10**9, LOADER_LENGTHS, seed=seed)  # every example, shuffled
+    arrays = {"user": batch.sparse["user_id"].values.numpy(), "ad": batch.sparse["ad_id"].values.numpy(),
+              "surface": batch.sparse["surface"].values.numpy(), "position": batch.sparse["position"].values.numpy(),
+              "clicked": batch.labels.sum(1).numpy(), "time_us": batch.impression_times.numpy()}
+    for event, seq in batch.sequences.items():
+        arrays[f"{event}.offsets"] = seq.offsets.numpy()
+        for name, values in seq.values.items():
+            arrays[f"{event}.{name}"] = values.numpy()
+    np.savez(out, **arrays)
+
+
+# ---- batches (this tree composes them; each arm's worker rebuilds them with its own Batch) -------
+def compose(examples: Path, out: Path, new_loader: bool, batch_size: int, count: int) -> None:
+    """The first `count` full batches as the baseline's loader forms them (stream order, sequences
+    cut at the loader's lengths) or this tree's (cut at what the model reads, rows length-sorted
+    within buffers of loader.length_sort_batches) -> a torch file of plain tensors."""
+    import torch
+
+    from gem.config import load_config
+    from gem.data.encode import DENSE_COLUMNS
+    from gem.data.length_batching import length_sorted_batches
+
+    cfg = load_config(REPO / "configs" / "demo.yaml", environ={})
+    tasks = [f"{s}/{t}" for s, t in cfg.tasks]
+    ex = np.load(examples)
+    n = len(ex["user"])
+    offsets = {e: ex[f"{e}.offsets"] for e in LOADER_LENGTHS}
+    cut = cfg.loader.capped(cfg.model.sequence_lengths()) if new_loader else cfg.loader
+    # The newest `cut` events of each example's history (LOADER_LENGTHS holds at least that many).
+    starts = {e: np.maximum(offsets[e][:-1], offsets[e][1:] - cut.max_length(e)) for e in LOADER_LENGTHS}
+    lengths = np.stack([offsets[e][1:] - starts[e] for e in LOADER_LENGTHS], axis=1)
+    rows = np.arange(n)
+    if new_loader:
+        buffer = batch_size * cut.length_sort_batches
+        groups = [rows[lo:lo + buffer][g] for lo in range(0, n, buffer)
+                  for g in length_sorted_batches(lengths[lo:lo + buffer], batch_size, [0, 0, 0, lo, 0])]
+    else:
+        groups = [rows[lo:lo + batch_size] for lo in range(0, n, batch_size)]
+    groups = [g for g in groups if len(g) == batch_size]
+    rng = np.random.default_rng(0)
+    if new_loader:  # a sample stratified over the first buffer's batches, short to long, in shuffled order
+        first = sorted(groups[:cut.length_sort_batches], key=lambda g: int(lengths[g].sum()))
+        groups = [first[i] for i in rng.permutation(np.linspace(0, len(first) - 1, count).round().astype(int))]
+    groups = groups[:count]
+    dense_dim = len(DENSE_COLUMNS)
+    out_batches = []
+    for g in groups:
+        b = len(g)
+        task_of = rng.integers(0, len(tasks), b)
+        sparse = {name: torch.from_numpy(rng.integers(0, 1 << 40, b)) for name in
+                  ("advertiser_id", "campaign_id", "objective", "creative_type")}
+        sparse |= {"user_id": torch.from_numpy(ex["user"][g]), "ad_id": torch.from_numpy(ex["ad"][g]),
+                   "surface": torch.from_numpy(ex["surface"][g]), "position": torch.from_numpy(ex["position"][g])}
+        seqs = {}
+        for e in LOADER_LENGTHS:
+            first, end = starts[e][g], offsets[e][g + 1]
+            index = np.concatenate([np.arange(lo, hi) for lo, hi in zip(first, end, strict=True)]).astype(np.int64)
+            fields = {f: torch.from_numpy(ex[f"{e}.{f}"][index]) for f in ("ad_id", "surface", "objective", "gap_s")}
+            seqs[e] = {"offsets": torch.from_numpy(np.concatenate([[0], np.cumsum(end - first)]).astype(np.int64)),
+                       **fields}
+        mask = np.zeros((b, len(tasks)), dtype=bool)
+        mask[np.arange(b), task_of] = True
+        out_batches.append({
+            "dense": torch.from_numpy(rng.normal(size=(b, dense_dim)).astype(np.float32)), "sparse": sparse,
+            "sequences": seqs, "labels": torch.from_numpy(mask * ex["clicked"][g][:, None].astype(np.float32)),
+            "label_mask": torch.from_numpy(mask), "weights": torch.from_numpy(mask.astype(np.float32)),
+            "tasks": tasks, "times": torch.from_numpy(ex["time_us"][g])})
+    torch.save(out_batches, out)
+
+
+# ---- one arm (runs inside the tree under test, with that tree's gem) -----------------------------
+def worker(batches_path: Path, steps: int, warmup: int) -> dict[str, object]:
+    import torch
+
+    from gem.config import load_config
+    from gem.data.batch import Batch, Jagged, Sparse
+    from gem.data.encode import DENSE_COLUMNS
+    from gem.data.loader import SPARSE_FEATURES
+    from gem.model.build import build_task
+    from gem.train.trainer import Trainer
+
+    torch.manual_seed(0)
+    cfg = load_config(Path.cwd() / "configs" / "demo.yaml", environ={})
+    raw = torch.load(batches_path, weights_only=False)
+    batches = []
+    for r in raw:
+        b = r["dense"].shape[0]
+        ones = torch.ones(b, dtype=torch.int32)
+        batches.append(Batch(
+            dense=r["dense"], sparse={f: Sparse(r["sparse"][f], ones) for f in SPARSE_FEATURES},
+            sequences={e: Jagged({k: v for k, v in s.items() if k != "offsets"}, s["offsets"])
+                       for e, s in r["sequences"].items()},
+            labels=r["labels"], label_mask=r["label_mask"], weights=r["weights"], tasks=tuple(r["tasks"]),
+            impression_times=r["times"]))
+    stamps: list[float] = []
+
+    class Stream:
+        def batches(self, limit=None):
+            for i in range(limit):
+                stamps.append(time.perf_counter())  # the previous step has finished
+                yield batches[i % len(batches)]
+
+        def state_dict(self):
+            return {}
+
+        def load_state_dict(self, state):
+            pass
+
+    task = build_task(cfg.model, tuple(raw[0]["tasks"]), SPARSE_FEATURES, len(DENSE_COLUMNS))
+    train = cfg.train.__class__(**{**cfg.train.__dict__, "steps": warmup + steps + 1,
+                                   "checkpoint_every": 10**6})
+    with tempfile.TemporaryDirectory() as run_dir:
+        trainer = Trainer(task, Stream(), train, Path(run_dir))
+        result = trainer.fit()
+        trainer.close()
+    # Mean, not median: length-sorted batches differ in cost by design, and throughput is their mean.
+    step_s = statistics.fmean(b - a for a, b in zip(stamps[warmup:], stamps[warmup + 1:], strict=False))
+    return {"step_s": step_s, "examples_per_s": raw[0]["dense"].shape[0] / step_s,
+            "padding": {e: round(r, 4) for e, r in result.padding_ratio.items()}, "threads": torch.get_num_threads()}
+
+
+def run_arm(tree: Path, batches: Path, steps: int, warmup: int) -> dict[str, object]:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", str(batches),
+                          "--steps", str(steps), "--warmup", str(warmup)],
+                         cwd=tree, env=env, capture_output=True, text=True, check=False)
+    if out.returncode:
+        raise RuntimeError(f"arm in {tree} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--baseline", default="af6e102", help="commit of today's code")
+    p.add_argument("--baseline-tree", type=Path, default=None, help="an existing checkout of it (else a worktree)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--make-examples", type=Path, default=None, help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.make_examples:
+        make_examples(a.make_examples)
+        return
+    if a.worker:
+        print(json.dumps(worker(a.worker, a.steps, a.warmup)))
+        return
+    work = Path(tempfile.mkdtemp(prefix="gem-train-bench-"))
+    tree = a.baseline_tree
+    if tree is None:
+        tree = work / "baseline"
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), a.baseline], check=True,
+                       capture_output=True)
+    try:
+        examples = work / "examples.npz"
+        subprocess.run([sys.executable, str(Path(__file__).resolve()), "--make-examples", str(examples)], cwd=tree,
+                       env={**os.environ, "PYTHONPATH": str(tree)}, check=True)
+        count = a.warmup + a.steps + 1
+        stream, grouped = work / "stream.pt", work / "sorted.pt"
+        compose(examples, stream, False, 512, count)
+        compose(examples, grouped, True, 512, count)
+        arms = {"baseline": (tree, stream), "new": (REPO, grouped), "new code, stream-order batches": (REPO, stream)}
+        results: dict[str, list[dict[str, object]]] = {k: [] for k in arms}
+        for r in range(a.rounds):
+            for name, (root, batches) in arms.items():
+                results[name].append(run_arm(root, batches, a.steps, a.warmup))
+                print(f"round {r + 1} {name}: {results[name][-1]}", flush=True)
+        medians = {k: statistics.median(x["examples_per_s"] for x in v) for k, v in results.items()}
+        print(f"\nCPU training at the demo size (batch 512, {results['new'][0]['threads']} threads), "
+              f"median over {a.rounds} rounds of the mean of {a.steps} steps:")
+        for name, value in medians.items():
+            print(f"  {name:32s} {value:8.0f} examples/s   padding {results[name][0]['padding']}")
+        print(f"  speed-up new / baseline: {medians['new'] / medians['baseline']:.2f}x "
+              f"(model alone: {medians['new code, stream-order batches'] / medians['baseline']:.2f}x)")
+    finally:
+        if a.baseline_tree is None:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], check=False)
+
+
+if __name__ == "__main__":
+    main()
