@@ -70,13 +70,15 @@ def examples_bronze_days(cfg: GemConfig, ds: str) -> list[str]:
 
 def mixed_days(cfg: GemConfig, ds: str) -> list[str]:
     """The example days the mixture of run day ds reads, oldest first: up to mix.train_days
-    training days, the mix.validation_days validation days, then the held-out day
-    ds - attribution_window_days (the newest day whose window has closed). jobs.mix splits them."""
+    training days (none of the pipeline's first mix.cold_start_days), the mix.validation_days
+    validation days, then the held-out day ds - attribution_window_days (the newest day whose window
+    has closed). jobs.mix splits them."""
     held_out = shift_day(ds, -cfg.attribution_window_days)
     first_validation = shift_day(held_out, -cfg.mix.validation_days)
-    if first_validation <= cfg.start_ds:  # no training day before them: nothing is mixed (the job exits 99)
+    first_trainable = shift_day(cfg.start_ds, cfg.mix.cold_start_days)
+    if first_validation <= first_trainable:  # no training day before them: nothing is mixed (the job exits 99)
         return []
-    return _span(cfg, shift_day(first_validation, -cfg.mix.train_days), held_out)
+    return day_range(max(shift_day(first_validation, -cfg.mix.train_days), first_trainable), held_out)
 
 
 def compaction_days(cfg: GemConfig, ds: str) -> list[str]:

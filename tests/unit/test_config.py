@@ -72,7 +72,7 @@ def test_loader_cut_is_capped_at_what_the_model_reads():
     capped = cfg.loader.capped(lengths)
     assert capped.max_impressions == min(cfg.loader.max_impressions, lengths["impression"]) < cfg.loader.max_impressions
     assert capped.capped({"click": 10**6}).max_clicks == capped.max_clicks  # never longer than configured
-    assert capped.length_sort_batches == cfg.loader.length_sort_batches >= 2  # length-aware batching on by default
+    assert capped.length_sort_batches == cfg.loader.length_sort_batches == 1  # length-aware batching off by default
     hstu = load_config(overrides={"model": {"arch": "hstu", "hstu": {"max_len": {"impression": 5}}}}, environ={})
     assert hstu.model.sequence_lengths() == {"impression": 5}
 

@@ -91,3 +91,14 @@ def test_without_validation_days_the_manifest_has_train_and_eval_only(tmp_path):
     train = [r for r in rows if r["split"] == "train"]
     assert sorted(r["file_ds"].isoformat() for r in train) == ["2026-01-02", "2026-01-03", "2026-01-04"]
     assert (train[0]["first_ds"], train[0]["last_ds"]) == (dt.date(2026, 1, 2), dt.date(2026, 1, 4))
+
+
+def test_the_pipelines_cold_start_days_never_train(tmp_path):
+    """mix.cold_start_days: the first days' counters have nothing before them to count, so they are
+    never a training day; the mix waits until a later day can train."""
+    cfg = make_config(tmp_path, start_ds=S, attribution_window_days=0,
+                      mix={"train_days": 14, "validation_days": 0, "cold_start_days": 1})
+    assert mix.mix_days(cfg, "2026-01-02") is None  # only the cold day 01-01 before the held-out day
+    assert stages.mixed_days(cfg, "2026-01-02") == []
+    assert mix.mix_days(cfg, "2026-01-03") == mix.MixDays(("2026-01-02",), (), "2026-01-03")  # the demo's mix
+    assert mix.mix_days(cfg, "2026-01-05").train == ("2026-01-02", "2026-01-03", "2026-01-04")
