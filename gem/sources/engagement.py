@@ -29,6 +29,7 @@ from gem.config import GemConfig
 from gem.sources.world import (
     DRIFT_STREAM,
     FATIGUE_HALF_LIFE_HOURS,
+    FATIGUE_PRIOR_WEIGHT,
     HISTORY_HALF_LIFE_HOURS,
     HISTORY_PRIOR_WEIGHT,
     HOUR_MS,
@@ -92,13 +93,14 @@ class EngagementState:
         np.add.at(self.clicked_sum, users[clicked], vectors[clicked])
         np.add.at(self.clicked_weight, users[clicked], 1.0)
 
+    def recent_clicks(self, users: np.ndarray | slice = slice(None)) -> np.ndarray:
+        """h_u: the decayed mean clicked-ad vector of `users` (default all), shrunk toward 0 for users
+        with few recent clicks (a user with none has h = 0); shape (n, dim)."""
+        return self.clicked_sum[users] / (self.clicked_weight[users] + HISTORY_PRIOR_WEIGHT)[:, None]
 
-def recent_engagement(state: EngagementState) -> np.ndarray:
-    """h_u: the decayed mean clicked-ad vector, shrunk toward 0 for users with few recent clicks.
-
-    Shape (users, dim), float32. A user with no clicks has h = 0, so history adds nothing.
-    """
-    return (state.clicked_sum / (state.clicked_weight + HISTORY_PRIOR_WEIGHT)[:, None]).astype(np.float32)
+    def recent_impressions(self, users: np.ndarray | slice = slice(None)) -> np.ndarray:
+        """f_u: the decayed mean impressed-ad vector of `users`, shrunk the same way; shape (n, dim)."""
+        return self.impressed_sum[users] / (self.impressed_weight[users] + FATIGUE_PRIOR_WEIGHT)[:, None]
 
 
 def state_dir(cfg: GemConfig) -> Path:

@@ -13,6 +13,7 @@ the campaign objective and the user's intent for the conversion type (see gem.so
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -31,9 +32,7 @@ from gem.sources.world import (
     DIURNAL_AMPLITUDE,
     DIURNAL_PEAK_HOUR,
     EPOCH,
-    FATIGUE_PRIOR_WEIGHT,
     FATIGUE_WEIGHT,
-    HISTORY_PRIOR_WEIGHT,
     MAX_POSITION,
     POSITION_GEOMETRIC_P,
     SIMULATION_STREAM,
@@ -118,9 +117,9 @@ def click_logit(
     decayed mean of recently impressed ones (fatigue)."""
     ad_vectors = world.ad_latent[ad]  # (n, dim)
     affinity = np.einsum("nd,nd->n", interest(world, state, user), ad_vectors)
-    history = state.clicked_sum[user] / (state.clicked_weight[user] + HISTORY_PRIOR_WEIGHT)[:, None]  # (n, dim)
+    history = state.recent_clicks(user)  # (n, dim)
     recency = np.einsum("nd,nd->n", history, ad_vectors)
-    seen = state.impressed_sum[user] / (state.impressed_weight[user] + FATIGUE_PRIOR_WEIGHT)[:, None]  # (n, dim)
+    seen = state.recent_impressions(user)  # (n, dim)
     fatigue = np.einsum("nd,nd->n", seen, ad_vectors)
     return (
         world.surface_base_logit[surface]
@@ -227,7 +226,7 @@ def simulate_day(cfg: GemConfig, world: World, state: EngagementState, ds: str,
     state.start_day(g.seed, ymd)
     chunks = chunk_count(cfg)
     bounds = [round(k * g.events_per_day / chunks) for k in range(chunks + 1)]
-    for first, end in zip(bounds[:-1], bounds[1:]):
+    for first, end in itertools.pairwise(bounds):
         n = end - first
         if n == 0:
             continue

@@ -19,7 +19,7 @@ import pytest
 
 from gem.config import GemConfig
 from gem.lakehouse.landing import MissingLandingPartition, partition_dir, read_manifest, require_partition
-from gem.sources.engagement import IncompatibleGeneratorState, MissingGeneratorState, load_state, recent_engagement
+from gem.sources.engagement import IncompatibleGeneratorState, MissingGeneratorState, load_state
 from gem.sources.landing_output import expected_landing_counts, sidecar_path
 from gem.sources.synthetic_day import generate_day
 from gem.sources.world import ARRIVAL_DAYS, OBJECTIVE_CONVERSION_TYPE, build_world
@@ -313,7 +313,7 @@ def _alignment_lift(tmp_path: Path, history_weight: float) -> float:
     generate_day(cfg, DAY1)
     generate_day(cfg, DAY2)
     world = build_world(cfg)
-    history = recent_engagement(load_state(cfg, DAY1))  # (users, dim)
+    history = load_state(cfg, DAY1).recent_clicks()  # (users, dim)
     lines = _raw_lines(cfg, DAY2, DAY2)
     events = pd.DataFrame([json.loads(line) for line in lines], columns=COLUMNS)
     impressions = _impressions_with_clicks(events)
