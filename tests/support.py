@@ -101,11 +101,11 @@ def tiny_batch(b: int = 16, seed: int = 0) -> Batch:
     )
 
 
-def tiny_task(backend: str = "torch") -> GemTrainTask:
+def tiny_task(backend: str = "torch", length_groups: int = 1) -> GemTrainTask:
     """A small Kunlun task; backend "torchrec" puts the same tables in a torchrec EmbeddingCollection."""
     torch.manual_seed(0)
     emb_cfg = EmbeddingConfig(dim=16, buckets={"user_id": 100, "ad_id": 50, "surface": 8}, backend=backend)
-    cfg = KunlunConfig(dim=16, mlp_hidden=32)
+    cfg = KunlunConfig(dim=16, mlp_hidden=32, length_groups=length_groups)
     body = Kunlun(cfg, TINY_SPARSE, dense_dim=6)
     if backend == "torchrec":
         from gem.model.sparse import TorchrecEmbeddings
@@ -154,12 +154,12 @@ class ListStream:
 TINY_TRAIN = TrainConfig(steps=10, lr=3e-3, checkpoint_every=4)
 
 
-def tiny_trainer(run_dir: Path) -> Any:
+def tiny_trainer(run_dir: Path, length_groups: int = 1) -> Any:
     """A gem.train.trainer.Trainer of the tiny task over ListStream."""
     from gem.train.trainer import Trainer
 
     torch.manual_seed(0)
-    return Trainer(tiny_task(), ListStream(), TINY_TRAIN, run_dir)
+    return Trainer(tiny_task(length_groups=length_groups), ListStream(), TINY_TRAIN, run_dir)
 
 
 def run_two_ranks(worker: Any, tmp_path: Path) -> tuple[Any, Any]:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import torch
+
 from gem.model.configs import (
     DLRMConfig,
     EventConfig,
@@ -29,6 +31,7 @@ from gem.model.configs import (
     WukongConfig,
 )
 from gem.model.ops.gdpa import uses_band
+from gem.model.ops.length_groups import length_groups
 
 
 def _linear(n_in: int, n_out: int, rows: int = 1) -> int:
@@ -110,18 +113,24 @@ def kunlun_batch_flops(cfg: KunlunConfig, lengths: Mapping[str, Sequence[int]], 
     """Forward FLOPs of one batch as Kunlun runs it, by module, plus "total".
 
     lengths: event type -> each example's sequence length as the loader cut it (B values each).
-    The model keeps each example's most recent max_len events and pads every event type to the
-    longest kept sequence of the batch (at least 1 position): every module computes on that padded
-    length, except the id projection, which runs on the kept events alone (it precedes padding).
-    So the count follows the batch, not the configured maximum (with no padding and every
-    sequence at max_len it equals B x kunlun_flops).
+    The model keeps each example's most recent max_len events, splits the batch into
+    cfg.length_groups groups of similar lengths (gem.model.ops.length_groups) and pads every event
+    type of a group to the group's longest kept sequence (at least 1 position): every module
+    computes on those padded lengths, except the id projection, which runs on the kept events alone
+    (it precedes padding). So the count follows the batch, not the configured maximum (with no
+    padding and every sequence at max_len it equals B x kunlun_flops).
     """
-    kept = {e: [min(int(n), c.max_len) for n in lengths[e]] for e, c in cfg.effective_events.items()}
-    b = len(next(iter(kept.values())))
-    padded = {e: max([1, *k]) for e, k in kept.items()}
-    per_example = kunlun_flops(cfg, n_sparse, dense_dim, tasks, surfaces, head_hidden, shared_experts, padded)
-    out = {k: b * v for k, v in per_example.items() if k != "total"}
-    out["event_id_projection"] = sum(_linear(cfg.dim, c.width, sum(kept[e])) for e, c in cfg.effective_events.items())
+    events = cfg.effective_events
+    kept = torch.tensor([[min(int(n), c.max_len) for n in lengths[e]] for e, c in events.items()],
+                        dtype=torch.int64).T.reshape(-1, len(events))  # (B, E)
+    out: dict[str, int] = {}
+    for rows in length_groups(kept, cfg.length_groups):
+        padded = {e: max(1, int(kept[rows, i].max())) for i, e in enumerate(events)}
+        per_example = kunlun_flops(cfg, n_sparse, dense_dim, tasks, surfaces, head_hidden, shared_experts, padded)
+        for k, v in per_example.items():
+            if k != "total":
+                out[k] = out.get(k, 0) + rows.numel() * v
+    out["event_id_projection"] = sum(_linear(cfg.dim, c.width, int(kept[:, i].sum())) for i, c in enumerate(events.values()))
     out["total"] = sum(out.values())
     return out
 

@@ -35,6 +35,7 @@ from torch import nn
 from gem.model.configs import EventConfig, KunlunConfig
 from gem.model.ops.gdpa import gdpa, uses_band, windowed_gdpa
 from gem.model.ops.jagged import keep_last, to_padded
+from gem.model.ops.length_groups import length_groups
 from gem.model.ops.masks import padding_mask, sliding_window_mask
 from gem.model.ops.softmax_attention import softmax_attention, windowed_softmax_attention
 from gem.model.ops.sum_kron import SumKronLinear
@@ -221,6 +222,11 @@ class Kunlun(nn.Module):
         self.final_hsp = nn.ModuleDict({e: pooler(cfg, c) for e, c in self.events.items()})
         self.out_dim = cfg.interaction_tokens * cfg.dim
 
+    @property
+    def length_groups(self) -> int:
+        """How many length groups forward computes a batch in (KunlunConfig.length_groups)."""
+        return self.cfg.length_groups
+
     def sequence_tokens(self, event: str, seq: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         c, emb = self.events[event], self.event_embed[event]
         # The most recent max_len events, selected before the token projections: the events cut
@@ -251,10 +257,28 @@ class Kunlun(nn.Module):
                 sequences: dict[str, dict[str, torch.Tensor]]) -> torch.Tensor:
         b = dense.shape[0]
         x = torch.cat([torch.stack([sparse[f] for f in self.sparse_features], dim=1),
-                       self.dense_mlp(dense).view(b, self.cfg.dense_tokens, self.cfg.dim)], dim=1)
+                       self.dense_mlp(dense).view(b, self.cfg.dense_tokens, self.cfg.dim)], dim=1)  # (B, n_x, d)
         seqs = {e: self.sequence_tokens(e, sequences[e]) for e in self.events}
+        groups = length_groups(torch.stack([n for _, n in seqs.values()], dim=1), self.cfg.length_groups)
+        if len(groups) == 1:
+            return self.body(x, seqs)
+        # Each group padded only to its own longest sequences (gem.model.ops.length_groups); the
+        # examples never interact, so this is the same function of the batch, computed with less padding.
+        parts = [self.body(x[rows], {e: _trimmed(s[rows], n[rows]) for e, (s, n) in seqs.items()})
+                 for rows in groups]
+        order = torch.cat(groups)  # (B,) group row -> batch row
+        return torch.cat(parts)[torch.argsort(order)]  # (B, n_int * d) in batch order
+
+    def body(self, x: torch.Tensor, seqs: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """The layers and the readout: X (B, n_x, d), event -> (S_e (B, L_e, w_e), lengths (B,))
+        -> (B, n_int * d)."""
         cache: dict[str, torch.Tensor] = {}
         for layer in self.layers:
             x, seqs = layer(x, seqs, cache)
         tokens = [self.final_compress(x)] + [self.final_hsp[e](*seqs[e]) for e in sorted(seqs)]
-        return torch.cat(tokens, dim=1).reshape(b, -1)  # (B, n_int * d)
+        return torch.cat(tokens, dim=1).reshape(x.shape[0], -1)  # (B, n_int * d)
+
+
+def _trimmed(s: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """S (B, L, w) cut to its longest real sequence (at least 1 position), with its lengths (B,)."""
+    return s[:, : max(1, int(lengths.max()))], lengths

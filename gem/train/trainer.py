@@ -40,9 +40,9 @@ class TrainResult:
     examples: int = 0
     seconds: float = 0.0
     checkpoint: Path | None = None
-    # Per event type and over all types ("all"), the share of the padded (B, max length in batch)
-    # sequence blocks of this run's batches that is padding: what a padded kernel wastes and a
-    # jagged one does not (loader.length_sort_batches keeps it low).
+    # Per event type and over all types ("all"), the share of the padded sequence blocks of this
+    # run's batches that is padding: what a padded kernel wastes and a jagged one does not (the
+    # body's length groups and loader.length_sort_batches keep it low).
     padding_ratio: dict[str, float] = field(default_factory=dict)
 
 
@@ -63,6 +63,9 @@ class Trainer:
         self.task, self.stream, self.cfg, self.run_dir = task, stream, cfg, run_dir
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         self.sharded = getattr(task.embeddings, "backend", "torch") == "torchrec"
+        # A body that computes each batch in length groups (Kunlun) says how many; the padding it
+        # reports is then that of the groups' blocks.
+        self.length_groups = getattr(task.body, "length_groups", 1)
         # GPU only: bf16 autocast, and torch.compile of the dense body in place (parameter names,
         # hence checkpoints, stay the same as uncompiled).
         self.autocast = self.device.type == "cuda" and cfg.bf16
@@ -221,7 +224,7 @@ class Trainer:
         real: dict[str, int] = {}
         padded: dict[str, int] = {}
         for batch in self.stream.batches(limit=total - self.step):
-            for event, (n_real, n_padded) in batch.padded_sizes().items():
+            for event, (n_real, n_padded) in batch.padded_sizes(self.length_groups).items():
                 real[event] = real.get(event, 0) + n_real
                 padded[event] = padded.get(event, 0) + n_padded
             batch = batch.to(self.device)

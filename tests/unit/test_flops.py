@@ -3,6 +3,8 @@ real ragged batch as it runs (kunlun_batch_flops)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
@@ -107,11 +109,13 @@ def _ragged_batch(cfg, tasks: tuple[str, ...], sparse_names: tuple[str, ...], de
                  label_mask=mask, weights=mask.float(), tasks=tasks, impression_times=torch.zeros(b, dtype=torch.long))
 
 
-def test_batch_flops_count_what_runs_on_a_ragged_batch():
+@pytest.mark.parametrize("length_groups", [1, 3])
+def test_batch_flops_count_what_runs_on_a_ragged_batch(length_groups):
     """kunlun_batch_flops of a real long-tailed batch equals torch's count of the task's forward:
-    padded to each type's longest kept sequence, not to max_len; a full-length batch gives B x the
-    per-example formula."""
+    padded to each type's longest kept sequence (of the batch, or of each length group), not to
+    max_len; a full-length batch gives B x the per-example formula."""
     cfg = tiny_model_config("kunlun")
+    cfg = dataclasses.replace(cfg, kunlun=dataclasses.replace(cfg.kunlun, length_groups=length_groups))
     sparse_names, tasks, dense_dim, b = ("user_id", "ad_id", "surface"), ("reels/click", "fb_feed/click"), 6, 16
     task = build_task(cfg, tasks, sparse_names, dense_dim=dense_dim)
     batch = _ragged_batch(cfg, tasks, sparse_names, dense_dim, b)

@@ -208,7 +208,7 @@ def test_softmax_hsp_weights_sum_to_one_over_the_real_positions():
 
 
 def test_mean_pooling_is_a_masked_mean_with_as_many_tokens():
-    model, cfg = _model(_config(pooling="mean"))
+    model, cfg = _model(_config(pooling="mean", length_groups=1))  # one forward call per pooler to hook
     default, _ = _model()
     assert model.out_dim == default.out_dim  # the interaction arch sees as many tokens
     sparse, dense, seqs = map(_double, _inputs(LENGTHS, 4, cfg))
@@ -234,8 +234,8 @@ def _pool_calls(model: Kunlun) -> dict[str, list[int]]:
 
 
 def test_compskip_off_pools_on_every_layer_and_costs_what_the_docstring_says():
-    on, cfg_on = _model()
-    off, cfg_off = _model(_config(compskip=False))
+    on, cfg_on = _model(_config(length_groups=1))  # one forward call per pooler to count
+    off, cfg_off = _model(_config(compskip=False, length_groups=1))
     sparse, dense, seqs = map(_double, _inputs(LENGTHS, 4, cfg_on))
     calls_on, calls_off = _pool_calls(on), _pool_calls(off)
     on(sparse, dense, seqs), off(sparse, dense, seqs)
@@ -283,7 +283,7 @@ def test_shared_event_settings_give_every_type_the_impression_settings():
 
 @pytest.mark.parametrize("switches", [{}, {"pooling": "mean", "attention": "softmax"}], ids=["default", "mean_softmax"])
 def test_user_representation_is_the_first_layer_pooling_and_the_user_tokens(switches):
-    model, cfg = _model(_config(**switches))
+    model, cfg = _model(_config(**switches, length_groups=1))  # the forward's tensors in one call to hook
     sparse, dense, seqs = map(_double, _inputs(LENGTHS, 4, cfg))
     pooled, x_in = {}, {}
     for e, pool in model.layers[0].hsp.items():
@@ -300,3 +300,23 @@ def test_user_representation_is_the_first_layer_pooling_and_the_user_tokens(swit
     ad = {**sparse, "ad_id": sparse["ad_id"] + 1.0, "surface": -sparse["surface"]}
     assert not torch.allclose(model(ad, dense + 1.0, seqs), model(sparse, dense, seqs))
     torch.testing.assert_close(model.user_representation(ad, seqs), user, rtol=0, atol=0)
+
+
+@variants
+def test_length_groups_give_the_one_group_outputs_and_gradients(switches):
+    """Computing the batch in length groups (each padded to its own longest) changes only the padding:
+    the outputs and every parameter's gradient equal those of the whole batch padded as one block."""
+    lengths = {"impression": [5, 0, 9, 1, 70, 2, 3, 0], "click": [2, 3, 0, 4, 1, 0, 8, 2],
+               "conversion": [0, 1, 0, 2, 0, 0, 3, 1]}
+    grads, outs = [], []
+    for groups in (1, 3):
+        model, cfg = _model(dataclasses.replace(_config(**switches), length_groups=groups))
+        model.train()
+        sparse, dense, seqs = map(_double, _inputs(lengths, 8, cfg))
+        out = model(sparse, dense, seqs)
+        out.square().sum().backward()
+        outs.append(out.detach())
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    assert torch.allclose(outs[0], outs[1], atol=1e-10)
+    assert grads[0].keys() == grads[1].keys()
+    assert all(torch.allclose(grads[0][n], grads[1][n], atol=1e-9) for n in grads[0])

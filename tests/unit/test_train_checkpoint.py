@@ -104,10 +104,13 @@ def test_warm_start_refuses_a_checkpoint_of_another_model_config(tmp_path):
 
 
 def test_padding_ratio_of_the_batches_is_reported(tmp_path):
-    trainer = tiny_trainer(tmp_path / "run")
+    trainer = tiny_trainer(tmp_path / "run", length_groups=3)
     batches = list(ListStream().batches(limit=3))
     result = trainer.fit(steps=3)
+    assert trainer.length_groups == 3
     for event in batches[0].sequences:
         real = sum(int(b.sequences[event].lengths.sum()) for b in batches)
-        padded = sum(b.size * int(b.sequences[event].lengths.max()) for b in batches)
-        assert result.padding_ratio[event] == pytest.approx(1 - real / padded)
+        one_block = sum(b.size * max(1, int(b.sequences[event].lengths.max())) for b in batches)
+        grouped = sum(b.padded_sizes(trainer.length_groups)[event][1] for b in batches)
+        assert result.padding_ratio[event] == pytest.approx(1 - real / grouped)
+        assert grouped <= one_block  # the body's length groups pad less than one (B, max length) block
