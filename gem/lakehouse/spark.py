@@ -13,6 +13,7 @@ from __future__ import annotations
 import glob
 import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gem.config import GemConfig
@@ -20,6 +21,7 @@ from gem.config import GemConfig
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 _DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
@@ -69,8 +71,98 @@ def get_spark(cfg: GemConfig, app_name: str = "gem") -> "SparkSession":
         .config("spark.databricks.delta.snapshotPartitions", "2")
         .config("spark.sql.sources.partitionOverwriteMode", "static")
     )
-    for k, v in {**_DELTA_CONF, **cfg.spark.conf}.items():
+    conf = {**_DELTA_CONF, **cfg.spark.conf}
+    if os.path.isfile(cfg.spark.class_archive):
+        conf[JAVA_OPTIONS] = f"{conf.get(JAVA_OPTIONS, '')} -XX:SharedArchiveFile={cfg.spark.class_archive}".strip()
+    for k, v in conf.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+def archive_classes(cfg: GemConfig) -> Path:
+    """Write cfg.spark.class_archive: run a small Delta workload (`class_workload`) in a JVM that
+    dumps the classes it loaded at exit (-XX:ArchiveClassesAtExit, JDK 13+), then move the archive
+    into place. The JVM exits with its Python process, so the workload runs in a child process that
+    loads the same config ($GEM_CONFIG is inherited). The archive is tied to this JDK and classpath;
+    a JVM that cannot use it ignores it.
+    """
+    import shutil
+    import subprocess
+    import tempfile
+
+    target = Path(cfg.spark.class_archive)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="gem-spark-classes-") as tmp:
+        dump = Path(tmp) / "classes.jsa"
+        subprocess.run([sys.executable, "-m", "gem.lakehouse.spark", "class-workload", tmp, str(dump)], check=True,
+                       cwd=str(Path(__file__).resolve().parents[2]))
+        if not dump.is_file():
+            raise RuntimeError(f"the JVM wrote no class archive at {dump} (it needs JDK 13 or later)")
+        partial = target.with_name(target.name + ".partial")
+        shutil.move(dump, partial)
+        partial.replace(target)  # readers see the old archive or the whole new one
+    return target
+
+
+def class_workload(cfg: GemConfig, tmp: str, dump: str) -> None:
+    """What the jobs do, small, in a JVM that archives its classes at exit: gzipped JSON in, a
+    partitioned Delta write, a replaceWhere overwrite, a MERGE, a filtered read, a join, a window,
+    an aggregation, Arrow and rows out."""
+    import dataclasses
+    import gzip
+    import json
+
+    from delta.tables import DeltaTable
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    options = f"{cfg.spark.conf.get(JAVA_OPTIONS, '')} -XX:ArchiveClassesAtExit={dump} -Xlog:cds=off".strip()
+    cfg = dataclasses.replace(cfg, spark=dataclasses.replace(
+        cfg.spark, conf={**cfg.spark.conf, JAVA_OPTIONS: options}, class_archive=os.path.join(tmp, "none")))
+    with gzip.open(os.path.join(tmp, "events.jsonl.gz"), "wt") as f:
+        for i in range(200):
+            f.write(json.dumps({"id": i, "user": f"u{i % 7}", "ds": f"2026-01-0{1 + i % 3}", "v": i * 0.5}) + "\n")
+    spark = get_spark(cfg, app_name="gem-class-workload")
+    table = os.path.join(tmp, "table")
+    df = spark.read.json(os.path.join(tmp, "events.jsonl.gz"))
+    df.write.format("delta").partitionBy("ds").save(table)
+    first = "ds = '2026-01-01'"
+    df.where(first).write.format("delta").mode("overwrite").option("replaceWhere", first).save(table)
+    (DeltaTable.forPath(spark, table).alias("a").merge(df.alias("b"), "a.id = b.id")
+     .whenMatchedUpdateAll().whenNotMatchedInsertAll().execute())
+    read = spark.read.format("delta").load(table).where(F.col("v") > 1)
+    out = (read.join(df.groupBy("user").agg(F.count("*").alias("n")), "user")
+           .withColumn("rank", F.row_number().over(Window.partitionBy("user").orderBy("id"))))
+    out.toArrow()
+    out.collect()
+    jvm = spark.sparkContext._gateway.proc  # the driver JVM pyspark launched (its Popen)
+    spark.stop()
+    # The JVM writes the archive as it exits, which it does once its stdin closes: wait for it, so
+    # the archive is complete when this process ends.
+    jvm.stdin.close()
+    jvm.wait(timeout=300)
+
+
+if __name__ == "__main__":
+    import click
+
+    from gem.config import load_config
+
+    @click.group()
+    def cli() -> None:
+        """Spark set-up helpers."""
+
+    @cli.command("archive-classes")
+    def archive_classes_command() -> None:
+        """Write the JVM class archive local sessions start from (spark.class_archive)."""
+        click.echo(f"class archive: {archive_classes(load_config())}")
+
+    @cli.command("class-workload", hidden=True)
+    @click.argument("tmp")
+    @click.argument("dump")
+    def class_workload_command(tmp: str, dump: str) -> None:
+        class_workload(load_config(), tmp, dump)
+
+    cli()

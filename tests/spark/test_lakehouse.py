@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from pathlib import Path
 
 import pytest
 
@@ -146,3 +147,17 @@ def test_two_spark_days_committing_at_once_record_their_own_versions(tmp_path):
         assert record["rows_written"] == n  # from its own commit's metrics
         versions.add(version)
     assert len(versions) == 2
+
+
+def test_local_sessions_start_from_the_class_archive_made_at_set_up(spark):
+    """`make setup` writes the JVM class archive (gem.lakehouse.spark.archive_classes); the driver JVM
+    of a local session is started with it (a JVM that cannot map it starts without it)."""
+    from gem.config import load_config
+
+    archive = load_config(environ={}).spark.class_archive
+    if not Path(archive).is_file():
+        pytest.skip(f"no class archive at {archive}: `make setup` writes it")
+    jvm = spark.sparkContext._jvm
+    args = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
+    assert f"-XX:SharedArchiveFile={archive}" in args
+    assert "sharing" in jvm.java.lang.System.getProperty("java.vm.info")
