@@ -117,7 +117,7 @@ def world_fingerprint(cfg: GemConfig) -> str:
     """What a saved state must match to be reused: the world's seed, sizes and surfaces."""
     g = cfg.generator
     keys = {"seed": g.seed, "users": g.users, "ads": g.ads, "advertisers": g.advertisers, "latent_dim": g.latent_dim,
-            "world_version": WORLD_VERSION}
+            "world_version": WORLD_VERSION, "burn_in_days": g.burn_in_days}
     return json.dumps({**keys, "surfaces": list(cfg.surfaces)}, sort_keys=True)
 
 
@@ -165,16 +165,19 @@ def _days_with_state(cfg: GemConfig) -> list[str]:
 
 
 def state_before(cfg: GemConfig, ds: str, world: World) -> EngagementState:
-    """The state day `ds` starts from: fresh on the start day or when no earlier day has state,
-    else day ds-1's state (MissingGeneratorState if that one is missing)."""
+    """The state day `ds` starts from: the burned-in start state (gem.sources.simulation.start_state)
+    on the start day or when no earlier day has state, else day ds-1's state (MissingGeneratorState
+    if that one is missing)."""
+    from gem.sources.simulation import start_state  # simulation builds on this module
+
     previous = (dt.date.fromisoformat(ds) - dt.timedelta(days=1)).isoformat()
     if ds == cfg.start_ds:
-        return EngagementState.fresh(world)
+        return start_state(cfg, world)
     if state_path(cfg, previous).is_file():
         return load_state(cfg, previous)
     earlier = [d for d in _days_with_state(cfg) if d < ds]
     if not earlier:
-        return EngagementState.fresh(world)
+        return start_state(cfg, world)
     raise MissingGeneratorState(
         f"generator state {state_path(cfg, previous)} for ds={previous} is missing, but earlier state exists "
         f"(latest ds={earlier[-1]}); run generate_events for ds={previous} first"

@@ -236,3 +236,17 @@ def simulate_day(cfg: GemConfig, world: World, state: EngagementState, ds: str,
         elapsed_ms = float(clock.ms_of_day(np.asarray([hi]))[0] - clock.ms_of_day(np.asarray([lo]))[0])
         state.advance(elapsed_ms, chunk.user, world.ad_latent[chunk.ad], chunk.clicked)
         yield chunk
+
+
+def start_state(cfg: GemConfig, world: World) -> EngagementState:
+    """The state the pipeline's first day (start_ds) starts from: fresh users carried through the
+    `generator.burn_in_days` days before start_ds, simulated and thrown away. Fresh users have no
+    recent clicks and no fatigue, so their click rates move for the first days (the click memory's
+    half-life is a day); after the burn-in the first day is like any later one."""
+    state = EngagementState.fresh(world)
+    for back in range(cfg.generator.burn_in_days, 0, -1):
+        ds = (dt.date.fromisoformat(cfg.start_ds) - dt.timedelta(days=back)).isoformat()
+        for _ in simulate_day(cfg, world, state, ds, day_start_ms(ds) + 30 * DAY_MS):
+            pass  # only the state's advance matters
+    return state
+

@@ -33,8 +33,7 @@ import torch
 from gem.config import load_config
 from gem.data.batch import Batch, Jagged, Sparse
 from gem.sources.bayes_floor import CONVERTS_AS, FloorAccumulator
-from gem.sources.engagement import EngagementState
-from gem.sources.simulation import ChunkEvents, day_start_ms, simulate_day
+from gem.sources.simulation import ChunkEvents, day_start_ms, simulate_day, start_state
 from gem.sources.world import DAY_MS, World, build_world
 from schemas.tasks import CONVERSION_TYPES, LABEL_TYPES
 
@@ -169,7 +168,7 @@ def world_chunks(days: int, impressions_per_day: int, users: int, ads: int, seed
         generator["history_weight"] = history_weight
     cfg = load_config(overrides={"generator": generator}, environ={})
     world = build_world(cfg)
-    state = EngagementState.fresh(world)
+    state = start_state(cfg, world)
     origin = day_start_ms(cfg.start_ds)
     for day in range(days):
         ds = (dt.date.fromisoformat(cfg.start_ds) + dt.timedelta(days=day)).isoformat()

@@ -396,3 +396,20 @@ def test_cli_applies_flag_overrides_and_prints_a_summary(tmp_path: Path) -> None
     manifest: dict[str, Any] = read_manifest(str(tmp_path / "lake" / "_landing"), DAY1)
     assert manifest["events"]["impression"] == 3000
     assert manifest["world"]["users"] == 300 and manifest["world"]["ads"] == 50 and manifest["seed"] == 11
+
+
+def test_the_first_day_starts_from_burned_in_users(tmp_path):
+    """With no earlier state the start day begins from users carried through generator.burn_in_days
+    simulated days: their click memory is at the level a simulated day leaves it at, not at zero."""
+    from gem.sources.engagement import state_before
+
+    cfg = make_config(tmp_path)
+    world = build_world(cfg)
+    burned = state_before(cfg, DAY1, world)
+    generate_day(cfg, DAY1)
+    after_day1 = load_state(cfg, DAY1)
+    fresh = state_before(make_config(tmp_path / "none", generator={"burn_in_days": 0}), DAY1, world)
+    assert cfg.generator.burn_in_days > 0 and fresh.clicked_weight.sum() == 0
+    level = after_day1.clicked_weight.mean()
+    assert abs(burned.clicked_weight.mean() - level) < 0.25 * level, (burned.clicked_weight.mean(), level)
+    assert abs(burned.impressed_weight.mean() - after_day1.impressed_weight.mean()) < 0.25 * after_day1.impressed_weight.mean()
