@@ -34,7 +34,7 @@ def _json_safe(x: Any) -> Any:
     return x
 
 
-def run_study(preset_name: str, out_dir: Path) -> Path:
+def run_study(preset_name: str, out_dir: Path, workers: int = 1) -> Path:
     """Run the preset, write results.json and the report into out_dir -> the report's path."""
     from gem.study.claims import all_claims
     from gem.study.page import write_report
@@ -44,8 +44,8 @@ def run_study(preset_name: str, out_dir: Path) -> Path:
     preset = PRESETS[preset_name]
     start, started = time.perf_counter(), dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     study = Study(preset)
-    results = study.run()
-    results |= {"commit": code_version(), "device": str(study.device), "started": started,
+    results = study.run(workers)
+    results |= {"commit": code_version(), "device": str(study.device), "started": started, "workers": workers,
                 "wall_s": round(time.perf_counter() - start, 1)}
     results = _json_safe(results)
     claims = all_claims(results)
@@ -58,10 +58,12 @@ def run_study(preset_name: str, out_dir: Path) -> Path:
 @click.command()
 @click.option("--preset", type=click.Choice(sorted(PRESETS)), default="smoke", show_default=True)
 @click.option("--config", "config_path", default=None, help="config file (its lakehouse_uri names the output)")
-def main(preset: str, config_path: str | None) -> None:
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1),
+              help="CPU processes running jobs side by side (one thread each; e.g. the number of cores)")
+def main(preset: str, config_path: str | None, workers: int) -> None:
     """Train the architectures on the generator's traffic and report the measured claims."""
     cfg = load_config(config_path)
-    path = run_study(preset, study_dir(cfg.lakehouse_uri, preset))
+    path = run_study(preset, study_dir(cfg.lakehouse_uri, preset), workers)
     click.echo(f"report: {path}")
 
 

@@ -187,16 +187,43 @@ class Study:
             yield
 
     # ---- the whole study -------------------------------------------------------------------------
-    def run(self) -> dict[str, Any]:
+    def run(self, workers: int = 1) -> dict[str, Any]:
+        """Every job; with workers > 1, that many forked processes take jobs in turn (each run is
+        single-threaded on CPU, so processes, not threads, use more cores). A job's numbers do not
+        depend on the worker that ran it."""
         jobs, variants, transfer = self.plan()
         for job in jobs.values():
             self.log(f"{job.name}: {job.shape}, {job.flops:,} FLOPs/example (target {job.target:,.0f})")
-        progress = Progress(len(jobs) * self.runs_per_job())
-        for job in jobs.values():
-            for _ in self.execute(job, progress):
-                pass
-        progress.close()
+        if workers <= 1 or self.device.type != "cpu":
+            progress = Progress(len(jobs) * self.runs_per_job())
+            for job in jobs.values():
+                for _ in self.execute(job, progress):
+                    pass
+            progress.close()
+        else:
+            self.run_forked(jobs, workers)
         return self.results(jobs, variants, transfer)
+
+    def run_forked(self, jobs: dict[str, Job], workers: int) -> None:
+        """Run the jobs in `workers` forked processes; their results replace the jobs in `jobs`."""
+        import multiprocessing
+
+        global _FORKED
+        for job in jobs.values():  # the batches are built once, here, and inherited by every worker
+            tasks = job.tasks or self.tasks
+            for split in ("train", "validation", "held_out"):
+                self.data(split, tasks)
+        _FORKED = (self, jobs)
+        progress = Progress(len(jobs))
+        try:
+            with multiprocessing.get_context("fork").Pool(workers) as pool:
+                for done in pool.imap_unordered(_execute_forked, list(jobs)):
+                    jobs[done.name] = done
+                    progress.step(f"{done.name}: lr {done.lr:g}, held-out NE "
+                                  f"{np.mean(done.values('ne')):.4f} over {len(done.seeds)} seeds")
+        finally:
+            _FORKED = None
+            progress.close()
 
     def results(self, jobs: dict[str, Job], variants: list[dict[str, Any]], transfer: list[str]) -> dict[str, Any]:
         p, t, held = self.preset, self.traffic, self.roles.held_out
@@ -250,3 +277,24 @@ class Study:
         out["kunlun_defaults"] = {f.name: repr(f.default) for f in dataclasses.fields(KunlunConfig)
                                   if f.name in ABLATED}
         return out
+
+
+# The study and its jobs, set in the parent just before it forks its workers (which inherit them, so
+# only job names travel to the workers and finished jobs back).
+_FORKED: tuple[Study, dict[str, Job]] | None = None
+
+
+class _Silent:
+    def step(self, text: str) -> None:
+        pass
+
+
+def _execute_forked(name: str) -> Job:
+    assert _FORKED is not None, "_execute_forked runs only in a worker forked by Study.run_forked"
+    study, jobs = _FORKED
+    torch.set_num_threads(study.preset.threads)
+    job = jobs[name]
+    for _ in study.execute(job, _Silent()):
+        pass
+    return job
+

@@ -103,3 +103,32 @@ def test_smoke_preset_end_to_end(tmp_path):
     assert math.isfinite(results["floor"]["ne"]) and results["floor"]["ne"] < 1
     for job in results["jobs"].values():
         assert job["seeds"] and all(math.isfinite(s["ne"]) for s in job["seeds"])
+
+
+def test_forked_workers_give_the_serial_numbers():
+    """Jobs run by forked worker processes score exactly as when run one after another here."""
+    import copy
+
+    from gem.study.presets import PRESETS
+    from gem.study.study import Study
+
+    study = Study(PRESETS["smoke"], log=lambda _: None)
+    jobs, _, _ = study.plan()
+    names = ("dlrm@0", "kunlun@0")
+
+    class Quiet:
+        def step(self, text: str) -> None:
+            pass
+
+    serial = {n: copy.deepcopy(jobs[n]) for n in names}
+    for job in serial.values():
+        for _ in study.execute(job, Quiet()):
+            pass
+    forked = {n: copy.deepcopy(jobs[n]) for n in names}
+    study.run_forked(forked, workers=2)
+
+    def numbers(job):
+        return job.lr, [{k: v for k, v in s.items() if k != "seconds"} for s in job.seeds]
+
+    assert all(numbers(forked[n]) == numbers(serial[n]) for n in names)
+    assert all(forked[n].seeds for n in names)
