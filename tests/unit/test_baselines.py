@@ -31,6 +31,13 @@ def test_each_architecture_gives_task_logits_and_gradients_everywhere(arch):
     loss, logits = task(batch)
     assert logits.shape == (12, len(TINY_TASKS)) and torch.isfinite(logits).all()
     loss.backward()
+    # The heads' towers start at zero (every task at its base rate): the first gradient reaches the
+    # towers and biases only; after one step it reaches every tensor.
+    moved = {n for n, p in task.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
+    assert moved == {"heads.towers", "heads.bias"}, moved
+    torch.optim.SGD(task.parameters(), lr=0.1).step()
+    task.zero_grad()
+    task(batch)[0].backward()
     for name, p in task.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), name
     no_signal = [n for n, p in task.named_parameters() if not p.grad.abs().sum() > 0]
