@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from gem.report import Report
+from gem.report.plots import interval_bars
 from gem.study.presets import ARCHS
 
 NE = "{:.4f}"
@@ -79,7 +80,11 @@ def write_report(r: dict[str, Any], claims: list[dict[str, str]], out_dir: Path)
     rows.append({"arch": "Bayes floor", "FLOPs/example": "", "lr": "", "NE": _num(floor["ne"]),
                  "NE click": _num(floor["ne_click"]), "NE conversion": _num(floor["ne_conversion"])})
     sec.table(rows, caption="held-out NE, mean [95% interval] over seeds")
-    kunlun = r["jobs"][f"kunlun@{p['matched']}"]
+    bars = {a: m["ne"] for a, m in r["matched"].items()}
+    if all(None not in v for v in bars.values()):
+        sec.figure(interval_bars(bars, ylabel="held-out NE (all tasks pooled)", reference=floor["ne"]),
+                   name="matched", caption="held-out NE at matched compute, mean and 95% interval over seeds; "
+                   "dashed: the Bayes floor")
     per_task = {}
     for a in r["matched"]:
         for seed in r["jobs"][f"{a}@{p['matched']}"]["seeds"]:
@@ -89,7 +94,6 @@ def write_report(r: dict[str, Any], claims: list[dict[str, str]], out_dir: Path)
                for t, by in sorted(per_task.items())],
               caption=f"held-out NE per task (mean over seeds; tasks with >= {p['min_positives']} positives)",
               formats={a: NE for a in r["matched"]} | {"floor": NE})
-    del kunlun
 
     sec = report.section("Scaling", intro="NE(C) = NE0 - eta ln C, least squares over model sizes "
                          "(C = forward FLOPs per example); eta's interval from per-seed fits.")
@@ -111,6 +115,10 @@ def write_report(r: dict[str, Any], claims: list[dict[str, str]], out_dir: Path)
 
     a = r["ablations"]
     sec = report.section("Ablations", intro="Kunlun with one switch changed, re-sized to the matched compute.")
+    bars = {"full Kunlun": r["matched"]["kunlun"]["ne"]} | {f"{v['switch']}={v['value']}": v["ne"] for v in a["variants"]}
+    if a["variants"] and all(None not in v for v in bars.values()):
+        sec.figure(interval_bars(bars, ylabel="held-out NE (all tasks pooled)"), name="ablations",
+                   caption="Kunlun's ablations at matched compute, mean and 95% interval over seeds")
     if a["variants"]:
         sec.table([{"variant": f"{v['switch']}={v['value']}", "FLOPs/example": v["flops"], "NE": _ci(v["ne"]),
                     "NE - full Kunlun": _ci(v["diff"])} for v in a["variants"]])
