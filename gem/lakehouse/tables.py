@@ -39,6 +39,28 @@ def table_properties(cfg: GemConfig) -> dict[str, str]:
     }
 
 
+# What a CREATE TABLE IF NOT EXISTS raises when another process creates the same table at the same
+# moment: it committed first (protocol or metadata changed), or it had begun writing the table's
+# folder when this one looked (non-empty location).
+_CONCURRENT_CREATE_ERRORS = ("DELTA_PROTOCOL_CHANGED", "DELTA_METADATA_CHANGED",
+                             "DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION")
+
+
+def _appears_as_delta_table(path: str, timeout_s: float = 60.0) -> bool:
+    """Whether `path` is (or within timeout_s becomes) a Delta table: the other creator's first
+    commit may still be on its way."""
+    import time
+
+    from deltalake import DeltaTable
+
+    deadline = time.monotonic() + timeout_s
+    while not DeltaTable.is_deltatable(path):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
 def _q(path: str) -> str:
     return f"delta.`{path}`"
 
@@ -67,9 +89,9 @@ def ensure_table(spark: "SparkSession | None", cfg: GemConfig, schema: TableSche
             try:
                 spark.sql(f"CREATE TABLE IF NOT EXISTS {_q(path)} ({cols}) USING DELTA {parts} TBLPROPERTIES ({listed})")
             except Exception as e:  # another process creating it at the same moment is fine (verified below)
-                if "DELTA_PROTOCOL_CHANGED" not in str(e) and "DELTA_METADATA_CHANGED" not in str(e):
+                if not any(code in str(e) for code in _CONCURRENT_CREATE_ERRORS):
                     raise
-                if not DeltaTable.is_deltatable(path):
+                if not _appears_as_delta_table(path):
                     raise
         else:
             _create_without_spark(cfg, schema, path)
