@@ -155,8 +155,7 @@ def test_local_sessions_start_from_the_class_archive_made_at_set_up(spark):
     from gem.config import load_config
 
     archive = load_config(environ={}).spark.class_archive
-    if not Path(archive).is_file():
-        pytest.skip(f"no class archive at {archive}: `make setup` writes it")
+    assert Path(archive).is_file(), f"no class archive at {archive}: `make setup` writes it"
     jvm = spark.sparkContext._jvm
     args = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
     assert f"-XX:SharedArchiveFile={archive}" in args
