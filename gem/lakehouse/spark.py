@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gem.config import GemConfig
+from gem.config import REPO_ROOT, GemConfig
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -97,7 +97,7 @@ def archive_classes(cfg: GemConfig) -> Path:
     with tempfile.TemporaryDirectory(prefix="gem-spark-classes-") as tmp:
         dump = Path(tmp) / "classes.jsa"
         subprocess.run([sys.executable, "-m", "gem.lakehouse.spark", "class-workload", tmp, str(dump)], check=True,
-                       cwd=str(Path(__file__).resolve().parents[2]))
+                       cwd=str(REPO_ROOT))
         if not dump.is_file():
             raise RuntimeError(f"the JVM wrote no class archive at {dump} (it needs JDK 13 or later)")
         partial = target.with_name(target.name + ".partial")

@@ -259,9 +259,9 @@ class Kunlun(nn.Module):
         x = torch.cat([torch.stack([sparse[f] for f in self.sparse_features], dim=1),
                        self.dense_mlp(dense).view(b, self.cfg.dense_tokens, self.cfg.dim)], dim=1)  # (B, n_x, d)
         seqs = {e: self.sequence_tokens(e, sequences[e]) for e in self.events}
-        groups = length_groups(torch.stack([n for _, n in seqs.values()], dim=1), self.cfg.length_groups)
-        if len(groups) == 1:
+        if self.cfg.length_groups <= 1:  # the default: one padded block, no sort
             return self.body(x, seqs)
+        groups = length_groups(torch.stack([n for _, n in seqs.values()], dim=1), self.cfg.length_groups)
         # Each group padded only to its own longest sequences (gem.model.ops.length_groups); the
         # examples never interact, so this is the same function of the batch, computed with less padding.
         parts = [self.body(x[rows], {e: _trimmed(s[rows], n[rows]) for e, (s, n) in seqs.items()})
