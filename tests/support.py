@@ -124,7 +124,7 @@ STUDENT_DAY_US = 20_454 * DAY_US  # 2026-01-01 00:00 UTC in microseconds
 def student_batch(b: int = 16, seed: int = 0, code_dim: int = 8, max_codes: int = 6) -> Batch:
     """A tiny_batch as one surface's student sees it: two reels tasks, every example drawn for both,
     impressions during one day, the FM's predictions (informative: near the label, 10% missing) and
-    each user's coded events (time-ordered, from 40 days before the impression to 1 hour after it,
+    each user's coded events (time-ordered, from 40 days before the impression to 10 days after it,
     so some are too old and some too late for the example)."""
     from dataclasses import replace
 
@@ -137,8 +137,8 @@ def student_batch(b: int = 16, seed: int = 0, code_dim: int = 8, max_codes: int 
     lengths = torch.randint(0, max_codes + 1, (b,), generator=g)
     event_times = []
     for i in range(b):
-        before = torch.rand(int(lengths[i]), generator=g) * (40 * DAY_US + 3_600_000_000)  # how long before t
-        event_times.append(torch.sort(times[i] + 3_600_000_000 - before.long()).values)  # oldest first
+        before = torch.rand(int(lengths[i]), generator=g) * (50 * DAY_US)  # how long before t + 10 days
+        event_times.append(torch.sort(times[i] + 10 * DAY_US - before.long()).values)  # oldest first
     codes = torch.randint(-8, 8, (int(lengths.sum()), code_dim), generator=g, dtype=torch.int8)
     history = Jagged({"codes": pack_int4(codes), "time_us": torch.cat(event_times)},
                      torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]))
