@@ -1,20 +1,23 @@
 """The per-surface student: the gradient-scaling op matches its reference; the distillation head's
 gradient reaches the shared body scaled by exactly beta while the serving head learns from the true
 labels only; the adapter starts as the FM and fits the labels without touching the student; the loss
-terms are the ExFM formulas; every variant trains; the serving logits read no code at or after the
-example and no FM prediction; evaluation runs the student as any train task."""
+terms are the ExFM formulas; every variant trains; labels only the past codes predict are learned
+through them; the serving logits read no code at or after the example and no FM prediction;
+evaluation runs the student as any train task."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from gem.config import load_config
-from gem.data.batch import Jagged
+from gem.data.batch import Jagged, Sparse
 from gem.model.configs import STUDENT_VARIANTS, DistillationConfig, StudentConfig
+from gem.model.history_code_feature import MICROSECONDS_PER_DAY, past_code_positions
 from gem.model.ops.grad_scale import scale_gradient, scale_gradient_reference
 from gem.model.ops.int4 import pack_int4, unpack_int4
 from gem.model.student import StudentTask, build_student
@@ -189,6 +192,48 @@ def test_each_variant_trains(variant):
     assert set(first) == expected
     for term in expected:
         assert last[term] < 0.7 * first[term], (variant, term, first, last)
+
+
+def _labels_from_past_codes(batch):
+    """The batch with nothing to learn from but its history codes: constant ids, zero counters, no
+    sequences, an FM prediction of 0.3 everywhere; both labels = [mean first code of the example's
+    readable past events > 0] (those past_code_positions keeps under the default feature config)."""
+    cfg = StudentConfig().history_codes
+    history = batch.fm_history_codes
+    index, offsets = past_code_positions(history.values["time_us"], history.offsets, batch.impression_times,
+                                         cfg.max_codes, int(cfg.max_age_days * MICROSECONDS_PER_DAY))
+    lengths = offsets[1:] - offsets[:-1]
+    row = torch.repeat_interleave(torch.arange(batch.size), lengths)  # (M,)
+    first = unpack_int4(history.values["codes"][index])[:, 0].double()  # (M,)
+    mean = torch.zeros(batch.size, dtype=torch.float64).index_add_(0, row, first) / lengths.clamp(min=1)
+    labels = (mean > 0).float()[:, None].expand(-1, 2).contiguous()  # (B, 2)
+    no_events = {e: Jagged({k: v[:0] for k, v in j.values.items()}, torch.zeros(batch.size + 1, dtype=torch.long))
+                 for e, j in batch.sequences.items()}
+    return dataclasses.replace(batch, labels=labels, fm_predictions=torch.full_like(labels, 0.3),
+                               dense=torch.zeros_like(batch.dense), sequences=no_events,
+                               sparse={f: Sparse(torch.zeros_like(v.values), v.lengths) for f, v in batch.sparse.items()})
+
+
+def test_history_codes_carry_to_the_serving_head_what_nothing_else_does():
+    """Labels that only the user's past codes predict: the LoopFM student learns them (held-out
+    serving loss well under the base rate's), the same student without codes stays at the base rate."""
+    train = [_labels_from_past_codes(student_batch(b=64, seed=s, code_dim=CODE_DIM, max_codes=8)) for s in range(4)]
+    held_out = _labels_from_past_codes(student_batch(b=128, seed=99, code_dim=CODE_DIM, max_codes=8))
+    rate = float(held_out.labels[:, 0].mean())
+    assert 0.15 < rate < 0.85
+    base_rate_loss = 2 * -(rate * math.log(rate) + (1 - rate) * math.log(1 - rate))  # two tasks
+    held_out_loss = {}
+    for variant in ("kd", "kd_loopfm"):
+        task = _student(variant)
+        opt = torch.optim.Adam(task.parameters(), lr=3e-3)
+        for step in range(60):
+            opt.zero_grad()
+            task(train[step % len(train)])[0].backward()
+            opt.step()
+        with torch.no_grad():
+            held_out_loss[variant] = float(task.loss_terms(held_out)[0]["serving"])
+    assert held_out_loss["kd"] > 0.95 * base_rate_loss, (held_out_loss, base_rate_loss)
+    assert held_out_loss["kd_loopfm"] < 0.85 * base_rate_loss, (held_out_loss, base_rate_loss)
 
 
 def test_serving_logits_read_no_fm_prediction_and_no_code_at_or_after_the_example():
