@@ -26,7 +26,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from gem.model.configs import ModelConfig
+from gem.model.configs import ModelConfig, StudentConfig
 from schemas.tasks import LABEL_TYPES, SURFACES  # the one task vocabulary
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -324,6 +324,8 @@ class GemConfig:
     mix: MixConfig = field(default_factory=MixConfig)
     loader: LoaderConfig = field(default_factory=LoaderConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
+    # The per-surface students distilled from the foundation model (gem/model/student.py).
+    student: StudentConfig = field(default_factory=StudentConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     demo: DemoConfig = field(default_factory=DemoConfig)
 
