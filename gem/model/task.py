@@ -32,14 +32,24 @@ class GemTrainTask(nn.Module):
         self.embeddings, self.body, self.heads = embeddings, body, heads
         self.register_buffer("task_weights", task_weights.float())
 
-    def logits(self, batch: Batch) -> torch.Tensor:
+    def body_inputs(self, batch: Batch) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
+        """The body's embedded inputs: ({feature: (B, d)} of the batch's sparse ids, {event: {"id_emb"
+        (N_e, d), "surface", "objective" (N_e,), "gap_s" (N_e,), "offsets" (B+1,)}})."""
         sparse, seq_ids = self.embeddings.embed(batch)  # PlainEmbeddings or TorchrecEmbeddings
         sequences = {
             e: {"id_emb": seq_ids[e], "surface": j.values["surface"], "objective": j.values["objective"],
                 "gap_s": j.values["gap_s"], "offsets": j.offsets}
             for e, j in batch.sequences.items()
         }
-        return self.heads(self.body(sparse, batch.dense, sequences))
+        return sparse, sequences
+
+    def representation(self, batch: Batch) -> torch.Tensor:
+        """(B, body.out_dim): what the heads read (and what a student is handed)."""
+        sparse, sequences = self.body_inputs(batch)
+        return self.body(sparse, batch.dense, sequences)
+
+    def logits(self, batch: Batch) -> torch.Tensor:
+        return self.heads(self.representation(batch))
 
     def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self.logits(batch)
