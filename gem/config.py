@@ -289,6 +289,40 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class PrecomputeConfig:
+    """Solaris precompute of the foundation model's outputs (gem/precompute/, jobs/precompute.py)."""
+
+    # A refresh loads the newest promoted model and recomputes every user; between refreshes the
+    # pinned model recomputes only users whose sequence snapshot changed (the others carry forward).
+    model_refresh_days: int = 7
+    # Fixed user-hash ranges: the unit of work, of lease and of commit. Fixed so a shard's rows mean
+    # the same users on every run and for every worker count.
+    shards: int = 16
+    # Worker processes the job starts; more can join a running day (python -m gem.precompute.worker).
+    workers: int = 1
+    # Each worker computes single-threaded: N workers use N cores, and results do not depend on the
+    # thread count (reductions are ordered the same way).
+    threads_per_worker: int = 1
+    # A shard lease not renewed for this long is taken over (its worker is presumed dead).
+    lease_expiry_s: float = 60.0
+    batch_size: int = 256
+    # Speculative pairs for tomorrow, per user active on ds: the ads of their `recent_ads` most recent
+    # distinct impressions, plus the day's `popular_ads` most impressed ads.
+    recent_ads: int = 8
+    popular_ads: int = 8
+
+    def __post_init__(self) -> None:
+        for name in ("model_refresh_days", "shards", "workers", "threads_per_worker", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"precompute.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("recent_ads", "popular_ads"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"precompute.{name} must be >= 0, got {getattr(self, name)}")
+        if self.lease_expiry_s <= 0:
+            raise ConfigError(f"precompute.lease_expiry_s must be > 0, got {self.lease_expiry_s}")
+
+
+@dataclass(frozen=True)
 class DemoConfig:
     start_ds: str = "2026-01-01"
     days: int = 2
@@ -325,6 +359,7 @@ class GemConfig:
     loader: LoaderConfig = field(default_factory=LoaderConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    precompute: PrecomputeConfig = field(default_factory=PrecomputeConfig)
     demo: DemoConfig = field(default_factory=DemoConfig)
 
     def __post_init__(self) -> None:
