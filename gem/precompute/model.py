@@ -49,7 +49,6 @@ class PrecomputeModel:
     def load(cls, cfg: GemConfig, pin: ModelPin) -> PrecomputeModel:
         """The pinned checkpoint as a plain-torch task in eval mode; PromotedModelMissing when its
         folder is gone, CheckpointError when it was trained with another model config."""
-        from gem.model.sparse import collection_state_key
         from gem.train import checkpoint
         from gem.train.trainer import jsonable
 
@@ -66,12 +65,7 @@ class PrecomputeModel:
             raise checkpoint.CheckpointError(f"{path} was trained with model config {theirs}; this config's is "
                                              f"{cfg.to_dict()['model']}")
         task = build_task(cfg.model, pin.tasks, SPARSE_FEATURES, len(DENSE_COLUMNS), sparse_backend="torch")
-        trained_with = (theirs or {}).get("embeddings", {}).get("backend", "torch")
-        plain = task.state_dict()
-        saved_name = {k: collection_state_key(k) if trained_with == "torchrec" else k for k in plain}
-        state = {"model": {saved_name[k]: v for k, v in plain.items()}}
-        checkpoint.load(path, state)  # in place, into the plain task's tensors
-        task.load_state_dict({k: state["model"][saved_name[k]] for k in plain})
+        load_plain_weights(task, path, (theirs or {}).get("embeddings", {}).get("backend", "torch"))
         return cls(task.eval(), pin.version)
 
     @property
@@ -90,6 +84,20 @@ class PrecomputeModel:
         """((B, T) per-task probabilities, (B, body.out_dim) the representation the heads read)."""
         representation = self.task.representation(batch)
         return torch.sigmoid(self.task.heads(representation)), representation
+
+
+def load_plain_weights(task: GemTrainTask, path: Path, trained_with: str) -> None:
+    """A checkpoint's model weights into a plain-torch task, in place. trained_with: the embeddings
+    backend it was trained with; "torchrec" tables are read under the collection's names, their
+    saved shards resharded into whole tables."""
+    from gem.model.sparse import collection_state_key
+    from gem.train import checkpoint
+
+    plain = task.state_dict()
+    saved_name = {k: collection_state_key(k) if trained_with == "torchrec" else k for k in plain}
+    state = {"model": {saved_name[k]: v for k, v in plain.items()}}
+    checkpoint.load(path, state)  # in place, into the plain task's tensors
+    task.load_state_dict({k: state["model"][saved_name[k]] for k in plain})
 
 
 def user_batch(user_hashes: torch.Tensor, sequences: dict[str, Jagged], tasks: tuple[str, ...]) -> Batch:
