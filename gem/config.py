@@ -297,7 +297,7 @@ class PrecomputeConfig:
     model_refresh_days: int = 7
     # Fixed user-hash ranges: the unit of work, of lease and of commit. Fixed so a shard's rows mean
     # the same users on every run and for every worker count.
-    shards: int = 16
+    shards: int = 8
     # Worker processes the job starts; more can join a running day (python -m gem.precompute.worker).
     workers: int = 1
     # Each worker computes single-threaded: N workers use N cores, and results do not depend on the

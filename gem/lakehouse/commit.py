@@ -165,6 +165,7 @@ class StageCommit:
     published_records: list[dict[str, Any]] = field(default_factory=list)
     leases: list[lease.Lease] = field(default_factory=list)  # released once the records are published
     joined: bool = False  # a worker's part of a run another process began (StageCommit.join)
+    ensured: dict[str, str] = field(default_factory=dict)  # table -> path, created or verified by this commit
 
     @classmethod
     def begin(cls, ctx: StageContext, name: str, ds: str, through: str | None = None) -> StageCommit:
@@ -331,7 +332,9 @@ class StageCommit:
         if len(days) != 1:
             raise UndeclaredWriteError(f"{schema.name}: replace_arrow replaces one day, declared {days}")
         where = {"ds": days[0], **(also or {})}
-        path = tables.ensure_table(None, self.cfg, schema)
+        if schema.name not in self.ensured:  # once per commit: a part commit writes the same table often
+            self.ensured[schema.name] = tables.ensure_table(None, self.cfg, schema)
+        path = self.ensured[schema.name]
         # Written through a table object: after the write it stands at the version this transaction
         # committed (after any conflict retries). A fresh read of the log while another process
         # commits to it was measured to miss the commit.

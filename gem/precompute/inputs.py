@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 from gem.data.delta_log import LoggedFile, logged_files, read_logged, read_table
 from gem.data.encode import DENSE_COLUMNS
 from gem.data.loader import EXAMPLE_COLUMNS
-from gem.data.snapshots import DaySnapshot, load_day
+from gem.data.snapshots import SNAPSHOT_COLUMNS, DaySnapshot, index_day
 from gem.precompute.plan import DayPlan
 from gem.precompute.shards import shard_of
 from schemas.examples import AD_FEATURE_PREFIX, USER_FEATURE_PREFIX
@@ -31,6 +31,8 @@ class DayInputs:
         self._sequence_files: dict[str, list[LoggedFile]] | None = None
         self._user_day: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._examples: pa.Table | None = None
+        self._days: dict[str, pa.Table] = {}  # sequence partitions read (SNAPSHOT_COLUMNS), once per worker
+        self._counters: tuple[pa.Table, pa.Table] | None = None
 
     def sequence_files(self) -> dict[str, list[LoggedFile]]:
         """ds -> the silver.user_sequences files of that partition at the plan's version."""
@@ -61,14 +63,23 @@ class DayInputs:
         mine = shards == shard
         return list(names[mine]), list(days[mine])
 
+    def sequence_day(self, day: str) -> pa.Table:
+        """Partition `day` of silver.user_sequences (SNAPSHOT_COLUMNS), read once per worker."""
+        if day not in self._days:
+            files = self.sequence_files().get(day, [])
+            empty = pa.schema([pa.field("user_id", pa.string())]).empty_table()
+            self._days[day] = read_logged(files, {}, SNAPSHOT_COLUMNS) if files else empty
+        return self._days[day]
+
     def snapshot_reader(self, users: Collection[str]) -> Callable[[str], DaySnapshot]:
-        """day -> that partition's snapshot of `users` alone (each day read and flattened once)."""
+        """day -> that partition's snapshot of `users` alone (each day flattened once per reader)."""
         cache: dict[str, DaySnapshot] = {}
-        files, keep = self.sequence_files(), set(users)
+        keep = set(users)
 
         def snapshot(day: str) -> DaySnapshot:
             if day not in cache:
-                cache[day] = load_day(files.get(day, []), day, f"precompute ds={self.plan.ds}", keep)
+                table = self.sequence_day(day)
+                cache[day] = index_day(table if table.num_rows else None, day, f"precompute ds={self.plan.ds}", keep)
             return cache[day]
 
         return snapshot
@@ -86,23 +97,30 @@ class DayInputs:
 
     def active_impressions(self, users: Collection[str]) -> pa.Table:
         """user_id and impressions (oldest first) of `users`' rows in partition ds: the users active on ds."""
-        files = self.sequence_files().get(self.plan.ds, [])
-        if not files:
+        table = self.sequence_day(self.plan.ds)
+        if not table.num_rows:
             return pa.table({"user_id": pa.array([], pa.string()), "impressions": pa.array([], pa.null())})
-        table = read_logged(files, {}, ["user_id", "impressions"])
+        table = table.select(["user_id", "impressions"])
         return table.filter(pc.is_in(table["user_id"], value_set=pa.array(sorted(users), pa.string())))
+
+    def _features(self) -> tuple[pa.Table, pa.Table]:
+        """The plan day's user and ad features, columns named as in the examples; read once per worker."""
+        if self._counters is None:
+            ds = self.plan.ds
+            users = read_table(self.plan.user_features.path, self.plan.user_features.version,
+                               columns=["user_id", *(c.name for c in COUNTER_COLUMNS)], where={"ds": ds})
+            ads = read_table(self.plan.ad_features.path, self.plan.ad_features.version,
+                             columns=["ad_id", *AD_ATTRIBUTES, *(c.name for c in COUNTER_COLUMNS)], where={"ds": ds})
+            self._counters = (
+                users.rename_columns(["user_id", *(f"{USER_FEATURE_PREFIX}{c.name}" for c in COUNTER_COLUMNS)]),
+                ads.rename_columns(["ad_id", *AD_ATTRIBUTES, *(f"{AD_FEATURE_PREFIX}{c.name}" for c in COUNTER_COLUMNS)]))
+        return self._counters
 
     def counters(self, user_ids: list[str], ad_ids: list[str]) -> pa.Table:
         """One row per (user_ids[i], ad_ids[i]): the ad's attributes (AD_ATTRIBUTES) and the user's and
         the ad's counters of the plan's features day, named as in the examples (DENSE_COLUMNS); nulls
         where a user or an ad has no features row."""
-        ds = self.plan.ds
-        users = read_table(self.plan.user_features.path, self.plan.user_features.version,
-                           columns=["user_id", *(c.name for c in COUNTER_COLUMNS)], where={"ds": ds})
-        ads = read_table(self.plan.ad_features.path, self.plan.ad_features.version,
-                         columns=["ad_id", *AD_ATTRIBUTES, *(c.name for c in COUNTER_COLUMNS)], where={"ds": ds})
-        users = users.rename_columns(["user_id", *(f"{USER_FEATURE_PREFIX}{c.name}" for c in COUNTER_COLUMNS)])
-        ads = ads.rename_columns(["ad_id", *AD_ATTRIBUTES, *(f"{AD_FEATURE_PREFIX}{c.name}" for c in COUNTER_COLUMNS)])
+        users, ads = self._features()
         pairs = pa.table({"user_id": pa.array(user_ids, pa.string()), "ad_id": pa.array(ad_ids, pa.string()),
                           "_row": pa.array(np.arange(len(user_ids)))})
         joined = pairs.join(users, "user_id", join_type="left outer").join(ads, "ad_id", join_type="left outer")

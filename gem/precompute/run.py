@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -32,6 +33,7 @@ from gem.lakehouse import completions, tables
 from gem.lakehouse.commit import ReconciliationError, StageCommit, StageContext, StageResult
 from gem.precompute import speculative
 from gem.precompute.plan import STAGE, DayPlan, TableAt, choose_model, examples_day, run_folder, sequence_days
+from gem.precompute.shards import ShardBoard
 from gem.precompute.worker import work
 from schemas.examples import SILVER_TRAINING_EXAMPLES
 from schemas.features import SILVER_AD_FEATURES, SILVER_USER_FEATURES
@@ -106,31 +108,55 @@ def run(ctx: StageContext, ds: str, workers: int | None = None) -> StageResult:
     if completions.completion(cfg, "mix", ds) is None:
         print(f"precompute ds={ds}: pretraining had no mixture for {ds} and skipped; nothing to precompute yet")
         return StageResult(STAGE, ds, 0.0)
-    commit = StageCommit.begin(ctx, STAGE, ds)
-    plan = plan_day(commit)
-    folder = run_folder(cfg, ds, commit.run_id)
-    plan.save(folder)
-    for schema in (*PRECOMPUTE_TABLES, GOLD_PRECOMPUTE_STATS):  # created once, before workers race to
-        tables.ensure_table(None, cfg, schema)
-    helpers = start_workers(folder, (workers or cfg.precompute.workers) - 1)
+    commit, plan, folder = begin_day(ctx, ds)
+    count = workers or cfg.precompute.workers
+    helpers = start_workers(folder, count - 1)
     mine = work(folder, index=0)
     failed = [p.args for p in helpers if p.wait() != 0]
     if failed:  # their shards were finished by the others (work returns only when all are done)
         print(f"precompute ds={ds}: {len(failed)} worker(s) exited with an error; their shards were taken over")
+    return finish_day(commit, plan, t0, workers=count, worker_seconds=mine.seconds)
+
+
+def begin_day(ctx: StageContext, ds: str) -> tuple[StageCommit, DayPlan, Path]:
+    """Begin the stage's commit, plan the day and publish the plan for workers; -> (commit, plan,
+    the run's folder)."""
+    commit = StageCommit.begin(ctx, STAGE, ds)
+    plan = plan_day(commit)
+    folder = run_folder(ctx.cfg, ds, commit.run_id)
+    plan.save(folder)
+    for schema in (*PRECOMPUTE_TABLES, GOLD_PRECOMPUTE_STATS):  # created once, before workers race to
+        tables.ensure_table(None, ctx.cfg, schema)
+    return commit, plan, folder
+
+
+def finish_day(commit: StageCommit, plan: DayPlan, started: float, **details: Any) -> StageResult:
+    """Once every shard is done: adopt the parts, check one prediction per example, write the day's
+    stats and publish the record."""
+    folder = run_folder(commit.cfg, plan.ds, plan.run_id)
+    board = ShardBoard(folder, plan.shards, commit.cfg.precompute.lease_expiry_s)
+    left = board.remaining()
+    if left:
+        raise RuntimeError(f"precompute ds={plan.ds}: shards {left} are not done; start a worker: "
+                           f"`python -m gem.precompute.worker --ds {plan.ds}`")
     parts = [str(s) for s in range(plan.shards)]
     for schema in PRECOMPUTE_TABLES:
         commit.adopt_parts(schema, parts)
     expected = _examples_rows(plan)
     if commit.committed_rows[GOLD_FM_PREDICTIONS.name] != expected:
-        raise ReconciliationError(f"precompute ds={ds}: {commit.committed_rows[GOLD_FM_PREDICTIONS.name]} predictions "
-                                  f"for {expected} examples of {plan.examples_ds}")
+        raise ReconciliationError(f"precompute ds={plan.ds}: {commit.committed_rows[GOLD_FM_PREDICTIONS.name]} "
+                                  f"predictions for {expected} examples of {plan.examples_ds}")
     stats = day_stats(commit, plan)
     commit.replace_arrow(pa.Table.from_pylist([stats], GOLD_PRECOMPUTE_STATS.arrow_schema()), GOLD_PRECOMPUTE_STATS)
     commit.publish(None, written_tables=(*PRECOMPUTE_TABLES, GOLD_PRECOMPUTE_STATS), no_input_count=NO_INPUT_COUNT)
-    details = {k: stats[k] for k in ("refreshed", "users_total", "users_computed", "users_carried", "predictions",
-                                     "speculative_pairs", "hit_rate", "wasted_share")}
-    return commit.result(t0, model_version=plan.model.version, workers=workers or cfg.precompute.workers,
-                         worker_seconds=mine.seconds, **details)
+    figures = {k: stats[k] for k in ("refreshed", "users_total", "users_computed", "users_carried", "predictions",
+                                     "speculative_pairs", "hit_rate", "wasted_share", "model_age_days",
+                                     "input_age_days")}
+    done = [board.done(s) for s in range(plan.shards)]
+    phases = {p: sum(d["seconds"][p] for d in done) for p in done[0]["seconds"]}
+    window = max(d["done_at"] for d in done) - min(d["claimed_at"] for d in done)
+    return commit.result(started, model_version=plan.model.version, **figures, shard_seconds=phases,
+                         shards_window_s=window, **details)
 
 
 def _examples_rows(plan: DayPlan) -> int:

@@ -190,6 +190,26 @@ def commit_part(commit: StageCommit, rows: pa.Table, schema: TableSchema, shard:
     raise AssertionError("unreachable")
 
 
+def do_shard(shard_work: ShardWork, commit: StageCommit, shard: int, renew: Callable[[], None]
+             ) -> tuple[dict[str, int], dict[str, float]]:
+    """Compute one shard's rows of the three tables, then commit them; -> (rows per table, seconds
+    per phase). `renew` is called between batches (LeaseLost aborts before anything is committed)."""
+    seconds: dict[str, float] = {}
+    outputs = []
+    for phase, schema, compute in (("embeddings", GOLD_FM_USER_EMBEDDINGS, shard_work.embeddings),
+                                   ("predictions", GOLD_FM_PREDICTIONS, shard_work.predictions),
+                                   ("speculative_pairs", GOLD_FM_SPECULATIVE_PAIRS, shard_work.speculative_pairs)):
+        t = time.perf_counter()
+        outputs.append((schema, compute(shard, renew)))
+        seconds[phase] = time.perf_counter() - t
+    renew()
+    t = time.perf_counter()
+    for schema, rows in outputs:
+        commit_part(commit, rows, schema, shard)
+    seconds["commits"] = time.perf_counter() - t
+    return {schema.name: rows.num_rows for schema, rows in outputs}, seconds
+
+
 @dataclass
 class WorkerReport:
     worker: str
@@ -200,39 +220,37 @@ class WorkerReport:
 
 def work(folder: Path, index: int = 0, poll_s: float | None = None) -> WorkerReport:
     """Claim and do shards of the run in `folder` until every shard is done; shards held by live
-    workers are waited for (polled every poll_s, default a quarter of the lease expiry), so a dead
-    worker's shard is taken over once its lease expires."""
+    workers are waited for (polled every poll_s, default a quarter of the lease expiry, at most 1 s),
+    so a dead worker's shard is taken over once its lease expires."""
     t0 = time.time()
     plan = DayPlan.load(folder)
     cfg = plan.cfg
     board = ShardBoard(folder, plan.shards, cfg.precompute.lease_expiry_s)
-    poll_s = poll_s if poll_s is not None else cfg.precompute.lease_expiry_s / 4
+    poll_s = poll_s if poll_s is not None else min(1.0, cfg.precompute.lease_expiry_s / 4)
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.precompute.threads_per_worker)
     try:
         shard_work = ShardWork(plan, DayInputs(plan), PrecomputeModel.load(cfg, plan.model))
         commit = StageCommit.join(cfg, STAGE, plan.ds, plan.run_id)
         name, done, users = worker_name(), [], 0
-        start = index * plan.shards // max(1, cfg.precompute.workers)
+        start = int(index * 0.618034 * plan.shards) % plan.shards  # workers start spread over the shards
         while board.remaining():
             for shard, held in board.claims(name, start):
                 def renew(held=held, shard=shard) -> None:
                     if not held.renew():
                         raise LeaseLost(f"precompute ds={plan.ds} shard {shard}: another worker took it over")
+
+                claimed_at = time.time()
                 try:
-                    outputs = [(GOLD_FM_USER_EMBEDDINGS, shard_work.embeddings(shard, renew)),
-                               (GOLD_FM_PREDICTIONS, shard_work.predictions(shard, renew)),
-                               (GOLD_FM_SPECULATIVE_PAIRS, shard_work.speculative_pairs(shard, renew))]
-                    renew()
-                    for schema, rows in outputs:
-                        commit_part(commit, rows, schema, shard)
+                    rows, seconds = do_shard(shard_work, commit, shard, renew)
                 except LeaseLost as e:
                     print(f"[{name}] {e}; leaving it")
                     continue
-                board.mark_done(shard, name, {"rows": {s.name: r.num_rows for s, r in outputs}})
+                board.mark_done(shard, name, {"rows": rows, "seconds": seconds, "claimed_at": claimed_at,
+                                              "done_at": time.time()})
                 held.release()
                 done.append(shard)
-                users += outputs[0][1].num_rows
+                users += rows[GOLD_FM_USER_EMBEDDINGS.name]
             if board.remaining():
                 time.sleep(poll_s)
     finally:
