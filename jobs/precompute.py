@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import sys
 
-from gem.cli import job_parser
+from gem.cli import job_exit, job_parser
 from gem.config import load_config
 from gem.lakehouse.commit import StageContext
-from gem.orchestration import NOTHING_READY_EXIT
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,11 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=None, help="worker processes, this one included "
                         "(default precompute.workers)")
     args = parser.parse_args(argv)
-    result = run(StageContext(load_config(args.config)), args.ds, args.workers)
-    if not result.published:
-        return NOTHING_READY_EXIT
-    print(result.summary())
-    return 0
+    return job_exit(run(StageContext(load_config(args.config)), args.ds, args.workers))
 
 
 if __name__ == "__main__":

@@ -172,12 +172,12 @@ def publish_training_records(cfg: GemConfig, ds: str) -> None:
 
 
 def build_days(cfg: GemConfig, days: int, users: int = 40, ads: int = 12, active_share: float = 0.5,
-               seed: int = 0) -> tuple[World, list[str]]:
+               seed: int = 0, impressions_per_user: int = 4) -> tuple[World, list[str]]:
     """`days` days from START, a seeded `active_share` of users active each day (everyone on the first)."""
     rng = np.random.default_rng(seed)
     world = World([f"u{i:05d}" for i in range(users)], [f"a{i}" for i in range(ads)])
     dates = day_range(START, shift_day(START, days - 1))
     for k, ds in enumerate(dates):
         active = world.users if k == 0 else sorted(u for u in world.users if rng.random() < active_share)
-        write_day(cfg, world, ds, active, rng)
+        write_day(cfg, world, ds, active, rng, impressions_per_user)
     return world, dates

@@ -44,10 +44,12 @@ class ModelPin:
 class PrecomputeModel:
     task: GemTrainTask
     version: str
+    device: torch.device
 
     @classmethod
-    def load(cls, cfg: GemConfig, pin: ModelPin) -> PrecomputeModel:
-        """The pinned checkpoint as a plain-torch task in eval mode; PromotedModelMissing when its
+    def load(cls, cfg: GemConfig, pin: ModelPin, device: torch.device | None = None) -> PrecomputeModel:
+        """The pinned checkpoint as a plain-torch task in eval mode on `device` (default: this
+        process's GPU, LOCAL_RANK's under torchrun, else the CPU); PromotedModelMissing when its
         folder is gone, CheckpointError when it was trained with another model config."""
         from gem.train import checkpoint
         from gem.train.trainer import jsonable
@@ -66,7 +68,8 @@ class PrecomputeModel:
                                              f"{cfg.to_dict()['model']}")
         task = build_task(cfg.model, pin.tasks, SPARSE_FEATURES, len(DENSE_COLUMNS), sparse_backend="torch")
         load_plain_weights(task, path, (theirs or {}).get("embeddings", {}).get("backend", "torch"))
-        return cls(task.eval(), pin.version)
+        device = device or default_device()
+        return cls(task.eval().to(device), pin.version, device)
 
     @property
     def tasks(self) -> tuple[str, ...]:
@@ -74,16 +77,26 @@ class PrecomputeModel:
 
     @torch.no_grad()
     def user_embeddings(self, batch: Batch) -> torch.Tensor:
-        """(B, sum_e T_e + 1, d): each user's sequences pooled by the first layer's HSP, then their
-        user_id token (Kunlun.user_representation); reads only batch.sparse["user_id"] and the sequences."""
-        sparse, sequences = self.task.body_inputs(batch)
-        return self.task.body.user_representation(sparse, sequences)
+        """(B, sum_e T_e + 1, d) on the CPU: each user's sequences pooled by the first layer's HSP,
+        then their user_id token (Kunlun.user_representation); reads only batch.sparse["user_id"]
+        and the sequences."""
+        sparse, sequences = self.task.body_inputs(batch.to(self.device))
+        return self.task.body.user_representation(sparse, sequences).float().cpu()
 
     @torch.no_grad()
     def predict(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """((B, T) per-task probabilities, (B, body.out_dim) the representation the heads read)."""
-        representation = self.task.representation(batch)
-        return torch.sigmoid(self.task.heads(representation)), representation
+        """((B, T) per-task probabilities, (B, body.out_dim) the representation the heads read), on the CPU."""
+        representation = self.task.representation(batch.to(self.device))
+        return torch.sigmoid(self.task.heads(representation)).float().cpu(), representation.float().cpu()
+
+
+def default_device() -> torch.device:
+    """This process's GPU (LOCAL_RANK's under torchrun) when there is one, else the CPU."""
+    import os
+
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
 
 
 def load_plain_weights(task: GemTrainTask, path: Path, trained_with: str) -> None:

@@ -57,6 +57,8 @@ def plan_day(commit: StageCommit) -> DayPlan:
     cfg, ds = commit.cfg, commit.ds
     pin, previous = choose_model(cfg, ds)
     refreshed = pin.refresh_ds == ds
+    if previous is not None:  # an input: rerunning that day makes this one stale (gem.lakehouse.staleness)
+        commit.also_needs(STAGE, previous.ds)
     sequences = TableAt(tables.table_path(cfg, SILVER_USER_SEQUENCES),
                         commit.validated_version(SILVER_USER_SEQUENCES, "validate_silver", [ds]))
     user_features = TableAt(tables.table_path(cfg, SILVER_USER_FEATURES),
@@ -190,10 +192,10 @@ def day_stats(commit: StageCommit, plan: DayPlan) -> dict[str, Any]:
         "model_age_days": None, "input_age_days": None,
     }
     yesterday = shift_day(ds, -1)
-    record = completions.completion(cfg, STAGE, yesterday)
-    if record is None:  # no pairs were precomputed for today
+    if completions.completion(cfg, STAGE, yesterday) is None:  # no pairs were precomputed for today
         return row
-    pairs_version = commit.read(GOLD_FM_SPECULATIVE_PAIRS.name, record["table_versions"][GOLD_FM_SPECULATIVE_PAIRS.name])
+    record = commit.also_needs(STAGE, yesterday)  # its pairs are read: noted as an input
+    pairs_version = record["table_versions"][GOLD_FM_SPECULATIVE_PAIRS.name]
     pairs = read_table(tables.table_path(cfg, GOLD_FM_SPECULATIVE_PAIRS), pairs_version,
                        columns=["user_id", "ad_id", "sequence_ds"], where={"ds": yesterday})
     stats_version = record["table_versions"][GOLD_PRECOMPUTE_STATS.name]

@@ -13,13 +13,16 @@ leaves its shard to whoever finds its lease expired. Under torchrun every rank i
 
 A shard's work, in a fixed order that depends only on the shard (so any worker count gives the same
 rows): its users sorted by id, its impressions by impression id, cut into batches of
-precompute.batch_size, each computed single-threaded (precompute.threads_per_worker).
+precompute.batch_size, each computed single-threaded on the CPU (precompute.threads_per_worker), or
+on this process's GPU when it has one (LOCAL_RANK's under torchrun; there the rows are equal across
+worker counts as far as the GPU's kernels are deterministic).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -266,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     add_config_arg(parser)
     parser.add_argument("--ds", type=iso_day, default=None, help="join the run of this day in progress")
     parser.add_argument("--run-folder", default=None, help="the run's folder (instead of --ds)")
-    parser.add_argument("--index", type=int, default=0, help="where this worker starts claiming (spreads workers)")
+    parser.add_argument("--index", type=int, default=int(os.environ.get("RANK", "0")),
+                        help="spreads workers' first claims (default: the torchrun rank, else 0)")
     args = parser.parse_args(argv)
     if (args.ds is None) == (args.run_folder is None):
         parser.error("give exactly one of --ds and --run-folder")
