@@ -86,8 +86,8 @@ class DayInputs:
 
     def examples(self, shard: int) -> pa.Table:
         """The held-out day's examples of `shard`'s users, by impression_id (EXAMPLE_COLUMNS, surface)."""
-        if self.plan.examples is None:
-            return pa.table({c: [] for c in ("impression_id",)})
+        if self.plan.examples is None:  # no held-out day yet: no impression to predict
+            return pa.table({c: pa.array([], pa.string()) for c in ("impression_id", "user_id", "ad_id", "surface")})
         if self._examples is None:
             day = read_table(self.plan.examples.path, self.plan.examples.version,
                              columns=[*EXAMPLE_COLUMNS, "surface"], where={"ds": self.plan.examples_ds})

@@ -130,22 +130,18 @@ class ShardWork:
             p, r = self.model.predict(batch)
             probs.append(p.numpy())
             reps.append(r.numpy())
-        if not probs:
-            return np.zeros((0, len(tasks)), np.float32), np.zeros((0, 0), np.float32)
+        if not probs:  # no rows
+            return np.zeros((0, len(tasks)), np.float32), np.zeros((0, self.model.task.body.out_dim), np.float32)
         return np.concatenate(probs), np.concatenate(reps)
 
     def predictions(self, shard: int, renew: Callable[[], None]) -> pa.Table:
         """The shard's impressions of the held-out day -> gold.fm_predictions rows."""
         examples = self.inputs.examples(shard)
+        probs, reps = self._scored(examples, renew)
         n = examples.num_rows
-        probs, reps = self._scored(examples, renew) if n else (np.zeros((0, 0)), np.zeros((0, 0), np.float32))
-        ds = [dt.date.fromisoformat(self.plan.examples_ds)] * n if n else []
         return self._stamp({
-            "ds": pa.array(ds, pa.date32()),
-            "impression_id": examples["impression_id"] if n else pa.array([], pa.string()),
-            "user_id": examples["user_id"] if n else pa.array([], pa.string()),
-            "ad_id": examples["ad_id"] if n else pa.array([], pa.string()),
-            "surface": examples["surface"] if n else pa.array([], pa.string()),
+            "ds": pa.array([dt.date.fromisoformat(self.plan.examples_ds)] * n if n else [], pa.date32()),
+            **{c: examples[c] for c in ("impression_id", "user_id", "ad_id", "surface")},
             "predictions": _map_column(_predictions(probs, self.model.tasks), pa.float64()),
             "representation": _list_column(reps),
         }, n, shard, GOLD_FM_PREDICTIONS)
@@ -168,12 +164,13 @@ class ShardWork:
             **{c: counters[c] for c in DENSE_COLUMNS},
             "surface": pa.array([p.surface for p in pairs], pa.string()),
         }
-        probs, _ = self._scored(pa.table(requests), renew) if n else (np.zeros((0, 0)), None)
+        probs, _ = self._scored(pa.table(requests), renew)
+        features_day = dt.date.fromisoformat(self.plan.ds)  # the counters of ds: ds+1's are built tomorrow
         return self._stamp({
             "ds": pa.array([dt.date.fromisoformat(self.plan.ds)] * n, pa.date32()),
             "user_id": requests["user_id"], "ad_id": requests["ad_id"], "surface": requests["surface"],
             "reason": pa.array([p.reason for p in pairs], pa.string()),
-            "sequence_ds": requests["sequence_ds"], "features_ds": requests["sequence_ds"],
+            "sequence_ds": requests["sequence_ds"], "features_ds": pa.array([features_day] * n, pa.date32()),
             "predictions": _map_column(_predictions(probs, self.model.tasks), pa.float64()),
         }, n, shard, GOLD_FM_SPECULATIVE_PAIRS)
 
