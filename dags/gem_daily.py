@@ -1,4 +1,5 @@
-"""gem_daily: one day of ads data, landing -> bronze -> silver -> training examples -> mixture -> pretraining.
+"""gem_daily: one day of ads data, landing -> bronze -> silver -> training examples -> mixture -> pretraining
+-> precompute.
 
 Thin on purpose: the tasks and their order come from the stage registry (gem.lakehouse.stages), the dates,
 schedule and commands from gem.orchestration. Every task is a `python -m jobs.<name> --ds <ds>` (or
@@ -27,7 +28,8 @@ from gem.orchestration import (
 
 with DAG(
     dag_id="gem_daily",
-    description="Daily ads data and model: landing -> bronze -> silver -> examples -> mixture -> pretraining.",
+    description="Daily ads data and model: landing -> bronze -> silver -> examples -> mixture -> pretraining "
+                "-> precompute.",
     schedule=daily_timetable(),
     start_date=start_date(),
     catchup=False,  # backfills go through `airflow backfill create`

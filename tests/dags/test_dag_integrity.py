@@ -37,9 +37,10 @@ UPSTREAM = {
     "validate_examples": {"assemble_examples"},
     "mix": {"validate_examples"},
     "pretrain": {"mix"},
+    "precompute": {"pretrain"},
 }
-SKIPPABLE = {"assemble_examples", "validate_examples", "mix", "pretrain"}
-POOLS = {"pretrain": "gpu"}  # everything else runs in the default pool
+SKIPPABLE = {"assemble_examples", "validate_examples", "mix", "pretrain", "precompute"}
+POOLS = {"pretrain": "gpu", "precompute": "gpu"}  # everything else runs in the default pool
 # Tasks that take --ready-on (process the day whose window closes on the run's day) and skip on 99.
 READY_ON = {"assemble_examples": "assemble_examples", "validate_examples": "validate_silver --examples"}
 JOBS = list(UPSTREAM)
