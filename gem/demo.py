@@ -91,7 +91,7 @@ def summarize(cfg: GemConfig) -> str:
     from schemas import TABLES
 
     lines = []
-    for name, schema in {**TABLES, GOLD_METRICS.name: GOLD_METRICS}.items():
+    for name, schema in TABLES.items():
         path = schema.path(cfg.lakehouse_uri)
         if not Path(path, "_delta_log").is_dir():
             lines.append(f"  {name:<28} {path}  (not written)")

@@ -11,8 +11,10 @@ from schemas.features import (
     SILVER_USER_DAILY_COUNTS,
     SILVER_USER_FEATURES,
 )
+from schemas.metrics import GOLD_METRICS
 from schemas.mixture import GOLD_MIXTURE_MANIFEST
 from schemas.ops import COMPLETIONS
+from schemas.precompute import GOLD_PRECOMPUTE_STATS, PRECOMPUTE_TABLES
 from schemas.sequences import SILVER_USER_SEQUENCES, SILVER_USER_SEQUENCES_COMPACTED
 from schemas.table import Column, TableSchema
 
@@ -31,6 +33,9 @@ TABLES: dict[str, TableSchema] = {
         SILVER_TRAINING_EXAMPLES,
         SILVER_ATTRIBUTION_QUARANTINE,
         GOLD_MIXTURE_MANIFEST,
+        GOLD_METRICS,
+        *PRECOMPUTE_TABLES,
+        GOLD_PRECOMPUTE_STATS,
     )
 }
 
