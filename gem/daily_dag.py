@@ -63,7 +63,7 @@ def task_upstream() -> dict[str, set[str]]:
 def daily_dag(dag_id: str = DAG_ID, start: dt.datetime | None = None, catchup: bool = False,
               doc_md: str | None = None) -> DAG:
     """The daily pipeline DAG (see the module docstring). `start`/`catchup`: the production DAG
-    starts at START_DS without catchup (backfills go through `airflow backfill create`)."""
+    starts at start_date() without catchup (backfills go through `airflow backfill create`)."""
     with DAG(
         dag_id=dag_id,
         description="Daily ads data and model: landing -> bronze -> silver -> examples -> mixture -> pretraining.",

@@ -41,8 +41,12 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DAILY_CRON = "0 0 * * *"
 SCHEDULE_TZ = "UTC"
 # First day of the pipeline; mirrors GemConfig.start_ds (a test keeps them equal). A constant rather
-# than a config read, so parsing does not depend on the DAG processor's $GEM_CONFIG.
+# than a config read, so parsing does not depend on the DAG processor's $GEM_CONFIG. A pipeline
+# that starts elsewhere (an imported history: MovieLens-1M starts in 2000) sets DAG_START_ENV in the
+# DAG processor's environment to its config's start_ds (`gem run` does): Airflow creates no task
+# instance for a run whose logical date is before the DAG's start date.
 START_DS = "2026-01-01"
+DAG_START_ENV = "GEM_DAG_START_DS"
 
 # Retries: jobs are idempotent partition replaces, so a retry is safe. The env knobs exist so the
 # end-to-end test and demos can fail fast; production leaves them unset.
@@ -96,7 +100,12 @@ def daily_timetable() -> CronDataIntervalTimetable:
 
 
 def start_date() -> dt.datetime:
-    return dt.datetime.fromisoformat(START_DS).replace(tzinfo=dt.UTC)
+    """The DAG's start date: $GEM_DAG_START_DS, else START_DS (midnight UTC)."""
+    day = os.environ.get(DAG_START_ENV) or START_DS
+    try:
+        return dt.datetime.fromisoformat(day).replace(tzinfo=dt.UTC)
+    except ValueError:
+        raise ValueError(f"${DAG_START_ENV} must be a day written YYYY-MM-DD, got {day!r}") from None
 
 
 def job_command(module: str, extra_args: str = "", python: str | None = None, day_flag: str = "--ds") -> str:

@@ -75,6 +75,7 @@ def dagbag() -> Iterator[Any]:
         mp.delenv(orchestration.RETRIES_ENV, raising=False)
         mp.delenv(orchestration.RETRY_DELAY_ENV, raising=False)
         mp.delenv(orchestration.LANDING_POKE_ENV, raising=False)
+        mp.delenv(orchestration.DAG_START_ENV, raising=False)
         yield DagBag(dag_folder=str(DAGS))
 
 
