@@ -27,6 +27,7 @@ from airflow.sdk import DAG
 
 from gem.lakehouse import stages
 from gem.orchestration import (
+    DAG_ID,
     LANDING_SENSOR,
     REPO_ROOT,
     daily_timetable,
@@ -42,7 +43,6 @@ from gem.orchestration import (
     start_date,
 )
 
-DAG_ID = "gem_daily"
 DAY_EXPR = "{{ partition_ds(data_interval_start) }}"
 
 

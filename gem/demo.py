@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+from gem.airflow_runs import airflow, airflow_env, airflow_home, init_db
 from gem.config import REPO_ROOT, GemConfig, load_config
 from gem.orchestration import demo_logical_dates
 from schemas.metrics import GOLD_METRICS
@@ -24,26 +23,15 @@ from schemas.metrics import GOLD_METRICS
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "demo.yaml"
 
 
-def airflow_home() -> Path:
-    """Where infra/airflow/airflow_env.sh puts Airflow's files: $AIRFLOW_HOME, else <repo>/.airflow."""
-    return Path(os.environ.get("AIRFLOW_HOME") or REPO_ROOT / ".airflow")
-
-
-def _airflow(cmd: str, env: dict[str, str]) -> None:
-    script = f". infra/airflow/airflow_env.sh && {cmd}"
-    subprocess.run(["bash", "-c", script], cwd=REPO_ROOT, env=env, check=True)
-
-
 def run_days(cfg_path: Path, cfg: GemConfig) -> list[tuple[str, float]]:
-    env = dict(os.environ, GEM_CONFIG=str(cfg_path.resolve()))
+    env = airflow_env(cfg, cfg_path)
     env.setdefault("GEM_TASK_RETRIES", "1")
     env.setdefault("GEM_TASK_RETRY_DELAY_S", "10")  # a demo fails fast instead of waiting 5 minutes
-    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
-    _airflow("bash infra/airflow/init_db.sh >/dev/null", env)
+    init_db(env)
     timings = []
     for logical_date in demo_logical_dates(cfg.demo.start_ds, cfg.demo.days):
         t0 = time.time()
-        _airflow(f"airflow dags test gem_daily {logical_date}", env)
+        airflow(f"airflow dags test gem_daily {logical_date}", env)
         timings.append((logical_date, time.time() - t0))
     return timings
 

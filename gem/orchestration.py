@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
+DAG_ID = "gem_daily"
 DAILY_CRON = "0 0 * * *"
 SCHEDULE_TZ = "UTC"
 # First day of the pipeline; mirrors GemConfig.start_ds (a test keeps them equal). A constant rather
