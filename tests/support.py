@@ -71,6 +71,18 @@ def subprocess_env(cfg_path: Path | None = None) -> dict[str, str]:
     return env
 
 
+# The lakehouse tables each task of the daily DAG writes (its Airflow Assets), written out by hand.
+DAG_OUTLETS = {
+    "ingest_events": {"bronze.ad_events", "bronze.quarantine"},
+    "build_sequences": {"silver.user_sequences", "silver.user_sequences_compacted"},
+    "build_features": {"silver.user_daily_counts", "silver.ad_daily_counts", "silver.user_features",
+                       "silver.ad_features"},
+    "assemble_examples": {"silver.training_examples", "silver.attribution_quarantine"},
+    "mix": {"gold.mixture_manifest"},
+    "pretrain": {"gold.metrics"},
+}
+
+
 def airflow_test_env(airflow_home: Path, cfg_path: Path, **extra: str) -> dict[str, str]:
     """A clean environment for a real Airflow run: nothing from the developer's Airflow home, DB or
     GEM_ / GEM__ settings leaks in; Airflow's files under airflow_home, the jobs on cfg_path, task

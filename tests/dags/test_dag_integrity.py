@@ -22,6 +22,7 @@ import pytest
 from gem import orchestration
 from gem.lakehouse import stages
 from gem.orchestration import REPO_ROOT, job_command, manual_logical_date, partition_ds
+from tests.support import DAG_OUTLETS
 
 DAGS = REPO_ROOT / "dags"
 DAG_FILE = DAGS / "gem_daily.py"
@@ -42,17 +43,8 @@ UPSTREAM = {
 SENSOR = "wait_for_landing"
 SKIPPABLE = {"generate_events", "assemble_examples", "validate_examples", "mix", "pretrain"}
 POOLS = {"pretrain": "gpu"}  # everything else runs in the default pool
-# The lakehouse tables each task writes (its Airflow Assets) and the tasks that wait for their own
-# previous run (day-over-day state), written out by hand.
-OUTLETS = {
-    "ingest_events": {"bronze.ad_events", "bronze.quarantine"},
-    "build_sequences": {"silver.user_sequences", "silver.user_sequences_compacted"},
-    "build_features": {"silver.user_daily_counts", "silver.ad_daily_counts", "silver.user_features",
-                       "silver.ad_features"},
-    "assemble_examples": {"silver.training_examples", "silver.attribution_quarantine"},
-    "mix": {"gold.mixture_manifest"},
-    "pretrain": {"gold.metrics"},
-}
+# The tasks that wait for their own previous run (day-over-day state), written out by hand; each
+# task's Assets: tests.support.DAG_OUTLETS.
 DEPENDS_ON_PAST = {"build_sequences"}
 # Tasks that take --ready-on (process the day whose window closes on the run's day) and skip on 99.
 READY_ON = {"assemble_examples": "assemble_examples", "validate_examples": "validate_silver --examples"}
@@ -129,7 +121,7 @@ def test_the_dag_is_the_registry(dag: Any) -> None:
 def test_assets_and_depends_on_past(dag: Any) -> None:
     """Each task's outlets are the Assets of the tables it writes; only day-over-day state waits
     for the previous run."""
-    assert {t.task_id: {a.name for a in t.outlets} for t in dag.tasks if t.outlets} == OUTLETS
+    assert {t.task_id: {a.name for a in t.outlets} for t in dag.tasks if t.outlets} == DAG_OUTLETS
     for task in dag.tasks:
         assert all(a.uri == f"x-gem-lakehouse://{a.name.replace('.', '/')}" for a in task.outlets)
     assert {t.task_id for t in dag.tasks if t.depends_on_past} == DEPENDS_ON_PAST

@@ -37,7 +37,7 @@ from gem.data.delta_log import read_table
 from gem.lakehouse.landing import SUCCESS_MARKER, partition_dir
 from gem.orchestration import LANDING_POKE_ENV, REPO_ROOT
 from schemas.metrics import GOLD_METRICS
-from tests.support import airflow_test_env, query_db
+from tests.support import DAG_OUTLETS, airflow_test_env, query_db
 
 pytestmark = pytest.mark.slow
 
@@ -56,17 +56,6 @@ EXPECTED_STATES = {
               "mix": "skipped", "pretrain": "skipped"},
 }
 EXPECTED_STATES[DAYS[1]] = EXPECTED_STATES[DAYS[0]] | {"mix": "success", "pretrain": "success"}
-# The tables each successful task updates (their Airflow Assets).
-OUTLETS = {
-    "ingest_events": {"bronze.ad_events", "bronze.quarantine"},
-    "build_sequences": {"silver.user_sequences", "silver.user_sequences_compacted"},
-    "build_features": {"silver.user_daily_counts", "silver.ad_daily_counts", "silver.user_features",
-                       "silver.ad_features"},
-    "assemble_examples": {"silver.training_examples", "silver.attribution_quarantine"},
-    "mix": {"gold.mixture_manifest"},
-    "pretrain": {"gold.metrics"},
-}
-
 # --- MovieLens-format input ------------------------------------------------------------------------
 
 GENRES = ("Action", "Comedy", "Drama", "Horror", "Animation", "Romance", "Thriller", "Documentary")
@@ -262,7 +251,7 @@ def test_tasks_updated_their_tables_assets(scheduler_run: SchedulerRun) -> None:
             if day == ds:
                 updated.setdefault(task, set()).add(asset)
         ran = {t for t, state in EXPECTED_STATES[ds].items() if state == "success"}
-        assert updated == {t: tables for t, tables in OUTLETS.items() if t in ran}, (ds, updated)
+        assert updated == {t: tables for t, tables in DAG_OUTLETS.items() if t in ran}, (ds, updated)
 
 
 def test_imported_events_became_bronze_and_examples(scheduler_run: SchedulerRun, spark) -> None:
