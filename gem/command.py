@@ -57,18 +57,21 @@ def run(
     """One day through Airflow: the gem_daily DAG's run for ds.
 
     `airflow dags test`, every stage of the registry in order, against the metadata DB of
-    $AIRFLOW_HOME (default .airflow/); exits 1 when the run failed."""
-    from gem.airflow_runs import airflow_env, init_db, run_day
+    $AIRFLOW_HOME (default .airflow/). Prints one line per task as it finishes (day, task, state,
+    seconds); Airflow's log goes to a file whose path it prints. Exits 1 when the run failed."""
+    from gem.airflow_runs import airflow_env, init_db, run_day, run_log
     from gem.config import load_config
 
     cfg = load_config(config)
     env = airflow_env(cfg, config)
     init_db(env)
+    log = run_log(env, ds)
+    typer.echo(f"gem_daily ds={ds}: Airflow's and the jobs' log: {log}")
     started = time.monotonic()
-    ok = run_day(ds, env)
+    ok = run_day(ds, env, log, on_task=lambda line: typer.echo(str(line)))
     typer.echo(f"gem_daily ds={ds}: {'success' if ok else 'failed'} in {time.monotonic() - started:.0f}s")
     if not ok:
-        typer.echo("see the task log above; `gem status` lists the failed task and its error", err=True)
+        typer.echo(f"see {log}; `gem status` lists the failed task and its error", err=True)
         raise typer.Exit(1)
 
 
