@@ -119,7 +119,10 @@ def failed_run_lines(config: Path | None) -> list[str]:
         days = sorted({f["ds"] for f in mine if f.get("ds")})
         lines.append(f"  run {run['run_id']} (logical date {str(run.get('logical_date'))[:10]}"
                      + (f", ds={', '.join(days)})" if days else ")"))
-        lines += [f"    {f['task_id']} (try {f['try_number']}): {f['error']}" for f in mine]
+        for f in mine:
+            lines.append(f"    {f['task_id']} (try {f['try_number']}): {f['error']}")
+            if f.get("log_url"):
+                lines.append(f"      log: {f['log_url']}")
         if not mine:
             lines.append("    (no failed task recorded: the run failed outside a task, or before the callback existed)")
     return lines

@@ -207,7 +207,8 @@ def task_failures_path(airflow_home: str | os.PathLike[str] | None = None) -> Pa
 
 def record_task_failure(context: Any) -> None:
     """on_failure_callback: append which task of which run failed, on which try, and why (the
-    exception's type and message) as one JSON line to task_failures_path(); `gem status` lists them."""
+    exception's type and message, and the try's log in Airflow's UI) as one JSON line to
+    task_failures_path(); `gem status` lists them."""
     ti = context.get("ti") or context.get("task_instance")
     run = context.get("dag_run")
     error = context.get("exception")
@@ -219,6 +220,7 @@ def record_task_failure(context: Any) -> None:
         "try_number": getattr(ti, "try_number", None),
         "ds": partition_ds(interval) if interval is not None else None,
         "error": f"{type(error).__name__}: {error}" if error is not None else "unknown (no exception in context)",
+        "log_url": getattr(ti, "log_url", None),  # the try's log in Airflow's UI
         "failed_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
     path = task_failures_path()

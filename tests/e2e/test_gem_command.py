@@ -57,10 +57,11 @@ def test_a_failed_run_is_recorded_and_listed_by_status(tmp_path: Path) -> None:
     assert (failure["dag_id"], failure["task_id"], failure["ds"], failure["try_number"]) == (
         "gem_daily", "wait_for_landing", DS, 1)
     assert failure["error"].startswith("AirflowSensorTimeout"), failure
+    assert failure["log_url"].endswith("/tasks/wait_for_landing?try_number=1"), failure
 
     status = _gem(["status", "--end", DS, "--config", str(cfg_file)], env)
     assert status.returncode == 0, status.stderr[-3000:]
     assert "Airflow: 1 failed run(s) of gem_daily:" in status.stdout, status.stdout
     assert f"run {failure['run_id']} (logical date 2026-01-02, ds={DS})" in status.stdout
-    assert f"wait_for_landing (try 1): {failure['error']}" in status.stdout
+    assert f"wait_for_landing (try 1): {failure['error']}\n      log: {failure['log_url']}" in status.stdout
     assert "ingest_events      missing" in status.stdout  # nothing was ingested
