@@ -1,4 +1,5 @@
-"""gem_daily: one day of ads data, landing -> bronze -> silver -> training examples -> mixture -> pretraining.
+"""gem_daily: one day of ads data, landing -> bronze -> silver -> training examples -> mixture -> pretraining
+-> precompute.
 
 Thin on purpose: the Airflow DAG is built by gem.daily_dag from the stage registry
 (gem.lakehouse.stages); the dates, schedule and commands come from gem.orchestration. Every task is a

@@ -10,10 +10,11 @@ from gem.config import add_config_arg
 from gem.days import day_range, shift_day
 from gem.lakehouse.stages import ready_on_day
 
-__all__ = ["day_range", "examples_parser", "iso_day", "job_parser", "resolve_examples_day", "shift_day"]
+__all__ = ["day_range", "examples_parser", "iso_day", "job_exit", "job_parser", "resolve_examples_day", "shift_day"]
 
 if TYPE_CHECKING:
     from gem.config import GemConfig
+    from gem.lakehouse.commit import StageResult
 
 
 def iso_day(text: str) -> str:
@@ -46,3 +47,14 @@ def examples_parser(description: str | None) -> argparse.ArgumentParser:
 def resolve_examples_day(cfg: "GemConfig", args: argparse.Namespace) -> str | None:
     """The impression day to process; None when --ready-on names a day no window has closed on yet."""
     return args.ds if args.ds is not None else ready_on_day(cfg, args.ready_on)
+
+
+def job_exit(result: StageResult) -> int:
+    """A stage job's exit status: NOTHING_READY_EXIT (the DAG task shows as skipped) when it
+    published nothing, else 0 after printing its summary."""
+    from gem.orchestration import NOTHING_READY_EXIT
+
+    if not result.published:
+        return NOTHING_READY_EXIT
+    print(result.summary())
+    return 0

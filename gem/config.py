@@ -26,7 +26,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from gem.model.configs import ModelConfig
+from gem.model.configs import ModelConfig, StudentConfig
 from schemas.tasks import LABEL_TYPES, SURFACES  # the one task vocabulary
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -293,6 +293,43 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class PrecomputeConfig:
+    """Solaris precompute of the foundation model's outputs (gem/precompute/, jobs/precompute.py)."""
+
+    # A refresh loads the newest promoted model and recomputes every user; between refreshes the
+    # pinned model recomputes only users whose sequence snapshot changed (the others carry forward).
+    model_refresh_days: int = 7
+    # Fixed user-hash ranges: the unit of work, of lease and of commit. Fixed so a shard's rows mean
+    # the same users on every run and for every worker count.
+    shards: int = 8
+    # Worker processes the job starts; more can join a running day (python -m gem.precompute.worker).
+    workers: int = 1
+    # Each worker computes single-threaded: N workers use N cores, and results do not depend on the
+    # thread count (reductions are ordered the same way).
+    threads_per_worker: int = 1
+    # A shard lease not renewed for this long is taken over (its worker is presumed dead).
+    lease_expiry_s: float = 60.0
+    batch_size: int = 256
+    # Speculative pairs for tomorrow, per user active on ds: the ads of their `recent_ads` most recent
+    # distinct impressions, plus the day's `popular_ads` most impressed ads. On the generator's demo
+    # traffic (bench.precompute, 3 days), where ads are drawn by global popularity, the next day's
+    # hit rate was 11.6% with 8 + 8, 13.6% with 4 + 12, 15.6% with 0 + 16 (16 pairs per user), 24.9%
+    # with 0 + 32: popular ads carry the hits there; users' own ads matter where serving retargets.
+    recent_ads: int = 4
+    popular_ads: int = 12
+
+    def __post_init__(self) -> None:
+        for name in ("model_refresh_days", "shards", "workers", "threads_per_worker", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"precompute.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("recent_ads", "popular_ads"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"precompute.{name} must be >= 0, got {getattr(self, name)}")
+        if self.lease_expiry_s <= 0:
+            raise ConfigError(f"precompute.lease_expiry_s must be > 0, got {self.lease_expiry_s}")
+
+
+@dataclass(frozen=True)
 class DemoConfig:
     start_ds: str = "2026-01-01"
     days: int = 2
@@ -330,7 +367,10 @@ class GemConfig:
     mix: MixConfig = field(default_factory=MixConfig)
     loader: LoaderConfig = field(default_factory=LoaderConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
+    # The per-surface students distilled from the foundation model (gem/model/student.py).
+    student: StudentConfig = field(default_factory=StudentConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    precompute: PrecomputeConfig = field(default_factory=PrecomputeConfig)
     demo: DemoConfig = field(default_factory=DemoConfig)
 
     def __post_init__(self) -> None:

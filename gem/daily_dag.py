@@ -66,7 +66,8 @@ def daily_dag(dag_id: str = DAG_ID, start: dt.datetime | None = None, catchup: b
     starts at start_date() without catchup (backfills go through `airflow backfill create`)."""
     with DAG(
         dag_id=dag_id,
-        description="Daily ads data and model: landing -> bronze -> silver -> examples -> mixture -> pretraining.",
+        description="Daily ads data and model: landing -> bronze -> silver -> examples -> mixture -> pretraining "
+                    "-> precompute.",
         schedule=daily_timetable(),
         start_date=start or start_date(),
         catchup=catchup,

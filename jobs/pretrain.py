@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import sys
 
-from gem.cli import job_parser
+from gem.cli import job_exit, job_parser
 from gem.config import load_config
 from gem.lakehouse.commit import StageContext, StageResult
-from gem.orchestration import NOTHING_READY_EXIT
 
 
 def run(ctx: StageContext, ds: str, steps: int | None = None) -> StageResult:
@@ -37,11 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = job_parser(__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=None, help="override train.steps")
     args = parser.parse_args(argv)
-    result = run(StageContext(load_config(args.config)), args.ds, args.steps)
-    if not result.published:
-        return NOTHING_READY_EXIT
-    print(result.summary())
-    return 0
+    return job_exit(run(StageContext(load_config(args.config)), args.ds, args.steps))
 
 
 if __name__ == "__main__":

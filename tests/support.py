@@ -80,6 +80,8 @@ DAG_OUTLETS = {
     "assemble_examples": {"silver.training_examples", "silver.attribution_quarantine"},
     "mix": {"gold.mixture_manifest"},
     "pretrain": {"gold.metrics"},
+    "precompute": {"gold.fm_user_embeddings", "gold.fm_predictions", "gold.fm_speculative_pairs",
+                   "gold.precompute_stats"},
 }
 
 
@@ -144,6 +146,38 @@ def tiny_task(backend: str = "torch", length_groups: int = 1) -> GemTrainTask:
     else:
         embeddings = PlainEmbeddings(emb_cfg)
     return GemTrainTask(embeddings, body, DomainExpertHeads(body.out_dim, TINY_TASKS, 32, 2), torch.ones(4))
+
+
+STUDENT_TASKS = ("reels/click", "reels/lead")  # one surface's tasks
+DAY_US = 86_400 * 1_000_000
+STUDENT_DAY_US = 20_454 * DAY_US  # 2026-01-01 00:00 UTC in microseconds
+
+
+def student_batch(b: int = 16, seed: int = 0, code_dim: int = 8, max_codes: int = 6) -> Batch:
+    """A tiny_batch as one surface's student sees it: two reels tasks, every example drawn for both,
+    impressions during one day, the FM's predictions (informative: near the label, 10% missing) and
+    each user's coded events (time-ordered, from 40 days before the impression to 10 days after it,
+    so some are too old and some too late for the example)."""
+    from dataclasses import replace
+
+    from gem.model.ops.int4 import pack_int4
+
+    g = torch.Generator().manual_seed(seed + 1000)
+    labels = (torch.rand(b, 2, generator=g) < 0.3).float()
+    times = STUDENT_DAY_US + torch.randint(0, DAY_US, (b,), generator=g)
+    fm = (0.15 + 0.7 * labels + 0.1 * torch.randn(b, 2, generator=g)).clamp(0.01, 0.99)
+    lengths = torch.randint(0, max_codes + 1, (b,), generator=g)
+    event_times = []
+    for i in range(b):
+        before = torch.rand(int(lengths[i]), generator=g) * (50 * DAY_US)  # how long before t + 10 days
+        event_times.append(torch.sort(times[i] + 10 * DAY_US - before.long()).values)  # oldest first
+    codes = torch.randint(-8, 8, (int(lengths.sum()), code_dim), generator=g, dtype=torch.int8)
+    history = Jagged({"codes": pack_int4(codes), "time_us": torch.cat(event_times)},
+                     torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]))
+    return replace(tiny_batch(b, seed), labels=labels, label_mask=torch.ones(b, 2, dtype=torch.bool),
+                   weights=1 + torch.rand(b, 2, generator=g), tasks=STUDENT_TASKS, impression_times=times,
+                   fm_predictions=fm, fm_prediction_mask=torch.rand(b, 2, generator=g) < 0.9,
+                   fm_history_codes=history)
 
 
 TINY_DIM = 16

@@ -10,6 +10,11 @@ Layout for B examples and T tasks:
     labels     (B, T) float32       label of each task (0 where the task does not apply)
     label_mask (B, T) bool          the example was drawn for that task (its surface's tasks only)
     weights    (B, T) float32       importance weight 1 / draw probability; 0 where masked
+A student's batch (gem.model.student) also carries what the foundation model logged, from the
+precompute tables (None in pretraining):
+    fm_predictions      (B, T) float32  the FM's probability per task; fm_prediction_mask (B, T) bool where it has one
+    fm_history_codes    Jagged: per example, its user's coded events in time order, oldest first:
+                        values "codes" (N, K/2) uint8 (INT4 packed, gem.model.ops.int4), "time_us" (N,) int64
 
 Jagged example (B = 2, impressions): the first example has 3 earlier impressions, the second none:
     offsets = [0, 3, 3]; values["ad_id"] = [h1, h2, h3]; values["gap_s"] = [86400.0, 3600.0, 5.0]
@@ -54,6 +59,9 @@ class Batch:
     example_ids: list[str] = field(default_factory=list)  # impression ids, for tests and debugging
     # Loader bookkeeping for exact resume: which shard produced the batch and where it continues.
     meta: dict[str, Any] = field(default_factory=dict)
+    fm_predictions: torch.Tensor | None = None
+    fm_prediction_mask: torch.Tensor | None = None
+    fm_history_codes: Jagged | None = None
 
     @property
     def size(self) -> int:

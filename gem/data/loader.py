@@ -36,7 +36,7 @@ Batches hold fewer than batch_size examples only in the last buffer of a shard's
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -192,79 +192,18 @@ class ExampleStream(IterableDataset):
     def sequence_spans(self, users: list[str], sequence_ds: list[str], times: np.ndarray) -> Spans:
         """Per event type, where each example's events strictly before its impression time lie
         (the newest `loader.max_<type>s` kept), without copying them."""
-        snaps = {d: self.snapshot(d) for d in sorted(set(sequence_ds))}
-        rows = [snaps[ds].user_row.get(user) for user, ds in zip(users, sequence_ds, strict=True)]
-        first, cut = {}, {}
-        for event_type in SEQUENCE_COLUMNS:
-            max_len = self.cfg.max_length(event_type)
-            lo, hi = np.zeros(len(users), dtype=np.int64), np.zeros(len(users), dtype=np.int64)
-            for i, (row, ds) in enumerate(zip(rows, sequence_ds, strict=True)):
-                if row is None:  # no history up to that day
-                    continue
-                flat = snaps[ds].sequences[event_type]
-                start, end = int(flat.offsets[row]), int(flat.offsets[row + 1])
-                hi[i] = start + int(np.searchsorted(flat.times[start:end], times[i], side="left"))
-                lo[i] = max(start, hi[i] - max_len)
-            first[event_type], cut[event_type] = lo, hi
-        return Spans(list(sequence_ds), first, cut)
+        return sequence_spans(self.snapshot, self.cfg, users, sequence_ds, times)
 
     def cut_sequences(self, spans: Spans, times: np.ndarray) -> dict[str, Jagged]:
         """Per event type, the examples' events that `spans` locates, as one Jagged each."""
-        out = {}
-        snaps = {d: self.snapshot(d) for d in sorted(set(spans.days))}
-        lengths_all = spans.lengths()
-        for k, event_type in enumerate(SEQUENCE_COLUMNS):
-            lengths = lengths_all[:, k]
-            values: dict[str, list[np.ndarray]] = {}
-            gap: list[np.ndarray] = []
-            for i in np.flatnonzero(lengths):
-                flat = snaps[spans.days[i]].sequences[event_type]
-                first, cut = int(spans.first[event_type][i]), int(spans.cut[event_type][i])
-                for name, arr in flat.fields.items():  # slices of the flat arrays: no index array needed
-                    values.setdefault(name, []).append(arr[first:cut])
-                gap.append((times[i] - flat.times[first:cut]) / 1e6)
-            offsets = np.concatenate([[0], np.cumsum(lengths)])
-            tensors = {name: torch.from_numpy(np.concatenate(v)) for name, v in values.items()}
-            for name in MODEL_FIELDS[event_type]:  # present even when no example has history
-                tensors.setdefault(name, torch.zeros(0, dtype=torch.int64))
-            tensors["gap_s"] = torch.from_numpy(np.concatenate(gap).astype(np.float32) if gap else np.zeros(0, np.float32))
-            out[event_type] = Jagged(tensors, torch.from_numpy(offsets.astype(np.int64)))
-        return out
+        return cut_sequences(self.snapshot, spans, times)
 
     # ---- batches ----------------------------------------------------------------------------------
     def make_batch(self, table: pa.Table, mask: np.ndarray, weights: np.ndarray, meta: dict[str, Any],
                    spans: Spans) -> Batch:
         """One batch of the table's rows; `spans`: where their sequences lie (sequence_spans)."""
-        n = table.num_rows
-        times = timestamps_us(table["impression_time"])
-        sparse = {}
-        for name in SPARSE_FEATURES:
-            if name in HASHED_IDS:
-                values = hash_ids(table[name])
-            elif name in VOCABULARIES:
-                values = vocab_index(table[name], VOCABULARIES[name])
-            else:  # position: 0 = none, else position + 1 (capped)
-                pos = table[name].to_numpy(zero_copy_only=False)
-                values = np.where(np.isnan(pos.astype(np.float64)), 0, np.minimum(np.nan_to_num(pos), MAX_POSITION) + 1)
-            sparse[name] = Sparse(torch.from_numpy(np.asarray(values, dtype=np.int64)), torch.ones(n, dtype=torch.int32))
-        labels = np.zeros((n, len(self.tasks)), dtype=np.float32)
-        surfaces = table["surface"].to_pylist()
-        for task, j in self.task_index.items():
-            surface, label_type = task.split("/")
-            on_surface = np.array([s == surface for s in surfaces])
-            labels[:, j] = np.where(on_surface, table[LABEL_COLUMNS[label_type]].to_numpy(zero_copy_only=False), 0)
-        return Batch(
-            dense=torch.from_numpy(dense_matrix(table)),
-            sparse=sparse,
-            sequences=self.cut_sequences(spans, times),
-            labels=torch.from_numpy(labels),
-            label_mask=torch.from_numpy(mask),
-            weights=torch.from_numpy(weights),
-            tasks=self.tasks,
-            impression_times=torch.from_numpy(np.array(times, dtype=np.int64)),
-            example_ids=table["impression_id"].to_pylist(),
-            meta=meta,
-        )
+        sequences = self.cut_sequences(spans, timestamps_us(table["impression_time"]))
+        return example_batch(table, self.tasks, mask, weights, meta, sequences)
 
     @staticmethod
     def sequence_days(table: pa.Table) -> list[str]:
@@ -323,6 +262,90 @@ class ExampleStream(IterableDataset):
             cursor = end if done == len(groups) else Cursor(start.file_pos, start.row_pos, done)
             meta = {"shard": shard, "worker": worker, "cursor": cursor.as_tuple(), "pass": self.pass_index}
             yield self.make_batch(table.take(pa.array(index)), mask[index], weights[index], meta, spans.take(index))
+
+
+def sequence_spans(snapshot: Callable[[str], DaySnapshot], cfg: LoaderConfig, users: list[str],
+                   sequence_ds: list[str], times: np.ndarray) -> Spans:
+    """Per event type, where each example's events strictly before its impression time (times (n,)
+    int64 microseconds) lie in the user's row of its day snapshot (`snapshot(day)`), the newest
+    `cfg.max_<type>s` kept, without copying them. A user without a row has no events."""
+    snaps = {d: snapshot(d) for d in sorted(set(sequence_ds))}
+    rows = [snaps[ds].user_row.get(user) for user, ds in zip(users, sequence_ds, strict=True)]
+    first, cut = {}, {}
+    for event_type in SEQUENCE_COLUMNS:
+        max_len = cfg.max_length(event_type)
+        lo, hi = np.zeros(len(users), dtype=np.int64), np.zeros(len(users), dtype=np.int64)
+        for i, (row, ds) in enumerate(zip(rows, sequence_ds, strict=True)):
+            if row is None:  # no history up to that day
+                continue
+            flat = snaps[ds].sequences[event_type]
+            start, end = int(flat.offsets[row]), int(flat.offsets[row + 1])
+            hi[i] = start + int(np.searchsorted(flat.times[start:end], times[i], side="left"))
+            lo[i] = max(start, hi[i] - max_len)
+        first[event_type], cut[event_type] = lo, hi
+    return Spans(list(sequence_ds), first, cut)
+
+
+def cut_sequences(snapshot: Callable[[str], DaySnapshot], spans: Spans, times: np.ndarray) -> dict[str, Jagged]:
+    """Per event type, the examples' events that `spans` locates, as one Jagged each (time gaps to
+    `times` in seconds)."""
+    out = {}
+    snaps = {d: snapshot(d) for d in sorted(set(spans.days))}
+    lengths_all = spans.lengths()
+    for k, event_type in enumerate(SEQUENCE_COLUMNS):
+        lengths = lengths_all[:, k]
+        values: dict[str, list[np.ndarray]] = {}
+        gap: list[np.ndarray] = []
+        for i in np.flatnonzero(lengths):
+            flat = snaps[spans.days[i]].sequences[event_type]
+            first, cut = int(spans.first[event_type][i]), int(spans.cut[event_type][i])
+            for name, arr in flat.fields.items():  # slices of the flat arrays: no index array needed
+                values.setdefault(name, []).append(arr[first:cut])
+            gap.append((times[i] - flat.times[first:cut]) / 1e6)
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        tensors = {name: torch.from_numpy(np.concatenate(v)) for name, v in values.items()}
+        for name in MODEL_FIELDS[event_type]:  # present even when no example has history
+            tensors.setdefault(name, torch.zeros(0, dtype=torch.int64))
+        tensors["gap_s"] = torch.from_numpy(np.concatenate(gap).astype(np.float32) if gap else np.zeros(0, np.float32))
+        out[event_type] = Jagged(tensors, torch.from_numpy(offsets.astype(np.int64)))
+    return out
+
+
+def example_batch(table: pa.Table, tasks: tuple[str, ...], mask: np.ndarray, weights: np.ndarray,
+                  meta: dict[str, Any], sequences: dict[str, Jagged]) -> Batch:
+    """One batch of example rows (EXAMPLE_COLUMNS and surface): ids encoded, labels per task, the
+    rows' `sequences` (cut_sequences); mask and weights (n, T) as drawn."""
+    n = table.num_rows
+    times = timestamps_us(table["impression_time"])
+    task_index = {t: i for i, t in enumerate(tasks)}
+    sparse = {}
+    for name in SPARSE_FEATURES:
+        if name in HASHED_IDS:
+            values = hash_ids(table[name])
+        elif name in VOCABULARIES:
+            values = vocab_index(table[name], VOCABULARIES[name])
+        else:  # position: 0 = none, else position + 1 (capped)
+            pos = table[name].to_numpy(zero_copy_only=False)
+            values = np.where(np.isnan(pos.astype(np.float64)), 0, np.minimum(np.nan_to_num(pos), MAX_POSITION) + 1)
+        sparse[name] = Sparse(torch.from_numpy(np.asarray(values, dtype=np.int64)), torch.ones(n, dtype=torch.int32))
+    labels = np.zeros((n, len(tasks)), dtype=np.float32)
+    surfaces = table["surface"].to_pylist()
+    for task, j in task_index.items():
+        surface, label_type = task.split("/")
+        on_surface = np.array([s == surface for s in surfaces])
+        labels[:, j] = np.where(on_surface, table[LABEL_COLUMNS[label_type]].to_numpy(zero_copy_only=False), 0)
+    return Batch(
+        dense=torch.from_numpy(dense_matrix(table)),
+        sparse=sparse,
+        sequences=sequences,
+        labels=torch.from_numpy(labels),
+        label_mask=torch.from_numpy(mask),
+        weights=torch.from_numpy(weights),
+        tasks=tuple(tasks),
+        impression_times=torch.from_numpy(np.array(times, dtype=np.int64)),
+        example_ids=table["impression_id"].to_pylist(),
+        meta=meta,
+    )
 
 
 class ResumableLoader:

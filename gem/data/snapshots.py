@@ -9,6 +9,7 @@ Cutting a batch's sequences is then one binary search per example and one gather
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,18 +52,28 @@ def _flatten(column: pa.ChunkedArray, event_type: str) -> FlatSequences:
     return FlatSequences(offsets, timestamps_us(pc.struct_field(elements, "event_time")), fields)
 
 
+SNAPSHOT_COLUMNS: list[str] = ["user_id"] + [seq for seq, _ in SEQUENCE_COLUMNS.values()]
+
+
 def load_day(files: list[LoggedFile], ds: str, context: str) -> DaySnapshot:
     """Index the user_sequences rows of partition ds (files already filtered to it)."""
-    columns = ["user_id"] + [seq for seq, _ in SEQUENCE_COLUMNS.values()]
     try:
-        table = read_logged(files, {}, columns) if files else None  # no partition column is read
+        table = read_logged(files, {}, SNAPSHOT_COLUMNS) if files else None  # no partition column is read
     except FileNotFoundError as e:
         raise type(e)(f"{context}: {e}") from e
+    return index_day(table, ds, context)
+
+
+def index_day(table: pa.Table | None, ds: str, context: str, users: Collection[str] | None = None) -> DaySnapshot:
+    """Index rows of partition ds (SNAPSHOT_COLUMNS); `users`: only theirs (the others are dropped
+    before their sequences are flattened)."""
+    if table is not None and users is not None:
+        table = table.filter(pc.is_in(table["user_id"], value_set=pa.array(sorted(users), pa.string())))
     if table is None or table.num_rows == 0:
         empty = FlatSequences(np.zeros(1, np.int64), np.zeros(0, np.int64), {})
         return DaySnapshot(ds, {}, {t: empty for t in SEQUENCE_COLUMNS})
-    users = table["user_id"].to_pylist()
-    user_row = {u: i for i, u in enumerate(users)}
-    if len(user_row) != len(users):
+    names = table["user_id"].to_pylist()
+    user_row = {u: i for i, u in enumerate(names)}
+    if len(user_row) != len(names):
         raise ValueError(f"{context}: silver.user_sequences ds={ds} holds a user twice")
     return DaySnapshot(ds, user_row, {t: _flatten(table[seq], t) for t, (seq, _) in SEQUENCE_COLUMNS.items()})

@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -164,6 +164,8 @@ class StageCommit:
     published: dict[str, Any] | None = None  # the record of the last day published
     published_records: list[dict[str, Any]] = field(default_factory=list)
     leases: list[lease.Lease] = field(default_factory=list)  # released once the records are published
+    joined: bool = False  # a worker's part of a run another process began (StageCommit.join)
+    ensured: dict[str, str] = field(default_factory=dict)  # table -> path, created or verified by this commit
 
     @classmethod
     def begin(cls, ctx: StageContext, name: str, ds: str, through: str | None = None) -> StageCommit:
@@ -198,6 +200,13 @@ class StageCommit:
         for day in days:
             completions.clear_completion(ctx.cfg, name, day)
         return cls(ctx.cfg, stage, ds, run_id, records, versions, days, leases=leases)
+
+    @classmethod
+    def join(cls, cfg: GemConfig, name: str, ds: str, run_id: str) -> StageCommit:
+        """A worker's view of run `run_id`, which another process began (and will publish): it may
+        replace declared partitions in parts (`replace_arrow(..., part=...)`), never publish. The
+        beginning process checked the inputs and holds the day's lease."""
+        return cls(cfg, stages.stage(name), ds, run_id, {}, {}, (ds,), joined=True)
 
     # --- what the stage read --------------------------------------------------------------------
 
@@ -268,8 +277,13 @@ class StageCommit:
 
     @property
     def user_metadata(self) -> str:
+        return self.part_metadata(None)
+
+    def part_metadata(self, part: str | None) -> str:
+        """The userMetadata of this run's commits; a part's commit names its part too."""
         through = {"through": self.days[-1]} if len(self.days) > 1 else {}
-        return json.dumps({"run_id": self.run_id, "stage": self.stage.name, "ds": self.ds, **through})
+        named = {"part": part} if part is not None else {}
+        return json.dumps({"run_id": self.run_id, "stage": self.stage.name, "ds": self.ds, **through, **named})
 
     def _declared(self, table: str) -> list[str] | None:
         """The partitions of `table` this commit's days declare, oldest first (None: none)."""
@@ -303,31 +317,73 @@ class StageCommit:
         self.committed_rows[schema.name] = committed.rows
         return committed.version
 
-    def replace_arrow(self, rows: pa.Table, schema: TableSchema, also: Mapping[str, str] | None = None) -> int:
+    def replace_arrow(self, rows: pa.Table, schema: TableSchema, also: Mapping[str, Any] | None = None,
+                      part: str | None = None) -> int:
         """The same for a stage without Spark, through `deltalake`: replace the rows of the declared
-        partition (narrowed by `also`, e.g. one architecture's metrics) with `rows`."""
-        from deltalake import write_deltalake
+        partition (narrowed by `also`, e.g. one architecture's metrics) with `rows`.
+
+        part: the commit is one part of the run (e.g. a precompute shard, `also` its rows), written
+        by whichever process does that part; it carries the Delta transaction id
+        (`{stage}:{ds}:{table}:{part}`, the run's attempt time as its version), and `adopt_parts`
+        gathers the parts into the run's record."""
+        from deltalake import DeltaTable, Transaction, write_deltalake
 
         days, _ = self._declared_where(schema, None)
         if len(days) != 1:
             raise UndeclaredWriteError(f"{schema.name}: replace_arrow replaces one day, declared {days}")
         where = {"ds": days[0], **(also or {})}
-        from deltalake import DeltaTable
-
-        path = tables.ensure_table(None, self.cfg, schema)
+        if schema.name not in self.ensured:  # once per commit: a part commit writes the same table often
+            self.ensured[schema.name] = tables.ensure_table(None, self.cfg, schema)
+        path = self.ensured[schema.name]
         # Written through a table object: after the write it stands at the version this transaction
         # committed (after any conflict retries). A fresh read of the log while another process
         # commits to it was measured to miss the commit.
         table = DeltaTable(path)
+        metadata = self.part_metadata(part)
+        properties = tables.commit_properties(metadata)
+        if part is not None:
+            from deltalake import CommitProperties
+
+            txn = Transaction(app_id=self.transaction_app_id(schema, part), version=time.time_ns() // 1000)
+            properties = CommitProperties(custom_metadata={"userMetadata": metadata}, app_transactions=[txn])
         write_deltalake(table, rows, mode="overwrite", predicate=tables.predicate(where),
-                        partition_by=list(schema.partition_by) or None,
-                        commit_properties=tables.commit_properties(self.user_metadata))
-        (own,) = [c for c in table.history(1) if c.get("userMetadata") == self.user_metadata] or [None]
+                        partition_by=list(schema.partition_by) or None, commit_properties=properties)
+        # The newest commit carrying this write's metadata (other workers may have committed since).
+        own = next((c for c in table.history(64) if c.get("userMetadata") == metadata), None)
         if own is None:
             raise RuntimeError(f"{schema.name}: the write of {self.run_id} left no commit of its own at v{table.version()}")
-        self.table_versions[schema.name] = int(table.version())
-        self.committed_rows[schema.name] = int((own.get("operationMetrics") or {}).get("num_added_rows", 0))
+        if part is None:
+            self.table_versions[schema.name] = int(table.version())
+            self.committed_rows[schema.name] = int((own.get("operationMetrics") or {}).get("num_added_rows", 0))
         return int(table.version())
+
+    def transaction_app_id(self, schema: TableSchema, part: str) -> str:
+        return f"{self.stage.name}:{self.ds}:{schema.name}:{part}"
+
+    def adopt_parts(self, schema: TableSchema, parts: Collection[str]) -> int:
+        """Take the run's part commits of `schema` (replace_arrow(..., part=p) by any process) as
+        this commit's: its version is the newest of them, its rows the sum of each part's last
+        commit (a part rerun after its worker died counts once). -> that version. Raises when a part
+        has no commit of this run."""
+        from deltalake import DeltaTable
+
+        path = tables.ensure_table(None, self.cfg, schema)
+        last: dict[str, dict[str, Any]] = {}
+        for c in DeltaTable(path).history():  # newest first
+            try:
+                meta = json.loads(c.get("userMetadata") or "{}")
+            except json.JSONDecodeError:
+                continue
+            if meta.get("run_id") == self.run_id and meta.get("part") in parts and meta["part"] not in last:
+                last[meta["part"]] = c
+        missing = sorted(set(parts) - set(last))
+        if missing:
+            raise RuntimeError(f"{self.stage.name} ds={self.ds}: {schema.name} has no commit of parts {missing} "
+                               f"of run {self.run_id}")
+        self.table_versions[schema.name] = max(int(c["version"]) for c in last.values())
+        self.committed_rows[schema.name] = sum(int((c.get("operationMetrics") or {}).get("num_added_rows", 0))
+                                               for c in last.values())
+        return self.table_versions[schema.name]
 
     # --- the record ----------------------------------------------------------------------------
 
@@ -354,6 +410,8 @@ class StageCommit:
         per_day: a range commit's counts per day (its totals are the sums, and rows_in,
             rows_written and quarantined_by_reason are left out); one record per day is published.
         """
+        if self.joined:
+            raise RuntimeError(f"{self.stage.name} ds={self.ds}: a joined worker never publishes; the run's beginner does")
         if len(self.days) > 1 or per_day is not None:
             if per_day is None or sorted(per_day) != list(self.days):
                 raise ValueError(f"{self.stage.name}: a commit of {list(self.days)} publishes counts per day, "

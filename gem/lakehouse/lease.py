@@ -11,6 +11,11 @@ a POSIX filesystem, where the lakehouse folder lives), holding the run id, host,
 time; the run's publish removes it. A lease whose holder is gone is taken over: on the same host
 when its pid no longer runs (or is this very process: a retry after an exception), on another host
 once it is older than LEASE_EXPIRY_S.
+
+`acquire_path` is the same lease on any file; with `renewed=True` its holder renews it
+(`Lease.renew`, the file's mtime) while it works, and a lease not renewed for `expiry_s` is taken
+over on any host: how precompute workers claim shards (gem.precompute.shards), so a killed worker's
+shard passes to another within seconds.
 """
 
 from __future__ import annotations
@@ -36,6 +41,16 @@ class Lease:
     path: Path
     run_id: str
 
+    def renew(self) -> bool:
+        """Mark the holder alive (the file's mtime is its heartbeat); False if it is no longer held."""
+        try:
+            if json.loads(self.path.read_text())["run_id"] != self.run_id:
+                return False
+            os.utime(self.path)
+            return True
+        except (FileNotFoundError, json.JSONDecodeError, KeyError):
+            return False
+
     def release(self) -> None:
         """Remove the lease if this run still holds it."""
         try:
@@ -59,18 +74,33 @@ def _pid_running(pid: int) -> bool:
     return True
 
 
-def _holder_gone(holder: dict) -> bool:
+def _holder_gone(holder: dict, path: Path, expiry_s: float, renewed: bool) -> bool:
     if holder.get("host") == socket.gethostname():
         pid = int(holder.get("pid", -1))
-        return pid == os.getpid() or not _pid_running(pid)
+        if pid == os.getpid() or not _pid_running(pid):
+            return True
+        if not renewed:
+            return False
+    if renewed:  # age since the last heartbeat (a killed holder stops renewing, even as a zombie)
+        try:
+            return dt.datetime.now().timestamp() - path.stat().st_mtime > expiry_s
+        except FileNotFoundError:
+            return True
     started = dt.datetime.fromisoformat(holder["started_at"])
-    return (dt.datetime.now(dt.timezone.utc) - started).total_seconds() > LEASE_EXPIRY_S
+    return (dt.datetime.now(dt.timezone.utc) - started).total_seconds() > expiry_s
 
 
 def acquire(cfg: GemConfig, stage: str, ds: str, run_id: str) -> Lease:
     """Take the lease of (stage, ds) for `run_id`; LeaseHeldError naming the holder if a live run
     holds it."""
-    path = lease_path(cfg, stage, ds)
+    return acquire_path(lease_path(cfg, stage, ds), run_id, f"{stage} ds={ds}")
+
+
+def acquire_path(path: Path, run_id: str, what: str, expiry_s: float = LEASE_EXPIRY_S,
+                 renewed: bool = False) -> Lease:
+    """Take the lease file `path` for `run_id` (`what` names it in errors); LeaseHeldError naming
+    the holder if a live holder has it. renewed: the holder heartbeats (Lease.renew) and is presumed
+    dead `expiry_s` after its last one, on any host."""
     path.parent.mkdir(parents=True, exist_ok=True)
     body = json.dumps({"run_id": run_id, "host": socket.gethostname(), "pid": os.getpid(),
                        "started_at": dt.datetime.now(dt.timezone.utc).isoformat()})
@@ -84,15 +114,15 @@ def acquire(cfg: GemConfig, stage: str, ds: str, run_id: str) -> Lease:
                 continue  # released meanwhile
             except json.JSONDecodeError:  # being written this instant, or its writer was killed mid-write
                 if dt.datetime.now().timestamp() - path.stat().st_mtime < 60:
-                    raise LeaseHeldError(f"{stage} ds={ds}: another run is taking the lease {path}; retry") from None
+                    raise LeaseHeldError(f"{what}: another run is taking the lease {path}; retry") from None
                 holder = {}
-            if holder and not _holder_gone(holder):
+            if holder and not _holder_gone(holder, path, expiry_s, renewed):
                 raise LeaseHeldError(
-                    f"{stage} ds={ds} is being run by {holder['run_id']} (host {holder['host']}, pid "
+                    f"{what} is being run by {holder['run_id']} (host {holder['host']}, pid "
                     f"{holder['pid']}, since {holder['started_at']}); retry when it has finished") from None
             path.unlink(missing_ok=True)
             continue
         with os.fdopen(fd, "w") as f:
             f.write(body)
         return Lease(path, run_id)
-    raise LeaseHeldError(f"{stage} ds={ds}: could not take the lease {path}; retry")
+    raise LeaseHeldError(f"{what}: could not take the lease {path}; retry")

@@ -81,6 +81,12 @@ def mixed_days(cfg: GemConfig, ds: str) -> list[str]:
     return day_range(max(shift_day(first_validation, -cfg.mix.train_days), first_trainable), held_out)
 
 
+def held_out_day(cfg: GemConfig, ds: str) -> list[str]:
+    """The held-out example day of run day ds's mixture: ds - attribution_window_days, the newest
+    day whose window has closed (none before start_ds)."""
+    return _span(cfg, shift_day(ds, -cfg.attribution_window_days), shift_day(ds, -cfg.attribution_window_days))
+
+
 def compaction_days(cfg: GemConfig, ds: str) -> list[str]:
     """ds when it is a compaction day: every sequence_compaction_days-th day counted from start_ds
     (its last day, so a compaction folds in a full period); none otherwise."""
@@ -212,6 +218,12 @@ STAGES: tuple[Stage, ...] = (
     Stage("pretrain", "pretrain", spark=False, skippable=True, pool=GPU_POOL, needs=(Need("mix"),),
           writes=(Writes("gold.metrics"),),
           doc="continued pretraining on ds's mixture; held-out metrics; promotes the model"),
+    Stage("precompute", "precompute", spark=False, skippable=True, pool=GPU_POOL,
+          needs=(Need("pretrain"), Need("validate_silver"), Need("validate_examples", held_out_day)),
+          writes=(Writes("gold.fm_user_embeddings"), Writes("gold.fm_predictions", held_out_day),
+                  Writes("gold.fm_speculative_pairs"), Writes("gold.precompute_stats")),
+          doc="Solaris: user embeddings (incremental), predictions for the held-out day's impressions, "
+              "speculative pairs for ds+1 and the measured use of ds-1's, in user-hash shards"),
 )
 
 REGISTRY: Mapping[str, Stage] = {s.name: s for s in STAGES}

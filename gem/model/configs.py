@@ -231,6 +231,39 @@ class HeadConfig:
 
 
 @dataclass(frozen=True)
+class HistoryCodesConfig:
+    """LoopFM (arXiv 2605.29280): an autoencoder trained during pretraining that compresses the
+    foundation model's representation of each example (the task heads' input, stop-gradient) to
+    `code_dim` INT4 codes, kept per user as a time-ordered history a student reads
+    (gem.model.history_code_autoencoder).
+
+    enabled: pretraining trains the autoencoder beside the model (its loss never reaches the model).
+    code_dim: codes per event; even (two per byte): code_dim / 2 bytes per event.
+    prefix_lengths: Matryoshka reconstruction from the first n codes, for each n; the last is code_dim,
+        so any prefix of a stored code is itself a usable, shorter code.
+    hidden: width of the encoder's and the decoder's hidden layer.
+    """
+
+    enabled: bool = False
+    code_dim: int = 32
+    prefix_lengths: tuple[int, ...] = (8, 16, 32)
+    hidden: int = 128
+
+    def __post_init__(self) -> None:
+        if self.code_dim < 2 or self.code_dim % 2:
+            raise ValueError(f"history_codes.code_dim must be even and >= 2 (two INT4 codes per byte), got {self.code_dim}")
+        prefixes = self.prefix_lengths
+        if not prefixes or list(prefixes) != sorted(set(prefixes)) or prefixes[0] < 1 or prefixes[-1] != self.code_dim:
+            raise ValueError(f"history_codes.prefix_lengths must increase from >= 1 to code_dim={self.code_dim}, "
+                             f"got {prefixes}")
+
+    @property
+    def bytes_per_event(self) -> int:
+        """Packed size of one event's codes."""
+        return self.code_dim // 2
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     arch: str = "kunlun"
     kunlun: KunlunConfig = field(default_factory=KunlunConfig)
@@ -240,6 +273,7 @@ class ModelConfig:
     dlrm: DLRMConfig = field(default_factory=DLRMConfig)
     embeddings: EmbeddingConfig = field(default_factory=EmbeddingConfig)
     heads: HeadConfig = field(default_factory=HeadConfig)
+    history_codes: HistoryCodesConfig = field(default_factory=HistoryCodesConfig)
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHITECTURES:
@@ -258,3 +292,89 @@ class ModelConfig:
         if isinstance(body, KunlunConfig):
             return {e: c.max_len for e, c in body.effective_events.items()}
         return dict(body.max_len)
+
+
+# A student variant is the set of foundation-model signals it learns from:
+#   aux_head       ExFM auxiliary distillation head on the FM's logged predictions
+#   adapter        ExFM student adapter: its fresh-label correction of the FM is a second target
+#   history_codes  LoopFM: the user's past FM codes as a sequence feature
+STUDENT_VARIANTS: dict[str, tuple[str, ...]] = {
+    "baseline": (),
+    "kd": ("aux_head",),
+    "kd_adapter": ("aux_head", "adapter"),
+    "kd_loopfm": ("aux_head", "history_codes"),
+    "kd_adapter_loopfm": ("aux_head", "adapter", "history_codes"),
+}
+
+
+@dataclass(frozen=True)
+class DistillationConfig:
+    """ExFM (arXiv 2502.17494) knowledge distillation from the foundation model's logged predictions.
+
+    The serving head learns from true labels only. A separate distillation head on the same body
+    learns weight * BCE(y_d, alpha * y_FM); the body receives beta times that loss's gradient
+    (gem.model.ops.grad_scale). With the adapter on, a small MLP on y_FM learns the fresh labels and
+    the distillation head also learns adapter_weight * BCE(y_d, stop_gradient(adapter(y_FM))).
+    The defaults are starting values, to be chosen on the validation day.
+    """
+
+    alpha: float = 1.0
+    beta: float = 0.5
+    weight: float = 1.0
+    adapter_hidden: int = 16
+    adapter_weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.alpha <= 1.0:
+            raise ValueError(f"student.distillation.alpha must be in (0, 1] (alpha * y_FM is a probability), got {self.alpha}")
+        for name in ("beta", "weight", "adapter_weight"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"student.distillation.{name} must be >= 0, got {getattr(self, name)}")
+        if self.adapter_hidden < 1:
+            raise ValueError(f"student.distillation.adapter_hidden must be >= 1, got {self.adapter_hidden}")
+
+
+@dataclass(frozen=True)
+class HistoryCodeFeatureConfig:
+    """The student's LoopFM feature: of the user's coded events strictly before the example, the most
+    recent `max_codes` within `max_age_days`, pooled by mean and by target attention
+    (gem.model.history_code_feature)."""
+
+    max_codes: int = 200
+    max_age_days: float = 30.0
+    time_buckets: int = 24
+
+    def __post_init__(self) -> None:
+        if self.max_codes < 1 or self.max_age_days <= 0 or self.time_buckets < 1:
+            raise ValueError("student.history_codes: max_codes and time_buckets must be >= 1, max_age_days > 0")
+
+
+def _student_buckets() -> dict[str, int]:
+    return {"user_id": 20_000, "ad_id": 5_000, "advertiser_id": 500, "campaign_id": 2_000,
+            "surface": 8, "objective": 8, "creative_type": 8, "position": 65}
+
+
+@dataclass(frozen=True)
+class StudentConfig:
+    """A per-surface serving model (gem.model.student): a DLRM body over the surface's sparse ids,
+    counters and short sequences, with the FM signals its `variant` names (STUDENT_VARIANTS)."""
+
+    variant: str = "kd_loopfm"
+    dlrm: DLRMConfig = field(default_factory=lambda: DLRMConfig(
+        dim=16, dense_arch=(64, 16), over_arch=(64, 32), max_len={"impression": 16, "click": 8, "conversion": 4}))
+    embeddings: EmbeddingConfig = field(default_factory=lambda: EmbeddingConfig(dim=16, buckets=_student_buckets()))
+    heads: HeadConfig = field(default_factory=lambda: HeadConfig(hidden=32, shared_experts=1))
+    distillation: DistillationConfig = field(default_factory=DistillationConfig)
+    history_codes: HistoryCodeFeatureConfig = field(default_factory=HistoryCodeFeatureConfig)
+
+    def __post_init__(self) -> None:
+        if self.variant not in STUDENT_VARIANTS:
+            raise ValueError(f"student.variant must be one of {tuple(STUDENT_VARIANTS)}, got {self.variant!r}")
+        if self.embeddings.dim != self.dlrm.dim:
+            raise ValueError(f"student.embeddings.dim={self.embeddings.dim} must equal student.dlrm.dim={self.dlrm.dim}")
+        if self.heads.shared_experts < 1:
+            raise ValueError("student.heads.shared_experts must be >= 1 (DomainExpertHeads mixes at least one)")
+
+    def uses(self, signal: str) -> bool:
+        """Whether the variant learns from `signal`: "aux_head", "adapter" or "history_codes"."""
+        return signal in STUDENT_VARIANTS[self.variant]

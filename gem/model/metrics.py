@@ -5,6 +5,8 @@
     AUC = probability a random positive scores above a random negative (ties count 1/2), each
           example counted with its weight
     calibration = sum(w * prediction) / sum(w * label)   (1.0 = calibrated)
+    transfer ratio (ExFM) = (NE_baseline - NE_student) / (NE_baseline - NE_FM): the share of the
+          foundation model's NE gain over a student without any FM signal that the student keeps
 
 Example:
     >>> ne(torch.tensor([0.1, 0.1]), torch.tensor([1.0, 0.0]), torch.tensor([1.0, 9.0]))  # p = 0.1
@@ -45,3 +47,13 @@ def auc(pred: torch.Tensor, label: torch.Tensor, weight: torch.Tensor) -> torch.
 
 def calibration(pred: torch.Tensor, label: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return (weight.double() * pred.double()).sum() / (weight.double() * label.double()).sum()
+
+
+def transfer_ratio(baseline_ne: float, student_ne: float, fm_ne: float) -> float:
+    """(student's NE gain) / (FM's NE gain), both over the same baseline student, on the same
+    examples; nan when the FM gains nothing over the baseline (no gain to transfer).
+
+    Example: baseline 0.90, FM 0.80, student 0.85 -> 0.5.
+    """
+    fm_gain = baseline_ne - fm_ne
+    return (baseline_ne - student_ne) / fm_gain if fm_gain > 0 else float("nan")

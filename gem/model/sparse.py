@@ -34,6 +34,13 @@ def plain_state_key(key: str) -> str:
     return "embeddings.tables." + key[len(COLLECTION_PREFIX):]
 
 
+def collection_state_key(key: str) -> str:
+    """The inverse of plain_state_key: "embeddings.tables.user_id.weight" ->
+    "embeddings.collection.embeddings.user_id.weight" (other keys unchanged)."""
+    prefix = "embeddings.tables."
+    return COLLECTION_PREFIX + key[len(prefix):] if key.startswith(prefix) else key
+
+
 def sequence_key(event: str) -> str:
     """The KJT key of an event type's history ids (a feature of the shared sequence table)."""
     return f"{event}_history"

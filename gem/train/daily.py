@@ -61,6 +61,11 @@ def write_metrics(commit: Any, rows: list[dict[str, Any]]) -> int:
     return commit.replace_arrow(table, GOLD_METRICS, also={"arch": arch})
 
 
+def checkpoint_root(cfg: Any) -> Path:
+    """Where run folders and promotions live: train.checkpoint_root, else {lakehouse}/_checkpoints."""
+    return Path(cfg.train.checkpoint_root or f"{cfg.lakehouse_uri.rstrip('/')}/_checkpoints")
+
+
 def init_from_torchrun(device_type: str) -> bool:
     """Join the process group torchrun describes (WORLD_SIZE, RANK, MASTER_ADDR/PORT in the
     environment): gloo on CPU, NCCL on GPU, one GPU per local rank. False when not under torchrun."""
@@ -93,7 +98,7 @@ def run(ctx: Any, ds: str, run_dir: Path | None = None, steps: int | None = None
     joined = init_from_torchrun("cuda" if torch.cuda.is_available() else "cpu")
     rank = torch.distributed.get_rank() if joined else 0
     torch.manual_seed(cfg.train.seed)
-    root = Path(cfg.train.checkpoint_root or f"{cfg.lakehouse_uri.rstrip('/')}/_checkpoints")
+    root = checkpoint_root(cfg)
     run_dir = Path(run_dir) if run_dir else root / f"{cfg.model.arch}-{ds}"
 
     # Rank 0 commits for the stage: inputs (the mixture's record) checked and the day's record
@@ -125,7 +130,7 @@ def run(ctx: Any, ds: str, run_dir: Path | None = None, steps: int | None = None
         eval_task.load_state_dict(state)
         eval_stream = ResumableLoader(ExampleStream(eval_manifest, tasks, loader_cfg, rank=0, world_size=1))
         _report(commit, evaluate(eval_task, eval_stream.epoch()), result.steps, eval_manifest)
-        promotion.promote(root, cfg.model.arch, ds, checkpoint_path, result.steps)
+        promotion.promote(root, cfg.model.arch, ds, checkpoint_path, result.steps, tasks)
         commit.publish(None, written_tables=(GOLD_METRICS,), no_input_count=NO_INPUT_COUNT)
     if joined:
         torch.distributed.barrier()  # nobody exits before rank 0 has published

@@ -26,20 +26,29 @@ class Promotion:
     mix_ds: str
     checkpoint: Path
     step: int
+    tasks: tuple[str, ...] = ()  # the heads' tasks, in order (empty in files from before they were kept)
+
+    @property
+    def version(self) -> str:
+        """How outputs computed by this model name it, e.g. "kunlun@2026-01-03:step120"."""
+        return f"{self.arch}@{self.mix_ds}:step{self.step}"
 
 
 def _folder(root: Path, arch: str) -> Path:
     return root / "promoted" / arch
 
 
-def promote(root: Path, arch: str, mix_ds: str, checkpoint: Path, step: int) -> Promotion:
-    """Publish `checkpoint` as `arch`'s model of day `mix_ds` (replacing an earlier run of that day)."""
+def promote(root: Path, arch: str, mix_ds: str, checkpoint: Path, step: int,
+            tasks: tuple[str, ...] = ()) -> Promotion:
+    """Publish `checkpoint` as `arch`'s model of day `mix_ds` (replacing an earlier run of that day);
+    `tasks`: its heads' tasks in order, so a reader can rebuild the model."""
     folder = _folder(root, arch)
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".{mix_ds}.json.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps({"arch": arch, "mix_ds": mix_ds, "checkpoint": str(checkpoint), "step": step}))
+    tmp.write_text(json.dumps({"arch": arch, "mix_ds": mix_ds, "checkpoint": str(checkpoint), "step": step,
+                               "tasks": list(tasks)}))
     os.replace(tmp, folder / f"{mix_ds}.json")  # atomic: a reader sees the old file or the new one
-    return Promotion(arch, mix_ds, checkpoint, step)
+    return Promotion(arch, mix_ds, checkpoint, step, tuple(tasks))
 
 
 def promotions(root: Path, arch: str) -> list[Promotion]:
@@ -50,7 +59,8 @@ def promotions(root: Path, arch: str) -> list[Promotion]:
     found = []
     for path in sorted(folder.glob("*.json")):
         data = json.loads(path.read_text())
-        found.append(Promotion(data["arch"], data["mix_ds"], Path(data["checkpoint"]), int(data["step"])))
+        found.append(Promotion(data["arch"], data["mix_ds"], Path(data["checkpoint"]), int(data["step"]),
+                               tuple(data.get("tasks", ()))))
     return sorted(found, key=lambda p: p.mix_ds)
 
 
@@ -58,6 +68,13 @@ def warm_start_for(root: Path, arch: str, mix_ds: str) -> Promotion | None:
     """The model a run of day `mix_ds` starts from: the newest promotion of an earlier day."""
     earlier = [p for p in promotions(root, arch) if p.mix_ds < mix_ds]
     return earlier[-1] if earlier else None
+
+
+def as_of(root: Path, arch: str, ds: str) -> Promotion | None:
+    """The model serving day `ds`: the newest promotion of ds or an earlier day (a later day's
+    model never serves an earlier day, e.g. in a backfill)."""
+    found = [p for p in promotions(root, arch) if p.mix_ds <= ds]
+    return found[-1] if found else None
 
 
 def current(root: Path, arch: str) -> Promotion | None:

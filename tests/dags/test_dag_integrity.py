@@ -39,10 +39,11 @@ UPSTREAM = {
     "validate_examples": {"assemble_examples"},
     "mix": {"validate_examples"},
     "pretrain": {"mix"},
+    "precompute": {"pretrain"},
 }
 SENSOR = "wait_for_landing"
-SKIPPABLE = {"generate_events", "assemble_examples", "validate_examples", "mix", "pretrain"}
-POOLS = {"pretrain": "gpu"}  # everything else runs in the default pool
+SKIPPABLE = {"generate_events", "assemble_examples", "validate_examples", "mix", "pretrain", "precompute"}
+POOLS = {"pretrain": "gpu", "precompute": "gpu"}  # everything else runs in the default pool
 # The tasks that wait for their own previous run (day-over-day state), written out by hand; each
 # task's Assets: tests.support.DAG_OUTLETS.
 DEPENDS_ON_PAST = {"build_sequences"}

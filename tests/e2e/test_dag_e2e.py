@@ -47,14 +47,17 @@ def commands(ds: str) -> dict[str, str]:
         "validate_examples": f"-m jobs.validate_silver --ready-on {ds} --examples",
         "mix": f"-m jobs.mix --ds {ds}",
         "pretrain": f"-m jobs.pretrain --ds {ds}",
+        "precompute": f"-m jobs.precompute --ds {ds}",
     }
 
 
 # Day 1 has no training day before its held-out day: the mix exits 99 and shows as skipped, and
-# pretraining, which needs its manifest, is skipped with it. Day 2 runs every task.
+# pretraining, which needs its manifest, is skipped with it, and so is precompute. Day 2 runs every task.
+# The landing sensor (no command of its own) passes at once: generate_events wrote the marker.
 EXPECTED_STATES = {
-    LOGICAL_DATES[0]: {task: "success" for task in commands(DAYS[0])} | {"mix": "skipped", "pretrain": "skipped"},
-    LOGICAL_DATES[1]: {task: "success" for task in commands(DAYS[1])},
+    LOGICAL_DATES[0]: {task: "success" for task in commands(DAYS[0])}
+    | {"wait_for_landing": "success", "mix": "skipped", "pretrain": "skipped", "precompute": "skipped"},
+    LOGICAL_DATES[1]: {task: "success" for task in commands(DAYS[1])} | {"wait_for_landing": "success"},
 }
 RUN_TIMEOUT_S = 1800
 
@@ -169,7 +172,7 @@ def test_bronze_and_completions(dag_run: DagRunResult, spark: Any) -> None:
         assert bronze_rows > 0
         done = {r.stage: r for r in completions.where(f"ds = DATE'{ds}'").collect()}
         expected = {"ingest_events", "validate_events", "build_sequences", "build_features", "validate_silver",
-                    "assemble_examples", "validate_examples"} | ({"mix", "pretrain"} if ds == DAYS[1] else set())
+                    "assemble_examples", "validate_examples"} | ({"mix", "pretrain", "precompute"} if ds == DAYS[1] else set())
         assert set(done) == expected, (ds, sorted(done))
         ingest = done["ingest_events"]
         assert ingest.rows_written == bronze_rows

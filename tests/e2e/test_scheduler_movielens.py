@@ -50,14 +50,14 @@ DAYS = ((TODAY - dt.timedelta(days=2)).isoformat(), (TODAY - dt.timedelta(days=1
 RUN_TIMEOUT_S = 3300
 TRAIN_STEPS = 4
 # Every task of a run and its final state; generate_events skips under `source: landing`, and the
-# first day has no training day before its held-out day (mix and pretraining skip).
+# first day has no training day before its held-out day (mix, pretraining and precompute skip).
 EXPECTED_STATES = {
     DAYS[0]: {"generate_events": "skipped", "wait_for_landing": "success", "ingest_events": "success",
               "validate_events": "success", "build_sequences": "success", "build_features": "success",
               "validate_silver": "success", "assemble_examples": "success", "validate_examples": "success",
-              "mix": "skipped", "pretrain": "skipped"},
+              "mix": "skipped", "pretrain": "skipped", "precompute": "skipped"},
 }
-EXPECTED_STATES[DAYS[1]] = EXPECTED_STATES[DAYS[0]] | {"mix": "success", "pretrain": "success"}
+EXPECTED_STATES[DAYS[1]] = EXPECTED_STATES[DAYS[0]] | {"mix": "success", "pretrain": "success", "precompute": "success"}
 # --- MovieLens-format input ------------------------------------------------------------------------
 
 GENRES = ("Action", "Comedy", "Drama", "Horror", "Animation", "Romance", "Thriller", "Documentary")

@@ -1,4 +1,5 @@
-"""NE, AUC and calibration against plain definitions, with and without importance weights."""
+"""NE, AUC and calibration against plain definitions, with and without importance weights; the
+transfer ratio."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import math
 import pytest
 import torch
 
-from gem.model.metrics import auc, calibration, ne
+from gem.model.metrics import auc, calibration, ne, transfer_ratio
 
 
 def test_ne_is_one_for_the_base_rate_and_lower_for_a_better_model():
@@ -42,3 +43,11 @@ def test_auc_equals_pairwise_definition_with_ties_and_weights():
 
 def test_calibration_is_weighted_predicted_over_observed():
     assert float(calibration(torch.tensor([0.5, 0.5]), torch.tensor([1.0, 0.0]), torch.tensor([1.0, 3.0]))) == 2.0
+
+
+def test_transfer_ratio_is_the_share_of_the_fm_gain_the_student_keeps():
+    assert transfer_ratio(0.90, 0.85, 0.80) == pytest.approx(0.5)
+    assert transfer_ratio(0.90, 0.90, 0.80) == 0.0  # the student gained nothing
+    assert transfer_ratio(0.90, 0.78, 0.80) == pytest.approx(1.2)  # a student may beat the FM
+    assert transfer_ratio(0.90, 0.92, 0.80) == pytest.approx(-0.2)  # or lose to its baseline
+    assert math.isnan(transfer_ratio(0.90, 0.85, 0.95))  # the FM is no better than the baseline

@@ -1,0 +1,229 @@
+"""Solaris precompute: elastic scaling, incremental cost, and (on a GPU) forward throughput vs roofline.
+
+    python -m bench.precompute [--users 6000 --impressions 4 --ads 200 --shards 8]
+    python -m bench.precompute --gpu-only              # only the roofline part (needs CUDA)
+
+One run, side by side, on a synthetic lakehouse written without Spark (tests/precompute_lakehouse.py:
+real Delta tables, the pipeline's default Kunlun width with random weights) of two days, everyone
+active on day 1 and `--changed` of the users on day 2:
+  1. day 1 (a refresh, every user active) with 1 single-threaded worker, then again with 2 (this
+     process and one more): users per second = users computed / wall seconds of the whole stage
+     (plan, model loads, the second worker's start, commits, stats included), and over the shards
+     alone (first claim to last done);
+  2. day 2 incremental (only the changed users), then the same day as a full recompute
+     (model_refresh_days 1): wall seconds of the stage (both compute the same predictions and
+     speculative pairs of day 2's active users) and worker seconds of the user embeddings.
+On CUDA only: the precompute forward (predict: body + heads) in bf16 on synthetic full-length
+batches, FLOPs from gem.model.flops, against the roofline min(matmul peak, arithmetic intensity x
+copy bandwidth), both measured in the same run; bytes per batch counted as the weights plus the
+batch's inputs and outputs read or written once (a lower bound, so the roofline is an upper bound).
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gem.lakehouse.commit import StageContext
+
+
+def lakehouse_config(root: Path, users: int, shards: int, **precompute: Any) -> Any:
+    from tests.support import make_config
+
+    # The pipeline's default Kunlun (width 32); tables sized to the synthetic ids.
+    buckets = {"user_id": 50_000, "ad_id": 1_000, "advertiser_id": 1_000, "campaign_id": 1_000, "surface": 8,
+               "objective": 8, "creative_type": 8, "position": 65}
+    return make_config(root, start_ds="2026-01-01", attribution_window_days=0,
+                       model={"arch": "kunlun", "embeddings": {"buckets": buckets}},
+                       precompute={"shards": shards, "lease_expiry_s": 30.0, **precompute})
+
+
+def cpu_bench(args: argparse.Namespace) -> dict[str, float]:
+    from gem.precompute.run import run
+    from tests.precompute_lakehouse import build_days, promote_model, publish_training_records
+
+    root = Path(tempfile.mkdtemp(prefix="gem-bench-precompute-"))
+    cfg = lakehouse_config(root, args.users, args.shards)
+    t0 = time.time()
+    _, days = build_days(cfg, 2, users=args.users, ads=args.ads, active_share=args.changed,
+                         impressions_per_user=args.impressions)
+    promote_model(cfg, days[0])
+    publish_training_records(cfg, days[1])
+    print(f"lakehouse of {args.users} users ({args.impressions} impressions each a day active), 2 days, in "
+          f"{time.time() - t0:.1f}s at {root}")
+    out: dict[str, float] = {}
+    # Elastic scaling on day 1, where every user is active: embeddings, predictions and pairs of all.
+    scaling = {w: run(StageContext(cfg), days[0], workers=w) for w in (1, 2)}
+    for w, result in scaling.items():
+        users = result.details["users_computed"]
+        out[f"users_per_s_{w}w"] = users / result.seconds
+        out[f"shard_users_per_s_{w}w"] = users / result.details["shards_window_s"]
+        print(f"day 1 (everyone active, a refresh), {w} worker(s): {users} users in {result.seconds:.1f}s = "
+              f"{out[f'users_per_s_{w}w']:.0f} users/s for the stage; {out[f'shard_users_per_s_{w}w']:.0f} users/s "
+              f"from the first shard claimed to the last done ({result.details['shards_window_s']:.1f}s)")
+    out["speedup_2w"] = out["users_per_s_2w"] / out["users_per_s_1w"]
+    out["shard_speedup_2w"] = out["shard_users_per_s_2w"] / out["shard_users_per_s_1w"]
+    print(f"2 workers / 1 worker: {out['speedup_2w']:.2f}x for the stage, {out['shard_speedup_2w']:.2f}x over the "
+          f"shards (goal >= 1.7x)")
+    # Day 2: incremental after day 1, then the same day as a full recompute.
+    incremental = run(StageContext(cfg), days[1], workers=1)
+    full = run(StageContext(lakehouse_config(root, args.users, args.shards, model_refresh_days=1)), days[1], workers=1)
+    changed = incremental.details["users_computed"] / incremental.details["users_total"]
+    out["incremental_share"] = incremental.seconds / full.seconds
+    inc, tot = incremental.details["shard_seconds"], full.details["shard_seconds"]
+    out["incremental_embedding_share"] = inc["embeddings"] / tot["embeddings"]
+    print(f"day 2 incremental ({changed:.1%} of users changed): {incremental.seconds:.1f}s = "
+          f"{out['incremental_share']:.1%} of the full recompute's {full.seconds:.1f}s for the stage; the user "
+          f"embeddings {inc['embeddings']:.2f}s = {out['incremental_embedding_share']:.1%} of {tot['embeddings']:.2f}s "
+          f"(goal <= 15%)")
+    print("worker seconds by phase, incremental / full: " + ", ".join(
+        f"{p} {inc[p]:.2f} / {tot[p]:.2f}" for p in tot))
+    print(f"speculative pairs of day 1 on day 2: hit rate {incremental.details['hit_rate']:.1%}, wasted "
+          f"{incremental.details['wasted_share']:.1%}, model age {incremental.details['model_age_days']} d, "
+          f"input age {incremental.details['input_age_days']} d")
+    return out
+
+
+def policy_on_generator_traffic(users: int, ads: int, impressions: int, days: int, recent: int,
+                                popular: int) -> dict[str, float]:
+    """The speculative-pair policy (gem.precompute.speculative) on the event generator's own traffic
+    (gem.study.traffic.simulate: the demo's world at its volumes, no Spark): pairs chosen from each
+    day's impressions, measured on the next day's. -> mean hit rate, wasted share, pairs per user."""
+    import datetime as dt
+
+    import numpy as np
+    import pyarrow as pa
+
+    from gem.precompute import speculative
+    from gem.study.traffic import simulate
+
+    t = simulate(days, impressions, users, ads)
+    origin = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    hit_rates, wasted, per_user = [], [], []
+    for day in range(days - 1):
+        seen = np.flatnonzero(t.day <= day)  # the users' impressions up to the end of `day`, oldest first
+        order = seen[np.lexsort((t.time_ms[seen], t.user[seen]))]
+        active = np.unique(t.user[t.day == day])
+        rows = order[np.isin(t.user[order], active)]
+        users_of = t.user[rows]
+        starts = np.flatnonzero(np.r_[True, users_of[1:] != users_of[:-1]])
+        offsets = np.r_[starts, len(rows)].astype(np.int32)
+        elements = pa.StructArray.from_arrays(
+            [pa.array([f"a{a}" for a in t.ad[rows]]), pa.array([t.surfaces[s] for s in t.surface[rows]]),
+             pa.array(origin + dt.timedelta(milliseconds=int(ms)) for ms in t.time_ms[rows])],
+            names=["ad_id", "surface", "event_time"])
+        table = pa.table({"user_id": pa.array([f"u{u}" for u in users_of[starts]]),
+                          "impressions": pa.ListArray.from_arrays(pa.array(offsets), elements)})
+        ds = (origin + dt.timedelta(days=day)).date().isoformat()
+        top = speculative.popular_ads(speculative.day_impressions(table, ds), popular)
+        pairs = speculative.choose_pairs(table, top, recent)
+        chosen = pa.table({"user_id": [p.user_id for p in pairs], "ad_id": [p.ad_id for p in pairs],
+                           "sequence_ds": pa.array([dt.date.fromisoformat(ds)] * len(pairs), pa.date32())})
+        tomorrow = t.day == day + 1
+        served = pa.table({"user_id": [f"u{u}" for u in t.user[tomorrow]], "ad_id": [f"a{a}" for a in t.ad[tomorrow]]})
+        measured = speculative.measure(served, chosen, (origin + dt.timedelta(days=day + 1)).date().isoformat())
+        hit_rates.append(measured.hit_rate)
+        wasted.append(measured.wasted_share)
+        per_user.append(len(pairs) / len(active))
+    out = {"hit_rate": float(np.mean(hit_rates)), "wasted_share": float(np.mean(wasted)),
+           "pairs_per_active_user": float(np.mean(per_user))}
+    print(f"policy (recent {recent}, popular {popular}) on the generator's traffic ({users} users, {ads} ads, "
+          f"{impressions:,} impressions a day, {days} days): hit rate {out['hit_rate']:.1%}, wasted "
+          f"{out['wasted_share']:.1%}, {out['pairs_per_active_user']:.1f} pairs per active user")
+    return out
+
+
+def gpu_bench(batch: int, steps: int) -> dict[str, float] | None:
+    """The precompute forward on CUDA in bf16 against its roofline; None without CUDA."""
+    if not torch.cuda.is_available():
+        print("no CUDA: the forward roofline measurement is skipped")
+        return None
+    from bench.gpu_train import matmul_peak_tflops, synthetic_inputs
+    from gem.config import load_config
+    from gem.data.encode import DENSE_COLUMNS
+    from gem.data.loader import SPARSE_FEATURES
+    from gem.model.build import build_task
+    from gem.model.flops import model_flops
+
+    device = torch.device("cuda")
+    cfg = load_config(environ={}).model
+    tasks = tuple(f"{s}/{t}" for s, t in load_config(environ={}).tasks)
+    task = build_task(cfg, tasks, SPARSE_FEATURES, len(DENSE_COLUMNS), sparse_backend="torch").to(device).eval()
+    lengths = cfg.sequence_lengths()
+    sparse_ids, dense, seq, _ = synthetic_inputs(batch, cfg.kunlun.dim, lengths, device)
+    dense = dense[:, : len(DENSE_COLUMNS)]
+
+    def forward() -> torch.Tensor:
+        sparse = {f: task.embeddings.lookup(f, v) for f, v in sparse_ids.items()}
+        sequences = {e: {"id_emb": task.embeddings.lookup("ad_id", s["ids"]),
+                         **{k: s[k] for k in ("surface", "objective", "gap_s", "offsets")}} for e, s in seq.items()}
+        return torch.sigmoid(task.heads(task.body(sparse, dense, sequences)))
+
+    with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):
+        for _ in range(3):
+            out = forward()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(steps):
+            out = forward()
+        end.record()
+        torch.cuda.synchronize()
+    seconds = start.elapsed_time(end) / 1e3 / steps
+    flops = model_flops(cfg, len(SPARSE_FEATURES), len(DENSE_COLUMNS), len(tasks), len({t.split("/")[0] for t in tasks}))
+    achieved = flops["total"] * batch / seconds / 1e12
+    weights = sum(p.numel() * 2 for n, p in task.named_parameters() if not n.startswith("embeddings."))
+    inputs = sum(t.numel() * t.element_size() for t in [dense, *sparse_ids.values()]) + sum(
+        v.numel() * v.element_size() for s in seq.values() for v in s.values())
+    rows = batch * (len(SPARSE_FEATURES) + sum(lengths.values())) * cfg.kunlun.dim * 2  # embedding rows read
+    moved = weights + inputs + rows + out.numel() * out.element_size()
+    peak = matmul_peak_tflops(device, torch.bfloat16, 8192)
+    src = torch.empty(1 << 28, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(10):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    bandwidth = 2 * src.numel() * 10 / (time.perf_counter() - t0)  # bytes read + written per second
+    roofline = min(peak, flops["total"] * batch / moved * bandwidth / 1e12)
+    print(f"forward: {batch / seconds:,.0f} examples/s, {achieved:.1f} TFLOP/s; roofline {roofline:.1f} TFLOP/s "
+          f"(matmul peak {peak:.0f}, {bandwidth / 1e12:.2f} TB/s x {flops['total'] * batch / moved:.1f} FLOP/byte): "
+          f"{achieved / roofline:.1%} of it (goal >= 80%)")
+    return {"tflops": achieved, "roofline_tflops": roofline, "roofline_share": achieved / roofline}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--users", type=int, default=6000)
+    parser.add_argument("--changed", type=float, default=0.1, help="share of users active (changed) on day 2")
+    parser.add_argument("--impressions", type=int, default=4, help="impressions per active user and day")
+    parser.add_argument("--ads", type=int, default=200)
+    parser.add_argument("--shards", type=int, default=8)
+    parser.add_argument("--gpu-batch", type=int, default=4096)
+    parser.add_argument("--gpu-steps", type=int, default=20)
+    parser.add_argument("--gpu-only", action="store_true")
+    parser.add_argument("--policy-only", action="store_true", help="only the pair policy on generator traffic")
+    args = parser.parse_args(argv)
+    results: dict[str, Any] = {}
+    if not args.gpu_only:
+        from gem.config import load_config
+
+        demo = load_config(Path(__file__).resolve().parent.parent / "configs" / "demo.yaml", environ={})
+        defaults = demo.precompute
+        results["policy"] = policy_on_generator_traffic(demo.generator.users, demo.generator.ads,
+                                                        demo.generator.events_per_day, 3, defaults.recent_ads,
+                                                        defaults.popular_ads)
+    if not (args.gpu_only or args.policy_only):
+        results["cpu"] = cpu_bench(args)
+    results["gpu"] = None if args.policy_only else gpu_bench(args.gpu_batch, args.gpu_steps)
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+"""What one precompute day computes, decided once by the job before any worker starts.
+
+Model refresh: a day is a refresh day when no precompute ran in the precompute.model_refresh_days
+before it, or its pinned model was pinned that many days ago or more. A refresh pins the newest
+model promoted for ds or an earlier day (gem.train.promotion.as_of) and recomputes every user with a
+sequence snapshot; any other day keeps the pinned model (so every valid embedding of a day comes from
+one model) and recomputes only the users whose snapshot changed since the last precompute day: the
+users with a silver.user_sequences row in (last precompute day, ds]. The others carry forward: their
+rows stay where they are (gold.fm_user_embeddings is read as "latest row with ds' <= ds",
+gem.precompute.read). The user representation reads only the user's sequences and id
+(Kunlun.user_representation); the dense counters, which change for everyone every day, are not an
+input of it, so a counter change alone recomputes nobody.
+
+The plan is saved as JSON in the run's folder (`plan.json`, with the full config), and
+`{lakehouse}/_ops/precompute/ds={ds}/current.json` names that folder, so a worker started on any
+host joins the run with nothing but the lakehouse location and ds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gem.config import GemConfig, load_config
+from gem.days import shift_day
+from gem.lakehouse import completions, stages
+from gem.precompute.model import ModelPin, PromotedModelMissing
+
+STAGE = "precompute"
+
+
+@dataclass(frozen=True)
+class TableAt:
+    """A Delta table read at a pinned version."""
+
+    path: str
+    version: int
+
+
+@dataclass(frozen=True)
+class DayPlan:
+    ds: str
+    run_id: str
+    shards: int
+    model: ModelPin
+    refreshed: bool
+    since_ds: str | None  # None on a refresh: every user; else users with sequences in (since_ds, ds]
+    sequence_days: tuple[str, ...]  # the silver.user_sequences partitions to read, oldest first
+    examples_ds: str | None  # the held-out example day whose impressions get predictions
+    sequences: TableAt
+    user_features: TableAt
+    ad_features: TableAt
+    examples: TableAt | None
+    popular_ads: tuple[str, ...]
+    input_versions: dict[str, int]
+    config: dict[str, Any]
+
+    @property
+    def cfg(self) -> GemConfig:
+        return load_config(overrides=self.config, environ={})
+
+    def save(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        _write_atomic(folder / "plan.json", json.dumps(dataclasses.asdict(self), default=str))
+        _write_atomic(day_folder(self.cfg, self.ds) / "current.json", json.dumps({"run_folder": str(folder)}))
+
+    @classmethod
+    def load(cls, folder: Path) -> DayPlan:
+        data = json.loads((folder / "plan.json").read_text())
+        tables = {k: TableAt(**data[k]) if data[k] is not None else None
+                  for k in ("sequences", "user_features", "ad_features", "examples")}
+        model = ModelPin(**{**data["model"], "tasks": tuple(data["model"]["tasks"])})
+        return cls(**{**data, **tables, "model": model, "sequence_days": tuple(data["sequence_days"]),
+                      "popular_ads": tuple(data["popular_ads"])})
+
+
+def day_folder(cfg: GemConfig, ds: str) -> Path:
+    return Path(cfg.lakehouse_uri) / "_ops" / "precompute" / f"ds={ds}"
+
+
+def run_folder(cfg: GemConfig, ds: str, run_id: str) -> Path:
+    return day_folder(cfg, ds) / run_id.replace(":", "_")
+
+
+def current_run_folder(cfg: GemConfig, ds: str) -> Path:
+    """The folder of the run of ds in progress (or last run); FileNotFoundError naming the job to start."""
+    pointer = day_folder(cfg, ds) / "current.json"
+    if not pointer.is_file():
+        raise FileNotFoundError(f"no precompute run of ds={ds} under {pointer.parent}; start one with "
+                                f"`python -m jobs.precompute --ds {ds}`")
+    return Path(json.loads(pointer.read_text())["run_folder"])
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+@dataclass(frozen=True)
+class PreviousDay:
+    """The last precompute day before ds within the refresh period, from its gold.precompute_stats row."""
+
+    ds: str
+    pin: ModelPin
+
+
+def previous_day(cfg: GemConfig, ds: str, promoted_tasks: dict[str, tuple[str, ...]]) -> PreviousDay | None:
+    """The newest precompute record of the model_refresh_days before ds, with its pinned model;
+    None when there is none (ds is then a refresh day). promoted_tasks: mix day -> the tasks its
+    promotion lists."""
+    from gem.data.delta_log import read_table
+    from schemas.precompute import GOLD_PRECOMPUTE_STATS
+
+    for back in range(1, cfg.precompute.model_refresh_days + 1):
+        day = shift_day(ds, -back)
+        if day < cfg.start_ds:
+            return None
+        record = completions.completion(cfg, STAGE, day)
+        if record is None:
+            continue
+        version = record["table_versions"][GOLD_PRECOMPUTE_STATS.name]
+        (row,) = read_table(GOLD_PRECOMPUTE_STATS.path(cfg.lakehouse_uri), version, where={"ds": day}).to_pylist()
+        model_ds = row["model_ds"].isoformat()
+        pin = ModelPin(row["model_checkpoint"], row["model_version"], model_ds, row["refresh_ds"].isoformat(),
+                       promoted_tasks.get(model_ds, ()))
+        return PreviousDay(day, pin)
+    return None
+
+
+def choose_model(cfg: GemConfig, ds: str) -> tuple[ModelPin, PreviousDay | None]:
+    """(the model ds runs, the previous precompute day); a refresh pin when the period is over.
+    PromotedModelMissing when a refresh finds no promoted model."""
+    from gem.train import promotion
+    from gem.train.daily import checkpoint_root
+
+    root, arch = checkpoint_root(cfg), cfg.model.arch
+    promoted = promotion.promotions(root, arch)
+    previous = previous_day(cfg, ds, {p.mix_ds: p.tasks for p in promoted})
+    days_since_refresh = None if previous is None else (
+        dt.date.fromisoformat(ds) - dt.date.fromisoformat(previous.pin.refresh_ds)).days
+    if previous is not None and days_since_refresh < cfg.precompute.model_refresh_days:
+        if not previous.pin.tasks:
+            raise PromotedModelMissing(f"precompute ds={ds}: the pinned model {previous.pin.version} has no promotion "
+                                       f"listing its tasks any more; rerun `python -m jobs.pretrain --ds "
+                                       f"{previous.pin.model_ds}`")
+        return previous.pin, previous
+    promo = promotion.as_of(root, arch, ds)
+    if promo is None:
+        raise PromotedModelMissing(
+            f"precompute ds={ds}: no {arch} model is promoted for {ds} or an earlier day under "
+            f"{root / 'promoted' / arch}; pretraining must promote one first: `python -m jobs.pretrain --ds {ds}`")
+    if not promo.tasks:
+        raise PromotedModelMissing(f"precompute ds={ds}: the promotion of {promo.version} lists no tasks (promoted "
+                                   f"before they were recorded); rerun `python -m jobs.pretrain --ds {promo.mix_ds}`")
+    return ModelPin(str(promo.checkpoint), promo.version, promo.mix_ds, ds, promo.tasks), previous
+
+
+def sequence_days(cfg: GemConfig, ds: str, since_ds: str | None, present: set[str]) -> tuple[str, ...]:
+    """The silver.user_sequences partitions a day reads: all up to ds on a refresh, else (since_ds, ds]."""
+    first = cfg.start_ds if since_ds is None else shift_day(since_ds, 1)
+    return tuple(sorted(d for d in present if first <= d <= ds))
+
+
+def examples_day(cfg: GemConfig, ds: str) -> str | None:
+    """The held-out example day of ds's mixture, whose impressions get predictions."""
+    (day,) = stages.held_out_day(cfg, ds) or [None]
+    return day
