@@ -18,7 +18,7 @@ TORCH_INDEX_URL ?=
 
 setup: $(PKG_STAMP) $(JARS_STAMP) $(ASSETS_STAMP) $(CLASS_ARCHIVE)
 
-$(PKG_STAMP): requirements.txt requirements-nodeps.txt
+$(PKG_STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	@command -v $(PYTHON_BOOT) >/dev/null || { echo "need $(PYTHON_BOOT) on PATH"; exit 1; }
 	@test -x $(PY) || $(PYTHON_BOOT) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip==26.3
@@ -26,6 +26,8 @@ $(PKG_STAMP): requirements.txt requirements-nodeps.txt
 	  $(PY) -m pip install --quiet "torch==$$(sed -n 's/^torch==//p' requirements.txt)" --index-url "$(TORCH_INDEX_URL)"; fi
 	$(PY) -m pip install --quiet -r requirements.txt
 	$(PY) -m pip install --quiet --no-deps -r requirements-nodeps.txt
+	# This repo itself, editable: the `gem` command (pyproject's console script) in $(VENV)/bin.
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	bash infra/pip_check.sh $(PY)
 	@touch $@
 

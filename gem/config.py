@@ -167,6 +167,10 @@ class SequenceCaps:
 
 
 MIX_POLICIES = ("fixed", "proportional", "temperature")
+# Where a day's landing files come from: "synthetic" (the DAG's generate_events task writes them) or
+# "landing" (an external export or `gem import-movielens` wrote them; generate_events skips and the
+# DAG waits for each day's `_SUCCESS` marker).
+SOURCES = ("synthetic", "landing")
 
 
 @dataclass(frozen=True)
@@ -337,6 +341,8 @@ class GemConfig:
     lakehouse_uri: str = str(REPO_ROOT / "lakehouse")
     # Landing files (raw exports); default beside the lakehouse tables.
     landing_uri: str = ""
+    # Who writes the landing files: "synthetic" (the generator task) or "landing" (see SOURCES).
+    source: str = "synthetic"
     # First day of the pipeline: stages with day-over-day state start fresh here.
     start_ds: str = "2026-01-01"
     surfaces: tuple[str, ...] = SURFACES
@@ -368,6 +374,8 @@ class GemConfig:
     demo: DemoConfig = field(default_factory=DemoConfig)
 
     def __post_init__(self) -> None:
+        if self.source not in SOURCES:
+            raise ConfigError(f"source must be one of {SOURCES}, got {self.source!r}")
         unknown = sorted(set(self.surfaces) - set(SURFACES))
         if unknown:
             raise ConfigError(f"surfaces {unknown} are not in schemas.tasks.SURFACES {list(SURFACES)}")

@@ -2,7 +2,9 @@
 
 For each demo day D it runs `airflow dags test gem_daily <D+1>` (a manual run covers the last full
 day before its logical date, so it processes ds=D; see gem/orchestration.py) against a SQLite
-metadata DB in .airflow/, with $GEM_CONFIG pointing the jobs at the demo config. At the end it
+metadata DB in .airflow/, with $GEM_CONFIG pointing the jobs at the demo config. It prints one line
+per task as it finishes (day, task, state, seconds); Airflow's and the jobs' (Spark's) output goes to
+.airflow/runs/gem_daily-<D>.log, whose path it prints first. At the end it
 reads the tables back through the Delta log with the `deltalake` package (no Spark) and prints
 their locations, row counts per day and the data-quality report's path.
 """
@@ -11,40 +13,34 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+from gem.airflow_runs import airflow_env, airflow_home, init_db, run_day, run_log
 from gem.config import REPO_ROOT, GemConfig, load_config
-from gem.orchestration import demo_logical_dates
+from gem.days import day_range, shift_day
+from gem.orchestration import manual_logical_date
 from schemas.metrics import GOLD_METRICS
 
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "demo.yaml"
 
 
-def airflow_home() -> Path:
-    """Where infra/airflow/airflow_env.sh puts Airflow's files: $AIRFLOW_HOME, else <repo>/.airflow."""
-    return Path(os.environ.get("AIRFLOW_HOME") or REPO_ROOT / ".airflow")
-
-
-def _airflow(cmd: str, env: dict[str, str]) -> None:
-    script = f". infra/airflow/airflow_env.sh && {cmd}"
-    subprocess.run(["bash", "-c", script], cwd=REPO_ROOT, env=env, check=True)
-
-
 def run_days(cfg_path: Path, cfg: GemConfig) -> list[tuple[str, float]]:
-    env = dict(os.environ, GEM_CONFIG=str(cfg_path.resolve()))
+    """Run the demo days in order; one line per task as it finishes, each run's Airflow (and Spark)
+    log in a file whose path is printed. -> (logical date, seconds) per run; exits on a failed run."""
+    env = airflow_env(cfg, cfg_path)
     env.setdefault("GEM_TASK_RETRIES", "1")
     env.setdefault("GEM_TASK_RETRY_DELAY_S", "10")  # a demo fails fast instead of waiting 5 minutes
-    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
-    _airflow("bash infra/airflow/init_db.sh >/dev/null", env)
+    init_db(env)
     timings = []
-    for logical_date in demo_logical_dates(cfg.demo.start_ds, cfg.demo.days):
+    for ds in day_range(cfg.demo.start_ds, shift_day(cfg.demo.start_ds, cfg.demo.days - 1)):
+        log = run_log(env, ds)
+        print(f"gem_daily ds={ds}: Airflow's and Spark's log: {log}", flush=True)
         t0 = time.time()
-        _airflow(f"airflow dags test gem_daily {logical_date}", env)
-        timings.append((logical_date, time.time() - t0))
+        if not run_day(ds, env, log, on_task=lambda line: print(line, flush=True)):
+            raise SystemExit(f"demo failed: the gem_daily run of ds={ds} failed; see {log}")
+        timings.append((manual_logical_date(ds), time.time() - t0))
     return timings
 
 

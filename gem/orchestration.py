@@ -24,24 +24,30 @@ prints the dates for the configured demo days (used by `make demo`).
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import shlex
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gem.lakehouse.stages import Stage
+from gem.lakehouse.stages import STAGES, Stage
 
 if TYPE_CHECKING:
-    from airflow.sdk import CronDataIntervalTimetable
+    from airflow.sdk import Asset, CronDataIntervalTimetable
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
+DAG_ID = "gem_daily"
 DAILY_CRON = "0 0 * * *"
 SCHEDULE_TZ = "UTC"
 # First day of the pipeline; mirrors GemConfig.start_ds (a test keeps them equal). A constant rather
-# than a config read, so parsing does not depend on the DAG processor's $GEM_CONFIG.
+# than a config read, so parsing does not depend on the DAG processor's $GEM_CONFIG. A pipeline
+# that starts elsewhere (an imported history: MovieLens-1M starts in 2000) sets DAG_START_ENV in the
+# DAG processor's environment to its config's start_ds (`gem run` does): Airflow creates no task
+# instance for a run whose logical date is before the DAG's start date.
 START_DS = "2026-01-01"
+DAG_START_ENV = "GEM_DAG_START_DS"
 
 # Retries: jobs are idempotent partition replaces, so a retry is safe. The env knobs exist so the
 # end-to-end test and demos can fail fast; production leaves them unset.
@@ -52,6 +58,19 @@ DEFAULT_RETRY_DELAY_S = 300
 DAY_FLAGS = ("--ds", "--ready-on")
 # A --ready-on job exits with this when no partition is ready on the run's day (BashOperator skips).
 NOTHING_READY_EXIT = 99
+# The sensor task that waits for the `_SUCCESS` markers of the landing partitions the landing-reading
+# stages need (gem.lakehouse.stages.Stage.reads_landing); reschedule mode frees its worker slot
+# between pokes. Its poke interval and timeout are env knobs like the retries (tests poke fast).
+LANDING_SENSOR = "wait_for_landing"
+LANDING_POKE_ENV = "GEM_LANDING_POKE_S"
+LANDING_TIMEOUT_ENV = "GEM_LANDING_TIMEOUT_S"
+DEFAULT_LANDING_POKE_S = 300
+DEFAULT_LANDING_TIMEOUT_S = 24 * 3600
+# The failure callback appends one JSON line per failed task try here (under $AIRFLOW_HOME).
+TASK_FAILURES_FILE = "gem_task_failures.jsonl"
+# Asset URIs of the lakehouse tables: the `x-` scheme marks them as this project's own (Airflow
+# leaves such URIs as they are); the name is the table's, e.g. "silver.user_sequences".
+ASSET_SCHEME = "x-gem-lakehouse"
 # The Airflow pool GPU stages queue in (gem.lakehouse.stages.GPU_POOL; infra/airflow/init_db.sh creates it
 # with one slot per GPU host; on the embedded default the job trains on CPU, still one at a time).
 GPU_POOL_SLOTS = 1
@@ -82,7 +101,12 @@ def daily_timetable() -> CronDataIntervalTimetable:
 
 
 def start_date() -> dt.datetime:
-    return dt.datetime.fromisoformat(START_DS).replace(tzinfo=dt.UTC)
+    """The DAG's start date: $GEM_DAG_START_DS, else START_DS (midnight UTC)."""
+    day = os.environ.get(DAG_START_ENV) or START_DS
+    try:
+        return dt.datetime.fromisoformat(day).replace(tzinfo=dt.UTC)
+    except ValueError:
+        raise ValueError(f"${DAG_START_ENV} must be a day written YYYY-MM-DD, got {day!r}") from None
 
 
 def job_command(module: str, extra_args: str = "", python: str | None = None, day_flag: str = "--ds") -> str:
@@ -122,14 +146,95 @@ def job_env() -> dict[str, str]:
 
 
 def default_args() -> dict[str, Any]:
-    """Task defaults: retries (idempotent jobs), a timeout so a hung Spark job cannot hold the run."""
+    """Task defaults: retries (idempotent jobs), a timeout so a hung Spark job cannot hold the run,
+    the failure record. depends_on_past is set per task from the registry (`depends_on_past`)."""
     return {
         "owner": "gem",
         "retries": int(os.environ.get(RETRIES_ENV, DEFAULT_RETRIES)),
         "retry_delay": dt.timedelta(seconds=int(os.environ.get(RETRY_DELAY_ENV, DEFAULT_RETRY_DELAY_S))),
         "execution_timeout": dt.timedelta(hours=2),
         "depends_on_past": False,
+        "on_failure_callback": record_task_failure,
     }
+
+
+def depends_on_past(stage: Stage) -> bool:
+    """A stage that carries state from its previous day (it needs its own record of D-1) waits for
+    its task of the previous run, so no day is built on a yesterday that failed or never ran."""
+    return stage.carries_state
+
+
+def table_asset(table: str) -> Asset:
+    """The Airflow Asset of a lakehouse table, e.g. x-gem-lakehouse://silver/user_sequences."""
+    from airflow.sdk import Asset
+
+    layer, _, name = table.partition(".")
+    return Asset(name=table, uri=f"{ASSET_SCHEME}://{layer}/{name}", group="gem-lakehouse")
+
+
+def stage_assets(stage: Stage) -> list[Asset]:
+    """The Assets a stage's task updates: one per table its registry declaration writes."""
+    return [table_asset(w.table) for w in stage.writes]
+
+
+def landing_sensor_settings() -> dict[str, Any]:
+    """The landing sensor's poke interval and timeout (seconds), from the env knobs."""
+    return {
+        "poke_interval": float(os.environ.get(LANDING_POKE_ENV, DEFAULT_LANDING_POKE_S)),
+        "timeout": float(os.environ.get(LANDING_TIMEOUT_ENV, DEFAULT_LANDING_TIMEOUT_S)),
+    }
+
+
+def landing_ready(ds: str) -> bool:
+    """The landing sensor's poke: whether every landing partition the run of ds reads has its
+    `_SUCCESS` marker (under the worker's config: $GEM_CONFIG). Prints what it still waits for."""
+    from gem.config import load_config
+    from gem.lakehouse.landing import SUCCESS_MARKER, completed_manifest, partition_dir
+
+    cfg = load_config()
+    days = sorted({d for s in STAGES if s.reads_landing for d in s.landing_days(cfg, ds)})
+    waiting = [d for d in days if completed_manifest(cfg.landing_root, d) is None]
+    for day in waiting:
+        print(f"waiting for {partition_dir(cfg.landing_root, day) / SUCCESS_MARKER} (source {cfg.source!r})")
+    return not waiting
+
+
+def task_failures_path(airflow_home: str | os.PathLike[str] | None = None) -> Path:
+    """Where record_task_failure appends: $AIRFLOW_HOME/gem_task_failures.jsonl."""
+    home = airflow_home or os.environ.get("AIRFLOW_HOME") or REPO_ROOT / ".airflow"
+    return Path(home) / TASK_FAILURES_FILE
+
+
+def record_task_failure(context: Any) -> None:
+    """on_failure_callback: append which task of which run failed, on which try, and why (the
+    exception's type and message, and the try's log in Airflow's UI) as one JSON line to
+    task_failures_path(); `gem status` lists them."""
+    ti = context.get("ti") or context.get("task_instance")
+    run = context.get("dag_run")
+    error = context.get("exception")
+    interval = getattr(run, "data_interval_start", None)
+    record = {
+        "dag_id": getattr(ti, "dag_id", None),
+        "run_id": getattr(ti, "run_id", None),
+        "task_id": getattr(ti, "task_id", None),
+        "try_number": getattr(ti, "try_number", None),
+        "ds": partition_ds(interval) if interval is not None else None,
+        "error": f"{type(error).__name__}: {error}" if error is not None else "unknown (no exception in context)",
+        "log_url": getattr(ti, "log_url", None),  # the try's log in Airflow's UI
+        "failed_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }
+    path = task_failures_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:  # one short line per write: appends do not interleave
+        f.write(json.dumps(record) + "\n")
+
+
+def read_task_failures(airflow_home: str | os.PathLike[str] | None = None) -> list[dict[str, Any]]:
+    """The records record_task_failure appended, oldest first (none when no task has failed)."""
+    path = task_failures_path(airflow_home)
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def demo_logical_dates(start_ds: str, days: int) -> list[str]:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from gem.config import GemConfig, add_config_arg, load_config
 from gem.lakehouse.commit import StageContext, StageResult
+from gem.orchestration import NOTHING_READY_EXIT
 from gem.sources.synthetic_day import generate_day
 
 
@@ -53,7 +54,11 @@ def run(ctx: StageContext, ds: str) -> StageResult:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    result = run(StageContext(config_from_args(args)), args.ds)
+    cfg = config_from_args(args)
+    if cfg.source != "synthetic":  # the landing files come from elsewhere; the task shows as skipped
+        print(f"generate_events ds={args.ds}: source is {cfg.source!r}, not 'synthetic': nothing to generate")
+        return NOTHING_READY_EXIT
+    result = run(StageContext(cfg), args.ds)
     manifest, seconds = result.details, result.seconds
     events = manifest["events"]
     print(

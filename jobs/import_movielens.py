@@ -38,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     cfg = load_config(args.config)
     try:
-        summary = import_movielens(cfg, args.path)
+        summary = import_movielens(cfg, args.path, progress=True)
     except MovieLensFormatError as e:
         print(f"import_movielens: {e}", file=sys.stderr)
         return 1

@@ -29,7 +29,7 @@ def run(ctx: StageContext, ds: str, steps: int | None = None) -> StageResult:
     except ManifestError as e:
         print(f"pretrain ds={ds}: nothing to train on yet ({e})")
         return StageResult("pretrain", ds, 0.0)
-    return daily.run(ctx, ds, steps=steps)
+    return daily.run(ctx, ds, steps=steps, progress=True)  # plain lines in the task log, a bar on a terminal
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -71,6 +71,38 @@ def subprocess_env(cfg_path: Path | None = None) -> dict[str, str]:
     return env
 
 
+# The lakehouse tables each task of the daily DAG writes (its Airflow Assets), written out by hand.
+DAG_OUTLETS = {
+    "ingest_events": {"bronze.ad_events", "bronze.quarantine"},
+    "build_sequences": {"silver.user_sequences", "silver.user_sequences_compacted"},
+    "build_features": {"silver.user_daily_counts", "silver.ad_daily_counts", "silver.user_features",
+                       "silver.ad_features"},
+    "assemble_examples": {"silver.training_examples", "silver.attribution_quarantine"},
+    "mix": {"gold.mixture_manifest"},
+    "pretrain": {"gold.metrics"},
+    "precompute": {"gold.fm_user_embeddings", "gold.fm_predictions", "gold.fm_speculative_pairs",
+                   "gold.precompute_stats"},
+}
+
+
+def airflow_test_env(airflow_home: Path, cfg_path: Path, **extra: str) -> dict[str, str]:
+    """A clean environment for a real Airflow run: nothing from the developer's Airflow home, DB or
+    GEM_ / GEM__ settings leaks in; Airflow's files under airflow_home, the jobs on cfg_path, task
+    retries off (a broken job fails the run now instead of after two 5-minute waits), plus `extra`."""
+    from gem.orchestration import RETRIES_ENV
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "GEM_"))}
+    return env | {"AIRFLOW_HOME": str(airflow_home), "GEM_CONFIG": str(cfg_path), RETRIES_ENV: "0"} | extra
+
+
+def query_db(db: Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+    """Rows of a query on an Airflow SQLite metadata DB."""
+    import sqlite3
+
+    with sqlite3.connect(db) as conn:
+        return conn.execute(sql, args).fetchall()
+
+
 # --- a tiny model, batch and trainer for the torch tests ----------------------------------------
 
 TINY_TASKS = ("reels/click", "reels/lead", "fb_feed/click", "fb_feed/lead")

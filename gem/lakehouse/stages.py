@@ -156,6 +156,21 @@ class Stage:
         """(stage, day) of every completion record the run of ds needs, in declaration order."""
         return [(need.stage, day) for need in self.needs for day in need.days(cfg, ds)]
 
+    @property
+    def carries_state(self) -> bool:
+        """True when the stage needs its own record of an earlier day (day-over-day state, e.g.
+        build_sequences advancing yesterday's sequences): its run of D waits for its run of D-1."""
+        return any(n.stage == self.name for n in self.needs)
+
+    @property
+    def reads_landing(self) -> bool:
+        """True when the stage needs landing partitions (their `_SUCCESS` markers)."""
+        return any(n.stage == LANDING for n in self.needs)
+
+    def landing_days(self, cfg: GemConfig, ds: str) -> list[str]:
+        """The landing partitions (arrival days) the run of ds reads."""
+        return [d for n in self.needs if n.stage == LANDING for d in n.days(cfg, ds)]
+
     def partitions(self, cfg: GemConfig, ds: str) -> dict[str, list[str]]:
         """table -> the partitions the run of ds replaces (tables with none that day left out)."""
         return {w.table: days for w in self.writes if (days := w.days(cfg, ds))}
@@ -167,8 +182,11 @@ GPU_POOL = "gpu"
 LANDING = "landing"
 
 STAGES: tuple[Stage, ...] = (
-    Stage("generate_events", "generate_events", spark=False,
-          doc="the synthetic world's gzipped JSON-lines landing files of ds (a source, not a table)"),
+    # skippable: with `source: landing` the generator has nothing to do (exit 99) and the landing
+    # files come from an export or the MovieLens import.
+    Stage("generate_events", "generate_events", spark=False, skippable=True,
+          doc="the synthetic world's gzipped JSON-lines landing files of ds (a source, not a table); "
+              "skipped unless the config's source is `synthetic`"),
     Stage("ingest_events", "ingest_events", after=("generate_events",), needs=(Need(LANDING),), ranges=True,
           writes=(Writes("bronze.ad_events"), Writes("bronze.quarantine")),
           doc="landing -> typed, deduplicated bronze; bad lines quarantined with a reason"),

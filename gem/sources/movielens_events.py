@@ -43,6 +43,7 @@ from typing import Any
 
 from gem.config import GemConfig
 from gem.lakehouse.landing import LandingFile, mark_partition_complete
+from gem.progress import Progress
 from gem.sources.movielens_format import (
     UNKNOWN_GENRE,
     Movie,
@@ -303,8 +304,10 @@ def day_manifest(fmt: SourceFormat, ratings: int, counts: dict[str, int]) -> dic
     return {"producer": PRODUCER, "source_format": fmt.name, "ratings": ratings, "events_by_type": counts}
 
 
-def import_movielens(cfg: GemConfig, path: str | Path, spool_batch: int = DEFAULT_SPOOL_BATCH) -> dict[str, Any]:
-    """Import the MovieLens folder `path` into cfg.landing_root; one landing file per UTC day.
+def import_movielens(cfg: GemConfig, path: str | Path, spool_batch: int = DEFAULT_SPOOL_BATCH,
+                     progress: bool = False) -> dict[str, Any]:
+    """Import the MovieLens folder `path` into cfg.landing_root; one landing file per UTC day
+    (`progress`: the days written, as a bar on a terminal, plain lines on stderr otherwise).
 
     Returns a summary: {"format", "ratings", "days" (written, ascending), "events_by_type"}.
     Every file is checked before the first landing file is written, except the ratings file, which
@@ -322,10 +325,15 @@ def import_movielens(cfg: GemConfig, path: str | Path, spool_batch: int = DEFAUL
         spool = DaySpool(Path(spool_dir), batch=spool_batch)
         n_ratings = spool_ratings(folder / fmt.ratings_file, fmt, movies, users, spool)
         days = spool.days()
+        bar = Progress(len(days), "import", "day") if progress else None
         for ds in days:
             ratings = spool.read_day(ds)
             counts = write_day(cfg.landing_root, ds, ratings, ads, users)
             mark_partition_complete(cfg.landing_root, ds, day_manifest(fmt, len(ratings), counts))
             for event_type, n in counts.items():
                 totals[event_type] += n
+            if bar is not None:
+                bar.update(ds=ds)
+        if bar is not None:
+            bar.close()
     return {"format": fmt.name, "ratings": n_ratings, "days": days, "events_by_type": totals}

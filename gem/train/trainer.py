@@ -22,6 +22,7 @@ import torch
 
 from gem.config import TrainConfig
 from gem.data.batch import Batch
+from gem.progress import Progress
 from gem.train import checkpoint
 
 
@@ -214,11 +215,8 @@ class Trainer:
         result = TrainResult(steps=self.step)
         if self.step >= total:
             return result
-        bar = None
-        if progress:
-            from tqdm import tqdm
-
-            bar = tqdm(total=total, initial=self.step, desc="train", unit="step")
+        # A bar on a terminal, plain lines in CI and Airflow's task logs.
+        bar = Progress(total, "train", "step", initial=self.step) if progress else None
         t0 = time.perf_counter()
         self.model.train()
         real: dict[str, int] = {}
@@ -238,8 +236,7 @@ class Trainer:
             result.examples += batch.size
             if bar is not None:
                 seconds = time.perf_counter() - t0
-                bar.set_postfix(loss=f"{self.losses[-1]:.4f}", ex_s=f"{result.examples / max(seconds, 1e-9):,.0f}")
-                bar.update(1)
+                bar.update(loss=f"{self.losses[-1]:.4f}", ex_s=f"{result.examples / max(seconds, 1e-9):,.0f}")
             if self.step % self.cfg.checkpoint_every == 0 or self.step == total:
                 result.checkpoint = self.save()
         if bar is not None:

@@ -22,13 +22,15 @@ import pytest
 from gem import orchestration
 from gem.lakehouse import stages
 from gem.orchestration import REPO_ROOT, job_command, manual_logical_date, partition_ds
+from tests.support import DAG_OUTLETS
 
 DAGS = REPO_ROOT / "dags"
 DAG_FILE = DAGS / "gem_daily.py"
 # The expected shape, written out here on purpose (the DAG file is what is under test).
 UPSTREAM = {
     "generate_events": set(),
-    "ingest_events": {"generate_events"},
+    "wait_for_landing": {"generate_events"},
+    "ingest_events": {"wait_for_landing"},
     "validate_events": {"ingest_events"},
     "build_sequences": {"validate_events"},
     "build_features": {"validate_events"},
@@ -39,11 +41,15 @@ UPSTREAM = {
     "pretrain": {"mix"},
     "precompute": {"pretrain"},
 }
-SKIPPABLE = {"assemble_examples", "validate_examples", "mix", "pretrain", "precompute"}
+SENSOR = "wait_for_landing"
+SKIPPABLE = {"generate_events", "assemble_examples", "validate_examples", "mix", "pretrain", "precompute"}
 POOLS = {"pretrain": "gpu", "precompute": "gpu"}  # everything else runs in the default pool
+# The tasks that wait for their own previous run (day-over-day state), written out by hand; each
+# task's Assets: tests.support.DAG_OUTLETS.
+DEPENDS_ON_PAST = {"build_sequences"}
 # Tasks that take --ready-on (process the day whose window closes on the run's day) and skip on 99.
 READY_ON = {"assemble_examples": "assemble_examples", "validate_examples": "validate_silver --examples"}
-JOBS = list(UPSTREAM)
+JOBS = [t for t in UPSTREAM if t != SENSOR]
 HEAVY = ["pyspark", "torch", "pandas", "great_expectations", "delta", "deltalake", "numpy"]
 
 # Airflow reads its config on first import and writes airflow.cfg into AIRFLOW_HOME: keep both in
@@ -61,6 +67,8 @@ def dagbag() -> Iterator[Any]:
         # Retries are read at parse time; make sure the production defaults are what we check.
         mp.delenv(orchestration.RETRIES_ENV, raising=False)
         mp.delenv(orchestration.RETRY_DELAY_ENV, raising=False)
+        mp.delenv(orchestration.LANDING_POKE_ENV, raising=False)
+        mp.delenv(orchestration.DAG_START_ENV, raising=False)
         yield DagBag(dag_folder=str(DAGS))
 
 
@@ -87,20 +95,53 @@ def test_no_import_errors(dagbag: Any) -> None:
     assert dagbag.import_errors == {}
 
 
+def _job_tasks(dag: Any) -> list[Any]:
+    return [t for t in dag.tasks if t.task_id != SENSOR]
+
+
 def test_tasks_in_order(dag: Any) -> None:
-    assert sorted(dag.task_ids) == sorted(JOBS)
-    assert {t: dag.get_task(t).upstream_task_ids for t in JOBS} == UPSTREAM
+    assert sorted(dag.task_ids) == sorted(UPSTREAM)
+    assert {t: dag.get_task(t).upstream_task_ids for t in UPSTREAM} == UPSTREAM
 
 
 def test_the_dag_is_the_registry(dag: Any) -> None:
     """The DAG is built from gem.lakehouse.stages; the graph above is written out by hand, so a wrong registry
     fails one of the two comparisons."""
-    assert set(stages.REGISTRY) == set(dag.task_ids) == set(JOBS)
-    assert {name: stages.upstream(name) for name in stages.REGISTRY} == UPSTREAM
+    from gem.daily_dag import task_upstream
+
+    assert set(stages.REGISTRY) | {SENSOR} == set(dag.task_ids) == set(UPSTREAM)
+    assert task_upstream() == UPSTREAM
     for stage in stages.STAGES:
         task = dag.get_task(stage.name)
         assert task.bash_command == orchestration.stage_command(stage)
         assert task.pool == (stage.pool or "default_pool")
+        assert {a.name for a in task.outlets} == {w.table for w in stage.writes}
+        assert task.depends_on_past is stage.carries_state
+
+
+def test_assets_and_depends_on_past(dag: Any) -> None:
+    """Each task's outlets are the Assets of the tables it writes; only day-over-day state waits
+    for the previous run."""
+    assert {t.task_id: {a.name for a in t.outlets} for t in dag.tasks if t.outlets} == DAG_OUTLETS
+    for task in dag.tasks:
+        assert all(a.uri == f"x-gem-lakehouse://{a.name.replace('.', '/')}" for a in task.outlets)
+    assert {t.task_id for t in dag.tasks if t.depends_on_past} == DEPENDS_ON_PAST
+
+
+def test_landing_sensor_reschedules(dag: Any) -> None:
+    """The stages reading landing files wait for the day's `_SUCCESS` in a sensor that frees its
+    worker slot between pokes and runs even when generate_events is skipped (source: landing)."""
+    sensor = dag.get_task(SENSOR)
+    assert sensor.mode == "reschedule"
+    assert sensor.trigger_rule == "none_failed"
+    assert sensor.python_callable is orchestration.landing_ready
+    assert sensor.op_kwargs == {"ds": "{{ partition_ds(data_interval_start) }}"}
+    assert sensor.poke_interval == orchestration.DEFAULT_LANDING_POKE_S
+
+
+def test_failure_callback_on_every_task(dag: Any) -> None:
+    for task in dag.tasks:
+        assert task.on_failure_callback == [orchestration.record_task_failure], task.task_id
 
 
 def test_dag_settings(dag: Any) -> None:
@@ -111,19 +152,19 @@ def test_dag_settings(dag: Any) -> None:
 
 
 def test_pretraining_queues_in_the_gpu_pool(dag: Any) -> None:
-    assert {t.task_id: t.pool for t in dag.tasks} == {t: POOLS.get(t, "default_pool") for t in JOBS}
+    assert {t.task_id: t.pool for t in dag.tasks} == {t: POOLS.get(t, "default_pool") for t in UPSTREAM}
     init_db = (REPO_ROOT / "infra" / "airflow" / "init_db.sh").read_text()
     assert f"pools set {stages.GPU_POOL} {orchestration.GPU_POOL_SLOTS} " in init_db
 
 
 def test_every_task_retries(dag: Any) -> None:
-    for task in dag.tasks:
+    for task in _job_tasks(dag):
         assert task.retries >= 1, task.task_id
         assert task.retry_delay.total_seconds() > 0, task.task_id
 
 
 def test_tasks_run_jobs_in_repo_with_inherited_env(dag: Any) -> None:
-    for task in dag.tasks:
+    for task in _job_tasks(dag):
         assert task.cwd == str(REPO_ROOT)
         # The worker's GEM_CONFIG must reach the job: inherit, never bake the parser's value in.
         assert task.append_env is True

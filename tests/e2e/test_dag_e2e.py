@@ -9,9 +9,7 @@ under Airflow. Slow: Spark-job subprocesses and a short CPU training (a few minu
 
 from __future__ import annotations
 
-import os
 import shlex
-import sqlite3
 import subprocess
 import sys
 import time
@@ -23,8 +21,9 @@ import pytest
 import yaml
 
 from gem.data.delta_log import read_table
-from gem.orchestration import REPO_ROOT, RETRIES_ENV, manual_logical_date
+from gem.orchestration import REPO_ROOT, manual_logical_date
 from schemas.metrics import GOLD_METRICS
+from tests.support import airflow_test_env, query_db
 
 pytestmark = pytest.mark.slow
 
@@ -54,10 +53,11 @@ def commands(ds: str) -> dict[str, str]:
 
 # Day 1 has no training day before its held-out day: the mix exits 99 and shows as skipped, and
 # pretraining, which needs its manifest, is skipped with it, and so is precompute. Day 2 runs every task.
+# The landing sensor (no command of its own) passes at once: generate_events wrote the marker.
 EXPECTED_STATES = {
     LOGICAL_DATES[0]: {task: "success" for task in commands(DAYS[0])}
-    | {"mix": "skipped", "pretrain": "skipped", "precompute": "skipped"},
-    LOGICAL_DATES[1]: {task: "success" for task in commands(DAYS[1])},
+    | {"wait_for_landing": "success", "mix": "skipped", "pretrain": "skipped", "precompute": "skipped"},
+    LOGICAL_DATES[1]: {task: "success" for task in commands(DAYS[1])} | {"wait_for_landing": "success"},
 }
 RUN_TIMEOUT_S = 1800
 
@@ -103,14 +103,8 @@ def _config(tmp: Path) -> Path:
 @pytest.fixture(scope="module")
 def dag_run(tmp_path_factory: pytest.TempPathFactory) -> DagRunResult:
     tmp = tmp_path_factory.mktemp("dag_e2e")
-    # A clean environment: nothing from the developer's Airflow home, DB or GEM__ overrides leaks in.
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "GEM_"))}
     config = _config(tmp)
-    env |= {
-        "AIRFLOW_HOME": str(tmp / "airflow_home"),
-        "GEM_CONFIG": str(config),
-        RETRIES_ENV: "0",  # a broken job fails the run now instead of after two 5-minute waits
-    }
+    env = airflow_test_env(tmp / "airflow_home", config)
     py = shlex.quote(sys.executable)
     script = "set -euo pipefail\n. infra/airflow/airflow_env.sh\n"
     script += "bash infra/airflow/init_db.sh > /dev/null\n"  # as make demo does: the DB and the gpu pool
@@ -139,14 +133,9 @@ def dag_run(tmp_path_factory: pytest.TempPathFactory) -> DagRunResult:
     )
 
 
-def _query(db: Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:
-    with sqlite3.connect(db) as conn:
-        return conn.execute(sql, args).fetchall()
-
-
 def test_dag_runs_succeeded(dag_run: DagRunResult) -> None:
     assert dag_run.returncode == 0, dag_run.tail()
-    runs = _query(
+    runs = query_db(
         dag_run.db,
         "SELECT logical_date, data_interval_start, state FROM dag_run WHERE dag_id = 'gem_daily' ORDER BY logical_date",
     )
@@ -154,7 +143,7 @@ def test_dag_runs_succeeded(dag_run: DagRunResult) -> None:
         (logical, ds, "success") for logical, ds in zip(LOGICAL_DATES, DAYS, strict=True)
     ], dag_run.tail()
     for logical in LOGICAL_DATES:
-        tis = dict(_query(
+        tis = dict(query_db(
             dag_run.db,
             "SELECT t.task_id, t.state FROM task_instance t JOIN dag_run r ON r.run_id = t.run_id "
             "WHERE t.dag_id = 'gem_daily' AND substr(r.logical_date, 1, 10) = ?",

@@ -38,6 +38,7 @@ def test_yaml_then_env_overrides(tmp_path):
         ({"retention_days": 20}, r"retention_days=20 must exceed"),
         ({"label_types": ["click", "purchase"]}, r"\['purchase'\] are not in schemas.tasks.LABEL_TYPES"),
         ({"mix": {"validation_days": -1}}, r"mix.validation_days must be >= 0, got -1"),
+        ({"source": "kafka"}, r"source must be one of \('synthetic', 'landing'\), got 'kafka'"),
     ],
 )
 def test_bad_config_fails_with_the_offending_path(overrides, message):

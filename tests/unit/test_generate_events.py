@@ -398,6 +398,17 @@ def test_cli_applies_flag_overrides_and_prints_a_summary(tmp_path: Path) -> None
     assert manifest["world"]["users"] == 300 and manifest["world"]["ads"] == 50 and manifest["seed"] == 11
 
 
+def test_landing_source_generates_nothing_and_exits_99(tmp_path: Path) -> None:
+    """Under `source: landing` the landing files come from elsewhere: the generator's task skips
+    (exit 99) and writes nothing, not even a `_SUCCESS` marker the DAG's sensor would take for data."""
+    from jobs.generate_events import main
+
+    config_file = tmp_path / "gem.yaml"
+    config_file.write_text(json.dumps({"lakehouse_uri": str(tmp_path / "lake"), "source": "landing"}))
+    assert main(["--ds", DAY1, "--config", str(config_file)]) == 99
+    assert not (tmp_path / "lake").exists()
+
+
 def test_the_first_day_starts_from_burned_in_users(tmp_path):
     """With no earlier state the start day begins from users carried through generator.burn_in_days
     simulated days: their click memory is at the level a simulated day leaves it at, not at zero."""

@@ -1,0 +1,155 @@
+"""`gem`: the pipeline's command (a console script installed by `make setup`; also `python -m gem`).
+
+    gem run --ds D [--config F]                      one day through Airflow (the gem_daily DAG)
+    gem status [--start A --end B] [--config F]      done / stale / missing per stage and day, and
+                                                     Airflow's failed runs with the task that failed
+    gem import-movielens PATH [--config F]           a MovieLens ml-1m / ml-100k folder -> landing
+
+Each subcommand is a thin layer over the library (gem.airflow_runs, jobs.status,
+jobs.import_movielens); `gem SUBCOMMAND --help` says more. Built on typer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gem.cli import iso_day
+
+app = typer.Typer(
+    help="The GEM pipeline: run days through Airflow, see what is done, import real data.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain click help: paragraphs re-wrapped to the terminal
+)
+
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option("--config", help="YAML config file (default: $GEM_CONFIG, else the built-in defaults)",
+                 exists=True, dir_okay=False),
+]
+
+
+def _day(value: str | None) -> str | None:
+    """typer callback: a day written YYYY-MM-DD (gem.cli.iso_day), as a usage error otherwise."""
+    if value is None:
+        return None
+    try:
+        return iso_day(value)
+    except argparse.ArgumentTypeError as e:
+        raise typer.BadParameter(str(e).replace("--ds ", "")) from None
+
+
+def _config_args(config: Path | None) -> list[str]:
+    return ["--config", str(config)] if config is not None else []
+
+
+@app.command()
+def run(
+    ds: Annotated[str, typer.Option("--ds", help="the day to process, YYYY-MM-DD", callback=_day)],
+    config: ConfigOption = None,
+) -> None:
+    """One day through Airflow: the gem_daily DAG's run for ds.
+
+    `airflow dags test`, every stage of the registry in order, against the metadata DB of
+    $AIRFLOW_HOME (default .airflow/). Prints one line per task as it finishes (day, task, state,
+    seconds); Airflow's log goes to a file whose path it prints. Exits 1 when the run failed."""
+    from gem.airflow_runs import airflow_env, init_db, run_day, run_log
+    from gem.config import load_config
+
+    cfg = load_config(config)
+    env = airflow_env(cfg, config)
+    init_db(env)
+    log = run_log(env, ds)
+    typer.echo(f"gem_daily ds={ds}: Airflow's and the jobs' log: {log}")
+    started = time.monotonic()
+    ok = run_day(ds, env, log, on_task=lambda line: typer.echo(str(line)))
+    typer.echo(f"gem_daily ds={ds}: {'success' if ok else 'failed'} in {time.monotonic() - started:.0f}s")
+    if not ok:
+        typer.echo(f"see {log}; `gem status` lists the failed task and its error", err=True)
+        raise typer.Exit(1)
+
+
+@app.command()
+def status(
+    start: Annotated[str | None, typer.Option(help="first day, YYYY-MM-DD (default: start_ds)", callback=_day)] = None,
+    end: Annotated[str | None, typer.Option(help="last day (default: the newest recorded)", callback=_day)] = None,
+    config: ConfigOption = None,
+    airflow_runs: Annotated[bool, typer.Option("--airflow/--no-airflow",
+                                               help="also list Airflow's failed runs")] = True,
+) -> None:
+    """Per stage and day: done, stale or missing; Airflow's failed runs.
+
+    From the completion records (a stale one says what to rerun first), then the DAG's failed runs
+    from Airflow's metadata DB with the task that failed and why."""
+    from jobs.status import main as status_main
+
+    argv = _config_args(config) + [a for flag, day in (("--start", start), ("--end", end)) if day
+                                   for a in (flag, day)]
+    code = status_main(argv)
+    if code:
+        raise typer.Exit(code)
+    if airflow_runs:
+        typer.echo("")
+        typer.echo("\n".join(failed_run_lines(config)))
+
+
+def failed_run_lines(config: Path | None) -> list[str]:
+    """Airflow's failed runs of gem_daily, each with the failures the DAG's callback recorded
+    (gem.orchestration.record_task_failure): task, try, error."""
+    from gem.airflow_runs import airflow_env, airflow_home, failed_runs
+    from gem.config import load_config
+    from gem.orchestration import read_task_failures
+
+    env = airflow_env(load_config(config), config)
+    if not (airflow_home() / "airflow.db").is_file():
+        return [f"Airflow: no metadata DB in {airflow_home()} yet (no run through Airflow)"]
+    runs = failed_runs(env)
+    if not runs:
+        return ["Airflow: no failed runs of gem_daily"]
+    failures = read_task_failures(airflow_home())
+    lines = [f"Airflow: {len(runs)} failed run(s) of gem_daily:"]
+    for run in sorted(runs, key=lambda r: str(r.get("logical_date"))):
+        mine = [f for f in failures if f["run_id"] == run["run_id"]]
+        days = sorted({f["ds"] for f in mine if f.get("ds")})
+        lines.append(f"  run {run['run_id']} (logical date {str(run.get('logical_date'))[:10]}"
+                     + (f", ds={', '.join(days)})" if days else ")"))
+        for f in mine:
+            lines.append(f"    {f['task_id']} (try {f['try_number']}): {f['error']}")
+            if f.get("log_url"):
+                lines.append(f"      log: {f['log_url']}")
+        if not mine:
+            lines.append("    (no failed task recorded: the run failed outside a task, or before the callback existed)")
+    return lines
+
+
+@app.command("import-movielens")
+def import_movielens(
+    path: Annotated[Path, typer.Argument(help="a MovieLens folder: ratings.dat, movies.dat, users.dat (ml-1m) "
+                                              "or u.data, u.item, u.user (ml-100k)",
+                                         exists=True, file_okay=False)],
+    config: ConfigOption = None,
+) -> None:
+    """Import a MovieLens ratings folder into the landing zone as ad events.
+
+    One `_SUCCESS`-marked landing partition per day; the DAG runs on it with `source: landing`
+    (configs/movielens.yaml)."""
+    from jobs.import_movielens import main as import_main
+
+    code = import_main(["--path", str(path), *_config_args(config)])
+    if code:
+        raise typer.Exit(code)
+
+
+def main() -> None:
+    """The console script's entry point."""
+    app(prog_name="gem")
+
+
+if __name__ == "__main__":
+    main()

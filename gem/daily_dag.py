@@ -1,0 +1,112 @@
+"""The daily DAG, built from the stage registry: one task per stage, plus the landing sensor.
+
+dags/gem_daily.py is `daily_dag()`; a test can build the same DAG under another id, start date and
+catchup (the scheduler-driven test does). Everything a task does comes from its registry
+declaration (gem.lakehouse.stages) through gem.orchestration:
+
+- a BashOperator per stage running `python -m jobs.<module> --ds|--ready-on <ds>`; exit 99 skips
+  it where the stage is skippable;
+- the Airflow Assets of the tables the stage writes as its outlets;
+- depends_on_past where the stage carries state from its previous day;
+- one sensor (reschedule mode) before the stages that read landing partitions, waiting for the
+  day's `_SUCCESS` markers: written by generate_events under `source: synthetic`, by an export or
+  the MovieLens import under `source: landing` (generate_events then skips, and the sensor runs
+  anyway: trigger rule none_failed);
+- a failure callback recording which task failed and why.
+
+Imported by the DAG processor on every parse: Airflow and stdlib only (no pyspark, torch, pandas).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from airflow.providers.standard.operators.bash import BashOperator
+from airflow.providers.standard.sensors.python import PythonSensor
+from airflow.sdk import DAG
+
+from gem.lakehouse import stages
+from gem.orchestration import (
+    DAG_ID,
+    LANDING_SENSOR,
+    REPO_ROOT,
+    daily_timetable,
+    default_args,
+    depends_on_past,
+    job_env,
+    landing_ready,
+    landing_sensor_settings,
+    partition_ds,
+    skip_on_exit_code,
+    stage_assets,
+    stage_command,
+    start_date,
+)
+
+DAY_EXPR = "{{ partition_ds(data_interval_start) }}"
+
+
+def task_upstream() -> dict[str, set[str]]:
+    """task id -> the task ids it waits for within a run: the registry's graph
+    (gem.lakehouse.stages.upstream), with the landing sensor between the stages that read landing
+    partitions and the producers they are ordered `after` (generate_events)."""
+    graph = {s.name: set(stages.upstream(s.name)) for s in stages.STAGES}
+    readers = [s for s in stages.STAGES if s.reads_landing]
+    if readers:
+        graph[LANDING_SENSOR] = set()
+        for s in readers:
+            graph[LANDING_SENSOR] |= graph[s.name] & set(s.after)
+            graph[s.name] = (graph[s.name] - set(s.after)) | {LANDING_SENSOR}
+    return graph
+
+
+def daily_dag(dag_id: str = DAG_ID, start: dt.datetime | None = None, catchup: bool = False,
+              doc_md: str | None = None) -> DAG:
+    """The daily pipeline DAG (see the module docstring). `start`/`catchup`: the production DAG
+    starts at start_date() without catchup (backfills go through `airflow backfill create`)."""
+    with DAG(
+        dag_id=dag_id,
+        description="Daily ads data and model: landing -> bronze -> silver -> examples -> mixture -> pretraining "
+                    "-> precompute.",
+        schedule=daily_timetable(),
+        start_date=start or start_date(),
+        catchup=catchup,
+        max_active_runs=1,  # stages keep day-over-day state; days run in order
+        default_args=default_args(),
+        user_defined_macros={"partition_ds": partition_ds},
+        tags=["gem", "daily"],
+        doc_md=doc_md,
+    ) as dag:
+        tasks = {
+            stage.name: BashOperator(
+                task_id=stage.name,
+                bash_command=stage_command(stage),
+                cwd=str(REPO_ROOT),
+                env=job_env(),
+                append_env=True,  # inherit GEM_CONFIG, GEM__*, PATH, JAVA_HOME from the worker
+                # Only a stage that declares it skips on 99 ("nothing ready yet"); any other non-zero fails.
+                skip_on_exit_code=skip_on_exit_code(stage),
+                do_xcom_push=False,  # the last log line is not a result
+                doc_md=stage.doc,
+                outlets=stage_assets(stage),
+                depends_on_past=depends_on_past(stage),
+                **({"pool": stage.pool} if stage.pool else {}),
+            )
+            for stage in stages.STAGES
+        }
+        graph = task_upstream()
+        if LANDING_SENSOR in graph:
+            tasks[LANDING_SENSOR] = PythonSensor(
+                task_id=LANDING_SENSOR,
+                python_callable=landing_ready,
+                op_kwargs={"ds": DAY_EXPR},
+                mode="reschedule",
+                # Under `source: landing` generate_events is skipped; the sensor still waits.
+                trigger_rule="none_failed",
+                doc_md="waits for the `_SUCCESS` markers of the landing partitions the run reads",
+                **landing_sensor_settings(),
+            )
+        for name, upstream in graph.items():
+            for producer in sorted(upstream):
+                tasks[producer] >> tasks[name]
+    return dag

@@ -1,0 +1,89 @@
+"""The `gem` command (gem/command.py): installed as a console script, every subcommand with --help,
+bad input as usage errors, import-movielens and status on real files and records. The subcommands
+that run Airflow are exercised for real in tests/e2e/test_gem_command.py."""
+
+from __future__ import annotations
+
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gem.command import app
+from gem.lakehouse import completions
+from gem.lakehouse.landing import completed_manifest
+from tests.support import FIXTURES, PYTHON, REPO, make_config, subprocess_env
+
+SUBCOMMANDS = {"run": ["--ds", "--config"], "status": ["--start", "--end", "--config", "--airflow"],
+               "import-movielens": ["PATH", "--config"]}
+
+
+def _cfg_file(tmp_path: Path, **extra: str) -> Path:
+    path = tmp_path / "gem.yaml"
+    path.write_text("".join(f"{k}: '{v}'\n" for k, v in {"lakehouse_uri": str(tmp_path / "lake"), **extra}.items()))
+    return path
+
+
+def test_the_console_script_is_gem_command_main() -> None:
+    """pyproject declares `gem` (installed by `make setup`); `python -m gem` is the same command."""
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts == {"gem": "gem.command:main"}
+    out = subprocess.run([PYTHON, "-m", "gem", "--help"], cwd=REPO, env=subprocess_env(), capture_output=True,
+                         text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("Usage: gem ") and all(name in out.stdout for name in SUBCOMMANDS)
+
+
+@pytest.mark.parametrize("name", sorted(SUBCOMMANDS))
+def test_every_subcommand_has_help(name: str) -> None:
+    result = CliRunner().invoke(app, [name, "--help"], prog_name="gem")
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith(f"Usage: gem {name} ")
+    assert all(option in result.output.upper() if option == "PATH" else option in result.output
+               for option in SUBCOMMANDS[name]), result.output
+
+
+@pytest.mark.parametrize("args", [["run", "--ds", "2026-02-30"], ["status", "--start", "01/02/2026"]])
+def test_a_bad_day_is_a_usage_error(args: list[str]) -> None:
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    assert "must be a day written YYYY-MM-DD" in result.output
+
+
+def test_import_movielens_lands_one_marked_partition_per_day(tmp_path: Path) -> None:
+    cfg_file = _cfg_file(tmp_path)
+    result = CliRunner().invoke(app, ["import-movielens", str(FIXTURES / "movielens" / "ml-1m"),
+                                      "--config", str(cfg_file)])
+    assert result.exit_code == 0, result.output
+    landing = str(tmp_path / "lake" / "_landing")
+    # The fixture's three rating days (tests/unit/test_import_movielens.py counts them by hand).
+    for day, impressions in {"2000-12-29": 4, "2000-12-30": 3, "2000-12-31": 3}.items():
+        manifest = completed_manifest(landing, day)
+        assert manifest is not None and manifest["events_by_type"]["impression"] == impressions, (day, manifest)
+
+
+def test_import_movielens_names_a_broken_file(tmp_path: Path) -> None:
+    broken = tmp_path / "ml-1m"
+    broken.mkdir()
+    for name in ("movies.dat", "users.dat"):
+        (broken / name).write_bytes((FIXTURES / "movielens" / "ml-1m" / name).read_bytes())
+    (broken / "ratings.dat").write_text("1::1::5::978300760\n1::2::five::978300761\n")
+    result = CliRunner().invoke(app, ["import-movielens", str(broken), "--config", str(_cfg_file(tmp_path))])
+    assert result.exit_code == 1
+    assert "ratings.dat" in result.output and ":2" in result.output, result.output
+
+
+def test_status_lists_the_records_and_says_when_airflow_has_no_db(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = make_config(tmp_path, start_ds="2026-01-01")
+    completions.publish_completion(cfg, "ingest_events", "2026-01-01", "ingest_events:2026-01-01", None, 0, {},
+                                   {"bronze.ad_events": 1}, {}, reconciliation="test: versions only")
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path / "airflow_home"))
+    cfg_file = _cfg_file(tmp_path, start_ds="2026-01-01", lakehouse_uri=cfg.lakehouse_uri)
+    result = CliRunner().invoke(app, ["status", "--end", "2026-01-02", "--config", str(cfg_file)])
+    assert result.exit_code == 0, result.output
+    rows = {line.split()[0]: line.split()[1:] for line in result.output.splitlines() if line.strip()}
+    assert rows["ingest_events"] == ["done", "missing"] and rows["validate_events"] == ["missing", "missing"]
+    assert f"Airflow: no metadata DB in {tmp_path / 'airflow_home'} yet" in result.output
