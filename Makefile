@@ -14,7 +14,7 @@ CLASS_ARCHIVE := $(CACHE)/spark-classes.jsa
 # Optional: PyTorch's CPU wheel index, to install the small CPU-only torch build (see README).
 TORCH_INDEX_URL ?=
 
-.PHONY: setup demo test bench clean-data
+.PHONY: setup demo test test-slow test-all bench clean-data
 
 setup: $(PKG_STAMP) $(JARS_STAMP) $(ASSETS_STAMP) $(CLASS_ARCHIVE)
 
@@ -47,7 +47,16 @@ $(ASSETS_STAMP): $(PKG_STAMP) infra/dq_assets/assets.txt infra/dq_assets/fetch.s
 demo: setup
 	$(PY) -m gem.demo $(if $(CONFIG),--config $(CONFIG),)
 
+# `make test`: every test not marked slow (under 25 minutes on 2 cores; CI runs it). `make test-slow`:
+# the slow tier (end-to-end Airflow runs with the real scheduler, the learning claims, crash and
+# concurrency tests with real processes; about 45 minutes on 2 cores). `make test-all`: both.
 test: setup
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+test-slow: setup
+	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)
+
+test-all: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: setup

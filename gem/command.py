@@ -3,9 +3,11 @@
     gem run --ds D [--config F]                      one day through Airflow (the gem_daily DAG)
     gem status [--start A --end B] [--config F]      done / stale / missing per stage and day, and
                                                      Airflow's failed runs with the task that failed
+    gem bulk --start A --end B [--config F]          a range of days through every stage in one
+                                                     process and Spark session (gem.bulk)
     gem import-movielens PATH [--config F]           a MovieLens ml-1m / ml-100k folder -> landing
 
-Each subcommand is a thin layer over the library (gem.airflow_runs, jobs.status,
+Each subcommand is a thin layer over the library (gem.airflow_runs, jobs.status, gem.bulk,
 jobs.import_movielens); `gem SUBCOMMAND --help` says more. Built on typer.
 """
 
@@ -126,6 +128,26 @@ def failed_run_lines(config: Path | None) -> list[str]:
         if not mine:
             lines.append("    (no failed task recorded: the run failed outside a task, or before the callback existed)")
     return lines
+
+
+@app.command()
+def bulk(
+    start: Annotated[str, typer.Option(help="first run day, YYYY-MM-DD", callback=_day)],
+    end: Annotated[str, typer.Option(help="last run day, YYYY-MM-DD", callback=_day)],
+    through_stage: Annotated[str | None, typer.Option(help="the last stage to run each day (default: all)")] = None,
+    config: ConfigOption = None,
+) -> None:
+    """A range of days through every stage in one process and one Spark session.
+
+    The bulk path (gem.bulk): the same stage entry points and completion records as the daily
+    runs, without a process and a JVM per task; for loading a history before daily runs take over.
+    One line per stage as it finishes."""
+    from gem.bulk import main as bulk_main
+
+    argv = ["--start", start, "--end", end, *_config_args(config)]
+    code = bulk_main(argv + (["--through-stage", through_stage] if through_stage else []))
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command("import-movielens")

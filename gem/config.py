@@ -335,6 +335,15 @@ class PrecomputeConfig:
 class DemoConfig:
     start_ds: str = "2026-01-01"
     days: int = 2
+    # The first `bulk_days` demo days load through the bulk path (gem.bulk: every stage in one
+    # process and one Spark session, as a history is loaded before daily runs take over); the rest
+    # run through Airflow, one DAG run each. At least the last day runs through Airflow.
+    bulk_days: int = 0
+
+    def __post_init__(self) -> None:
+        if self.days < 1 or not 0 <= self.bulk_days < self.days:
+            raise ConfigError(f"demo.days must be >= 1 and 0 <= demo.bulk_days < demo.days, got days={self.days}, "
+                              f"bulk_days={self.bulk_days}")
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,8 @@
 """`make demo`: run the daily DAG through Airflow for the demo days, then say where everything is.
 
-For each demo day D it runs `airflow dags test gem_daily <D+1>` (a manual run covers the last full
+The first `demo.bulk_days` days load through the bulk path (gem.bulk: every stage in one process
+and Spark session, as a history is loaded before daily runs take over). For each later demo day D
+it runs `airflow dags test gem_daily <D+1>` (a manual run covers the last full
 day before its logical date, so it processes ds=D; see gem/orchestration.py) against a SQLite
 metadata DB in .airflow/, with $GEM_CONFIG pointing the jobs at the demo config. It prints one line
 per task as it finishes (day, task, state, seconds); Airflow's and the jobs' (Spark's) output goes to
@@ -26,21 +28,47 @@ from schemas.metrics import GOLD_METRICS
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "demo.yaml"
 
 
+def load_bulk_days(cfg_path: Path, days: list[str], env: dict[str, str]) -> float:
+    """The first demo days through the bulk path (`python -m gem.bulk`), one line per stage as it
+    finishes; its Spark output goes to a log file whose path is printed. -> seconds; exits on failure."""
+    import subprocess
+
+    log = airflow_home(env) / "runs" / f"bulk-{days[0]}..{days[-1]}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    print(f"bulk path ds={days[0]}..{days[-1]} (every stage in one process and Spark session): its Spark log: {log}",
+          flush=True)
+    t0 = time.time()
+    cmd = [sys.executable, "-m", "gem.bulk", "--start", days[0], "--end", days[-1], "--config", str(cfg_path.resolve())]
+    with open(log, "w") as err:
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            print(line.rstrip(), flush=True)
+    if proc.wait() != 0:
+        raise SystemExit(f"demo failed: the bulk path for ds={days[0]}..{days[-1]} failed; see {log}")
+    return time.time() - t0
+
+
 def run_days(cfg_path: Path, cfg: GemConfig) -> list[tuple[str, float]]:
-    """Run the demo days in order; one line per task as it finishes, each run's Airflow (and Spark)
-    log in a file whose path is printed. -> (logical date, seconds) per run; exits on a failed run."""
+    """Run the demo days in order: the first demo.bulk_days through the bulk path, the others
+    through Airflow; one line per task as it finishes, each run's Airflow (and Spark) log in a file
+    whose path is printed. -> (what ran, seconds) per run; exits on a failed run."""
     env = airflow_env(cfg, cfg_path)
     env.setdefault("GEM_TASK_RETRIES", "1")
     env.setdefault("GEM_TASK_RETRY_DELAY_S", "10")  # a demo fails fast instead of waiting 5 minutes
     init_db(env)
+    days = day_range(cfg.demo.start_ds, shift_day(cfg.demo.start_ds, cfg.demo.days - 1))
     timings = []
-    for ds in day_range(cfg.demo.start_ds, shift_day(cfg.demo.start_ds, cfg.demo.days - 1)):
+    bulk, daily = days[: cfg.demo.bulk_days], days[cfg.demo.bulk_days:]
+    if bulk:
+        timings.append((f"bulk path ds={bulk[0]}..{bulk[-1]}", load_bulk_days(cfg_path, bulk, env)))
+    for ds in daily:
         log = run_log(env, ds)
         print(f"gem_daily ds={ds}: Airflow's and Spark's log: {log}", flush=True)
         t0 = time.time()
         if not run_day(ds, env, log, on_task=lambda line: print(line, flush=True)):
             raise SystemExit(f"demo failed: the gem_daily run of ds={ds} failed; see {log}")
-        timings.append((manual_logical_date(ds), time.time() - t0))
+        timings.append((f"gem_daily run (logical date {manual_logical_date(ds)})", time.time() - t0))
     return timings
 
 
@@ -143,11 +171,12 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     timings = run_days(cfg_path, cfg)
     print("\n== GEM demo done ==")
-    for logical_date, seconds in timings:
-        print(f"  gem_daily run (logical date {logical_date}): {seconds:.0f}s")
+    for what, seconds in timings:
+        print(f"  {what}: {seconds:.0f}s")
     print(f"  total wall time: {time.time() - t0:.0f}s")
-    print("== seconds per task and run (logical date; from Airflow's metadata DB) ==")
-    print(task_seconds(airflow_home(), [d for d, _ in timings]))
+    print("== seconds per task and Airflow run (logical date; from Airflow's metadata DB) ==")
+    airflow_days = day_range(shift_day(cfg.demo.start_ds, cfg.demo.bulk_days), shift_day(cfg.demo.start_ds, cfg.demo.days - 1))
+    print(task_seconds(airflow_home(), [manual_logical_date(ds) for ds in airflow_days]))
     print("== tables ==")
     print(f"  {'landing files':<28} {cfg.landing_root}")
     print(summarize(cfg))

@@ -46,7 +46,10 @@ def config_from_args(args: argparse.Namespace) -> GemConfig:
 
 def run(ctx: StageContext, ds: str) -> StageResult:
     """Generate day ds's landing files. A source: its completion is the landing partition's
-    `_SUCCESS` marker (which ingest_events needs), not a record; details: the marker's manifest."""
+    `_SUCCESS` marker (which ingest_events needs), not a record; details: the marker's manifest
+    (none when the config's source is not `synthetic`)."""
+    if ctx.cfg.source != "synthetic":  # the landing files come from elsewhere: nothing to generate
+        return StageResult("generate_events", ds, 0.0)
     started = time.time()
     manifest = generate_day(ctx.cfg, ds)
     return StageResult("generate_events", ds, time.time() - started, details=manifest)
@@ -55,10 +58,10 @@ def run(ctx: StageContext, ds: str) -> StageResult:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     cfg = config_from_args(args)
-    if cfg.source != "synthetic":  # the landing files come from elsewhere; the task shows as skipped
+    result = run(StageContext(cfg), args.ds)
+    if not result.details:  # the task shows as skipped
         print(f"generate_events ds={args.ds}: source is {cfg.source!r}, not 'synthetic': nothing to generate")
         return NOTHING_READY_EXIT
-    result = run(StageContext(cfg), args.ds)
     manifest, seconds = result.details, result.seconds
     events = manifest["events"]
     print(

@@ -16,12 +16,17 @@ import sys
 
 from gem.cli import job_exit, job_parser
 from gem.config import load_config
-from gem.lakehouse.commit import StageContext
+from gem.lakehouse.commit import StageContext, StageResult
+
+
+def run(ctx: StageContext, ds: str, workers: int | None = None) -> StageResult:
+    """Precompute ds (gem.precompute.run.run); nothing published when ds has no mixture."""
+    from gem.precompute import run as precompute
+
+    return precompute.run(ctx, ds, workers)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gem.precompute.run import run
-
     parser = job_parser(__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=None, help="worker processes, this one included "
                         "(default precompute.workers)")

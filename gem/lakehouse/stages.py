@@ -133,6 +133,8 @@ class Stage:
     pool: the Airflow pool its task queues in (None: the default pool).
     ranges: one run may cover a range of days in one commit, publishing one record per day
         (`--ds D1 --through D2`, e.g. a backfill of bronze from landing).
+    entry: the job module's function `entry(ctx, ds) -> StageResult` its command line calls, which
+        the bulk path (gem.bulk) calls in-process.
     """
 
     name: str
@@ -146,6 +148,7 @@ class Stage:
     extra_args: str = ""
     pool: str | None = None
     ranges: bool = False
+    entry: str = "run"
     doc: str = ""
 
     def ds(self, cfg: GemConfig, run_day: str) -> str | None:
@@ -202,13 +205,13 @@ STAGES: tuple[Stage, ...] = (
                   Writes("silver.ad_daily_counts", feature_window_days),
                   Writes("silver.user_features"), Writes("silver.ad_features")),
           doc="point-in-time counters as of the end of ds-1 (ds-1's daily counts added; --full: the window's)"),
-    Stage("validate_silver", "validate_silver", needs=(Need("build_sequences"), Need("build_features")),
+    Stage("validate_silver", "validate_silver", entry="run_tables", needs=(Need("build_sequences"), Need("build_features")),
           doc="Great Expectations on ds's sequences and features"),
     Stage("assemble_examples", "assemble_examples", ready_on=True,
           needs=(Need("validate_events", examples_bronze_days), Need("validate_silver")),
           writes=(Writes("silver.training_examples"), Writes("silver.attribution_quarantine")),
           doc="one labelled example per impression of ds, once its attribution window has closed"),
-    Stage("validate_examples", "validate_silver", extra_args="--examples", ready_on=True,
+    Stage("validate_examples", "validate_silver", extra_args="--examples", ready_on=True, entry="run_examples",
           needs=(Need("assemble_examples"),),
           doc="Great Expectations on ds's training examples"),
     Stage("mix", "mix", spark=False, skippable=True,

@@ -20,7 +20,7 @@ import yaml
 from gem.orchestration import LANDING_POKE_ENV, LANDING_TIMEOUT_ENV, REPO_ROOT, read_task_failures
 from tests.support import PYTHON, airflow_test_env
 
-pytestmark = pytest.mark.slow
+# Not marked slow: the one real Airflow run in `make test`'s default tier (about 50 s).
 
 DS = "2026-01-01"
 

@@ -325,6 +325,7 @@ def chain(spark, tmp_path_factory):
     return cfg, events, results, incremental, rerun, rerun_rows, full_results, full
 
 
+@pytest.mark.slow  # the chain fixture builds 8 days twice (about 3 minutes on 2 cores)
 def test_chain_runs_incrementally_after_its_first_day(chain):
     _, _, results, _, rerun, _, full_results, _ = chain
     assert [r.details["incremental"] for r in results] == [False, True, True, True]
@@ -334,6 +335,7 @@ def test_chain_runs_incrementally_after_its_first_day(chain):
     assert rerun.details["incremental"] and not any(r.details["incremental"] for r in full_results)
 
 
+@pytest.mark.slow  # the chain fixture builds 8 days twice (about 3 minutes on 2 cores)
 def test_incremental_equals_full_recompute_and_a_plain_recount(chain):
     _, events, _, incremental, _, _, _, full = chain
     for ds in CHAIN_DAYS:
@@ -353,6 +355,7 @@ def test_incremental_equals_full_recompute_and_a_plain_recount(chain):
     assert "c_old" not in incremental[d][SILVER_USER_FEATURES.name]
 
 
+@pytest.mark.slow  # the chain fixture builds 8 days twice (about 3 minutes on 2 cores)
 def test_incremental_rerun_is_identical(chain):
     _, _, _, incremental, _, rerun_rows, _, _ = chain
     assert rerun_rows == incremental[CHAIN_DAYS[2]]

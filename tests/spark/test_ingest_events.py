@@ -74,6 +74,7 @@ def test_every_dirty_kind_is_quarantined_with_its_reason(spark, dirty_day):
     assert records == 1
 
 
+@pytest.mark.slow
 def test_crash_between_commits_leaves_no_completion_and_rerun_converges(spark, dirty_day, monkeypatch):
     """Die at each point between commits of a rerun over a completed day; each time the day has no
     completion record, and the next rerun restores exactly the completed contents."""
@@ -209,6 +210,7 @@ def _range_landing(cfg) -> list[str]:
     return days
 
 
+@pytest.mark.slow
 def test_a_range_commit_equals_ingesting_the_days_one_by_one(spark, tmp_path):
     """`--through`: one commit per table for three days, one record per day, and the same bronze,
     quarantine and per-day counts as three daily runs; a rerun of the range converges."""

@@ -116,6 +116,7 @@ def _ingest_commit(lake: str, ds: str, n_rows: int, barrier) -> None:
     spark.stop()
 
 
+@pytest.mark.slow
 def test_two_spark_days_committing_at_once_record_their_own_versions(tmp_path):
     """Real processes, each with its own Spark session: each day's record names the version its own
     commit created and the rows it wrote, never the other day's."""
