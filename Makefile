@@ -49,7 +49,7 @@ demo: setup
 
 # `make test`: every test not marked slow (under 25 minutes on 2 cores; CI runs it). `make test-slow`:
 # the slow tier (end-to-end Airflow runs with the real scheduler, the learning claims, crash and
-# concurrency tests with real processes; about 45 minutes on 2 cores). `make test-all`: both.
+# concurrency tests with real processes; about 50 minutes on 2 cores). `make test-all`: both.
 test: setup
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 

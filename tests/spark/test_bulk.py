@@ -20,7 +20,7 @@ from schemas import TABLES
 from schemas.ops import COMPLETIONS
 from tests.support import PYTHON
 
-pytestmark = pytest.mark.slow  # 16 job processes, each with its own JVM (about 7 minutes on 2 cores)
+pytestmark = pytest.mark.slow  # 16 job processes, each with its own JVM (788 s on 2 cores)
 
 DAYS = ("2026-01-01", "2026-01-02")
 LAST_SPARK_STAGE = "validate_examples"
@@ -38,7 +38,7 @@ def _config(root: Path) -> Path:
         "lakehouse_uri": str(root / "lakehouse"), "start_ds": DAYS[0], "attribution_window_days": 0,
         "spark": {"master": "local[2]", "shuffle_partitions": 2, "driver_memory": "2g",
                   "conf": {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}},
-        "generator": {"users": 200, "ads": 40, "advertisers": 8, "events_per_day": 1500, "chunk_impressions": 1500},
+        "generator": {"users": 500, "ads": 100, "advertisers": 20, "events_per_day": 5000, "chunk_impressions": 2000},
     }))
     return path
 
