@@ -62,15 +62,21 @@ def stages_through(last: str | None) -> tuple[Stage, ...]:
     return STAGES[: names.index(last) + 1]
 
 
-def run_range(cfg: GemConfig, start: str, end: str, through_stage: str | None = None,
-              ctx: StageContext | None = None) -> Iterator[StageRun]:
-    """Run the stages (up to `through_stage`) for run days start..end, day by day; yields each
-    stage's run as it finishes. The Spark session opens on the first Spark stage and stays open."""
+def checked_days(cfg: GemConfig, start: str, end: str) -> list[str]:
+    """The run days start..end; ValueError for an empty range or one before the pipeline's start_ds."""
     days = day_range(start, end)
     if not days:
         raise ValueError(f"empty range: --start {start} is after --end {end}")
     if start < cfg.start_ds:
         raise ValueError(f"--start {start} is before the pipeline's start_ds={cfg.start_ds}")
+    return days
+
+
+def run_range(cfg: GemConfig, start: str, end: str, through_stage: str | None = None,
+              ctx: StageContext | None = None) -> Iterator[StageRun]:
+    """Run the stages (up to `through_stage`) for run days start..end, day by day; yields each
+    stage's run as it finishes. The Spark session opens on the first Spark stage and stays open."""
+    days = checked_days(cfg, start, end)
     ctx = ctx or StageContext(cfg)
     plan = [(stage, entry_point(stage)) for stage in stages_through(through_stage)]
     for run_day in days:
@@ -98,6 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cfg = load_config(args.config)
     started = time.monotonic()
+    try:
+        stages_through(args.through_stage)
+        checked_days(cfg, args.start, args.end)
+    except ValueError as e:
+        parser.error(str(e))
     for run in run_range(cfg, args.start, args.end, args.through_stage):
         print(run.line(), flush=True)
     print(f"bulk {args.start}..{args.end}: done in {time.monotonic() - started:.0f}s")
