@@ -49,6 +49,12 @@ def load_bulk_days(cfg_path: Path, days: list[str], env: dict[str, str]) -> floa
     return time.time() - t0
 
 
+def demo_days(cfg: GemConfig) -> tuple[list[str], list[str]]:
+    """The demo's days, split: (those the bulk path loads, those that run through Airflow)."""
+    days = day_range(cfg.demo.start_ds, shift_day(cfg.demo.start_ds, cfg.demo.days - 1))
+    return days[: cfg.demo.bulk_days], days[cfg.demo.bulk_days:]
+
+
 def run_days(cfg_path: Path, cfg: GemConfig) -> list[tuple[str, float]]:
     """Run the demo days in order: the first demo.bulk_days through the bulk path, the others
     through Airflow; one line per task as it finishes, each run's Airflow (and Spark) log in a file
@@ -57,9 +63,8 @@ def run_days(cfg_path: Path, cfg: GemConfig) -> list[tuple[str, float]]:
     env.setdefault("GEM_TASK_RETRIES", "1")
     env.setdefault("GEM_TASK_RETRY_DELAY_S", "10")  # a demo fails fast instead of waiting 5 minutes
     init_db(env)
-    days = day_range(cfg.demo.start_ds, shift_day(cfg.demo.start_ds, cfg.demo.days - 1))
     timings = []
-    bulk, daily = days[: cfg.demo.bulk_days], days[cfg.demo.bulk_days:]
+    bulk, daily = demo_days(cfg)
     if bulk:
         timings.append((f"bulk path ds={bulk[0]}..{bulk[-1]}", load_bulk_days(cfg_path, bulk, env)))
     for ds in daily:
@@ -175,8 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {what}: {seconds:.0f}s")
     print(f"  total wall time: {time.time() - t0:.0f}s")
     print("== seconds per task and Airflow run (logical date; from Airflow's metadata DB) ==")
-    airflow_days = day_range(shift_day(cfg.demo.start_ds, cfg.demo.bulk_days), shift_day(cfg.demo.start_ds, cfg.demo.days - 1))
-    print(task_seconds(airflow_home(), [manual_logical_date(ds) for ds in airflow_days]))
+    print(task_seconds(airflow_home(), [manual_logical_date(ds) for ds in demo_days(cfg)[1]]))
     print("== tables ==")
     print(f"  {'landing files':<28} {cfg.landing_root}")
     print(summarize(cfg))
