@@ -4,7 +4,9 @@ Load order (later wins):
   1. the dataclass defaults below (the embedded default: local Spark, local Delta folder);
   2. a YAML file: the `--config` argument, else $GEM_CONFIG, else nothing;
   3. environment variables `GEM__SECTION__FIELD=value`, e.g. `GEM__SPARK__MASTER=local[2]`,
-     `GEM__LAKEHOUSE_URI=/data/lake`. Values are parsed as YAML scalars ("3" -> 3, "true" -> True).
+     `GEM__LAKEHOUSE_URI=/data/lake`. Each value is read as the type of the field it sets: the text
+     itself for a str field (`GEM__START_DS=2026-01-01` stays "2026-01-01"), a YAML value otherwise
+     ("3" -> 3, "true" -> True, "[a, b]" or "a,b" -> a tuple).
 
 Unknown keys and values of the wrong type fail loudly with the offending path.
 
@@ -380,7 +382,24 @@ class GemConfig:
 # Loading: dict -> dataclass with type checks.
 
 
+@dataclass(frozen=True)
+class EnvText:
+    """An environment override's raw text, read only once the type of the field it sets is known
+    (parsing it as YAML first turned `GEM__START_DS=2026-01-01` into a date for a str field)."""
+
+    variable: str
+    text: str
+
+    def read_as(self, tp: Any) -> Any:
+        """The text for a str field; otherwise its YAML value (numbers, booleans, lists, mappings)."""
+        if tp is str or self.text == "":
+            return self.text
+        return yaml.safe_load(self.text)
+
+
 def _coerce(value: Any, tp: Any, path: str) -> Any:
+    if isinstance(value, EnvText):
+        return _coerce(value.read_as(tp), tp, f"{path} (${value.variable})")
     origin = typing.get_origin(tp)
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
@@ -437,7 +456,7 @@ def _deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
-    """`GEM__A__B=v` -> {"a": {"b": yaml(v)}}."""
+    """`GEM__A__B=v` -> {"a": {"b": EnvText("GEM__A__B", v)}}, read as field a.b's type when built."""
     tree: dict[str, Any] = {}
     for key, raw in environ.items():
         if not key.startswith(ENV_PREFIX):
@@ -446,7 +465,7 @@ def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
         node = tree
         for p in parts[:-1]:
             node = node.setdefault(p, {})
-        node[parts[-1]] = yaml.safe_load(raw) if raw != "" else ""
+        node[parts[-1]] = EnvText(key, raw)
     return tree
 
 

@@ -82,3 +82,18 @@ def test_task_vocabulary_is_surface_by_label_type():
     assert task_name("reels", "app_install") == "reels/app_install"
     with pytest.raises(ValueError, match="unknown label type"):
         task_name("reels", "purchase")
+
+
+def test_env_overrides_are_read_as_their_fields_type():
+    # YAML would read 2026-01-01 as a date, "0123" as 123 and "yes" as True: each override is read
+    # as the type of the field it sets, once that type is known.
+    env = {"GEM__START_DS": "2026-01-01", "GEM__DEMO__START_DS": "2026-02-03", "GEM__SPARK__DRIVER_MEMORY": "4096",
+           "GEM__SPARK__MASTER": "yes", "GEM__GENERATOR__USERS": "77", "GEM__GENERATOR__DIRTY_FRACTION": "0.5",
+           "GEM__TRAIN__BF16": "false", "GEM__SURFACES": "reels,stories"}
+    cfg = load_config(environ=env)
+    assert (cfg.start_ds, cfg.demo.start_ds) == ("2026-01-01", "2026-02-03")
+    assert (cfg.spark.driver_memory, cfg.spark.master) == ("4096", "yes")
+    assert (cfg.generator.users, cfg.generator.dirty_fraction, cfg.train.bf16) == (77, 0.5, False)
+    assert cfg.surfaces == ("reels", "stories")
+    with pytest.raises(ConfigError, match=r"generator.users \(\$GEM__GENERATOR__USERS\): expected int, got str 'lots'"):
+        load_config(environ={"GEM__GENERATOR__USERS": "lots"})
