@@ -6,11 +6,13 @@ with model.embeddings.backend "torchrec" the tables are sharded by an explicit p
 steps and at the end, gem.train.checkpoint writes model, optimizers, loader state and RNG states; a
 run started on a folder that holds checkpoints continues from the latest one, so a killed run
 resumed with the same config produces the same losses and final weights as an uninterrupted one
-(tested on CPU, both backends).
+(tested on CPU, both backends). A NaN or infinite loss stops the run with NonFiniteLossError before
+that step updates anything, so the last checkpoint written is the last good one.
 """
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from collections.abc import Iterator
@@ -23,6 +25,10 @@ import torch
 from gem.config import TrainConfig
 from gem.data.batch import Batch
 from gem.train import checkpoint
+
+
+class NonFiniteLossError(FloatingPointError):
+    """A step's loss was NaN or infinite: training stops, its checkpoints stay as they were."""
 
 
 class BatchStream(Protocol):
@@ -231,10 +237,20 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
                 loss, _ = self.model(batch)
+            # Checked before backward: the fused embedding optimizer updates the tables inside it.
+            # The loss is averaged over the ranks first, so every rank stops at the same step.
+            step_loss = self._mean_over_ranks(loss.detach())
+            if not math.isfinite(step_loss):
+                if bar is not None:
+                    bar.close()
+                raise NonFiniteLossError(
+                    f"step {self.step + 1}: the loss is {step_loss}; training stopped before this step changed "
+                    f"any weight. The last good checkpoint is {checkpoint.latest(self.run_dir)} (a rerun resumes "
+                    f"from it); look for NaN or infinite inputs in the batch, or lower train.lr")
             loss.backward()
             self.optimizer.step()
             self.step += 1
-            self.losses.append(self._mean_over_ranks(loss.detach()))
+            self.losses.append(step_loss)
             result.examples += batch.size
             if bar is not None:
                 seconds = time.perf_counter() - t0

@@ -114,3 +114,18 @@ def test_padding_ratio_of_the_batches_is_reported(tmp_path):
         grouped = sum(b.padded_sizes(trainer.length_groups)[event][1] for b in batches)
         assert result.padding_ratio[event] == pytest.approx(1 - real / grouped)
         assert grouped <= one_block  # the body's length groups pad less than one (B, max length) block
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_non_finite_loss_stops_training_and_keeps_the_last_good_checkpoint(tmp_path, bad):
+    from gem.train.trainer import NonFiniteLossError
+
+    t = tiny_trainer(tmp_path)
+    t.stream.items[5].dense[0, 0] = bad  # step 6's batch (checkpoints every 4 steps)
+    with pytest.raises(NonFiniteLossError, match=r"step 6: the loss is (nan|inf).*last good checkpoint .*step-00000004"):
+        t.fit()
+    assert [p.name for p in checkpoint.published(tmp_path)] == ["step-00000004"]
+    assert t.step == 5 and len(t.losses) == 5  # the bad step neither updated the weights nor counted
+    assert all(torch.isfinite(v).all() for v in t.task.state_dict().values())
+    resumed = tiny_trainer(tmp_path)
+    assert resumed.resume() and resumed.step == 4
