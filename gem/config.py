@@ -109,6 +109,11 @@ class IngestConfig:
     drift_max_type_error_rate: float = 0.05
     # Event times more than this many days after the arrival day are "far future", not late.
     far_future_days: int = 30
+    # Event times more than this many days before the arrival day are quarantined (stale_timestamp):
+    # late data beyond any use, or a unit error (epoch seconds read as milliseconds land in 1970).
+    # Must exceed attribution_window_days: a conversion arriving after its window is still counted
+    # (assemble_examples quarantines it as arrived_after_window).
+    max_event_lag_days: int = 30
 
 
 def _default_null_rate_scopes() -> dict[str, str]:
@@ -151,6 +156,10 @@ class QualityConfig:
     # silver.user_sequences: the share of each cap a day's busiest user must leave for events before
     # an impression (see schemas/examples.py, late materialization); below it is a warning.
     min_sequence_margin: float = 0.5
+    # silver.training_examples: the most examples of a day whose sequence prefix (what the model
+    # reads) the stored cap cut short, as a share; above it the day fails (raise sequence_caps).
+    # Every cut example is counted either way. The demo's busiest users cut 0.6-0.7% of its days.
+    max_sequence_cut_rate: float = 0.02
     # silver features: share of rows with clicks_28d <= impressions_28d (a click just inside the
     # window's start can count while its impression, just outside, does not).
     min_clicks_within_impressions: float = 0.99
@@ -411,6 +420,10 @@ class GemConfig:
         unknown = sorted(set(self.mix.fixed_rates) - {f"{s}/{t}" for s, t in self.tasks})
         if unknown:
             raise ConfigError(f"mix.fixed_rates names unknown tasks {unknown}; tasks are surface/label_type")
+        if self.ingest.max_event_lag_days <= self.attribution_window_days:
+            raise ConfigError(
+                f"ingest.max_event_lag_days={self.ingest.max_event_lag_days} must exceed attribution_window_days="
+                f"{self.attribution_window_days}: conversions arriving late must reach bronze to be counted")
         floor = self.attribution_window_days + self.training_horizon_days
         if self.retention_days <= floor:
             raise ConfigError(

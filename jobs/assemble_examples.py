@@ -23,8 +23,10 @@ Flow (pure transforms; thin I/O around them):
   attribute_conversions(conversions, linked clicks) -> each conversion's click, impression, reason;
   assemble(impressions of D, linked clicks, attributed conversions, features) -> examples of D;
   commit (gem.lakehouse.commit.StageCommit): withdraw (assemble_examples, D); replace examples ds=D; replace attribution quarantine
-  ds=D (the conversions that arrived on D and count nowhere); publish the record LAST with
-  rows_in = impressions(D) + conversions(D) = examples + attributed + quarantined.
+  ds=D (the conversions that arrived on D and count nowhere); replace click quarantine ds=D (the
+  clicks that arrived on D and link to no impression); publish the record LAST with
+  rows_in = impressions(D) + conversions(D) + clicks(D)
+          = examples + attributed + linked clicks + quarantined (conversions and clicks, by reason).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from schemas.examples import (
     AD_FEATURE_PREFIX,
     LABEL_COLUMNS,
     SILVER_ATTRIBUTION_QUARANTINE,
+    SILVER_CLICK_QUARANTINE,
     SILVER_TRAINING_EXAMPLES,
     USER_FEATURE_PREFIX,
 )
@@ -254,8 +257,20 @@ def require_feature_days(commit: StageCommit, day_impressions: DataFrame) -> lis
     return days
 
 
+def orphan_clicks(linked_clicks: DataFrame, ds: str) -> DataFrame:
+    """The clicks that arrived on ds and link to no impression -> silver.click_quarantine rows."""
+    from pyspark.sql import functions as F
+
+    day = F.lit(ds).cast("date")
+    return linked_clicks.where((F.col("click_ds") == day) & F.col("impression_id").isNull()).select(
+        day.alias("ds"), F.lit("no_impression_in_click_window").alias("reason"),
+        "click_id", "click_time", "user_id", "ad_id",
+    )
+
+
 def run(ctx: StageContext, ds: str) -> StageResult:
-    """Assemble impression day ds; details: examples, conversions_in (arrived on ds), attributed."""
+    """Assemble impression day ds; details: examples, conversions_in and clicks_in (arrived on ds),
+    attributed, orphan_clicks."""
     from pyspark.sql import functions as F
 
     from gem.lakehouse import tables
@@ -303,21 +318,28 @@ def run(ctx: StageContext, ds: str) -> StageResult:
     attributed_today = conversions_in - sum(quarantined.values())
     n_examples = examples.count()
     n_impressions = day_impressions.count()
+    clicks_in = linked.where(F.col("click_ds") == day).count()
+    orphans = orphan_clicks(linked, ds)
+    n_orphans = orphans.count()
+    if n_orphans:
+        quarantined["no_impression_in_click_window"] = n_orphans
 
     commit.replace(examples, SILVER_TRAINING_EXAMPLES)
     commit.replace(quarantine, SILVER_ATTRIBUTION_QUARANTINE)
+    commit.replace(orphans, SILVER_CLICK_QUARANTINE)
     # Reconciled with the commits: the examples' commit wrote one row per impression of ds, the
     # quarantine's the conversions counted by reason.
     if commit.committed_rows[SILVER_TRAINING_EXAMPLES.name] != n_examples:
         raise ReconciliationError(f"{STAGE} ds={ds}: the examples' commit wrote "
                                   f"{commit.committed_rows[SILVER_TRAINING_EXAMPLES.name]} rows, counted {n_examples}")
     commit.publish(
-        rows_in=n_impressions + conversions_in,
-        rows_written=n_examples + attributed_today,
+        rows_in=n_impressions + conversions_in + clicks_in,
+        rows_written=n_examples + attributed_today + clicks_in - n_orphans,
         quarantined_by_reason=quarantined,
-        quarantine_table=SILVER_ATTRIBUTION_QUARANTINE,
+        quarantine_table=(SILVER_ATTRIBUTION_QUARANTINE, SILVER_CLICK_QUARANTINE),
     )
-    return commit.result(t0, examples=n_examples, conversions_in=conversions_in, attributed=attributed_today)
+    return commit.result(t0, examples=n_examples, conversions_in=conversions_in, attributed=attributed_today,
+                         clicks_in=clicks_in, orphan_clicks=n_orphans)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -330,7 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     result = run(StageContext(cfg), ds)
     details = result.details
     print(f"{result.summary()} (examples={details['examples']}, conversions arrived={details['conversions_in']}, "
-          f"attributed={details['attributed']})")
+          f"attributed={details['attributed']}, clicks arrived={details['clicks_in']}, "
+          f"linking no impression={details['orphan_clicks']})")
     return 0
 
 

@@ -55,20 +55,28 @@ BRONZE_AD_EVENTS = TableSchema(
     ),
 )
 
+# Why every line of a landing file was quarantined, checked before any line rule: the file's gzip
+# stream is damaged (its readable lines are kept; see gem.lakehouse.landing.gzip_problem), or its
+# name does not match the landing contract's data-file pattern (gem.lakehouse.landing.DATA_FILE_PATTERN).
+FILE_REASONS: tuple[str, ...] = ("unreadable_file", "unexpected_file_name")
+
 # Why a landing line was quarantined, in the order ingest checks them (first failing rule wins).
-QUARANTINE_REASONS: tuple[str, ...] = (
+LINE_REASONS: tuple[str, ...] = (
     "malformed_json",
     "unexpected_column",
-    "wrong_type",
+    "wrong_type",  # incl. an id that is a JSON number, object or array instead of a string
     "missing_id",
     "missing_field",
     "unknown_surface",
     "invalid_value",
     "negative_timestamp",
+    "stale_timestamp",  # more than ingest.max_event_lag_days before the arrival day (e.g. seconds, not ms)
     "far_future_timestamp",
     "event_after_arrival",
     "duplicate_event_id",
 )
+
+QUARANTINE_REASONS: tuple[str, ...] = FILE_REASONS + LINE_REASONS
 
 BRONZE_QUARANTINE = TableSchema(
     name="bronze.quarantine",
@@ -78,7 +86,7 @@ BRONZE_QUARANTINE = TableSchema(
         Column("reason", "string", nullable=False, allowed=QUARANTINE_REASONS),
         Column("detail", "string", doc="which field or value broke the rule"),
         Column("source_file", "string", nullable=False, doc="landing file name within the ds folder"),
-        Column("raw_line", "string", nullable=False),
+        Column("raw_line", "string", nullable=False, doc="verbatim; of an unreadable file, a line read before the damage"),
     ),
     partition_by=("ds",),
 )

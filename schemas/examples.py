@@ -1,4 +1,5 @@
-"""silver.training_examples and silver.attribution_quarantine: one row per impression, labelled.
+"""silver.training_examples, silver.attribution_quarantine and silver.click_quarantine: one row per
+impression, labelled; the conversions and clicks that label nothing, each with its reason.
 
 An example is an impression that arrived on day ds (bronze.ad_events ds), assembled on
 ds + attribution_window_days, once every label it can get is known. It holds:
@@ -29,6 +30,8 @@ Linking, by event time (jobs/assemble_examples.py holds the one implementation):
 Every conversion is accounted for exactly once, by the assembly whose ds is the conversion's arrival
 day: it is either attributed (to an impression of ds - window .. ds) or written to
 silver.attribution_quarantine with one reason (ATTRIBUTION_REASONS, first matching wins).
+Every click likewise, by the assembly whose ds is its arrival day: it links to an impression (and
+labels it) or is written to silver.click_quarantine (CLICK_REASONS), never dropped uncounted.
 
 Late materialization and caps. sequence_ds is the day of the impression's arrival: build_sequences
 wrote a row for every user with an event arriving that day, holding the user's capped sequences as
@@ -36,9 +39,12 @@ of the END of that day. The loader keeps the elements with event_time strictly b
 impression_time. Because the snapshot is taken after the impression, events of the same day that
 come AFTER the impression occupy some of the cap: if the user had k events of a type after the
 impression on that day, the snapshot keeps only cap - k of the events before it (when the user has
-more than cap - k of them). The margin the caps keep is cap minus the most events of that type a
-user has in one day; the silver data-quality suite reports that margin per type and fails when a
-day's busiest user leaves less than `quality.min_sequence_margin` of a cap for the prefix.
+more than cap - k of them). The silver data-quality suites measure this two ways: a warning with
+the margin per type (cap minus the most events of that type a user has in one day) when a day's
+busiest user leaves less than `quality.min_sequence_margin` of a cap; and, on the examples, every
+example whose prefix the cap actually cut below what the model reads is counted (a warning listing
+them), and the day FAILS (no validate_examples record) when more than
+`quality.max_sequence_cut_rate` of its examples were cut (gem/quality/silver.py).
 """
 
 from __future__ import annotations
@@ -61,6 +67,13 @@ ATTRIBUTION_REASONS: tuple[str, ...] = (
     "click_without_impression",
     # its click's impression arrived earlier than the conversion's arrival day minus the window.
     "after_impression_window",
+)
+
+# Why a click labels no impression.
+CLICK_REASONS: tuple[str, ...] = (
+    # no impression of the ad to the user on the surface within click_window_minutes before it,
+    # among the impressions that had arrived by the click's arrival day.
+    "no_impression_in_click_window",
 )
 
 IMPRESSION_ATTRIBUTES: tuple[str, ...] = (
@@ -120,4 +133,19 @@ SILVER_ATTRIBUTION_QUARANTINE = TableSchema(
     ),
     partition_by=("ds",),
     key=("conversion_id",),
+)
+
+SILVER_CLICK_QUARANTINE = TableSchema(
+    name="silver.click_quarantine",
+    doc="Clicks no impression's label counts, with the reason; ds is the click's arrival day.",
+    columns=(
+        Column("ds", "date", nullable=False, doc="arrival day of the click"),
+        Column("reason", "string", nullable=False, allowed=CLICK_REASONS),
+        Column("click_id", "string", nullable=False),
+        Column("click_time", "timestamp", nullable=False),
+        Column("user_id", "string", nullable=False),
+        Column("ad_id", "string", nullable=False),
+    ),
+    partition_by=("ds",),
+    key=("click_id",),
 )

@@ -39,11 +39,14 @@ def line(event_id: str, **fields: Any) -> str:
     return json.dumps(clean_event(event_id, **fields))
 
 
-# reason -> the lines that must be quarantined with it (each line breaks exactly that one rule).
+# line reason -> the lines that must be quarantined with it (each line breaks exactly that one rule).
 DIRTY_LINES: dict[str, list[str]] = {
     "malformed_json": ['{"event_id": "m1", "event_type": "impr', "[1, 2, 3]"],
     "unexpected_column": [line("x1", coupon="SAVE10")],
-    "wrong_type": [line("w1", event_time="yesterday"), line("w2", position="3rd")],
+    "wrong_type": [line("w1", event_time="yesterday"), line("w2", position="3rd"),
+                   # ids that are JSON numbers, objects or arrays (not strings): one column each, so
+                   # no column's share of wrong types reaches the drift threshold.
+                   line("w3", user_id=12345), line("w4", ad_id={"id": 7}), line("w5", campaign_id=["c1"])],
     "missing_id": [line("i1", user_id=None), line("i2", ad_id=""), line("i3", campaign_id="  ")],
     "missing_field": [line("f1", objective=None)],
     "unknown_surface": [line("s1", surface="tiktok")],
@@ -54,6 +57,7 @@ DIRTY_LINES: dict[str, list[str]] = {
         line("v4", position=-2),
     ],
     "negative_timestamp": [line("t1", event_time=-5)],
+    "stale_timestamp": [line("t5", event_time=(DAY_START_MS + 3_600_000) // 1000)],  # seconds read as ms: 1970
     "far_future_timestamp": [line("t2", event_time=4_102_444_800_000)],  # 2100-01-01
     "event_after_arrival": [line("t3", event_time=DAY_START_MS + DAY_MS + 3_600_000)],
     "duplicate_event_id": [line("g1")],  # an exact repeat of a clean line below

@@ -394,7 +394,7 @@ class StageCommit:
         quarantined_by_reason: Mapping[str, int] | None = None,
         *,
         written_tables: tuple[TableSchema, ...] = (),
-        quarantine_table: TableSchema | None = None,
+        quarantine_table: TableSchema | tuple[TableSchema, ...] | None = None,
         no_input_count: str = "",
         validated: Mapping[str, int] | None = None,
         per_day: Mapping[str, DayCounts] | None = None,
@@ -403,7 +403,8 @@ class StageCommit:
 
         rows_written: the stage's output rows; when `written_tables` are given, it must equal (or,
             when omitted, is) the sum of what their commits wrote.
-        quarantine_table: its commit must have written exactly sum(quarantined_by_reason) rows.
+        quarantine_table: its commit (or the commits of several, together) must have written exactly
+            sum(quarantined_by_reason) rows.
         rows_in=None: the stage has no separate input count; `no_input_count` says why, and the
             record says so instead of claiming a check.
         validated: a validation stage's validated versions (it creates none of its own).
@@ -430,10 +431,12 @@ class StageCommit:
             raise ReconciliationError(
                 f"{self.stage.name} ds={self.ds}: commits of {[s.name for s in written_tables]} wrote {committed} "
                 f"rows, the stage counted {rows_written}")
-        if quarantine_table is not None and self.committed_rows[quarantine_table.name] != sum(by_reason.values()):
+        quarantines = quarantine_table if isinstance(quarantine_table, tuple) else (quarantine_table,)
+        names = [t.name for t in quarantines if t is not None]
+        if names and sum(self.committed_rows[n] for n in names) != sum(by_reason.values()):
             raise ReconciliationError(
-                f"{self.stage.name} ds={self.ds}: {quarantine_table.name}'s commit wrote "
-                f"{self.committed_rows[quarantine_table.name]} rows, quarantined by reason {by_reason}")
+                f"{self.stage.name} ds={self.ds}: the commits of {names} wrote "
+                f"{sum(self.committed_rows[n] for n in names)} rows, quarantined by reason {by_reason}")
         if rows_in is None and not no_input_count:
             raise ValueError(f"{self.stage.name}: without rows_in, say why the stage has no input count")
         versions = dict(self.table_versions)

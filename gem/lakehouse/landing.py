@@ -1,7 +1,11 @@
 """Landing zone I/O: gzip JSON-lines files per arrival day, published atomically.
 
 Layout: `{landing_root}/ds=YYYY-MM-DD/NAME.json.gz`, plus `_SUCCESS` once the producer of that
-arrival day has finished (its JSON body holds the producer's manifest, e.g. planted dirty rows).
+arrival day has finished (its JSON body holds the producer's manifest, e.g. planted dirty rows), and
+optionally `NAME.manifest.json` producer metadata beside a data file. Names starting with `_` or `.`
+are markers and in-progress writes; any other file is unexpected: ingest reads and quarantines its
+lines instead of skipping it unseen (`list_partition`). A data file whose gzip stream is damaged is
+found before Spark reads anything (`gzip_problem`), so one bad file cannot fail or shorten a day.
 Files are written to a hidden temporary name and renamed, so a reader never sees half a file; gzip
 headers carry mtime 0 so a rerun writes byte-identical files.
 
@@ -13,13 +17,18 @@ Example:
 
 from __future__ import annotations
 
+import fnmatch
 import gzip
 import json
 import os
+import zlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
 SUCCESS_MARKER = "_SUCCESS"
+DATA_FILE_PATTERN = "*.json.gz"
+METADATA_FILE_PATTERN = "*.manifest.json"  # a producer's notes on a data file, not data
 
 
 class MissingLandingPartition(FileNotFoundError):
@@ -95,8 +104,22 @@ def read_manifest(landing_root: str, ds: str) -> dict[str, Any]:
     return json.loads((partition_dir(landing_root, ds) / SUCCESS_MARKER).read_text())
 
 
-def require_partition(landing_root: str, ds: str) -> list[str]:
-    """The partition's data files, or MissingLandingPartition naming the folder."""
+@dataclass(frozen=True)
+class PartitionListing:
+    """The files of a landing partition: data files (DATA_FILE_PATTERN) and unexpected ones (any
+    other name that is not a marker, an in-progress write or producer metadata); full paths, sorted."""
+
+    data_files: list[str]
+    unexpected_files: list[str]
+
+    @property
+    def all_files(self) -> list[str]:
+        return sorted(self.data_files + self.unexpected_files)
+
+
+def list_partition(landing_root: str, ds: str) -> PartitionListing:
+    """The partition's files, or MissingLandingPartition naming the folder (absent, unfinished, or
+    no data file). A sub-folder is refused loudly: landing partitions are flat."""
     folder = partition_dir(landing_root, ds)
     if not folder.is_dir():
         raise MissingLandingPartition(f"landing partition {folder} does not exist (no data arrived for ds={ds})")
@@ -104,7 +127,52 @@ def require_partition(landing_root: str, ds: str) -> list[str]:
         raise MissingLandingPartition(
             f"landing partition {folder} is incomplete: no {SUCCESS_MARKER} marker from its producer"
         )
-    files = sorted(str(p) for p in folder.glob("*.json.gz"))
-    if not files:
-        raise MissingLandingPartition(f"landing partition {folder} has a {SUCCESS_MARKER} marker but no *.json.gz files")
-    return files
+    data, unexpected = [], []
+    for p in sorted(folder.iterdir()):
+        if p.name.startswith(("_", ".")) or fnmatch.fnmatch(p.name, METADATA_FILE_PATTERN):
+            continue
+        if p.is_dir():
+            raise MissingLandingPartition(f"landing partition {folder} holds a folder {p.name!r}; partitions are flat")
+        (data if fnmatch.fnmatch(p.name, DATA_FILE_PATTERN) else unexpected).append(str(p))
+    if not data:
+        raise MissingLandingPartition(
+            f"landing partition {folder} has a {SUCCESS_MARKER} marker but no {DATA_FILE_PATTERN} files")
+    return PartitionListing(data, unexpected)
+
+
+def require_partition(landing_root: str, ds: str) -> list[str]:
+    """The partition's data files, or MissingLandingPartition naming the folder."""
+    return list_partition(landing_root, ds).data_files
+
+
+_GZIP_ERRORS = (OSError, EOFError, zlib.error)  # gzip.BadGzipFile is an OSError
+
+
+def gzip_problem(path: str) -> str | None:
+    """None when the file's gzip stream decompresses to its end (CRC and length checked); else why not.
+    One streaming pass, nothing kept in memory."""
+    try:
+        with gzip.open(path, "rb") as f:
+            while f.read(1 << 20):
+                pass
+    except _GZIP_ERRORS as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def lines_before_damage(path: str) -> list[str]:
+    """The lines a damaged gzip file yields before the damage (the last one possibly cut short);
+    undecodable bytes become U+FFFD. Decompressed chunk by chunk with zlib, which returns what it
+    could decode before failing (gzip.GzipFile drops the last read's output when it raises)."""
+    data = bytearray()
+    decompressor = zlib.decompressobj(zlib.MAX_WBITS | 16)  # | 16: a gzip header and trailer
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 16):
+                data += decompressor.decompress(chunk)
+                while decompressor.eof and decompressor.unused_data:  # the next gzip member
+                    rest, decompressor = decompressor.unused_data, zlib.decompressobj(zlib.MAX_WBITS | 16)
+                    data += decompressor.decompress(rest)
+    except zlib.error:
+        pass
+    return data.decode("utf-8", errors="replace").splitlines()

@@ -14,7 +14,9 @@ reported in the Data Docs only.
       least `quality.min_clicks_within_impressions` of rows (window-edge clicks, see schemas/features.py).
   silver.training_examples: one row per impression; label rate per task within
       `quality.label_rates`; a conversion label implies the click label; every example's
-      (user_id, sequence_ds) row exists in silver.user_sequences; features_ds is the impression's day.
+      (user_id, sequence_ds) row exists in silver.user_sequences; features_ds is the impression's day;
+      examples whose sequence prefix the cap cut short (schemas/examples.py) are counted (a warning
+      listing them) and fail the day above `quality.max_sequence_cut_rate` of its examples.
 """
 
 from __future__ import annotations
@@ -144,6 +146,19 @@ def feature_expectations(cfg: GemConfig, key: str) -> list[Expectation]:
 # silver.training_examples
 
 
+def _prefix_cut(cfg: GemConfig) -> str:
+    """SQL over examples `b` joined to their snapshot rows `s`: true when the cap cut the prefix the
+    model reads. Of a sequence, the elements at or after the impression are `after`; those before it
+    kept are size - after; the user had count - after before it; the model reads at most L of them
+    (the loader's cut at what the model reads). Cut: kept < least(count - after, L)."""
+    lengths = cfg.loader.capped(cfg.model.sequence_lengths())
+    terms = []
+    for event_type, (seq, count) in SEQUENCE_COLUMNS.items():
+        after = f"size(filter(s.{seq}, e -> e.event_time >= b.impression_time))"
+        terms.append(f"size(s.{seq}) - {after} < least(s.{count} - {after}, {lengths.max_length(event_type)})")
+    return _any_of(terms)
+
+
 def example_expectations(cfg: GemConfig, sequences_path: str) -> list[Expectation]:
     surfaces = ", ".join(f"'{s}'" for s in cfg.surfaces)
     out = [_unique("one_row_per_impression", "impression_id")]
@@ -169,5 +184,17 @@ def example_expectations(cfg: GemConfig, sequences_path: str) -> list[Expectatio
             f"SELECT b.impression_id, b.user_id, b.sequence_ds FROM {{batch}} b LEFT ANTI JOIN "
             f"delta.`{sequences_path}` s ON s.ds = b.sequence_ds AND s.user_id = b.user_id",
         ),
+    ]
+    snapshots = f"{{batch}} b JOIN delta.`{sequences_path}` s ON s.ds = b.sequence_ds AND s.user_id = b.user_id"
+    rate = cfg.quality.max_sequence_cut_rate
+    out += [
+        # Counted: every example whose prefix was cut, listed in the Data Docs.
+        _groups_breaking("sequence_prefix_cut_by_cap",
+                         f"SELECT b.impression_id, b.user_id, b.sequence_ds FROM {snapshots} WHERE {_prefix_cut(cfg)}",
+                         critical=False),
+        # Loud: a day where more than the allowed share was cut (raise sequence_caps).
+        _groups_breaking("sequence_prefix_cut_rate",
+                         f"SELECT count_if({_prefix_cut(cfg)}) AS cut_examples, count(*) AS examples FROM {snapshots} "
+                         f"HAVING count_if({_prefix_cut(cfg)}) > {rate} * count(*)"),
     ]
     return out

@@ -100,6 +100,7 @@ def run(ctx: Any, ds: str, run_dir: Path | None = None, steps: int | None = None
     torch.manual_seed(cfg.train.seed)
     root = checkpoint_root(cfg)
     run_dir = Path(run_dir) if run_dir else root / f"{cfg.model.arch}-{ds}"
+    promotion.checked_checkpoint(root, run_dir)  # refused before training, not at the promotion after it
 
     # Rank 0 commits for the stage: inputs (the mixture's record) checked and the day's record
     # withdrawn before training, published after the metrics and the promotion.
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_config_arg(parser)
     parser.add_argument("--mix-ds", required=True, type=iso_day, help="the gold.mixture_manifest day to train on")
-    parser.add_argument("--run-dir", default=None, help="checkpoint folder (default: under train.checkpoint_root)")
+    parser.add_argument("--run-dir", default=None, help="checkpoint folder under train.checkpoint_root (default: <arch>-<ds> there)")
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)

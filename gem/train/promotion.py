@@ -9,7 +9,10 @@ that keep warm starts honest under reruns and backfills:
 - a run of day D warm-starts from the newest promotion of a day before D, never from D's own or a
   later day's model (those trained on D's held-out examples or after them);
 - the current model of an architecture is the promotion of its latest day, so a rerun of an old
-  day never moves it back.
+  day never moves it back;
+- a pointer names only a folder under the checkpoint root, checked when it is written and when it is
+  read (`checked_checkpoint`): loading a checkpoint unpickles its metadata, so a hand-edited or
+  planted pointer to a folder elsewhere is refused, naming the pointer file.
 """
 
 from __future__ import annotations
@@ -18,6 +21,10 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+
+class PromotionError(ValueError):
+    """A promoted-model pointer naming a checkpoint outside the checkpoint root."""
 
 
 @dataclass(frozen=True)
@@ -38,10 +45,23 @@ def _folder(root: Path, arch: str) -> Path:
     return root / "promoted" / arch
 
 
+def checked_checkpoint(root: Path, checkpoint: Path, pointer: Path | None = None) -> Path:
+    """`checkpoint` when it resolves (symbolic links followed) to a folder under `root`; otherwise
+    PromotionError naming the pointer file it came from."""
+    resolved, inside = checkpoint.resolve(), root.resolve()
+    if resolved == inside or not resolved.is_relative_to(inside):
+        source = f"{pointer}: " if pointer is not None else ""
+        raise PromotionError(
+            f"{source}checkpoint {checkpoint} is outside the checkpoint root {inside}; a checkpoint's metadata "
+            f"is unpickled on load, so only folders under the root are promoted or loaded")
+    return checkpoint
+
+
 def promote(root: Path, arch: str, mix_ds: str, checkpoint: Path, step: int,
             tasks: tuple[str, ...] = ()) -> Promotion:
-    """Publish `checkpoint` as `arch`'s model of day `mix_ds` (replacing an earlier run of that day);
-    `tasks`: its heads' tasks in order, so a reader can rebuild the model."""
+    """Publish `checkpoint` (under `root`) as `arch`'s model of day `mix_ds` (replacing an earlier run
+    of that day); `tasks`: its heads' tasks in order, so a reader can rebuild the model."""
+    checked_checkpoint(root, checkpoint)
     folder = _folder(root, arch)
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".{mix_ds}.json.{os.getpid()}.tmp"
@@ -59,7 +79,8 @@ def promotions(root: Path, arch: str) -> list[Promotion]:
     found = []
     for path in sorted(folder.glob("*.json")):
         data = json.loads(path.read_text())
-        found.append(Promotion(data["arch"], data["mix_ds"], Path(data["checkpoint"]), int(data["step"]),
+        checkpoint = checked_checkpoint(root, Path(data["checkpoint"]), pointer=path)
+        found.append(Promotion(data["arch"], data["mix_ds"], checkpoint, int(data["step"]),
                                tuple(data.get("tasks", ()))))
     return sorted(found, key=lambda p: p.mix_ds)
 

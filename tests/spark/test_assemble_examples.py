@@ -18,7 +18,12 @@ from gem.lakehouse import completions, tables
 from gem.lakehouse.commit import StageContext
 from jobs import assemble_examples, build_features, build_sequences
 from schemas.events import BRONZE_AD_EVENTS
-from schemas.examples import LABEL_COLUMNS, SILVER_ATTRIBUTION_QUARANTINE, SILVER_TRAINING_EXAMPLES
+from schemas.examples import (
+    LABEL_COLUMNS,
+    SILVER_ATTRIBUTION_QUARANTINE,
+    SILVER_CLICK_QUARANTINE,
+    SILVER_TRAINING_EXAMPLES,
+)
 from schemas.features import SILVER_AD_FEATURES, SILVER_USER_FEATURES
 from schemas.ops import COMPLETIONS
 from schemas.sequences import SEQUENCE_COLUMNS, SILVER_USER_SEQUENCES
@@ -189,11 +194,15 @@ def test_unmatched_conversions_quarantined_and_counts_reconcile(spark, assembled
         arrived = [e for e in events if e["event_type"] == "conversion" and e["ds"].isoformat() == day]
         impressions = [e for e in events if e["event_type"] == "impression" and e["ds"].isoformat() == day]
         assert r.details["conversions_in"] == len(arrived)
-        assert r.details["attributed"] + sum(r.quarantined_by_reason.values()) == len(arrived)
+        conversions_quarantined = sum(r.quarantined_by_reason.values()) - r.details["orphan_clicks"]
+        assert r.details["attributed"] + conversions_quarantined == len(arrived)
         assert r.details["examples"] == len(impressions)
         record = completions.completion(cfg, "assemble_examples", day)
-        assert record["rows_in"] == len(arrived) + len(impressions)
-        assert record["rows_quarantined"] == sum(1 for c in q.values() if c["ds"].isoformat() == day)
+        clicks = [e for e in events if e["event_type"] == "click" and e["ds"].isoformat() == day]
+        assert r.details["clicks_in"] == len(clicks)
+        assert record["rows_in"] == len(arrived) + len(impressions) + len(clicks)
+        assert record["rows_quarantined"] == (sum(1 for c in q.values() if c["ds"].isoformat() == day)
+                                              + r.details["orphan_clicks"])
     # Attributed conversions land on examples: every day whose conversions can only go to assembled
     # impression days (arrival day X attributes to X-W..X) sums up on both sides.
     closed = [d for d in ASSEMBLED if shift_day(d, -W) >= S]
@@ -202,6 +211,23 @@ def test_unmatched_conversions_quarantined_and_counts_reconcile(spark, assembled
     conversion_arrival = {e["event_id"]: e["ds"].isoformat() for e in events if e["event_type"] == "conversion"}
     assert attributed_by_arrival == _reference_attributed_count(events, closed, conversion_arrival)
     assert sum(row["attributed_conversions"] for row in ex.values()) >= attributed_by_arrival
+
+
+def test_clicks_linking_no_impression_are_quarantined_and_counted(spark, assembled):
+    """Every click that arrived on an assembled day is either linked (it labels an impression) or
+    in silver.click_quarantine with its reason, counted in that day's record."""
+    cfg, events, results = assembled
+    links = _reference_links(events)
+    rows = tables.read_table(spark, cfg, SILVER_CLICK_QUARANTINE).collect()
+    assert "n-clk" in {r.click_id for r in rows}  # its impression is 2 hours before it
+    for day, r in results.items():
+        expected = sorted(e["event_id"] for e in events if e["event_type"] == "click"
+                          and e["ds"].isoformat() == day and links[e["event_id"]] is None)
+        got = sorted(x.click_id for x in rows if x.ds.isoformat() == day)
+        assert got == expected and r.details["orphan_clicks"] == len(expected), day
+        assert {x.reason for x in rows if x.ds.isoformat() == day} <= {"no_impression_in_click_window"}
+        assert r.quarantined_by_reason.get("no_impression_in_click_window", 0) == len(expected)
+    assert sum(r.details["orphan_clicks"] for r in results.values()) > 0
 
 
 def _reference_attributed_count(events, days, conversion_arrival) -> int:

@@ -13,7 +13,7 @@ from gem.lakehouse.commit import StageContext
 from gem.lakehouse.completions import MissingInputError
 from gem.lakehouse.landing import MissingLandingPartition, mark_partition_complete, partition_dir
 from jobs import ingest_events
-from schemas.events import BRONZE_AD_EVENTS, BRONZE_QUARANTINE, QUARANTINE_REASONS
+from schemas.events import BRONZE_AD_EVENTS, BRONZE_QUARANTINE, LINE_REASONS
 from schemas.ops import COMPLETIONS
 from tests.landing_lines import CLEAN_LINES, DAY, DIRTY_LINES, all_dirty_lines, line, write_day
 from tests.support import PYTHON, REPO, make_config, subprocess_env
@@ -45,7 +45,7 @@ def test_every_dirty_kind_is_quarantined_with_its_reason(spark, dirty_day):
     assert {p.name: p.read_bytes() for p in partition_dir(cfg.landing_root, DAY).iterdir()} == landing
 
     expected = {reason: len(lines) for reason, lines in DIRTY_LINES.items()}
-    assert set(expected) == set(QUARANTINE_REASONS)  # the fixture covers every reason
+    assert set(expected) == set(LINE_REASONS)  # the fixture covers every line reason
     assert result.quarantined_by_reason == expected
     assert result.rows_in == len(CLEAN_LINES) + len(EXTRA_CLEAN) + sum(expected.values())
     assert result.rows_written == len(CLEAN_LINES) + len(EXTRA_CLEAN)
@@ -237,3 +237,63 @@ def test_a_range_commit_equals_ingesting_the_days_one_by_one(spark, tmp_path):
         assert len(writes) == 1 and all(r["table_versions"][schema.name] == writes[0]["version"] for r in records)
     again = ingest_events.run(StageContext(ranged, spark), days[0], days[-1])
     assert contents(ranged) == contents(one_by_one) and again.quarantined_by_reason == result.quarantined_by_reason
+
+
+def test_damaged_and_misnamed_files_are_quarantined_and_counted_per_file(spark, tmp_path):
+    """A truncated gzip and a file that is not gzip at all: their readable lines quarantined as
+    unreadable_file (the other files ingested); a file whose name breaks the landing pattern: every
+    line quarantined as unexpected_file_name. in = written + quarantined for every file."""
+    import gzip
+
+    cfg = make_config(tmp_path)
+    write_day(cfg.landing_root, DAY, CLEAN_LINES + EXTRA_CLEAN)
+    folder = partition_dir(cfg.landing_root, DAY)
+    misnamed = [line("x-1", user_id="u9"), line("x-2", user_id="u9")]
+    (folder / "extra.jsonl.gz").write_bytes(gzip.compress(("\n".join(misnamed) + "\n").encode()))
+    whole = gzip.compress(("\n".join(line(f"cut-{i}") for i in range(200)) + "\n").encode())
+    (folder / "truncated.json.gz").write_bytes(whole[: len(whole) // 2])
+    (folder / "plain.json.gz").write_bytes(b'{"event_id": "p1"}\n')  # named .gz, not gzip
+    (folder / "notes.manifest.json").write_text("{}")  # producer metadata beside the data: not read
+
+    result = ingest_events.run(StageContext(cfg, spark), DAY)
+    files = result.details["files"][DAY]
+    assert sorted(files) == ["extra.jsonl.gz", "part-0.json.gz", "plain.json.gz", "truncated.json.gz"]
+    for name, counts in files.items():
+        assert counts["in"] == counts["written"] + sum(counts["quarantined"].values()), name
+    assert files["part-0.json.gz"] == {"in": 24, "written": 24, "quarantined": {}}
+    assert files["extra.jsonl.gz"]["quarantined"] == {"unexpected_file_name": 2}
+    assert files["plain.json.gz"]["quarantined"] == {"unreadable_file": 1}
+    cut = files["truncated.json.gz"]["quarantined"]["unreadable_file"]
+    assert 0 < cut < 200 and files["truncated.json.gz"]["written"] == 0
+    assert result.rows_in == sum(f["in"] for f in files.values()) == 24 + 2 + 1 + cut
+    assert result.quarantined_by_reason == {"unexpected_file_name": 2, "unreadable_file": 1 + cut}
+
+    quarantine = tables.read_table(spark, cfg, BRONZE_QUARANTINE).collect()
+    misnamed_rows = [r for r in quarantine if r.source_file == "extra.jsonl.gz"]
+    assert sorted(r.raw_line for r in misnamed_rows) == sorted(misnamed)
+    assert all("*.json.gz" in r.detail for r in misnamed_rows)
+    truncated_rows = [r for r in quarantine if r.source_file == "truncated.json.gz"]
+    assert all("truncated.json.gz" in r.detail and "line" in r.detail for r in truncated_rows)
+    assert truncated_rows and all(r.raw_line.startswith('{"event_id": "cut-') for r in truncated_rows)
+    plain = [r for r in quarantine if r.source_file == "plain.json.gz"]
+    assert [r.raw_line for r in plain] == [""] and "not a readable gzip file" in plain[0].detail
+    bronze_ids = {r.event_id for r in tables.read_table(spark, cfg, BRONZE_AD_EVENTS).collect()}
+    assert bronze_ids == {json.loads(x)["event_id"] for x in CLEAN_LINES + EXTRA_CLEAN}
+
+
+def test_duplicates_ingested_out_of_order_are_caught_within_the_lookback(spark, tmp_path):
+    """Day 2 ingested before day 1 with a shared event id: day 1's copy is the duplicate (bronze
+    never holds both). Beyond dedup_lookback_days a repeat is not caught: the documented limit."""
+    cfg = make_config(tmp_path, ingest={"dedup_lookback_days": 1})
+    day2, day4 = "2026-01-02", "2026-01-04"
+    shared = line("dup-1", event_time=1767225600000 + 60_000)
+    write_day(cfg.landing_root, DAY, [shared, line("a-1")])
+    write_day(cfg.landing_root, day2, [line("dup-1", event_time=1767225600000 + 60_000), line("b-1")])
+    write_day(cfg.landing_root, day4, [line("a-1")])  # 3 days after day 1: outside the 1-day lookback
+    ingest_events.run(StageContext(cfg, spark), day2)
+    first = ingest_events.run(StageContext(cfg, spark), DAY)
+    assert first.quarantined_by_reason == {"duplicate_event_id": 1}
+    rows = tables.read_table(spark, cfg, BRONZE_QUARANTINE).where(f"ds = DATE'{DAY}'").collect()
+    assert [(r.detail, r.raw_line) for r in rows] == [(f"already in bronze ds={day2}", shared)]
+    assert ingest_events.run(StageContext(cfg, spark), day2).quarantined_by_reason == {}  # a rerun keeps it
+    assert ingest_events.run(StageContext(cfg, spark), day4).quarantined_by_reason == {}  # not caught

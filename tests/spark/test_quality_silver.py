@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -164,6 +165,9 @@ def _example(iid: str, user: str = "u1", surface: str = "reels", click: int = 0,
 @pytest.fixture(scope="module")
 def sequences_path(spark, cfg):
     rows = [_sequence_row(u, [_element(1, f"s-{u}")]) for u in ("u1", "u2")]
+    # Cap 3: u_cut had 5 impressions by the end of D, the 3 kept all at or after 10:00 (the
+    # examples' impression time), so the 2 before it are gone: its examples' prefix was cut.
+    rows.append(_sequence_row("u_cut", [_element(h, f"c-{h}") for h in (10, 11, 12)], n_impressions=5))
     tables.replace_partition(_sequences(spark, rows), cfg, SILVER_USER_SEQUENCES, {"ds": D})
     return tables.table_path(cfg, SILVER_USER_SEQUENCES)
 
@@ -183,6 +187,7 @@ GOOD_EXAMPLES = [_example("i1", click=1, lead=1), _example("i2", user="u2"), _ex
     ([_example("i6", user="u_unknown")], "sequence_snapshot_exists"),
     ([_example("i6", features_ds=DAY - dt.timedelta(days=1))], "features_of_impression_day"),
     ([_example("i1")], "one_row_per_impression"),
+    ([_example("i6", user="u_cut")], "sequence_prefix_cut_rate"),  # 1 of 6 examples cut > 0.02
 ])
 def test_each_broken_example_rule_fails_alone(spark, cfg, sequences_path, bad, rule):
     expectations = qs.example_expectations(cfg, sequences_path)
@@ -191,3 +196,17 @@ def test_each_broken_example_rule_fails_alone(spark, cfg, sequences_path, bad, r
     report = validate(cfg, _examples(spark, GOOD_EXAMPLES + bad), "test.examples", expectations, D,
                       raise_on_critical=False)
     assert _failed(report) == {rule}
+
+
+def test_examples_whose_prefix_the_cap_cut_are_counted_and_fail_above_the_rate(spark, cfg, sequences_path):
+    cut = [_example("i6", user="u_cut"), _example("i7", user="u_cut")]
+    report = validate(cfg, _examples(spark, GOOD_EXAMPLES + cut), "test.examples",
+                      qs.example_expectations(cfg, sequences_path), D, raise_on_critical=False)
+    assert _failed(report) == {"sequence_prefix_cut_rate"}
+    counted = {o.rule: o for o in report.failed_warnings}
+    assert set(counted) == {"sequence_prefix_cut_by_cap"} and "2" in counted["sequence_prefix_cut_by_cap"].describe()
+    tolerant = make_config(Path(cfg.lakehouse_uri).parent, sequence_caps={"impression": 3, "click": 2, "conversion": 2},
+                           quality={"max_sequence_cut_rate": 0.5, "label_rates": cfg.quality.label_rates})
+    report = validate(tolerant, _examples(spark, GOOD_EXAMPLES + cut), "test.examples",
+                      qs.example_expectations(tolerant, sequences_path), D, raise_on_critical=False)
+    assert not report.failed_critical and {o.rule for o in report.failed_warnings} == {"sequence_prefix_cut_by_cap"}

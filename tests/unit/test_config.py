@@ -39,6 +39,7 @@ def test_yaml_then_env_overrides(tmp_path):
         ({"label_types": ["click", "purchase"]}, r"\['purchase'\] are not in schemas.tasks.LABEL_TYPES"),
         ({"mix": {"validation_days": -1}}, r"mix.validation_days must be >= 0, got -1"),
         ({"source": "kafka"}, r"source must be one of \('synthetic', 'landing'\), got 'kafka'"),
+        ({"ingest": {"max_event_lag_days": 7}}, r"max_event_lag_days=7 must exceed attribution_window_days=7"),
     ],
 )
 def test_bad_config_fails_with_the_offending_path(overrides, message):

@@ -34,3 +34,34 @@ def test_every_package_is_pinned_exactly():
             line = line.split("#", 1)[0].strip()
             if line:
                 assert re.fullmatch(r"[A-Za-z0-9_.\-]+(\[[a-z,]+\])?==[\w.+]+", line), f"{path}: {line!r}"
+
+
+def _airflow_env(home) -> dict[str, str]:
+    """The environment infra/airflow/airflow_env.sh exports for AIRFLOW_HOME=home (a clean shell)."""
+    import subprocess
+
+    out = subprocess.run(["bash", "-c", ". infra/airflow/airflow_env.sh && env -0"], cwd=REPO, check=True,
+                         capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "AIRFLOW_HOME": str(home)})
+    return dict(item.split("=", 1) for item in out.stdout.split("\0") if "=" in item)
+
+
+def test_airflow_api_binds_to_localhost_requires_login_and_keeps_generated_secrets_owner_only(tmp_path):
+    import base64
+    import stat
+    import subprocess
+
+    env = _airflow_env(tmp_path / "home")
+    assert env["AIRFLOW__API__HOST"] == "127.0.0.1"
+    assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS"] == "False"
+    assert env["AIRFLOW__CORE__AUTH_MANAGER"].endswith("SimpleAuthManager")
+    secrets_file = tmp_path / "home" / "secrets.env"
+    assert stat.S_IMODE(secrets_file.stat().st_mode) == 0o600
+    keys = ("AIRFLOW__API_AUTH__JWT_SECRET", "AIRFLOW__API__SECRET_KEY", "AIRFLOW__CORE__FERNET_KEY")
+    assert all(len(env[k]) >= 32 for k in keys)
+    assert len(base64.urlsafe_b64decode(env["AIRFLOW__CORE__FERNET_KEY"])) == 32  # a valid fernet key
+    assert {k: _airflow_env(tmp_path / "home")[k] for k in keys} == {k: env[k] for k in keys}  # generated once
+    other = _airflow_env(tmp_path / "other")
+    assert all(other[k] != env[k] for k in keys)  # per home, never a shared default
+    # The default home is gitignored: the secrets can never be committed.
+    ignored = subprocess.run(["git", "check-ignore", "-q", ".airflow/secrets.env"], cwd=REPO, check=False)
+    assert ignored.returncode == 0

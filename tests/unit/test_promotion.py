@@ -13,7 +13,7 @@ def test_warm_start_only_from_earlier_days_and_reruns_never_move_the_current_mod
     root, arch = tmp_path / "ckpt", "kunlun"
     ckpt = {}
     for name in ("d3", "d5", "d3-rerun"):
-        ckpt[name] = tiny_trainer(tmp_path / name).fit(steps=1).checkpoint
+        ckpt[name] = tiny_trainer(root / name).fit(steps=1).checkpoint
     assert promotion.warm_start_for(root, arch, "2026-01-03") is None and promotion.current(root, arch) is None
     promotion.promote(root, arch, "2026-01-03", ckpt["d3"], 1)
     promotion.promote(root, arch, "2026-01-05", ckpt["d5"], 1)
@@ -41,3 +41,25 @@ def test_a_trainer_warm_starts_from_the_promoted_checkpoint_not_the_run_folders_
     assert day2.warm_start(promoted) == promoted
     for name, tensor in weights_at_4.items():
         assert torch.equal(tensor, day2.task.state_dict()[name]), name
+
+
+def test_a_pointer_to_a_folder_outside_the_checkpoint_root_is_refused(tmp_path: Path) -> None:
+    import json
+
+    import pytest
+
+    # A checkpoint's metadata is unpickled on load: only folders under the root this pipeline writes
+    # may be named by a pointer, whether it is written or read (a hand-edited or planted file).
+    root, arch = tmp_path / "ckpt", "kunlun"
+    inside = tiny_trainer(root / "kunlun-2026-01-03").fit(steps=1).checkpoint
+    outside = tiny_trainer(tmp_path / "elsewhere").fit(steps=1).checkpoint
+    promotion.promote(root, arch, "2026-01-03", inside, 1)
+    with pytest.raises(promotion.PromotionError, match="outside the checkpoint root"):
+        promotion.promote(root, arch, "2026-01-04", outside, 1)
+    pointer = root / "promoted" / arch / "2026-01-05.json"
+    for planted in (outside, root / ".." / "elsewhere" / outside.name):
+        pointer.write_text(json.dumps({"arch": arch, "mix_ds": "2026-01-05", "checkpoint": str(planted), "step": 1}))
+        with pytest.raises(promotion.PromotionError, match=f"{pointer}.*outside the checkpoint root"):
+            promotion.warm_start_for(root, arch, "2026-01-09")
+    pointer.unlink()
+    assert promotion.warm_start_for(root, arch, "2026-01-05").checkpoint == inside
