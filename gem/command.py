@@ -131,6 +131,27 @@ def failed_run_lines(config: Path | None) -> list[str]:
 
 
 @app.command()
+def report(
+    ds: Annotated[str, typer.Option("--ds", help="the day to report, YYYY-MM-DD", callback=_day)],
+    config: ConfigOption = None,
+    window: Annotated[int | None, typer.Option(min=1, help="days to look back over, ds included [default: 7]")] = None,
+) -> None:
+    """Write the day's run report (HTML with plots) and print its path.
+
+    Rows per stage and day, quarantine by reason, the data-quality verdict of each suite with a link
+    to its Data Docs page, held-out metrics beside the Bayes floor, the training loss and precompute's
+    figures, from what the stages committed (gem/run_report.py). Exits 1 when no stage ran ds."""
+    from gem.config import load_config
+    from gem.run_report import WINDOW_DAYS, NothingRanError, write
+
+    try:
+        typer.echo(write(load_config(config), ds, window or WINDOW_DAYS))
+    except NothingRanError as e:
+        typer.echo(f"gem report: {e}", err=True)
+        raise typer.Exit(1) from None
+
+
+@app.command()
 def bulk(
     start: Annotated[str, typer.Option(help="first run day, YYYY-MM-DD", callback=_day)],
     end: Annotated[str, typer.Option(help="last run day, YYYY-MM-DD", callback=_day)],

@@ -139,7 +139,7 @@ def model_metrics(cfg: GemConfig) -> str | None:
     (None when no run has written any)."""
     from gem.data.delta_log import read_table
     from gem.days import shift_day
-    from gem.lakehouse.landing import completed_manifest
+    from gem.sources.bayes_floor import reported_floor
     from gem.train.evaluate import metrics_table
 
     path = GOLD_METRICS.path(cfg.lakehouse_uri)
@@ -155,16 +155,17 @@ def model_metrics(cfg: GemConfig) -> str | None:
     title = (f"  run {latest['run_id']}: {latest['arch']}, {latest['train_steps']} steps, held-out day {held_out} "
              f"of the mixture of {latest['ds']} ({runs} runs in gold.metrics); floor: the NE of the generator's "
              f"true probabilities on that day (gem.sources.bayes_floor)")
-    manifest = completed_manifest(cfg.landing_root, held_out) or {}
-    floor = ({task: f["ne"] for task, f in manifest["bayes_floor"].items()}
-             if "bayes_floor" in manifest else None)
+    floor = reported_floor(cfg.landing_root, held_out)
     return title + "\n" + metrics_table({r["task"]: r for r in run}, indent="    ", floor=floor)
 
 
-def reports(cfg: GemConfig) -> str:
+def reports(cfg: GemConfig, ds: str) -> str:
+    """Where the reports are: the run report of ds (written now, `gem report --ds ds`) and the Data Docs."""
     from gem.quality.runner import docs_site_dir
+    from gem.run_report import write
 
-    return f"  {'data-quality report':<28} {docs_site_dir(cfg) / 'index.html'}"
+    return "\n".join([f"  {'run report of ' + ds:<28} {write(cfg, ds)}",
+                      f"  {'data-quality report':<28} {docs_site_dir(cfg) / 'index.html'}"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     metrics = model_metrics(cfg)
     print(metrics or f"  none: no pretraining run wrote {GOLD_METRICS.path(cfg.lakehouse_uri)}")
     print("== reports ==")
-    print(reports(cfg))
+    bulk, daily = demo_days(cfg)
+    print(reports(cfg, (bulk + daily)[-1]))
     if metrics is None:
         print(f"demo failed: the pipeline ran {cfg.demo.days} day(s) but pretraining wrote no held-out metrics "
               "(a mixture needs a training day before its held-out day); see the pretrain task's log above",

@@ -43,8 +43,9 @@ PANDAS_DATASOURCE_NAME = "gem_pandas"
 BATCH_DEFINITION_NAME = "whole_dataframe"
 DOCS_SITE_NAME = "local_site"
 DOCS_ACTION_NAME = "update_data_docs"
-# Where the file context keeps its Data Docs site, relative to cfg.gx_root.
+# Where the file context keeps its Data Docs site and its validation results, relative to cfg.gx_root.
 DOCS_SITE_DIR = Path("uncommitted") / "data_docs" / DOCS_SITE_NAME
+RESULTS_DIR = Path("uncommitted") / "validations"
 # How many offending values a result (and an error message) shows per expectation.
 SAMPLE_SIZE = 10
 
@@ -158,6 +159,11 @@ def open_context(cfg: GemConfig) -> FileDataContext:
 
 def docs_site_dir(cfg: GemConfig) -> Path:
     return _local_dir(cfg.gx_root) / DOCS_SITE_DIR
+
+
+def results_dir(cfg: GemConfig) -> Path:
+    """The validation results store's folder (gem.quality.results reads a day's results from it)."""
+    return _local_dir(cfg.gx_root) / RESULTS_DIR
 
 
 def _is_pandas(df: Any) -> bool:

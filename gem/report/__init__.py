@@ -11,7 +11,7 @@
 `publish.py` writes the folder atomically, `plots.py` draws the common plot kinds.
 """
 
-from gem.report.blocks import ClaimStatus
+from gem.report.blocks import ClaimStatus, Link
 from gem.report.report import Report, Section
 
-__all__ = ["ClaimStatus", "Report", "Section"]
+__all__ = ["ClaimStatus", "Link", "Report", "Section"]

@@ -39,6 +39,15 @@ class Table:
 
 
 @dataclass(frozen=True)
+class Link:
+    """A table cell that links elsewhere; `href` is relative to the report's index.html (so the
+    folder and what it links to move together) or a file: URL."""
+
+    text: str
+    href: str
+
+
+@dataclass(frozen=True)
 class Figure:
     """A figure already rendered: `png` is the file img/<name>.png."""
 

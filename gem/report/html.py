@@ -12,7 +12,7 @@ import numbers
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from gem.report.blocks import Block, Claim, ClaimStatus, Figure, Paragraph, Table
+from gem.report.blocks import Block, Claim, ClaimStatus, Figure, Link, Paragraph, Table
 
 if TYPE_CHECKING:  # report.py imports this module to write itself
     from gem.report.report import Report
@@ -90,6 +90,9 @@ def _table(block: Table) -> str:
         cells = []
         for column in block.columns:
             value = row.get(column)
+            if isinstance(value, Link):
+                cells.append(f'<td><a href="{_e(value.href)}">{_e(value.text)}</a></td>')
+                continue
             css = ' class="num"' if _is_number(value) else ""
             cells.append(f"<td{css}>{_e(format_cell(value, block.formats.get(column)))}</td>")
         out.append("<tr>" + "".join(cells) + "</tr>")

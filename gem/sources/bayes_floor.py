@@ -85,3 +85,14 @@ class FloorAccumulator:
             out[task] = {"examples": int(n), "positives": int(pos),
                          "ne": float(loss / n / entropy) if n and pos else None}
         return out
+
+
+def reported_floor(landing_root: str, ds: str) -> dict[str, float] | None:
+    """The floor per task the generator recorded in ds's landing manifest (None for a day it did not
+    generate, e.g. imported data)."""
+    from gem.lakehouse.landing import completed_manifest
+
+    manifest = completed_manifest(landing_root, ds) or {}
+    if "bayes_floor" not in manifest:
+        return None
+    return {task: f["ne"] for task, f in manifest["bayes_floor"].items()}

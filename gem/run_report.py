@@ -1,0 +1,322 @@
+"""The run report of one day (`gem report --ds D`): what the pipeline did on D and the days before it.
+
+One HTML page with matplotlib PNGs at `{lakehouse}/_reports/runs/<D>/index.html`, built only from
+what the stages committed, with no Spark (Delta tables are read through their log):
+
+- rows per stage and day: the completion records (_ops.completions) of the report's window;
+- quarantine by reason, per stage and day, from the same records;
+- data quality: every Great Expectations suite validated for D, its verdict and a link to its
+  Data Docs page;
+- held-out NE / AUC / calibration per task of each pretraining run in the window (gold.metrics),
+  the generator's Bayes floor beside NE where the landing manifest records one;
+- the training loss of D's promoted model, step by step (kept in its checkpoint);
+- precompute's figures for the window (gold.precompute_stats).
+
+A part whose stage has not run (yet) says so instead of failing, so the report of any day renders;
+a day with no completion record at all is an error (nothing ran: check the day and the config).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from gem.config import GemConfig
+from gem.days import day_range, shift_day
+from gem.lakehouse.stages import STAGES, held_out_day
+from gem.lakehouse.staleness import all_records
+from gem.report import Link, Report
+from schemas.metrics import GOLD_METRICS
+from schemas.precompute import GOLD_PRECOMPUTE_STATS
+
+WINDOW_DAYS = 7  # the days a report looks back over, D included
+
+
+class NothingRanError(ValueError):
+    """The day has no completion record: no stage ran it."""
+
+
+def report_dir(cfg: GemConfig, ds: str) -> Path:
+    """Where the report of ds is written: {lakehouse}/_reports/runs/<ds>/."""
+    return Path(cfg.lakehouse_uri.removeprefix("file://")) / "_reports" / "runs" / ds
+
+
+def _window(cfg: GemConfig, ds: str, days: int) -> list[str]:
+    return day_range(max(cfg.start_ds, shift_day(ds, -(days - 1))), ds)
+
+
+def _read(cfg: GemConfig, schema: Any) -> list[dict[str, Any]]:
+    """Every row of a table, read through its Delta log; [] when the table does not exist yet."""
+    from gem.data.delta_log import read_table
+
+    path = schema.path(cfg.lakehouse_uri)
+    if not Path(path, "_delta_log").is_dir():
+        return []
+    return read_table(path).to_pylist()
+
+
+def _stage_rows(records: dict[tuple[str, str], dict[str, Any]], days: Sequence[str]) -> list[dict[str, object]]:
+    """One row per registry stage: rows written per day ('-' where no record)."""
+    rows = []
+    for stage in STAGES:
+        row: dict[str, object] = {"stage": stage.name}
+        for day in days:
+            record = records.get((stage.name, day))
+            row[day] = record["rows_written"] if record else "-"
+        rows.append(row)
+    return rows
+
+
+def _rows_figure(records: dict[tuple[str, str], dict[str, Any]], days: Sequence[str]) -> Figure:
+    fig = Figure(figsize=(8.0, 3.8))
+    ax = fig.add_subplot()
+    x = np.arange(len(days))
+    top = 1.0
+    for stage in STAGES:
+        counts = np.array([records[(stage.name, d)]["rows_written"] if (stage.name, d) in records else np.nan
+                           for d in days], dtype=float)
+        if not np.isnan(counts).all():
+            ax.plot(x, counts, marker="o", label=stage.name)
+            top = max(top, float(np.nanmax(counts)))
+    ax.set_xticks(x, days, rotation=30 if len(days) > 3 else 0)
+    ax.set_yscale("symlog")  # log above 1 row, linear below: a stage that wrote 0 rows still shows
+    ax.set_ylim(0, top * 3)  # headroom above the largest count on the log part
+    ax.set_ylabel("rows written")
+    ax.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def _quarantine_rows(records: dict[tuple[str, str], dict[str, Any]], days: Sequence[str]) -> list[dict[str, object]]:
+    """(stage, day, reason, rows) for every quarantined reason with a count, plus each stage's input
+    and written counts so a reader sees the share."""
+    rows = []
+    for (stage, day), record in sorted(records.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        if day not in days:
+            continue
+        for reason, count in sorted(record["quarantined_by_reason"].items()):
+            if count:
+                rows.append({"day": day, "stage": stage, "reason": reason, "rows": count,
+                             "rows_in": record["rows_in"], "rows_written": record["rows_written"]})
+    return rows
+
+
+def _quarantine_figure(rows: list[dict[str, object]], days: Sequence[str]) -> Figure:
+    reasons = sorted({f"{r['stage']}: {r['reason']}" for r in rows})
+    fig = Figure(figsize=(8.0, 0.35 * len(reasons) + 1.8))
+    ax = fig.add_subplot()
+    left = np.zeros(len(reasons))
+    for day in days:
+        counts = np.array([sum(int(r["rows"]) for r in rows if r["day"] == day and f"{r['stage']}: {r['reason']}" == k)
+                           for k in reasons], dtype=float)
+        if counts.any():
+            ax.barh(reasons, counts, left=left, label=day)
+            left += counts
+    ax.set_xlabel("rows quarantined")
+    ax.invert_yaxis()
+    ax.legend(fontsize=7)
+    return fig
+
+
+def _docs_link(page: Path | None, out_dir: Path) -> object:
+    if page is None:
+        return "(no Data Docs page)"
+    # Relative, so the lakehouse folder can be moved or served as a whole; quoted, because run
+    # names hold ':' (a first path segment with ':' would read as a URL scheme).
+    from urllib.parse import quote
+
+    return Link("Data Docs", quote(os.path.relpath(page, out_dir)))
+
+
+def _metrics_figure(rows: list[dict[str, Any]]) -> Figure:
+    """One day's run: NE per task as bars with the Bayes floor marked, AUC per task beside it."""
+    rows = sorted(rows, key=lambda r: r["task"])
+    tasks = [r["task"] for r in rows]
+    y = np.arange(len(tasks))
+
+    def as_float(key: str) -> np.ndarray:
+        return np.array([r[key] for r in rows], dtype=float)  # None (no positives) -> nan: no bar
+
+    fig = Figure(figsize=(9.0, 0.24 * len(tasks) + 1.4))
+    ne_ax, auc_ax = fig.subplots(1, 2, sharey=True)
+    ne_ax.barh(y, as_float("NE"), color="#4c72b0", label="model")
+    ne_ax.scatter(as_float("floor"), y, marker="|", s=120, color="#c44e52", zorder=3, label="Bayes floor")
+    ne_ax.axvline(1.0, color="grey", linewidth=0.8)
+    ne_ax.set_xlabel("held-out NE (1 = the base rate)")
+    ne_ax.legend(fontsize=7, loc="lower right")
+    auc_ax.barh(y, as_float("AUC"), color="#55a868")
+    auc_ax.axvline(0.5, color="grey", linewidth=0.8)
+    auc_ax.set_xlim(0.0, 1.0)
+    auc_ax.set_xlabel("held-out AUC")
+    ne_ax.set_yticks(y, tasks, fontsize=7)
+    ne_ax.invert_yaxis()
+    for ax in (ne_ax, auc_ax):
+        ax.grid(axis="x", alpha=0.3)
+    return fig
+
+
+def _trend_figure(rows: list[dict[str, Any]]) -> Figure:
+    """Held-out NE of the click tasks over the window's days (conversion tasks are too sparse for a
+    day-to-day line to mean much)."""
+    days = sorted({r["day"] for r in rows})
+    fig = Figure(figsize=(8.0, 3.6))
+    ax = fig.add_subplot()
+    x = np.arange(len(days))
+    for task in sorted({r["task"] for r in rows if r["task"].endswith("/click")}):
+        by_day = {r["day"]: r["NE"] for r in rows if r["task"] == task}
+        ax.plot(x, np.array([by_day.get(d) for d in days], dtype=float), marker="o", label=task)
+    ax.set_xticks(x, days, rotation=30 if len(days) > 3 else 0)
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_ylabel("held-out NE")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def _latest_runs(rows: list[dict[str, Any]], arch: str) -> list[dict[str, Any]]:
+    """Per day, the rows of the newest run of `arch` (a rerun replaces a day's rows, but be safe)."""
+    newest: dict[str, tuple[Any, str]] = {}
+    for r in rows:
+        if r["arch"] == arch:
+            day = r["ds"].isoformat()
+            if day not in newest or r["created_at"] > newest[day][0]:
+                newest[day] = (r["created_at"], r["run_id"])
+    keep = {run_id for _, run_id in newest.values()}
+    return [r for r in rows if r["run_id"] in keep]
+
+
+def _loss_figure(losses: Sequence[float]) -> Figure:
+    fig = Figure(figsize=(7.0, 3.4))
+    ax = fig.add_subplot()
+    steps = np.arange(1, len(losses) + 1)
+    ax.plot(steps, losses, linewidth=0.8, alpha=0.5, label="step loss")
+    window = max(1, len(losses) // 20)
+    if len(losses) >= 2 * window > 1:  # a moving mean: single steps are noisy at small batches
+        smooth = np.convolve(losses, np.ones(window) / window, mode="valid")
+        ax.plot(steps[window - 1:], smooth, linewidth=1.8, label=f"mean of {window} steps")
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def promoted_losses(cfg: GemConfig, ds: str) -> tuple[str, list[float]] | None:
+    """(model version, every step's loss) of the model promoted for mixture day ds, or None."""
+    from gem.train.daily import checkpoint_root
+    from gem.train.promotion import promotions
+
+    for promotion in promotions(checkpoint_root(cfg), cfg.model.arch):
+        if promotion.mix_ds == ds:
+            extra = promotion.checkpoint / "extra.json"
+            if extra.is_file():
+                return promotion.version, [float(v) for v in json.loads(extra.read_text())["losses"]]
+    return None
+
+
+def build(cfg: GemConfig, ds: str, window_days: int = WINDOW_DAYS) -> Report:
+    """The report of ds (see the module docstring); NothingRanError when no stage ran ds."""
+    from gem.quality.results import day_results
+    from gem.sources.bayes_floor import reported_floor
+
+    records = all_records(cfg)
+    if not any(day == ds for _, day in records):
+        known = sorted({day for _, day in records})
+        span = f"{known[0]}..{known[-1]}" if known else "none"
+        raise NothingRanError(f"no stage has a completion record for ds={ds} in {cfg.lakehouse_uri} "
+                              f"(days with records: {span}); run the day first (`gem run --ds {ds}`)")
+    days = _window(cfg, ds, window_days)
+    out_dir = report_dir(cfg, ds)
+    report = Report(title=f"GEM run report, ds={ds}", subtitle=f"the daily pipeline over {days[0]}..{days[-1]}")
+    report.meta("lakehouse", cfg.lakehouse_uri)
+    report.meta("written", dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC"))
+
+    sec = report.section("Rows per stage and day", intro=(
+        "Rows each stage wrote, from its completion record (_ops.completions): '-' where the stage has no "
+        "record for the day (not run yet, skipped, or nothing to do)."))
+    sec.table(_stage_rows(records, days), columns=["stage", *days])
+    sec.figure(_rows_figure(records, days), "rows_per_stage", caption="rows written per stage and day (symlog scale)")
+    missing = [s.name for s in STAGES if (s.name, ds) not in records]
+    if missing:
+        sec.paragraph(f"No record for ds={ds}: {', '.join(missing)}.")
+
+    sec = report.section("Quarantine by reason", intro=(
+        "Rows a stage set aside instead of writing, with the reason it recorded (rows_in = rows_written + "
+        "quarantined, checked when the record was written)."))
+    quarantine = _quarantine_rows(records, days)
+    if quarantine:
+        sec.table(quarantine, columns=["day", "stage", "reason", "rows", "rows_in", "rows_written"])
+        sec.figure(_quarantine_figure(quarantine, days), "quarantine", caption="rows quarantined by stage and reason")
+    else:
+        sec.paragraph("Nothing was quarantined in the window.")
+
+    sec = report.section("Data quality", intro=(
+        f"Every Great Expectations suite validated for ds={ds}, its newest result. Critical failures fail "
+        "the day's stage; warnings are only reported."))
+    suites = day_results(cfg, ds)
+    if suites:
+        sec.table([{"suite": r.suite, "batch": r.run_name,
+                    "verdict": "passed" if r.success else ("FAILED" if r.failed_critical else "warnings"),
+                    "expectations": r.evaluated, "critical failures": r.failed_critical,
+                    "warnings": r.failed_warning, "details": _docs_link(r.docs_page, out_dir)} for r in suites])
+    else:
+        sec.paragraph(f"No suite was validated for ds={ds}.")
+
+    sec = report.section("Held-out metrics", intro=(
+        f"Each pretraining run of {cfg.model.arch} in the window, scored on its mixture's held-out day "
+        "(gold.metrics); the floor is the NE of the generator's own true probabilities on that day, "
+        "the best any model can do."))
+    runs = [r for r in _latest_runs(_read(cfg, GOLD_METRICS), cfg.model.arch) if r["ds"].isoformat() in days]
+    if runs:
+        floors = {d: reported_floor(cfg.landing_root, held_out_day(cfg, d)[0]) if held_out_day(cfg, d) else None
+                  for d in {r["ds"].isoformat() for r in runs}}
+        rows = []
+        for r in sorted(runs, key=lambda r: (r["ds"], r["task"])):
+            floor = (floors.get(r["ds"].isoformat()) or {}).get(r["task"])
+            rows.append({"day": r["ds"].isoformat(), "task": r["task"], "examples": r["examples"],
+                         "NE": r["ne"], "floor": floor, "AUC": r["auc"], "calibration": r["calibration"],
+                         "steps": r["train_steps"]})
+        sec.table(rows, formats={"NE": "{:.4f}", "floor": "{:.4f}", "AUC": "{:.4f}", "calibration": "{:.3f}"})
+        last = max(r["day"] for r in rows)
+        sec.figure(_metrics_figure([r for r in rows if r["day"] == last]), "held_out_metrics",
+                   caption=f"held-out NE (red: the Bayes floor) and AUC per task, the run of {last}")
+        if len({r["day"] for r in rows}) > 1:
+            sec.figure(_trend_figure(rows), "held_out_trend", caption="held-out NE of the click tasks, day by day")
+    else:
+        sec.paragraph(f"No pretraining run of {cfg.model.arch} wrote gold.metrics in the window.")
+
+    sec = report.section("Training loss", intro=f"Every step's loss of the model promoted for ds={ds}.")
+    losses = promoted_losses(cfg, ds)
+    if losses:
+        version, values = losses
+        sec.paragraph(f"{version}: {len(values)} steps, first loss {values[0]:.4f}, last {values[-1]:.4f}.")
+        sec.figure(_loss_figure(values), "training_loss", caption=f"training loss of {version}")
+    else:
+        sec.paragraph(f"No model of {cfg.model.arch} was promoted for ds={ds}.")
+
+    sec = report.section("Precompute", intro=(
+        "The foundation model's precompute (gold.precompute_stats): users computed and carried forward, "
+        "and how the speculative pairs of the day before were used."))
+    stats = sorted((r for r in _read(cfg, GOLD_PRECOMPUTE_STATS) if r["ds"].isoformat() in days),
+                   key=lambda r: r["ds"])
+    if stats:
+        sec.table([{"day": r["ds"].isoformat(), "model": r["model_version"], "refreshed": r["refreshed"],
+                    "users": r["users_total"], "computed": r["users_computed"], "carried": r["users_carried"],
+                    "predictions": r["predictions"], "speculative pairs": r["speculative_pairs"],
+                    "hit rate": r["hit_rate"], "wasted": r["wasted_share"], "model age (days)": r["model_age_days"]}
+                   for r in stats], formats={"hit rate": "{:.1%}", "wasted": "{:.1%}"})
+    else:
+        sec.paragraph("Precompute has not run in the window.")
+    return report
+
+
+def write(cfg: GemConfig, ds: str, window_days: int = WINDOW_DAYS) -> Path:
+    """Build and write the report of ds -> the path of its index.html."""
+    return build(cfg, ds, window_days).write(report_dir(cfg, ds))

@@ -1,0 +1,153 @@
+"""`gem report --ds D`: the run report of a day, built from what real stages committed, opened in
+headless Chromium.
+
+The lakehouse is the precompute tests' small one (real Delta tables written without Spark), on which
+the real mix, pretraining (6 steps of a tiny Kunlun) and precompute jobs run for day 3, and Great
+Expectations (real, pandas engine) validates two suites for day 3, one of them twice. The report
+must show those records, results and metrics as they are stored, with every figure loaded and every
+Data Docs link pointing at a page that exists.
+"""
+
+from __future__ import annotations
+
+import html.parser
+import json
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from gem.data.delta_log import read_table
+from gem.lakehouse import completions
+from gem.lakehouse.commit import StageContext
+from gem.lakehouse.stages import STAGES
+from gem.run_report import build, report_dir
+from schemas.metrics import GOLD_METRICS
+from schemas.precompute import GOLD_PRECOMPUTE_STATS
+from tests.browser import render
+from tests.precompute_lakehouse import build_days, precompute_config
+
+QUARANTINED = {"wrong_type": 3, "stale_timestamp": 2}
+
+
+def _validate_twice(cfg: Any, ds: str) -> None:
+    """Suite report.rules: fails its critical expectation, then (a rerun) passes; suite report.warn:
+    one warning fails. Both under batch label ds."""
+    import great_expectations.expectations as gxe
+
+    from gem.quality.runner import validate
+
+    frame = pd.DataFrame({"user_id": ["u1", "u2", None], "clicks": [0, 3, 1]})
+    critical = [gxe.ExpectColumnValuesToNotBeNull(column="user_id", meta={"critical": True, "rule": "ids"})]
+    validate(cfg, frame, "report.rules", critical, ds, raise_on_critical=False)
+    validate(cfg, frame.dropna(), "report.rules", critical, ds, raise_on_critical=False)
+    warning = [gxe.ExpectColumnValuesToBeBetween(column="clicks", min_value=0, max_value=2,
+                                                 meta={"critical": False, "rule": "clicks"})]
+    validate(cfg, frame, "report.warn", warning, ds, raise_on_critical=False)
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from gem.train import daily
+    from jobs import mix, precompute
+
+    cfg = precompute_config(tmp_path_factory.mktemp("run_report"))
+    _, days = build_days(cfg, 3)  # with stand-in records of the validations mix and precompute need
+    completions.publish_completion(cfg, "ingest_events", days[2], "test", 105, 100, QUARANTINED, {})
+    ctx = StageContext(cfg)
+    for day in days[1:]:
+        mix.run(ctx, day)
+    trained = daily.run(ctx, days[2], steps=6)
+    precomputed = precompute.run(ctx, days[2])
+    assert trained.published and precomputed.published
+    _validate_twice(cfg, days[2])
+    index = build(cfg, days[2]).write(report_dir(cfg, days[2]))
+    return {"cfg": cfg, "days": days, "index": index}
+
+
+class _Links(html.parser.HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hrefs: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "a":
+            self.hrefs += [v for k, v in attrs if k == "href" and v]
+
+
+def test_the_report_renders_with_every_figure(lake):
+    index = lake["index"]
+    assert index == report_dir(lake["cfg"], lake["days"][2]) / "index.html"
+    page = render(index)
+    assert page.title == f"GEM run report, ds={lake['days'][2]}"
+    for section in ("Rows per stage and day", "Quarantine by reason", "Data quality", "Held-out metrics",
+                    "Training loss", "Precompute"):
+        assert section in page.text
+    assert [img.src for img in page.images] == ["img/rows_per_stage.png", "img/quarantine.png",
+                                                "img/held_out_metrics.png", "img/training_loss.png"]
+    assert all(img.loaded for img in page.images), page.images
+
+
+def test_rows_and_quarantine_are_the_completion_records(lake):
+    cfg, days = lake["cfg"], lake["days"]
+    lines = render(lake["index"]).text.splitlines()
+    for stage in STAGES:  # one row per stage: rows written per day, '-' without a record
+        records = [completions.completion(cfg, stage.name, day) for day in days]
+        cells = [str(r["rows_written"]) if r else "-" for r in records]
+        assert "\t".join([stage.name, *cells]) in lines
+    assert "pretrain\t-\t-\t8" in lines  # 8 tasks scored on day 3 (2 surfaces x 4)
+    for reason, rows in QUARANTINED.items():
+        assert "\t".join([days[2], "ingest_events", reason, str(rows), "105", "100"]) in lines
+    missing = [s.name for s in STAGES if completions.completion(cfg, s.name, days[2]) is None]
+    assert "generate_events" in missing and "ingest_events" not in missing
+    assert f"No record for ds={days[2]}: {', '.join(missing)}." in lines
+
+
+def test_data_quality_shows_the_newest_result_and_links_to_its_page(lake):
+    text = render(lake["index"]).text
+    # report.rules failed, then passed on the rerun: the newest result is the one shown.
+    assert f"report.rules\t{lake['days'][2]}\tpassed\t1\t0\t0\tData Docs" in text
+    assert f"report.warn\t{lake['days'][2]}\twarnings\t1\t0\t1\tData Docs" in text
+    links = _Links()
+    links.feed(lake["index"].read_text())
+    docs = [h for h in links.hrefs if h.endswith(".html") and "data_docs" in h]
+    assert len(docs) == 2
+    for href in docs:
+        assert (lake["index"].parent / unquote(href)).resolve().is_file(), href
+
+
+def test_metrics_loss_and_precompute_are_the_stored_figures(lake):
+    cfg, day = lake["cfg"], lake["days"][2]
+    text = render(lake["index"]).text
+    rows = read_table(GOLD_METRICS.path(cfg.lakehouse_uri)).to_pylist()
+    scored = [r for r in rows if r["ne"] is not None]
+    assert scored
+    for r in scored:
+        assert f"{day}\t{r['task']}\t{r['examples']}\t{r['ne']:.4f}\t" in text
+    assert "6 steps, first loss" in text
+    (stats,) = read_table(GOLD_PRECOMPUTE_STATS.path(cfg.lakehouse_uri), where={"ds": day}).to_pylist()
+    assert f"{day}\t{stats['model_version']}\t{stats['refreshed']}\t{stats['users_total']}\t" in text
+
+
+def test_a_day_before_training_says_what_has_not_run(lake):
+    cfg, day = lake["cfg"], lake["days"][0]
+    text = render(build(cfg, day).write(report_dir(cfg, day))).text
+    assert f"No model of kunlun was promoted for ds={day}." in text
+    assert "Precompute has not run in the window." in text
+    assert f"No suite was validated for ds={day}." in text
+
+
+def test_gem_report_prints_the_path_and_refuses_a_day_nothing_ran(lake, tmp_path: Path):
+    from gem.command import app
+
+    config = tmp_path / "config.yaml"
+    config.write_text(json.dumps(lake["cfg"].to_dict()))  # JSON is valid YAML
+    done = CliRunner().invoke(app, ["report", "--ds", lake["days"][2], "--config", str(config)])
+    assert done.exit_code == 0, done.output
+    assert done.output.strip() == str(lake["index"])
+    refused = CliRunner().invoke(app, ["report", "--ds", "2026-02-01", "--config", str(config)])
+    assert refused.exit_code == 1
+    assert "no stage has a completion record for ds=2026-02-01" in refused.output
