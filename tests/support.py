@@ -77,7 +77,7 @@ DAG_OUTLETS = {
     "build_sequences": {"silver.user_sequences", "silver.user_sequences_compacted"},
     "build_features": {"silver.user_daily_counts", "silver.ad_daily_counts", "silver.user_features",
                        "silver.ad_features"},
-    "assemble_examples": {"silver.training_examples", "silver.attribution_quarantine"},
+    "assemble_examples": {"silver.training_examples", "silver.attribution_quarantine", "silver.click_quarantine"},
     "mix": {"gold.mixture_manifest"},
     "pretrain": {"gold.metrics"},
     "precompute": {"gold.fm_user_embeddings", "gold.fm_predictions", "gold.fm_speculative_pairs",
