@@ -40,6 +40,7 @@ class StageRun:
     ds: str | None
     state: str  # "success" | "skipped"
     seconds: float
+    summary: str = ""  # the stage's own summary line (StageResult.summary) when it published a record
 
     def line(self) -> str:
         """As the DAG runs print theirs: day, task, state, seconds."""
@@ -72,6 +73,21 @@ def checked_days(cfg: GemConfig, start: str, end: str) -> list[str]:
     return days
 
 
+def run_stage(ctx: StageContext, stage: Stage, run_day: str,
+              entry: Callable[[StageContext, str], StageResult] | None = None) -> StageRun:
+    """One stage's run of `run_day` through its own entry point (the day it processes: `stage.ds`);
+    "skipped" when nothing was ready. The DAG's tasks (gem.orchestration.run_stage_task) and the bulk
+    path both run stages this way."""
+    started = time.monotonic()
+    ds = stage.ds(ctx.cfg, run_day)
+    result = (entry or entry_point(stage))(ctx, ds) if ds is not None else None
+    # A source publishes no record (its _SUCCESS marker is its completion) but details of
+    # what it wrote; a stage with nothing ready returns neither.
+    ran = result is not None and (result.published or bool(result.details))
+    summary = result.summary() if result is not None and result.published else ""
+    return StageRun(run_day, stage.name, ds, "success" if ran else "skipped", time.monotonic() - started, summary)
+
+
 def run_range(cfg: GemConfig, start: str, end: str, through_stage: str | None = None,
               ctx: StageContext | None = None) -> Iterator[StageRun]:
     """Run the stages (up to `through_stage`) for run days start..end, day by day; yields each
@@ -81,13 +97,7 @@ def run_range(cfg: GemConfig, start: str, end: str, through_stage: str | None = 
     plan = [(stage, entry_point(stage)) for stage in stages_through(through_stage)]
     for run_day in days:
         for stage, entry in plan:
-            started = time.monotonic()
-            ds = stage.ds(cfg, run_day)
-            result = entry(ctx, ds) if ds is not None else None
-            # A source publishes no record (its _SUCCESS marker is its completion) but details of
-            # what it wrote; a stage with nothing ready returns neither.
-            ran = result is not None and (result.published or bool(result.details))
-            yield StageRun(run_day, stage.name, ds, "success" if ran else "skipped", time.monotonic() - started)
+            yield run_stage(ctx, stage, run_day, entry)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,8 +4,9 @@ dags/gem_daily.py is `daily_dag()`; a test can build the same DAG under another 
 catchup (the scheduler-driven test does). Everything a task does comes from its registry
 declaration (gem.lakehouse.stages) through gem.orchestration:
 
-- a BashOperator per stage running `python -m jobs.<module> --ds|--ready-on <ds>`; exit 99 skips
-  it where the stage is skippable;
+- a PythonOperator per stage running the stage's entry point for the run's day in the task's
+  process (gem.orchestration.run_stage_task: what `python -m jobs.<module>` runs, with the Spark
+  session of the task's process); "nothing ready yet" skips it where the stage may skip;
 - the Airflow Assets of the tables the stage writes as its outlets;
 - depends_on_past where the stage carries state from its previous day;
 - one sensor (reschedule mode) before the stages that read landing partitions, waiting for the
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from airflow.providers.standard.operators.bash import BashOperator
+from airflow.providers.standard.operators.python import PythonOperator
 from airflow.providers.standard.sensors.python import PythonSensor
 from airflow.sdk import DAG
 
@@ -29,17 +30,14 @@ from gem.lakehouse import stages
 from gem.orchestration import (
     DAG_ID,
     LANDING_SENSOR,
-    REPO_ROOT,
     daily_timetable,
     default_args,
     depends_on_past,
-    job_env,
     landing_ready,
     landing_sensor_settings,
     partition_ds,
-    skip_on_exit_code,
+    run_stage_task,
     stage_assets,
-    stage_command,
     start_date,
 )
 
@@ -78,15 +76,11 @@ def daily_dag(dag_id: str = DAG_ID, start: dt.datetime | None = None, catchup: b
         doc_md=doc_md,
     ) as dag:
         tasks = {
-            stage.name: BashOperator(
+            stage.name: PythonOperator(
                 task_id=stage.name,
-                bash_command=stage_command(stage),
-                cwd=str(REPO_ROOT),
-                env=job_env(),
-                append_env=True,  # inherit GEM_CONFIG, GEM__*, PATH, JAVA_HOME from the worker
-                # Only a stage that declares it skips on 99 ("nothing ready yet"); any other non-zero fails.
-                skip_on_exit_code=skip_on_exit_code(stage),
-                do_xcom_push=False,  # the last log line is not a result
+                python_callable=run_stage_task,
+                op_kwargs={"stage_name": stage.name, "run_day": DAY_EXPR},
+                do_xcom_push=False,  # the summary line is in the log, not a result
                 doc_md=stage.doc,
                 outlets=stage_assets(stage),
                 depends_on_past=depends_on_past(stage),

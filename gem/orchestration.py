@@ -26,8 +26,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import shlex
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -55,8 +53,8 @@ RETRIES_ENV = "GEM_TASK_RETRIES"
 RETRY_DELAY_ENV = "GEM_TASK_RETRY_DELAY_S"
 DEFAULT_RETRIES = 2
 DEFAULT_RETRY_DELAY_S = 300
-DAY_FLAGS = ("--ds", "--ready-on")
-# A --ready-on job exits with this when no partition is ready on the run's day (BashOperator skips).
+# A stage job (python -m jobs.<module>) exits with this when nothing is ready on the day; its DAG
+# task is skipped instead (gem.orchestration.run_stage_task).
 NOTHING_READY_EXIT = 99
 # The sensor task that waits for the `_SUCCESS` markers of the landing partitions the landing-reading
 # stages need (gem.lakehouse.stages.Stage.reads_landing); reschedule mode frees its worker slot
@@ -109,40 +107,39 @@ def start_date() -> dt.datetime:
         raise ValueError(f"${DAG_START_ENV} must be a day written YYYY-MM-DD, got {day!r}") from None
 
 
-def job_command(module: str, extra_args: str = "", python: str | None = None, day_flag: str = "--ds") -> str:
-    """Bash command running `jobs.<module>` for the run's partition with this venv's interpreter.
+def may_skip(stage: Stage) -> bool:
+    """Whether "nothing ready yet" is a skip for this stage (its job's exit 99), else a failure:
+    stages that work out their own day (ready_on) or are declared skippable."""
+    return stage.ready_on or stage.skippable
 
-    Only the day (and, via `extra_args`, flags and paths) go on the command line; everything else
-    comes from the config the job loads ($GEM_CONFIG, inherited from the worker's environment).
-    The day is a Jinja expression rendered at run time from the run's data interval; `day_flag`
-    is `--ds` (process that partition) or `--ready-on` (process what becomes ready that day).
+
+def run_stage_task(stage_name: str, run_day: str) -> str:
+    """A stage's Airflow task: the stage's own entry point (`Stage.entry` in jobs.<module>, what its
+    command line runs) for the run's day, in the task's process, against the config the worker's
+    environment names ($GEM_CONFIG, GEM__* overrides). -> its summary line.
+
+    In the task's process rather than a `python -m jobs.<module>` child: the Spark stages' sessions
+    then belong to the process that runs the task, so where several tasks run in one process
+    (`airflow dags test`, i.e. `gem run` and `make demo`) they share one warm JVM (validate_events:
+    31 s as a child process, 5 s in a warm session; gem/bulk.py), and under an executor each task's
+    process opens its own, as the child did. Nothing ready yet raises AirflowSkipException where
+    the stage may skip (`may_skip`), and fails the task elsewhere.
     """
-    if not module.isidentifier():
-        raise ValueError(f"job module must be a bare module name under jobs/, got {module!r}")
-    if day_flag not in DAY_FLAGS:
-        raise ValueError(f"day_flag must be one of {DAY_FLAGS}, got {day_flag!r}")
-    exe = shlex.quote(python or sys.executable)
-    cmd = f"{exe} -m jobs.{module} {day_flag} {{{{ partition_ds(data_interval_start) }}}}"
-    return f"{cmd} {extra_args}".strip() if extra_args else cmd
+    from airflow.sdk.exceptions import AirflowSkipException
 
+    from gem.bulk import run_stage
+    from gem.config import load_config
+    from gem.lakehouse.commit import StageContext
+    from gem.lakehouse.stages import stage as registry_stage
 
-def stage_command(stage: Stage) -> str:
-    """The task's command for a registry stage: `--ready-on` for stages that work out their own day."""
-    return job_command(stage.module, stage.extra_args, day_flag="--ready-on" if stage.ready_on else "--ds")
-
-
-def skip_on_exit_code(stage: Stage) -> int | None:
-    """Exit 99 means "nothing ready yet" (the task shows as skipped) only where the stage says so."""
-    return NOTHING_READY_EXIT if (stage.ready_on or stage.skippable) else None
-
-
-def job_env() -> dict[str, str]:
-    """Variables added on top of the worker's inherited environment (BashOperator append_env=True).
-
-    GEM_CONFIG and GEM__* overrides are deliberately not read here: reading them at parse time
-    would bake the DAG processor's environment into the DAG instead of the worker's.
-    """
-    return {"PYTHONUNBUFFERED": "1"}
+    stage = registry_stage(stage_name)
+    run = run_stage(StageContext(load_config()), stage, run_day)
+    print(run.summary or run.line(), flush=True)
+    if run.state == "skipped":
+        if may_skip(stage):
+            raise AirflowSkipException(f"{stage_name}: nothing ready on run day {run_day}")
+        raise RuntimeError(f"{stage_name} ds={run.ds}: published nothing, and this stage must publish every day")
+    return run.summary
 
 
 def default_args() -> dict[str, Any]:

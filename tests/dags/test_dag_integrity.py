@@ -21,7 +21,7 @@ import pytest
 
 from gem import orchestration
 from gem.lakehouse import stages
-from gem.orchestration import REPO_ROOT, job_command, manual_logical_date, partition_ds
+from gem.orchestration import REPO_ROOT, manual_logical_date, partition_ds
 from tests.support import DAG_OUTLETS
 
 DAGS = REPO_ROOT / "dags"
@@ -113,7 +113,8 @@ def test_the_dag_is_the_registry(dag: Any) -> None:
     assert task_upstream() == UPSTREAM
     for stage in stages.STAGES:
         task = dag.get_task(stage.name)
-        assert task.bash_command == orchestration.stage_command(stage)
+        assert task.python_callable is orchestration.run_stage_task
+        assert task.op_kwargs == {"stage_name": stage.name, "run_day": "{{ partition_ds(data_interval_start) }}"}
         assert task.pool == (stage.pool or "default_pool")
         assert {a.name for a in task.outlets} == {w.table for w in stage.writes}
         assert task.depends_on_past is stage.carries_state
@@ -163,23 +164,30 @@ def test_every_task_retries(dag: Any) -> None:
         assert task.retry_delay.total_seconds() > 0, task.task_id
 
 
-def test_tasks_run_jobs_in_repo_with_inherited_env(dag: Any) -> None:
+def test_tasks_run_their_stage_for_the_run_day(dag: Any) -> None:
+    """Each job task runs its own registry stage for the run's day (a ready_on stage works out the
+    day it processes itself, as its job's --ready-on does); only stages that may have nothing ready
+    skip."""
     for task in _job_tasks(dag):
-        assert task.cwd == str(REPO_ROOT)
-        # The worker's GEM_CONFIG must reach the job: inherit, never bake the parser's value in.
-        assert task.append_env is True
-        assert "GEM_CONFIG" not in (task.env or {})
-        assert task.bash_command.startswith(job_command(task.task_id).split(" ")[0])
+        assert task.op_kwargs["stage_name"] == task.task_id
+        stage = stages.stage(task.task_id)
+        assert orchestration.may_skip(stage) is (task.task_id in SKIPPABLE), task.task_id
         if task.task_id in READY_ON:
-            module, *flags = READY_ON[task.task_id].split(" ")
-            assert f"-m jobs.{module} --ready-on " in task.bash_command
-            assert all(f in task.bash_command for f in flags)
+            assert stage.ready_on and f"{stage.module} {stage.extra_args}".strip() == READY_ON[task.task_id]
         else:
-            assert f"-m jobs.{task.task_id} --ds " in task.bash_command
-        if task.task_id in SKIPPABLE:
-            assert task.skip_on_exit_code == [99], "nothing ready yet (exit 99) shows as skipped"
-        else:
-            assert not task.skip_on_exit_code, "a job exiting 99 must fail, not skip"
+            assert not stage.ready_on and stage.module == task.task_id
+
+
+def test_a_stage_with_nothing_ready_skips_its_task(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The task callable itself, on a fresh lakehouse: mix has no closed example day on the first
+    day, so its task is skipped (as its job's exit 99 skipped the command's)."""
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    config = tmp_path / "config.yaml"
+    config.write_text(json.dumps({"lakehouse_uri": str(tmp_path / "lakehouse")}))  # JSON is valid YAML
+    monkeypatch.setenv("GEM_CONFIG", str(config))
+    with pytest.raises(AirflowSkipException, match="mix: nothing ready on run day 2026-01-01"):
+        orchestration.run_stage_task("mix", "2026-01-01")
 
 
 def test_timetable_is_daily_data_interval(dag: Any) -> None:
@@ -228,14 +236,14 @@ def test_manual_run_logical_date_maps_to_ds(dag: Any, ds: str) -> None:
     assert interval.end - interval.start == dt.timedelta(days=1)
 
 
-def test_rendered_command_uses_partition_ds(dag: Any) -> None:
+def test_rendered_run_day_uses_partition_ds(dag: Any) -> None:
     task = dag.get_task("ingest_events")
     rendered = task.render_template(
-        task.bash_command,
+        task.op_kwargs,
         {"data_interval_start": _utc(2026, 1, 1), "ds": "2026-01-02"},  # ds (logical date) must be ignored
         jinja_env=dag.get_template_env(),
     )
-    assert rendered == f"{job_command('ingest_events').split(' --ds')[0]} --ds 2026-01-01"
+    assert rendered == {"stage_name": "ingest_events", "run_day": "2026-01-01"}
 
 
 def test_partition_ds_is_utc_date() -> None:
@@ -246,14 +254,6 @@ def test_partition_ds_is_utc_date() -> None:
         partition_ds(dt.datetime(2026, 1, 1))
     with pytest.raises(ValueError):
         partition_ds(None)
-
-
-def test_job_command_uses_current_interpreter() -> None:
-    cmd = job_command("ingest_events", "--landing /x")
-    assert cmd.startswith(f"{sys.executable} -m jobs.ingest_events --ds {{{{")
-    assert cmd.endswith("}} --landing /x")
-    with pytest.raises(ValueError):
-        job_command("ingest_events; rm -rf /")
 
 
 def test_dag_parse_is_fast(dagbag: Any) -> None:
