@@ -329,7 +329,8 @@ def validate(
     cfg.gx_root with run name `batch_label`, and the checkpoint's action updates the Data Docs,
     which are then made offline. Raises DataQualityError when a critical expectation fails,
     unless raise_on_critical is False (for callers that collect several reports first). `cache`
-    persists `df` for the run: worth it when `df` is expensive to recompute, not for table reads."""
+    persists `df` for the run: worth it when `df` is expensive to recompute or the suite queries it
+    many times (each query expectation runs its own Spark jobs over it)."""
     from great_expectations.core.run_identifier import RunIdentifier
 
     started = time.perf_counter()
