@@ -104,7 +104,8 @@ def run_examples(ctx: StageContext, ds: str) -> StageResult:
     record = commit.record("assemble_examples", ds)
     examples = _partition(spark, cfg, SILVER_TRAINING_EXAMPLES, ds, record)
     sequences_path = tables.table_path(cfg, SILVER_USER_SEQUENCES)
-    batches = [Batch(f"{SILVER_TRAINING_EXAMPLES.name}.rules", examples, qs.example_expectations(cfg, sequences_path))]
+    expectations = qs.example_expectations(cfg, sequences_path, qs.snapshot_days(examples))
+    batches = [Batch(f"{SILVER_TRAINING_EXAMPLES.name}.rules", examples, expectations)]
     validated = {SILVER_TRAINING_EXAMPLES.name: int(record["table_versions"][SILVER_TRAINING_EXAMPLES.name])}
     return _validate_and_publish(commit, spark, batches, validated, examples.count(), t0)
 

@@ -21,6 +21,7 @@ reported in the Data Docs only.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from gem.config import GemConfig
@@ -159,7 +160,19 @@ def _prefix_cut(cfg: GemConfig) -> str:
     return _any_of(terms)
 
 
-def example_expectations(cfg: GemConfig, sequences_path: str) -> list[Expectation]:
+def snapshot_days(examples: DataFrame) -> list[str]:
+    """The sequence snapshot days (sequence_ds) the examples read, sorted: what the snapshot rules of
+    `example_expectations` need of silver.user_sequences."""
+    return sorted(str(r["sequence_ds"]) for r in examples.select("sequence_ds").distinct().collect())
+
+
+def example_expectations(cfg: GemConfig, sequences_path: str, sequence_days: Sequence[str]) -> list[Expectation]:
+    """The examples suite. The snapshot rules join silver.user_sequences read only at `sequence_days`
+    (`snapshot_days(examples)`): a static partition filter, so a validation reads the day or two its
+    examples point at instead of every day of every user's history, which grows with the pipeline's
+    age (the demo's 4th day, in a warm session: 25-28 s with the filter, 49-50 s without)."""
+    days = ", ".join(f"DATE'{d}'" for d in sequence_days) or "NULL"  # NULL: no day matches
+    sequences = f"(SELECT * FROM delta.`{sequences_path}` WHERE ds IN ({days}))"
     surfaces = ", ".join(f"'{s}'" for s in cfg.surfaces)
     out = [_unique("one_row_per_impression", "impression_id")]
     for label_type in cfg.label_types:
@@ -182,10 +195,10 @@ def example_expectations(cfg: GemConfig, sequences_path: str) -> list[Expectatio
         _groups_breaking(
             "sequence_snapshot_exists",
             f"SELECT b.impression_id, b.user_id, b.sequence_ds FROM {{batch}} b LEFT ANTI JOIN "
-            f"delta.`{sequences_path}` s ON s.ds = b.sequence_ds AND s.user_id = b.user_id",
+            f"{sequences} s ON s.ds = b.sequence_ds AND s.user_id = b.user_id",
         ),
     ]
-    snapshots = f"{{batch}} b JOIN delta.`{sequences_path}` s ON s.ds = b.sequence_ds AND s.user_id = b.user_id"
+    snapshots = f"{{batch}} b JOIN {sequences} s ON s.ds = b.sequence_ds AND s.user_id = b.user_id"
     rate = cfg.quality.max_sequence_cut_rate
     out += [
         # Counted: every example whose prefix was cut, listed in the Data Docs.

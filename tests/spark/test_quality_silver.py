@@ -190,23 +190,26 @@ GOOD_EXAMPLES = [_example("i1", click=1, lead=1), _example("i2", user="u2"), _ex
     ([_example("i6", user="u_cut")], "sequence_prefix_cut_rate"),  # 1 of 6 examples cut > 0.02
 ])
 def test_each_broken_example_rule_fails_alone(spark, cfg, sequences_path, bad, rule):
-    expectations = qs.example_expectations(cfg, sequences_path)
-    report = validate(cfg, _examples(spark, GOOD_EXAMPLES), "test.examples", expectations, D, raise_on_critical=False)
+    good, broken = _examples(spark, GOOD_EXAMPLES), _examples(spark, GOOD_EXAMPLES + bad)
+    expectations = qs.example_expectations(cfg, sequences_path, qs.snapshot_days(good))
+    report = validate(cfg, good, "test.examples", expectations, D, raise_on_critical=False)
     assert report.success, [o.describe() for o in report.outcomes if not o.success]
-    report = validate(cfg, _examples(spark, GOOD_EXAMPLES + bad), "test.examples", expectations, D,
-                      raise_on_critical=False)
+    expectations = qs.example_expectations(cfg, sequences_path, qs.snapshot_days(broken))
+    report = validate(cfg, broken, "test.examples", expectations, D, raise_on_critical=False)
     assert _failed(report) == {rule}
 
 
 def test_examples_whose_prefix_the_cap_cut_are_counted_and_fail_above_the_rate(spark, cfg, sequences_path):
     cut = [_example("i6", user="u_cut"), _example("i7", user="u_cut")]
-    report = validate(cfg, _examples(spark, GOOD_EXAMPLES + cut), "test.examples",
-                      qs.example_expectations(cfg, sequences_path), D, raise_on_critical=False)
+    examples = _examples(spark, GOOD_EXAMPLES + cut)
+    days = qs.snapshot_days(examples)
+    report = validate(cfg, examples, "test.examples", qs.example_expectations(cfg, sequences_path, days), D,
+                      raise_on_critical=False)
     assert _failed(report) == {"sequence_prefix_cut_rate"}
     counted = {o.rule: o for o in report.failed_warnings}
     assert set(counted) == {"sequence_prefix_cut_by_cap"} and "2" in counted["sequence_prefix_cut_by_cap"].describe()
     tolerant = make_config(Path(cfg.lakehouse_uri).parent, sequence_caps={"impression": 3, "click": 2, "conversion": 2},
                            quality={"max_sequence_cut_rate": 0.5, "label_rates": cfg.quality.label_rates})
-    report = validate(tolerant, _examples(spark, GOOD_EXAMPLES + cut), "test.examples",
-                      qs.example_expectations(tolerant, sequences_path), D, raise_on_critical=False)
+    report = validate(tolerant, examples, "test.examples", qs.example_expectations(tolerant, sequences_path, days), D,
+                      raise_on_critical=False)
     assert not report.failed_critical and {o.rule for o in report.failed_warnings} == {"sequence_prefix_cut_by_cap"}
