@@ -2,16 +2,16 @@
 
     python -m gem.bulk --start A --end B [--through-stage S] [--config F]     (also `gem bulk`)
 
-A daily run starts one process (and, for a Spark stage, one JVM) per task: on 2 cores that fixed
-cost is most of a small day's time (the demo, 60k impressions a day, 2026-12-02: days 1 and 2 took
-148 s and 178 s here, day 3's Spark tasks 336 s through Airflow; validate_events 5 s here, 31 s as
-a task, of which about 6 s start the JVM, 5 s import Great Expectations and 7.5 s run the first,
-cold query). The bulk path calls each stage's own entry point
-(`Stage.entry` in jobs.<module>) day by day, in registry order, against one `StageContext`, so it
-writes the same partitions and publishes the same completion records as the daily runs, through the
-same `StageCommit` checks; only the process and the Spark session are shared. Use it to load a
-history (a first backfill, an import) before the daily DAG takes over; runs through Airflow (`gem
-run`, `airflow dags test`) stay the way to process one day.
+A run per day pays a process and a cold JVM per run (and, under an executor, per Spark task); on 2
+cores that fixed cost is much of a small day's time (the demo, 60k impressions a day, 2026-12-02,
+when each DAG task was its own `python -m jobs...` process: validate_events 5 s here, 31 s as a task,
+of which about 6 s start the JVM, 5 s import Great Expectations and 7.5 s run the first, cold query).
+The bulk path calls each stage's own entry point (`Stage.entry` in jobs.<module>, through
+`run_stage`, which the DAG's tasks call too) day by day, in registry order, against one
+`StageContext`, so it writes the same partitions and publishes the same completion records as the
+daily runs, through the same `StageCommit` checks; only the process and the Spark session are
+shared. Use it to load a history (a first backfill, an import) before the daily DAG takes over; runs
+through Airflow (`gem run`, `airflow dags test`) stay the way to process one day.
 
 A stage with nothing ready (a mixture before any training day, a `--ready-on` day before the first
 window closes, the generator under `source: landing`) is reported as skipped, as the DAG's task would
