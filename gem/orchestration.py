@@ -134,7 +134,10 @@ def run_stage_task(stage_name: str, run_day: str) -> str:
 
     stage = registry_stage(stage_name)
     run = run_stage(StageContext(load_config()), stage, run_day)
-    print(run.summary or run.line(), flush=True)
+    # What ran for which day, in the task's log (the DAG's day rules are checked against it).
+    print(f"{stage_name}: run day {run_day} -> ds={run.ds} {run.state} in {run.seconds:.1f}s", flush=True)
+    if run.summary:
+        print(run.summary, flush=True)
     if run.state == "skipped":
         if may_skip(stage):
             raise AirflowSkipException(f"{stage_name}: nothing ready on run day {run_day}")
