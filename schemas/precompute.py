@@ -63,6 +63,24 @@ GOLD_FM_PREDICTIONS = TableSchema(
     key=("ds", "impression_id"),
 )
 
+GOLD_FM_HISTORY_CODES = TableSchema(
+    name="gold.fm_history_codes",
+    doc="LoopFM (arXiv 2605.29280): per impression of the day's training examples, the foundation "
+        "model's representation compressed by its history-code autoencoder to INT4 codes, packed two "
+        "per byte; a student reads a user's codes strictly before its example as a sequence feature.",
+    columns=(
+        Column("ds", "date", nullable=False, doc="the examples' impression day"),
+        _SHARD,
+        Column("user_id", "string", nullable=False),
+        Column("impression_id", "string", nullable=False),
+        Column("event_time", "timestamp", nullable=False, doc="the impression's time: when the code was logged"),
+        Column("codes", "binary", nullable=False, doc="code_dim / 2 bytes: INT4 codes (gem.model.ops.int4.pack_int4)"),
+        *_STAMP,
+    ),
+    partition_by=("ds", "shard"),
+    key=("ds", "impression_id"),
+)
+
 GOLD_FM_SPECULATIVE_PAIRS = TableSchema(
     name="gold.fm_speculative_pairs",
     doc="(user, ad) pairs precomputed on ds for the requests of ds+1 (gem.precompute.speculative).",
@@ -98,6 +116,9 @@ GOLD_PRECOMPUTE_STATS = TableSchema(
         Column("users_computed", "long", nullable=False, min=0),
         Column("users_carried", "long", nullable=False, min=0, doc="valid embedding from an earlier day, not rewritten"),
         Column("predictions", "long", nullable=False, min=0),
+        Column("history_codes", "long", nullable=False, min=0, doc="gold.fm_history_codes rows written (0: no autoencoder)"),
+        Column("history_code_bytes_per_user", "double", min=0.0,
+               doc="packed code bytes per user coded on the held-out day (LoopFM's storage per user per day)"),
         Column("speculative_pairs", "long", nullable=False, min=0),
         Column("measured_ds", "date", doc="the day whose speculative pairs were measured against ds's impressions"),
         Column("impressions", "long", doc="impressions that arrived on ds with event_time on ds"),
@@ -111,4 +132,5 @@ GOLD_PRECOMPUTE_STATS = TableSchema(
     key=("ds",),
 )
 
-PRECOMPUTE_TABLES: tuple[TableSchema, ...] = (GOLD_FM_USER_EMBEDDINGS, GOLD_FM_PREDICTIONS, GOLD_FM_SPECULATIVE_PAIRS)
+PRECOMPUTE_TABLES: tuple[TableSchema, ...] = (GOLD_FM_USER_EMBEDDINGS, GOLD_FM_PREDICTIONS, GOLD_FM_HISTORY_CODES,
+                                              GOLD_FM_SPECULATIVE_PAIRS)

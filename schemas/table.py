@@ -21,6 +21,7 @@ _SIMPLE_TYPES = {
     "boolean": "BOOLEAN",
     "timestamp": "TIMESTAMP",
     "date": "DATE",
+    "binary": "BINARY",
 }
 
 
@@ -94,6 +95,7 @@ def _tree_spark(tree: tuple[Any, ...]) -> Any:
             "boolean": T.BooleanType(),
             "timestamp": T.TimestampType(),
             "date": T.DateType(),
+            "binary": T.BinaryType(),
         }[tree[1]]
     if kind == "map":
         return T.MapType(_tree_spark(tree[1]), _tree_spark(tree[2]), valueContainsNull=True)
@@ -110,7 +112,7 @@ def _tree_arrow(tree: tuple[Any, ...]) -> Any:
         return {
             "string": pa.string(), "long": pa.int64(), "int": pa.int32(), "double": pa.float64(),
             "float": pa.float32(), "boolean": pa.bool_(), "timestamp": pa.timestamp("us", tz="UTC"),
-            "date": pa.date32(),
+            "date": pa.date32(), "binary": pa.binary(),
         }[tree[1]]
     if kind == "map":
         return pa.map_(_tree_arrow(tree[1]), _tree_arrow(tree[2]))

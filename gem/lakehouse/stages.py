@@ -225,6 +225,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("precompute", "precompute", spark=False, skippable=True, pool=GPU_POOL,
           needs=(Need("pretrain"), Need("validate_silver"), Need("validate_examples", held_out_day)),
           writes=(Writes("gold.fm_user_embeddings"), Writes("gold.fm_predictions", held_out_day),
+                  Writes("gold.fm_history_codes", held_out_day),
                   Writes("gold.fm_speculative_pairs"), Writes("gold.precompute_stats")),
           doc="Solaris: user embeddings (incremental), predictions for the held-out day's impressions, "
               "speculative pairs for ds+1 and the measured use of ds-1's, in user-hash shards"),

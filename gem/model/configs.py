@@ -237,14 +237,15 @@ class HistoryCodesConfig:
     `code_dim` INT4 codes, kept per user as a time-ordered history a student reads
     (gem.model.history_code_autoencoder).
 
-    enabled: pretraining trains the autoencoder beside the model (its loss never reaches the model).
+    enabled: pretraining trains the autoencoder beside the model (its loss never reaches the model)
+        and precompute writes the codes to gold.fm_history_codes; off, LoopFM students have nothing to read.
     code_dim: codes per event; even (two per byte): code_dim / 2 bytes per event.
     prefix_lengths: Matryoshka reconstruction from the first n codes, for each n; the last is code_dim,
         so any prefix of a stored code is itself a usable, shorter code.
     hidden: width of the encoder's and the decoder's hidden layer.
     """
 
-    enabled: bool = False
+    enabled: bool = True
     code_dim: int = 32
     prefix_lengths: tuple[int, ...] = (8, 16, 32)
     hidden: int = 128

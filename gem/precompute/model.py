@@ -8,6 +8,7 @@ shards into whole tables).
     model = PrecomputeModel.load(cfg, pin)
     model.user_embeddings(batch)   # (B, tokens, d): Kunlun.user_representation, the user side alone
     model.predict(batch)           # ((B, T) probabilities, (B, body.out_dim) the heads' input)
+    model.history_codes(rep)       # (B, code_dim / 2) uint8: LoopFM's packed INT4 codes of predict's rep
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from gem.data.batch import Batch, Jagged, Sparse
 from gem.data.encode import DENSE_COLUMNS
 from gem.data.loader import SPARSE_FEATURES
 from gem.model.build import build_task
+from gem.model.ops.int4 import pack_int4
 from gem.model.task import GemTrainTask
 
 
@@ -82,6 +84,15 @@ class PrecomputeModel:
         and the sequences."""
         sparse, sequences = self.task.body_inputs(batch.to(self.device))
         return self.task.body.user_representation(sparse, sequences).float().cpu()
+
+    @torch.no_grad()
+    def history_codes(self, representation: torch.Tensor) -> torch.Tensor | None:
+        """(B, body.out_dim) representations (predict's second output) -> (B, code_dim / 2) uint8:
+        LoopFM's INT4 codes packed two per byte; None when the model trained no history autoencoder."""
+        autoencoder = self.task.history_autoencoder
+        if autoencoder is None:
+            return None
+        return pack_int4(autoencoder.codes(representation.to(self.device))).cpu()
 
     @torch.no_grad()
     def predict(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:

@@ -4,7 +4,7 @@
                                the held-out day), the day's record withdrawn, the day's lease taken
     plan                       model (refresh or pinned), users, input versions, popular ads (gem.precompute.plan)
     workers                    this process and precompute.workers - 1 more claim shards until all
-                               are done; each shard commits its rows of the three tables itself
+                               are done; each shard commits its rows of the four tables itself
     stats, record              the parts adopted into the record (rows from the commits' metrics;
                                one prediction per held-out impression checked), the measured use of
                                yesterday's speculative pairs, gold.precompute_stats, the record last
@@ -38,6 +38,7 @@ from gem.precompute.worker import work
 from schemas.examples import SILVER_TRAINING_EXAMPLES
 from schemas.features import SILVER_AD_FEATURES, SILVER_USER_FEATURES
 from schemas.precompute import (
+    GOLD_FM_HISTORY_CODES,
     GOLD_FM_PREDICTIONS,
     GOLD_FM_SPECULATIVE_PAIRS,
     GOLD_FM_USER_EMBEDDINGS,
@@ -148,10 +149,14 @@ def finish_day(commit: StageCommit, plan: DayPlan, started: float, **details: An
     if commit.committed_rows[GOLD_FM_PREDICTIONS.name] != expected:
         raise ReconciliationError(f"precompute ds={plan.ds}: {commit.committed_rows[GOLD_FM_PREDICTIONS.name]} "
                                   f"predictions for {expected} examples of {plan.examples_ds}")
+    if commit.committed_rows[GOLD_FM_HISTORY_CODES.name] not in (0, expected):  # 0: the model codes nothing
+        raise ReconciliationError(f"precompute ds={plan.ds}: {commit.committed_rows[GOLD_FM_HISTORY_CODES.name]} "
+                                  f"history codes for {expected} examples of {plan.examples_ds}")
     stats = day_stats(commit, plan)
     commit.replace_arrow(pa.Table.from_pylist([stats], GOLD_PRECOMPUTE_STATS.arrow_schema()), GOLD_PRECOMPUTE_STATS)
     commit.publish(None, written_tables=(*PRECOMPUTE_TABLES, GOLD_PRECOMPUTE_STATS), no_input_count=NO_INPUT_COUNT)
     figures = {k: stats[k] for k in ("refreshed", "users_total", "users_computed", "users_carried", "predictions",
+                                     "history_codes", "history_code_bytes_per_user",
                                      "speculative_pairs", "hit_rate", "wasted_share", "model_age_days",
                                      "input_age_days")}
     done = [board.done(s) for s in range(plan.shards)]
@@ -168,6 +173,21 @@ def _examples_rows(plan: DayPlan) -> int:
         return 0
     return sum(f.rows for f in logged_files(plan.examples.path, plan.examples.version)
                if f.partition["ds"] == plan.examples_ds)
+
+
+def history_code_volume(commit: StageCommit, plan: DayPlan) -> dict[str, Any]:
+    """gold.fm_history_codes' rows of the held-out day and the bytes they store per coded user
+    (LoopFM's storage cost per user per day: packed codes only, no stamps)."""
+    from gem.data.delta_log import read_table
+
+    rows = commit.committed_rows[GOLD_FM_HISTORY_CODES.name]
+    if not rows or plan.examples_ds is None:
+        return {"history_codes": rows, "history_code_bytes_per_user": None}
+    coded = read_table(tables.table_path(commit.cfg, GOLD_FM_HISTORY_CODES), columns=["user_id", "codes"],
+                       where={"ds": plan.examples_ds})
+    users = len(set(coded["user_id"].to_pylist()))
+    return {"history_codes": rows,
+            "history_code_bytes_per_user": sum(len(c) for c in coded["codes"].to_pylist()) / max(users, 1)}
 
 
 def day_stats(commit: StageCommit, plan: DayPlan) -> dict[str, Any]:
@@ -187,6 +207,7 @@ def day_stats(commit: StageCommit, plan: DayPlan) -> dict[str, Any]:
         "shards": plan.shards, "users_total": len(universe), "users_computed": computed,
         "users_carried": len(universe) - computed,
         "predictions": commit.committed_rows[GOLD_FM_PREDICTIONS.name],
+        **history_code_volume(commit, plan),
         "speculative_pairs": commit.committed_rows[GOLD_FM_SPECULATIVE_PAIRS.name],
         "measured_ds": None, "impressions": None, "hits": None, "hit_rate": None, "wasted_share": None,
         "model_age_days": None, "input_age_days": None,

@@ -43,7 +43,12 @@ from gem.precompute.model import PrecomputeModel, user_batch
 from gem.precompute.plan import STAGE, DayPlan, current_run_folder
 from gem.precompute.shards import ShardBoard, worker_name
 from schemas.examples import LABEL_COLUMNS
-from schemas.precompute import GOLD_FM_PREDICTIONS, GOLD_FM_SPECULATIVE_PAIRS, GOLD_FM_USER_EMBEDDINGS
+from schemas.precompute import (
+    GOLD_FM_HISTORY_CODES,
+    GOLD_FM_PREDICTIONS,
+    GOLD_FM_SPECULATIVE_PAIRS,
+    GOLD_FM_USER_EMBEDDINGS,
+)
 from schemas.table import TableSchema
 
 
@@ -68,7 +73,7 @@ def _predictions(probs: np.ndarray, tasks: tuple[str, ...]) -> list[dict[str, fl
 
 @dataclass
 class ShardWork:
-    """Computes one shard's rows of the three tables with a worker's model and inputs."""
+    """Computes one shard's rows of the four tables with a worker's model and inputs."""
 
     plan: DayPlan
     inputs: DayInputs
@@ -134,17 +139,27 @@ class ShardWork:
             return np.zeros((0, len(tasks)), np.float32), np.zeros((0, self.model.task.body.out_dim), np.float32)
         return np.concatenate(probs), np.concatenate(reps)
 
-    def predictions(self, shard: int, renew: Callable[[], None]) -> pa.Table:
-        """The shard's impressions of the held-out day -> gold.fm_predictions rows."""
+    def predictions(self, shard: int, renew: Callable[[], None]) -> list[tuple[TableSchema, pa.Table]]:
+        """The shard's impressions of the held-out day -> gold.fm_predictions rows and, from the same
+        representations, gold.fm_history_codes rows (none when the model has no history autoencoder)."""
         examples = self.inputs.examples(shard)
         probs, reps = self._scored(examples, renew)
         n = examples.num_rows
-        return self._stamp({
-            "ds": pa.array([dt.date.fromisoformat(self.plan.examples_ds)] * n if n else [], pa.date32()),
-            **{c: examples[c] for c in ("impression_id", "user_id", "ad_id", "surface")},
+        day = pa.array([dt.date.fromisoformat(self.plan.examples_ds)] * n if n else [], pa.date32())
+        predictions = self._stamp({
+            "ds": day, **{c: examples[c] for c in ("impression_id", "user_id", "ad_id", "surface")},
             "predictions": _map_column(_predictions(probs, self.model.tasks), pa.float64()),
             "representation": _list_column(reps),
         }, n, shard, GOLD_FM_PREDICTIONS)
+        packed = self.model.history_codes(torch.from_numpy(reps))
+        coded = n if packed is not None else 0
+        codes = self._stamp({
+            "ds": day.slice(0, coded), "user_id": examples["user_id"].slice(0, coded),
+            "impression_id": examples["impression_id"].slice(0, coded),
+            "event_time": examples["impression_time"].slice(0, coded),
+            "codes": pa.array([] if packed is None else [row.tobytes() for row in packed.numpy()], pa.binary()),
+        }, coded, shard, GOLD_FM_HISTORY_CODES)
+        return [(GOLD_FM_PREDICTIONS, predictions), (GOLD_FM_HISTORY_CODES, codes)]
 
     def speculative_pairs(self, shard: int, renew: Callable[[], None]) -> pa.Table:
         """The policy's pairs for the shard's users active on ds -> gold.fm_speculative_pairs rows."""
@@ -192,15 +207,16 @@ def commit_part(commit: StageCommit, rows: pa.Table, schema: TableSchema, shard:
 
 def do_shard(shard_work: ShardWork, commit: StageCommit, shard: int, renew: Callable[[], None]
              ) -> tuple[dict[str, int], dict[str, float]]:
-    """Compute one shard's rows of the three tables, then commit them; -> (rows per table, seconds
+    """Compute one shard's rows of the four tables, then commit them; -> (rows per table, seconds
     per phase). `renew` is called between batches (LeaseLost aborts before anything is committed)."""
     seconds: dict[str, float] = {}
-    outputs = []
-    for phase, schema, compute in (("embeddings", GOLD_FM_USER_EMBEDDINGS, shard_work.embeddings),
-                                   ("predictions", GOLD_FM_PREDICTIONS, shard_work.predictions),
-                                   ("speculative_pairs", GOLD_FM_SPECULATIVE_PAIRS, shard_work.speculative_pairs)):
+    outputs: list[tuple[TableSchema, pa.Table]] = []
+    for phase, compute in (("embeddings", lambda: [(GOLD_FM_USER_EMBEDDINGS, shard_work.embeddings(shard, renew))]),
+                           ("predictions", lambda: shard_work.predictions(shard, renew)),
+                           ("speculative_pairs",
+                            lambda: [(GOLD_FM_SPECULATIVE_PAIRS, shard_work.speculative_pairs(shard, renew))])):
         t = time.perf_counter()
-        outputs.append((schema, compute(shard, renew)))
+        outputs.extend(compute())
         seconds[phase] = time.perf_counter() - t
     renew()
     t = time.perf_counter()

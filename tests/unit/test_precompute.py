@@ -35,6 +35,7 @@ from gem.precompute.run import begin_day, finish_day, run
 from gem.precompute.shards import ShardBoard, shard_of
 from schemas.examples import SILVER_TRAINING_EXAMPLES
 from schemas.precompute import (
+    GOLD_FM_HISTORY_CODES,
     GOLD_FM_PREDICTIONS,
     GOLD_FM_SPECULATIVE_PAIRS,
     GOLD_FM_USER_EMBEDDINGS,
@@ -147,6 +148,34 @@ def test_predictions_equal_the_models_output(lake: dict[str, Any]) -> None:
         torch.testing.assert_close(torch.tensor([stored[t] for t in model.heads.tasks], dtype=torch.float32), probs,
                                    rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(torch.tensor(row["representation"]), representation[0], rtol=1e-5, atol=1e-6)
+
+
+def test_history_codes_are_the_autoencoders_int4_codes_of_each_logged_representation(lake: dict[str, Any]) -> None:
+    """One gold.fm_history_codes row per prediction, at the impression's time: the model's own
+    autoencoder applied to the stored representation, quantized and packed by hand (nibble = code + 8,
+    even codes low), and the stats' bytes per user are the bytes stored over the users coded."""
+    cfg, model, day2 = lake["cfg"], lake["model"], lake["days"][1]
+    predictions = {r["impression_id"]: r for r in contents(cfg, GOLD_FM_PREDICTIONS, day2)}
+    codes = contents(cfg, GOLD_FM_HISTORY_CODES, day2)
+    assert sorted(r["impression_id"] for r in codes) == sorted(predictions)
+    examples = read_table(tables.table_path(cfg, SILVER_TRAINING_EXAMPLES), where={"ds": day2},
+                          columns=["impression_id", "impression_time", "user_id"]).to_pylist()
+    times = {e["impression_id"]: (e["impression_time"], e["user_id"]) for e in examples}
+    ae = model.history_autoencoder
+    assert ae is not None
+    for row in codes[::5]:
+        assert (row["event_time"], row["user_id"]) == times[row["impression_id"]]
+        assert row["model_version"] == predictions[row["impression_id"]]["model_version"]
+        with torch.no_grad():
+            z = torch.tanh(ae.encoder(ae.normalized(torch.tensor([predictions[row["impression_id"]]["representation"]]))))
+        ints = [min(7, max(-8, int(v))) for v in torch.round(z * 8)[0].tolist()]
+        packed = bytes((ints[i] + 8) | ((ints[i + 1] + 8) << 4) for i in range(0, len(ints), 2))
+        assert row["codes"] == packed and len(packed) == cfg.model.history_codes.code_dim // 2
+    (stats,) = contents(cfg, GOLD_PRECOMPUTE_STATS, day2)
+    users = {r["user_id"] for r in codes}
+    assert stats["history_codes"] == len(codes)
+    assert stats["history_code_bytes_per_user"] == pytest.approx(len(codes) * cfg.model.history_codes.code_dim / 2
+                                                                 / len(users))
 
 
 def test_speculative_pairs_follow_the_policy_and_their_use_is_measured(lake: dict[str, Any]) -> None:
