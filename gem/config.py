@@ -390,6 +390,8 @@ class GemConfig:
     # The per-surface students distilled from the foundation model (gem/model/student.py).
     student: StudentConfig = field(default_factory=StudentConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    # The students' daily training (gem/distill/): one pass over a surface's newest FM-predicted day.
+    student_train: TrainConfig = field(default_factory=lambda: TrainConfig(steps=60, lr=3e-3, checkpoint_every=60))
     precompute: PrecomputeConfig = field(default_factory=PrecomputeConfig)
     demo: DemoConfig = field(default_factory=DemoConfig)
 

@@ -146,8 +146,8 @@ def write_day(cfg: GemConfig, world: World, ds: str, active: list[str], rng: np.
 
 
 def promote_model(cfg: GemConfig, ds: str, seed: int = 0, step: int = 1) -> Any:
-    """A tiny Kunlun with seeded random weights, saved and promoted as pretraining would for ds, with
-    the mix and pretrain records of ds. -> the task (in memory, as saved)."""
+    """A tiny Kunlun with seeded random weights, saved and promoted as pretraining would for ds (as if
+    trained through ds-1), with the mix and pretrain records of ds. -> the task (in memory, as saved)."""
     import torch
 
     from gem.model.build import build_task
@@ -160,7 +160,7 @@ def promote_model(cfg: GemConfig, ds: str, seed: int = 0, step: int = 1) -> Any:
     root = checkpoint_root(cfg)
     path = checkpoint.save(root / f"{cfg.model.arch}-{ds}-{seed}", step, {"model": task.state_dict()},
                            {"config": jsonable(cfg.to_dict())})
-    promotion.promote(root, cfg.model.arch, ds, path, step, TASKS)
+    promotion.promote(root, cfg.model.arch, ds, path, step, TASKS, trained_through=shift_day(ds, -1))
     publish_training_records(cfg, ds)
     return task.eval()
 

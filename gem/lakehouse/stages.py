@@ -229,6 +229,13 @@ STAGES: tuple[Stage, ...] = (
                   Writes("gold.fm_speculative_pairs"), Writes("gold.precompute_stats")),
           doc="Solaris: user embeddings (incremental), predictions for the held-out day's impressions, "
               "speculative pairs for ds+1 and the measured use of ds-1's, in user-hash shards"),
+    # Also reads precompute and the validations of the previous held-out day (its training day),
+    # noted when it runs: on the first days there is none and the stage skips.
+    Stage("distill", "distill", spark=False, skippable=True, pool=GPU_POOL,
+          needs=(Need("precompute"), Need("validate_examples", held_out_day), Need("validate_silver", held_out_day)),
+          writes=(Writes("gold.metrics"),),
+          doc="per-surface students trained on the FM's logged predictions and history codes (ExFM, "
+              "LoopFM), scored on the held-out day beside the FM, promoted"),
 )
 
 REGISTRY: Mapping[str, Stage] = {s.name: s for s in STAGES}

@@ -56,7 +56,7 @@ def write_metrics(commit: Any, rows: list[dict[str, Any]]) -> int:
         raise ValueError(f"gold.metrics rows of one run share one (ds, arch); got {sorted(keys)}")
     ((ds, arch),) = keys
     if ds.isoformat() != commit.ds:
-        raise ValueError(f"gold.metrics rows of ds={ds} in the pretraining commit of ds={commit.ds}")
+        raise ValueError(f"gold.metrics rows of ds={ds} in the {commit.stage.name} commit of ds={commit.ds}")
     table = pa.Table.from_pylist(rows, schema=GOLD_METRICS.arrow_schema())
     return commit.replace_arrow(table, GOLD_METRICS, also={"arch": arch})
 
@@ -112,9 +112,10 @@ def run(ctx: Any, ds: str, run_dir: Path | None = None, steps: int | None = None
     task = build_task(cfg.model, tasks, SPARSE_FEATURES, len(DENSE_COLUMNS), cfg.train.task_weights)
     task.heads.init_from_base_rates({s.name: s.positives / s.rows for s in train_manifest.sources if s.rows})
     trainer = Trainer(task, stream, cfg.train, run_dir, config_snapshot=cfg.to_dict())
+    previous = promotion.warm_start_for(root, cfg.model.arch, ds)
     if trainer.resume():
         print(f"resumed {run_dir} at step {trainer.step}")
-    elif (previous := promotion.warm_start_for(root, cfg.model.arch, ds)) is not None:
+    elif previous is not None:
         print(f"warm start from {trainer.warm_start(previous.checkpoint)} (promoted for {previous.mix_ds})")
     result = trainer.fit(steps=steps, progress=progress and rank == 0)
     seconds = max(result.seconds, 1e-9)
@@ -131,7 +132,10 @@ def run(ctx: Any, ds: str, run_dir: Path | None = None, steps: int | None = None
         eval_task.load_state_dict(state)
         eval_stream = ResumableLoader(ExampleStream(eval_manifest, tasks, loader_cfg, rank=0, world_size=1))
         _report(commit, evaluate(eval_task, eval_stream.epoch()), result.steps, eval_manifest)
-        promotion.promote(root, cfg.model.arch, ds, checkpoint_path, result.steps, tasks)
+        # A resumed run warm-started from the same promotion (warm starts happen before step 1).
+        trained_through = promotion.newest_day([max(train_manifest.file_ds.values(), default=None),
+                                                previous.trained_through if previous is not None else None])
+        promotion.promote(root, cfg.model.arch, ds, checkpoint_path, result.steps, tasks, trained_through)
         commit.publish(None, written_tables=(GOLD_METRICS,), no_input_count=NO_INPUT_COUNT)
     if joined:
         torch.distributed.barrier()  # nobody exits before rank 0 has published
@@ -161,25 +165,33 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _report(commit: Any, scores: dict[str, dict[str, Any]], steps: int, eval_manifest: Any) -> None:
-    """Write the held-out scores to gold.metrics (with run id, config, code and table versions) and print them."""
+def metrics_rows(cfg: Any, ds: str, run_id: str, arch: str, scores: dict[str, dict[str, Any]], steps: int,
+                 mixture_id: str, examples_version: int, sequences_version: int) -> list[dict[str, Any]]:
+    """gold.metrics rows of one run's held-out scores (as gem.train.evaluate returns them), with what it
+    read and which code and config ran."""
     import datetime as dt
     import json
+
+    now = dt.datetime.now(dt.UTC)
+    return [{
+        "ds": dt.date.fromisoformat(ds), "run_id": run_id, "arch": arch, "task": name,
+        "split": "eval", "examples": s["examples"], "positives": s["positives"], "ne": s["ne"], "auc": s["auc"],
+        "calibration": s["calibration"], "train_steps": steps, "mixture_id": mixture_id,
+        "examples_version": examples_version, "sequences_version": sequences_version,
+        "code_version": code_version(), "config": json.dumps(cfg.to_dict(), default=str), "created_at": now,
+    } for name, s in scores.items()]
+
+
+def _report(commit: Any, scores: dict[str, dict[str, Any]], steps: int, eval_manifest: Any) -> None:
+    """Write the held-out scores to gold.metrics (with run id, config, code and table versions) and print them."""
     import uuid
 
     from gem.train.evaluate import metrics_table
 
     cfg, mix_ds = commit.cfg, commit.ds
     run_id = f"{cfg.model.arch}:{mix_ds}:{uuid.uuid4().hex[:8]}"
-    now = dt.datetime.now(dt.UTC)
-    rows = [{
-        "ds": dt.date.fromisoformat(mix_ds), "run_id": run_id, "arch": cfg.model.arch, "task": name,
-        "split": "eval", "examples": s["examples"], "positives": s["positives"], "ne": s["ne"], "auc": s["auc"],
-        "calibration": s["calibration"], "train_steps": steps, "mixture_id": eval_manifest.mixture_id,
-        "examples_version": eval_manifest.examples_version, "sequences_version": eval_manifest.sequences_version,
-        "code_version": code_version(), "config": json.dumps(cfg.to_dict(), default=str), "created_at": now,
-    } for name, s in scores.items()]
-    write_metrics(commit, rows)
+    write_metrics(commit, metrics_rows(cfg, mix_ds, run_id, cfg.model.arch, scores, steps, eval_manifest.mixture_id,
+                                       eval_manifest.examples_version, eval_manifest.sequences_version))
     print(f"held-out day {eval_manifest.file_ds[eval_manifest.files[0]]} ({run_id}):")
     print(metrics_table(scores))
 

@@ -5,7 +5,7 @@ Only the examples drawn for a task (label_mask) count for it, each with its impo
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -15,15 +15,23 @@ from gem.model import metrics
 
 @torch.no_grad()
 def evaluate(task: torch.nn.Module, batches: Iterable[Batch]) -> dict[str, dict[str, float | None]]:
+    """The task's serving predictions (task.logits) scored per task."""
     task.eval()
+    device = next(task.parameters()).device
+    return score(batches, lambda batch: torch.sigmoid(task.logits(batch.to(device)).float()).cpu())
+
+
+@torch.no_grad()
+def score(batches: Iterable[Batch], probabilities: Callable[[Batch], torch.Tensor]) -> dict[str, dict[str, float | None]]:
+    """Per task: examples, weighted positives, NE, AUC and calibration of `probabilities(batch)` (B, T)
+    over the examples drawn for the task (label_mask), each with its importance weight."""
     preds: dict[str, list[torch.Tensor]] = {}
     labels: dict[str, list[torch.Tensor]] = {}
     weights: dict[str, list[torch.Tensor]] = {}
     names: tuple[str, ...] = ()
-    device = next(task.parameters()).device
     for batch in batches:
         names = batch.tasks
-        prob = torch.sigmoid(task.logits(batch.to(device)).float()).cpu()
+        prob = probabilities(batch)
         for j, name in enumerate(batch.tasks):
             m = batch.label_mask[:, j]
             preds.setdefault(name, []).append(prob[m, j])

@@ -34,6 +34,10 @@ class Promotion:
     checkpoint: Path
     step: int
     tasks: tuple[str, ...] = ()  # the heads' tasks, in order (empty in files from before they were kept)
+    # The newest example day the model (with every model it warm-started from) trained on; None in
+    # files from before it was kept. A reader of the model's outputs for day D needs it < D
+    # (gem.distill.leakage).
+    trained_through: str | None = None
 
     @property
     def version(self) -> str:
@@ -58,17 +62,18 @@ def checked_checkpoint(root: Path, checkpoint: Path, pointer: Path | None = None
 
 
 def promote(root: Path, arch: str, mix_ds: str, checkpoint: Path, step: int,
-            tasks: tuple[str, ...] = ()) -> Promotion:
+            tasks: tuple[str, ...] = (), trained_through: str | None = None) -> Promotion:
     """Publish `checkpoint` (under `root`) as `arch`'s model of day `mix_ds` (replacing an earlier run
-    of that day); `tasks`: its heads' tasks in order, so a reader can rebuild the model."""
+    of that day); `tasks`: its heads' tasks in order, so a reader can rebuild the model;
+    `trained_through`: the newest example day it (or a model it warm-started from) trained on."""
     checked_checkpoint(root, checkpoint)
     folder = _folder(root, arch)
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".{mix_ds}.json.{os.getpid()}.tmp"
     tmp.write_text(json.dumps({"arch": arch, "mix_ds": mix_ds, "checkpoint": str(checkpoint), "step": step,
-                               "tasks": list(tasks)}))
+                               "tasks": list(tasks), "trained_through": trained_through}))
     os.replace(tmp, folder / f"{mix_ds}.json")  # atomic: a reader sees the old file or the new one
-    return Promotion(arch, mix_ds, checkpoint, step, tuple(tasks))
+    return Promotion(arch, mix_ds, checkpoint, step, tuple(tasks), trained_through)
 
 
 def promotions(root: Path, arch: str) -> list[Promotion]:
@@ -81,7 +86,7 @@ def promotions(root: Path, arch: str) -> list[Promotion]:
         data = json.loads(path.read_text())
         checkpoint = checked_checkpoint(root, Path(data["checkpoint"]), pointer=path)
         found.append(Promotion(data["arch"], data["mix_ds"], checkpoint, int(data["step"]),
-                               tuple(data.get("tasks", ()))))
+                               tuple(data.get("tasks", ())), data.get("trained_through")))
     return sorted(found, key=lambda p: p.mix_ds)
 
 
@@ -96,6 +101,17 @@ def as_of(root: Path, arch: str, ds: str) -> Promotion | None:
     model never serves an earlier day, e.g. in a backfill)."""
     found = [p for p in promotions(root, arch) if p.mix_ds <= ds]
     return found[-1] if found else None
+
+
+def of_day(root: Path, arch: str, mix_ds: str) -> Promotion | None:
+    """`arch`'s promotion of exactly day `mix_ds`, if any."""
+    return next((p for p in promotions(root, arch) if p.mix_ds == mix_ds), None)
+
+
+def newest_day(days: list[str | None]) -> str | None:
+    """The newest of `days`, ignoring None (None when all are): a warm-started model's trained_through."""
+    known = [d for d in days if d is not None]
+    return max(known) if known else None
 
 
 def current(root: Path, arch: str) -> Promotion | None:

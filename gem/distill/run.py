@@ -1,0 +1,227 @@
+"""One distillation day, the `distill` stage's entry point (jobs.distill is its command line).
+
+On run day R the precompute stage has logged the FM's predictions and history codes for the held-out
+example day H = R - attribution_window_days, and yesterday's run did the same for H' = the held-out
+day of R - 1. For each surface, the stage:
+
+    trains     the surface's student (student.variant) on H' - every example of the surface, one
+               pass of student_train.steps at most - warm-started from the student promoted before R;
+    scores     it on H (serving head: its own features, and with LoopFM codes logged before each
+               example), and the FM's logged predictions of the same examples;
+    promotes   the student for R.
+
+gold.metrics gets one row per (R, surface, variant, task): arch "student:<variant>", and the FM's
+logged predictions as arch "fm_logged" (the teacher's NE on the same examples, for the transfer ratio).
+
+No leakage (gem.distill.leakage): every FM output read - predictions of H' and H, codes of the days
+within student.history_codes.max_age_days before H - was computed by a model trained before its day;
+the run fails otherwise. The stage skips (nothing published; the job exits 99) until precompute has
+run on R and on R - 1: before that no FM-predicted day precedes the held-out one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gem.days import day_range, shift_day
+from gem.distill import leakage
+from gem.distill.data import StudentStream, surface_manifest
+from gem.distill.signals import FmSignals
+from gem.lakehouse import completions, tables
+from gem.lakehouse.commit import StageCommit, StageContext, StageResult
+from gem.precompute.plan import examples_day
+from schemas.examples import SILVER_TRAINING_EXAMPLES
+from schemas.metrics import GOLD_METRICS
+from schemas.precompute import GOLD_FM_HISTORY_CODES, GOLD_FM_PREDICTIONS, GOLD_PRECOMPUTE_STATS
+from schemas.sequences import SILVER_USER_SEQUENCES
+
+STAGE = "distill"
+FM_ARCH = "fm_logged"  # gold.metrics' arch for the FM's logged predictions
+NO_INPUT_COUNT = "scores: one gold.metrics row per (surface, task) for the student and for the FM's logged predictions"
+
+
+def student_arch(variant: str) -> str:
+    return f"student:{variant}"
+
+
+def promotion_name(variant: str, surface: str) -> str:
+    """The student's name among promoted models (one per variant and surface)."""
+    return f"student-{variant}-{surface}"
+
+
+@dataclass(frozen=True)
+class DistillInputs:
+    """What a distillation day reads: days, table versions and the FM's signals per surface."""
+
+    train_day: str
+    eval_day: str
+    examples: tuple[str, int]  # (path, version) of silver.training_examples
+    sequences: tuple[str, int]  # (path, version) of silver.user_sequences
+    predictions_version: int
+    codes_version: int
+    code_days: tuple[str, ...]
+    fm_models: dict[str, leakage.FmModel]
+
+    def signals(self, cfg: Any, tasks: tuple[str, ...], days: list[str]) -> FmSignals:
+        return FmSignals.load(cfg, tasks, days, list(self.code_days), self.predictions_version, self.codes_version,
+                              cfg.student.history_codes.max_codes, cfg.model.history_codes.code_dim // 2)
+
+    def manifest(self, surface: str, tasks: tuple[str, ...], day: str, split: str, seed: int) -> Any:
+        return surface_manifest(*self.examples, *self.sequences, surface, tasks, [day], split, seed)
+
+    def surfaces(self, cfg: Any) -> list[str]:
+        """The configured surfaces with examples on both the training and the held-out day."""
+        from gem.data.delta_log import logged_files
+
+        present: dict[str, set[str]] = {}
+        for f in logged_files(*self.examples):
+            present.setdefault(f.partition.get("ds", ""), set()).add(f.partition.get("surface", ""))
+        both = present.get(self.train_day, set()) & present.get(self.eval_day, set())
+        return [s for s in cfg.surfaces if s in both]
+
+
+@dataclass
+class StudentRun:
+    """One trained and scored student."""
+
+    surface: str
+    variant: str
+    scores: dict[str, dict[str, Any]]  # task -> evaluate()'s figures on the eval day
+    fm_scores: dict[str, dict[str, Any]]  # the FM's logged predictions on the same examples
+    steps: int
+    examples: int
+    seconds: float
+    checkpoint: Path | None
+
+
+def surface_tasks(cfg: Any, surface: str) -> tuple[str, ...]:
+    return tuple(f"{s}/{t}" for s, t in cfg.tasks if s == surface)
+
+
+def train_student(cfg: Any, inputs: DistillInputs, surface: str, variant: str, run_dir: Path,
+                  warm_start: Path | None = None, seed: int | None = None, steps: int | None = None) -> StudentRun:
+    """Train `variant`'s student of `surface` on inputs.train_day, score it and the FM on inputs.eval_day."""
+    from gem.data.encode import DENSE_COLUMNS
+    from gem.data.loader import SPARSE_FEATURES, ResumableLoader
+    from gem.model.student import build_student
+    from gem.train.evaluate import evaluate, score
+    from gem.train.trainer import Trainer
+
+    t0 = time.time()
+    train_cfg = cfg.student_train if seed is None else dataclasses.replace(cfg.student_train, seed=seed)
+    student_cfg = dataclasses.replace(cfg.student, variant=variant)
+    tasks = surface_tasks(cfg, surface)
+    loader_cfg = cfg.loader.capped(student_cfg.dlrm.max_len)
+    torch.manual_seed(train_cfg.seed)
+    train_manifest = inputs.manifest(surface, tasks, inputs.train_day, "train", train_cfg.seed)
+    eval_manifest = inputs.manifest(surface, tasks, inputs.eval_day, "eval", train_cfg.seed)
+    task = build_student(student_cfg, tasks, SPARSE_FEATURES, len(DENSE_COLUMNS), cfg.model.history_codes.code_dim,
+                         train_cfg.task_weights)
+    task.init_from_base_rates({s.name: s.positives / s.rows for s in train_manifest.sources if s.rows})
+    signals = inputs.signals(cfg, tasks, [inputs.train_day, inputs.eval_day])
+    stream = ResumableLoader(StudentStream(train_manifest, tasks, loader_cfg, signals))
+    trainer = Trainer(task, stream, train_cfg, run_dir, config_snapshot=cfg.to_dict())
+    if not trainer.resume() and warm_start is not None:
+        trainer.warm_start(warm_start)
+    # At most one pass over the day: a daily student sees each example once.
+    one_pass = max(1, -(-sum(train_manifest.file_rows.values()) // cfg.loader.batch_size))
+    result = trainer.fit(steps=min(steps or train_cfg.steps, one_pass))
+    trainer.close()
+    eval_stream = ResumableLoader(StudentStream(eval_manifest, tasks, loader_cfg, signals, rank=0, world_size=1))
+    batches = list(eval_stream.epoch())
+    scores = evaluate(task, batches)
+    fm_scores = score([dataclasses.replace(b, label_mask=b.label_mask & b.fm_prediction_mask) for b in batches],
+                      lambda b: b.fm_predictions)
+    return StudentRun(surface, variant, scores, fm_scores, result.steps, result.examples, time.time() - t0,
+                      result.checkpoint)
+
+
+def plan_inputs(commit: StageCommit) -> DistillInputs:
+    """The days, versions and FM models of commit's day; LeakageError when an FM output breaks the rule."""
+    cfg, ds = commit.cfg, commit.ds
+    eval_day, train_day = examples_day(cfg, ds), examples_day(cfg, shift_day(ds, -1))
+    assert eval_day is not None and train_day is not None  # run() checked
+    today = commit.record("precompute", ds)
+    commit.also_needs("precompute", shift_day(ds, -1))
+    for validation in ("validate_examples", "validate_silver"):
+        commit.also_needs(validation, train_day)
+    examples = commit.validated_version(SILVER_TRAINING_EXAMPLES, "validate_examples", [train_day, eval_day])
+    sequences = commit.validated_version(SILVER_USER_SEQUENCES, "validate_silver", [train_day, eval_day])
+    versions = today["table_versions"]
+    models = leakage.fm_models_by_day(cfg, int(versions[GOLD_PRECOMPUTE_STATS.name]))
+    oldest = shift_day(eval_day, -int(cfg.student.history_codes.max_age_days) - 1)
+    code_days = tuple(d for d in day_range(oldest, eval_day) if d in models)
+    checked = leakage.check(models, sorted({train_day, eval_day, *code_days}))
+    return DistillInputs(
+        train_day=train_day, eval_day=eval_day,
+        examples=(tables.table_path(cfg, SILVER_TRAINING_EXAMPLES), examples),
+        sequences=(tables.table_path(cfg, SILVER_USER_SEQUENCES), sequences),
+        predictions_version=int(versions[GOLD_FM_PREDICTIONS.name]),
+        codes_version=int(versions[GOLD_FM_HISTORY_CODES.name]), code_days=code_days, fm_models=checked)
+
+
+def ready(cfg: Any, ds: str) -> str | None:
+    """Why run day ds has nothing to distill yet (None: it has)."""
+    if completions.completion(cfg, "precompute", ds) is None:
+        return f"precompute has no record of {ds} (it skipped: no model yet)"
+    previous = shift_day(ds, -1)
+    if examples_day(cfg, previous) is None or completions.completion(cfg, "precompute", previous) is None:
+        return f"no FM-predicted day to train on before the held-out day (precompute did not run on {previous})"
+    return None
+
+
+def run(ctx: StageContext, ds: str, steps: int | None = None) -> StageResult:
+    """Distill run day ds (module docstring); nothing published when ds is not ready."""
+    from gem.train import promotion
+    from gem.train.daily import checkpoint_root, metrics_rows, write_metrics
+    from gem.train.evaluate import metrics_table
+
+    t0, cfg = time.time(), ctx.cfg
+    if (why := ready(cfg, ds)) is not None:
+        print(f"distill ds={ds}: nothing to distill yet: {why}")
+        return StageResult(STAGE, ds, 0.0)
+    commit = StageCommit.begin(ctx, STAGE, ds)
+    inputs = plan_inputs(commit)
+    root, variant = checkpoint_root(cfg), cfg.student.variant
+    run_id = f"{STAGE}:{ds}:{uuid.uuid4().hex[:8]}"
+    student_rows, fm_rows, details = [], [], {}
+    surfaces = inputs.surfaces(cfg)
+    if not surfaces:
+        raise ValueError(f"distill ds={ds}: no surface has examples on both {inputs.train_day} and {inputs.eval_day}")
+    for surface in surfaces:
+        name = promotion_name(variant, surface)
+        previous = promotion.warm_start_for(root, name, ds)
+        trained = train_student(cfg, inputs, surface, variant, root / "students" / f"{name}-{ds}",
+                                previous.checkpoint if previous else None, steps=steps)
+        print(f"student {surface} ({variant}): {trained.steps} steps on {inputs.train_day}, "
+              f"{trained.examples:,} examples, {trained.seconds:.1f}s; held-out {inputs.eval_day}:")
+        print(metrics_table(trained.scores))
+        print(f"  the FM's logged predictions on the same examples ({inputs.fm_models[inputs.eval_day].version}):")
+        print(metrics_table(trained.fm_scores))
+        mixture_id = f"student:{surface}:{inputs.train_day}"
+        student_rows += metrics_rows(cfg, ds, run_id, student_arch(variant), trained.scores, trained.steps,
+                                     mixture_id, inputs.examples[1], inputs.sequences[1])
+        fm_rows += metrics_rows(cfg, ds, run_id, FM_ARCH, trained.fm_scores, 0, mixture_id, inputs.examples[1],
+                                inputs.sequences[1])
+        checkpoint = trained.checkpoint or root / "students" / f"{name}-{ds}"
+        promotion.promote(root, name, ds, checkpoint, trained.steps, surface_tasks(cfg, surface),
+                          trained_through=promotion.newest_day([inputs.train_day,
+                                                                previous.trained_through if previous else None]))
+        details[surface] = {"steps": trained.steps, "examples": trained.examples,
+                            "ne": {t: s["ne"] for t, s in trained.scores.items()},
+                            "fm_ne": {t: s["ne"] for t, s in trained.fm_scores.items()}}
+    written = len(student_rows) + len(fm_rows)
+    write_metrics(commit, student_rows)
+    write_metrics(commit, fm_rows)
+    commit.publish(None, written, no_input_count=NO_INPUT_COUNT)
+    return commit.result(t0, train_day=inputs.train_day, eval_day=inputs.eval_day,
+                         fm_trained_through={d: m.trained_through for d, m in inputs.fm_models.items()},
+                         surfaces=details)
+
