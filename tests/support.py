@@ -80,8 +80,9 @@ DAG_OUTLETS = {
     "assemble_examples": {"silver.training_examples", "silver.attribution_quarantine", "silver.click_quarantine"},
     "mix": {"gold.mixture_manifest"},
     "pretrain": {"gold.metrics"},
-    "precompute": {"gold.fm_user_embeddings", "gold.fm_predictions", "gold.fm_speculative_pairs",
-                   "gold.precompute_stats"},
+    "precompute": {"gold.fm_user_embeddings", "gold.fm_predictions", "gold.fm_history_codes",
+                   "gold.fm_speculative_pairs", "gold.precompute_stats"},
+    "distill": {"gold.metrics"},
 }
 
 

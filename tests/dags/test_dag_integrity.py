@@ -40,10 +40,11 @@ UPSTREAM = {
     "mix": {"validate_examples"},
     "pretrain": {"mix"},
     "precompute": {"pretrain"},
+    "distill": {"precompute"},
 }
 SENSOR = "wait_for_landing"
-SKIPPABLE = {"generate_events", "assemble_examples", "validate_examples", "mix", "pretrain", "precompute"}
-POOLS = {"pretrain": "gpu", "precompute": "gpu"}  # everything else runs in the default pool
+SKIPPABLE = {"generate_events", "assemble_examples", "validate_examples", "mix", "pretrain", "precompute", "distill"}
+POOLS = {"pretrain": "gpu", "precompute": "gpu", "distill": "gpu"}  # everything else runs in the default pool
 # The tasks that wait for their own previous run (day-over-day state), written out by hand; each
 # task's Assets: tests.support.DAG_OUTLETS.
 DEPENDS_ON_PAST = {"build_sequences"}
