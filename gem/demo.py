@@ -18,6 +18,7 @@ import datetime as dt
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from gem.airflow_runs import airflow_env, airflow_home, init_db, run_day, run_log
 from gem.config import REPO_ROOT, GemConfig, load_config
@@ -145,7 +146,7 @@ def model_metrics(cfg: GemConfig) -> str | None:
     path = GOLD_METRICS.path(cfg.lakehouse_uri)
     if not Path(path, "_delta_log").is_dir():
         return None
-    rows = read_table(path).to_pylist()
+    rows = [r for r in read_table(path).to_pylist() if r["arch"] == cfg.model.arch]
     if not rows:
         return None
     latest = max(rows, key=lambda r: r["created_at"])
@@ -157,6 +158,37 @@ def model_metrics(cfg: GemConfig) -> str | None:
              f"true probabilities on that day (gem.sources.bayes_floor)")
     floor = reported_floor(cfg.landing_root, held_out)
     return title + "\n" + metrics_table({r["task"]: r for r in run}, indent="    ", floor=floor)
+
+
+def student_metrics(cfg: GemConfig) -> str | None:
+    """The latest distillation run's students beside the FM's logged predictions of the same held-out
+    examples, per task, from gold.metrics (None when no distill run has written any)."""
+    from gem.data.delta_log import read_table
+    from gem.distill.run import FM_ARCH, student_arch
+
+    path = GOLD_METRICS.path(cfg.lakehouse_uri)
+    if not Path(path, "_delta_log").is_dir():
+        return None
+    arch = student_arch(cfg.student.variant)
+    rows = [r for r in read_table(path).to_pylist() if r["arch"] in (arch, FM_ARCH)]
+    if not rows:
+        return None
+    run_id = max(rows, key=lambda r: r["created_at"])["run_id"]
+    by_task: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        if r["run_id"] == run_id and r["ne"] is not None:
+            by_task.setdefault(r["task"], {})[r["arch"]] = r
+    def fmt(v: float | None) -> str:
+        return "    n/a" if v is None else f"{v:7.4f}"
+
+    lines = [f"  run {run_id}: {arch} per surface, trained on the FM's logged predictions"
+             + (" and history codes" if cfg.student.uses("history_codes") else ""),
+             f"    {'task':<28} {'examples':>9} {'NE':>7} {'AUC':>7} {'FM NE':>7} {'FM AUC':>7}"]
+    for task, pair in sorted(by_task.items()):
+        student, fm = pair.get(arch, {}), pair.get(FM_ARCH, {})
+        lines.append(f"    {task:<28} {student.get('examples', 0):>9,} {fmt(student.get('ne'))} "
+                     f"{fmt(student.get('auc'))} {fmt(fm.get('ne'))} {fmt(fm.get('auc'))}")
+    return "\n".join(lines)
 
 
 def reports(cfg: GemConfig, ds: str) -> str:
@@ -188,9 +220,15 @@ def main(argv: list[str] | None = None) -> int:
     print("== pretraining: held-out metrics per task (gold.metrics) ==")
     metrics = model_metrics(cfg)
     print(metrics or f"  none: no pretraining run wrote {GOLD_METRICS.path(cfg.lakehouse_uri)}")
-    print("== reports ==")
+    print("== students: held-out metrics per task beside the FM's logged predictions (gold.metrics) ==")
     bulk, daily = demo_days(cfg)
-    print(reports(cfg, (bulk + daily)[-1]))
+    last = (bulk + daily)[-1]
+    students = student_metrics(cfg)
+    print(students or "  none: the distill stage needs precompute on two consecutive days")
+    print("== reports ==")
+    print(reports(cfg, last))
+    if students is not None:
+        print(f"  {'transfer ratio (minutes)':<28} python -m gem.distill.transfer --ds {last} --config {cfg_path}")
     if metrics is None:
         print(f"demo failed: the pipeline ran {cfg.demo.days} day(s) but pretraining wrote no held-out metrics "
               "(a mixture needs a training day before its held-out day); see the pretrain task's log above",
