@@ -38,6 +38,7 @@ import numpy as np
 from gem.distill.run import DistillInputs, StudentRun, plan_inputs, ready, train_student
 from gem.lakehouse.commit import StageCommit
 from gem.model.metrics import transfer_ratio
+from gem.study.fits import mean_interval
 
 ARMS: dict[str, str] = {"baseline": "baseline", "kd": "+KD", "kd_adapter": "+KD+adapter", "kd_loopfm": "+KD+LoopFM"}
 DOUBLING = 1.5  # a TR(+KD+LoopFM) / TR(+KD) ratio whose interval lies above this "about doubles"
@@ -70,7 +71,17 @@ class SurfaceResult:
         return [r.scores[self.task]["ne"] for r in self.runs[arm]]
 
     def tr(self, arm: str) -> list[float]:
+        """TR per seed; nan on a seed whose baseline is already as good as the FM (no gain to transfer)."""
         return [transfer_ratio(b, s, self.fm_ne) for b, s in zip(self.ne("baseline"), self.ne(arm), strict=True)]
+
+    def tr_cell(self, arm: str) -> str:
+        """TR of the mean NEs, and the mean with its interval over the seeds where TR is defined."""
+        of_means = transfer_ratio(float(np.mean(self.ne("baseline"))), float(np.mean(self.ne(arm))), self.fm_ne)
+        defined = [t for t in self.tr(arm) if not math.isnan(t)]
+        if math.isnan(of_means):
+            return "n/a: the baseline is as good as the FM"
+        seeds = f"; per seed {_fmt(mean_interval(defined))} over {len(defined)}" if defined else ""
+        return f"{of_means:.3f}{seeds}"
 
 
 def run_arms(cfg: Any, inputs: DistillInputs, seeds: int, steps: int | None, workdir: Path,
@@ -105,7 +116,6 @@ def write_report(cfg: Any, ds: str, inputs: DistillInputs, results: list[Surface
                  bytes_per_user: float | None) -> Path:
     from gem.report.plots import interval_bars
     from gem.report.report import Report
-    from gem.study.fits import mean_interval
 
     fm = inputs.fm_models[inputs.eval_day]
     report = Report(title="Knowledge transfer from the foundation model",
@@ -117,16 +127,16 @@ def write_report(cfg: Any, ds: str, inputs: DistillInputs, results: list[Surface
         report.meta(key, value)
     summary = report.section("Transfer ratio", intro=(
         "TR = (NE_baseline - NE_arm) / (NE_baseline - NE_FM) on each surface's click task, over the same "
-        "held-out examples; mean and 95% interval over seeds. TR 1 would be a student as good as the FM."))
+        "held-out examples: first from the NEs averaged over seeds, then per seed (mean and 95% interval over "
+        "the seeds whose baseline the FM beats). TR 1 would be a student as good as the FM."))
     rows, ratios = [], []
     for res in results:
         for arm, label in ARMS.items():
             if arm == "baseline":
                 continue
-            tr = res.tr(arm)
-            rows.append({"surface": res.surface, "arm": label, "TR": _fmt(mean_interval(tr))})
+            rows.append({"surface": res.surface, "arm": label, "TR": res.tr_cell(arm)})
         kd, loop = np.array(res.tr("kd")), np.array(res.tr("kd_loopfm"))
-        ratios += list(loop / kd) if np.all(kd > 0) else []
+        ratios += [float(r) for r in loop[kd > 0] / kd[kd > 0] if not math.isnan(r)]  # seeds where KD transfers
     summary.table(rows)
     if ratios and len(ratios) >= 2:
         mean, lo, hi = mean_interval(ratios)
@@ -134,7 +144,7 @@ def write_report(cfg: Any, ds: str, inputs: DistillInputs, results: list[Surface
                   f"(surface, seed) pairs")
         status = "reproduced" if lo >= DOUBLING else "not reproduced" if hi < DOUBLING else "inconclusive"
     else:
-        detail = "TR(+KD) is not positive on every seed: the ratio is undefined"
+        detail = "TR(+KD) is positive on fewer than 2 (surface, seed) pairs: the ratio is undefined"
         status = "inconclusive"
     summary.claim("LoopFM about doubles the transfer ratio of KD alone", status, detail)
     for res in results:
@@ -144,7 +154,7 @@ def write_report(cfg: Any, ds: str, inputs: DistillInputs, results: list[Surface
             ne = mean_interval(res.ne(arm))
             auc = mean_interval([r.scores[res.task]["auc"] for r in res.runs[arm]])
             table.append({"arm": label, "NE": _fmt(ne), "AUC": _fmt(auc),
-                          "TR": "-" if arm == "baseline" else _fmt(mean_interval(res.tr(arm)))})
+                          "TR": "-" if arm == "baseline" else res.tr_cell(arm)})
         table.append({"arm": "FM (logged predictions)", "NE": f"{res.fm_ne:.3f}", "AUC": "", "TR": "1"})
         sec.table(table)
         bars = {}

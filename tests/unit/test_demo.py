@@ -73,3 +73,29 @@ def test_model_metrics_prints_the_bayes_floor_of_the_held_out_day_beside_ne(tmp_
     assert reels[3:5] == ["0.9500", "0.8123"]  # NE, then the floor beside it
     assert reels[5] == f"{100 * 0.05 / (1 - 0.8123):.0f}%"  # the share of the way from NE 1 to the floor
     assert next(r for r in rows if r.split()[0] == "fb_feed/click").split()[4] == "n/a"
+
+
+def test_students_print_beside_the_fm_and_never_as_the_pretraining_run(tmp_path: Path) -> None:
+    """A distill run's rows (the student's and the FM's logged predictions) come after pretraining's:
+    the pretraining table still shows the FM's run, and the students' table pairs each task's student
+    NE with the FM's."""
+    from gem.distill.run import FM_ARCH, student_arch
+
+    cfg = make_config(tmp_path)
+    assert demo.student_metrics(cfg) is None
+    t0 = dt.datetime(2026, 1, 3, tzinfo=dt.UTC)
+    write_metrics(cfg, _rows("2026-01-03", "kunlun:2026-01-03:fm", t0, 0.66))
+    for stage, day in (("precompute", "2026-01-03"), ("validate_examples", "2026-01-03"),
+                       ("validate_silver", "2026-01-03")):
+        completions.publish_completion(cfg, stage, shift_day(day, 0), "test", None, 0, {}, {},
+                                       reconciliation="test stand-in")
+    commit = StageCommit.begin(StageContext(cfg), "distill", "2026-01-03")
+    later = t0 + dt.timedelta(hours=1)
+    for arch, ne in ((student_arch(cfg.student.variant), 0.97), (FM_ARCH, 0.91)):
+        write_run_metrics(commit, [{**r, "arch": arch, "ne": ne} for r in _rows("2026-01-03", "distill:x", later, 0.6)])
+    commit.publish(None, no_input_count="test")
+    assert "kunlun:2026-01-03:fm" in demo.model_metrics(cfg)
+    text = demo.student_metrics(cfg)
+    assert text is not None and "distill:x" in text
+    reels = next(line for line in text.splitlines() if line.split()[0] == "reels/click").split()
+    assert reels[2:] == ["0.9700", "0.6000", "0.9100", "0.6000"]  # student NE, AUC; the FM's NE, AUC

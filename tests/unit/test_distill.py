@@ -147,3 +147,33 @@ def test_a_model_that_trained_on_the_day_it_serves_is_refused(lake: dict[str, An
     rerun = distill(StageContext(cfg), day3)  # and a rerun replaces the day's rows, one set per arch
     rows = metrics(cfg, day3)
     assert len(rows) == rerun.record["rows_written"] == lake["result"].record["rows_written"]
+
+
+def test_the_transfer_report_compares_every_arm_over_seeds_and_renders(lake: dict[str, Any], tmp_path: Path) -> None:
+    """Three seeds of every arm per surface, from scratch; the page shows TR per arm with intervals,
+    the FM's NE, the LoopFM claim's verdict, and its figures load in headless Chromium. It leaves
+    the stage's record and promotions as they were."""
+    from gem.distill import transfer
+    from tests.browser import render
+
+    cfg, day3 = lake["cfg"], lake["days"][2]
+    record = completions.completion(cfg, "distill", day3)
+    inputs = transfer.read_inputs(cfg, day3)
+    results = transfer.run_arms(cfg, inputs, seeds=3, steps=2, workdir=tmp_path, progress=lambda _: None)
+    assert [r.surface for r in results] == ["fb_feed", "reels"]
+    for res in results:
+        assert {arm: len(runs) for arm, runs in res.runs.items()} == {arm: 3 for arm in transfer.ARMS}
+        seeds = res.ne("baseline")
+        assert len(set(seeds)) > 1  # seeds differ: the intervals are over real variation
+        fm_rows = {r["task"]: r for r in metrics(cfg, day3) if r["arch"] == FM_ARCH}
+        assert res.fm_ne == pytest.approx(fm_rows[res.task]["ne"])  # the stage's own FM score
+    index = transfer.write_report(cfg, day3, inputs, results, 3, transfer.history_code_bytes(cfg, day3))
+    assert index == transfer.report_dir(cfg, day3) / "index.html"
+    page = render(index)
+    assert page.title == "Knowledge transfer from the foundation model"
+    for text in ("Transfer ratio", "+KD+LoopFM", "FM (logged predictions)", "LoopFM bytes per user per day",
+                 "LoopFM about doubles the transfer ratio of KD alone"):
+        assert text in page.text
+    assert [img.src for img in page.images] == ["img/ne-fb_feed.png", "img/ne-reels.png"]
+    assert all(img.loaded for img in page.images), page.images
+    assert completions.completion(cfg, "distill", day3) == record
