@@ -38,7 +38,6 @@ from gem.lakehouse import completions, tables
 from gem.lakehouse.commit import StageCommit, StageContext, StageResult
 from gem.precompute.plan import examples_day
 from schemas.examples import SILVER_TRAINING_EXAMPLES
-from schemas.metrics import GOLD_METRICS
 from schemas.precompute import GOLD_FM_HISTORY_CODES, GOLD_FM_PREDICTIONS, GOLD_PRECOMPUTE_STATS
 from schemas.sequences import SILVER_USER_SEQUENCES
 

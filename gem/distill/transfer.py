@@ -95,11 +95,11 @@ def run_arms(cfg: Any, inputs: DistillInputs, seeds: int, steps: int | None, wor
         task = f"{surface}/click"
         runs: dict[str, list[StudentRun]] = {arm: [] for arm in ARMS}
         for seed in range(seeds):
-            for arm in ARMS:
+            for arm, label in ARMS.items():
                 run = train_student(cfg, inputs, surface, arm, workdir / f"{surface}-{arm}-{seed}", seed=seed,
                                     steps=steps)
                 runs[arm].append(run)
-                progress(f"{surface} {ARMS[arm]:<12} seed {seed}: NE {run.scores[task]['ne']:.4f} "
+                progress(f"{surface} {label:<12} seed {seed}: NE {run.scores[task]['ne']:.4f} "
                          f"({run.steps} steps, {run.seconds:.1f}s)")
         fm_ne = runs["baseline"][0].fm_scores[task]["ne"]  # the same logged predictions for every arm
         results.append(SurfaceResult(surface, task, runs, fm_ne))
