@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ import torch
 from gem.days import day_range, shift_day
 from gem.distill import leakage
 from gem.distill.data import StudentStream, surface_manifest
-from gem.distill.signals import FmSignals
+from gem.distill.signals import FmSignals, LoggedOutputs
 from gem.lakehouse import completions, tables
 from gem.lakehouse.commit import StageCommit, StageContext, StageResult
 from gem.precompute.plan import examples_day
@@ -68,9 +68,15 @@ class DistillInputs:
     code_days: tuple[str, ...]
     fm_models: dict[str, leakage.FmModel]
 
+    # The logged outputs, read on first use and shared by every surface's and arm's signals.
+    _logged: dict[tuple[str, ...], LoggedOutputs] = field(default_factory=dict, compare=False, repr=False)
+
     def signals(self, cfg: Any, tasks: tuple[str, ...], days: list[str]) -> FmSignals:
-        return FmSignals.load(cfg, tasks, days, list(self.code_days), self.predictions_version, self.codes_version,
-                              cfg.student.history_codes.max_codes, cfg.model.history_codes.code_dim // 2)
+        key = tuple(days)
+        if key not in self._logged:
+            self._logged[key] = LoggedOutputs.read(cfg, days, list(self.code_days), self.predictions_version,
+                                                   self.codes_version, cfg.model.history_codes.code_dim // 2)
+        return self._logged[key].for_tasks(tasks, cfg.student.history_codes.max_codes)
 
     def manifest(self, surface: str, tasks: tuple[str, ...], day: str, split: str, seed: int) -> Any:
         return surface_manifest(*self.examples, *self.sequences, surface, tasks, [day], split, seed)
@@ -178,6 +184,7 @@ def ready(cfg: Any, ds: str) -> str | None:
 
 def run(ctx: StageContext, ds: str, steps: int | None = None) -> StageResult:
     """Distill run day ds (module docstring); nothing published when ds is not ready."""
+    from gem.train import checkpoint as checkpoints
     from gem.train import promotion
     from gem.train.daily import checkpoint_root, metrics_rows, write_metrics
     from gem.train.evaluate import metrics_table
@@ -209,7 +216,7 @@ def run(ctx: StageContext, ds: str, steps: int | None = None) -> StageResult:
                                      mixture_id, inputs.examples[1], inputs.sequences[1])
         fm_rows += metrics_rows(cfg, ds, run_id, FM_ARCH, trained.fm_scores, 0, mixture_id, inputs.examples[1],
                                 inputs.sequences[1])
-        checkpoint = trained.checkpoint or root / "students" / f"{name}-{ds}"
+        checkpoint = trained.checkpoint or checkpoints.latest(root / "students" / f"{name}-{ds}")
         promotion.promote(root, name, ds, checkpoint, trained.steps, surface_tasks(cfg, surface),
                           trained_through=promotion.newest_day([inputs.train_day,
                                                                 previous.trained_through if previous else None]))

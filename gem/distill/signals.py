@@ -1,7 +1,8 @@
 """The foundation model's logged outputs, as a student's batch carries them (no Spark: Delta log + pyarrow).
 
-    FmSignals.load(cfg, tasks, prediction_days, code_days, versions)   read once per run
-    signals.attach(batch)                                              Batch with fm_* fields set
+    logged = LoggedOutputs.read(cfg, prediction_days, code_days, versions)   read once per run
+    signals = logged.for_tasks(tasks, max_codes)                            one surface's view
+    signals.attach(batch, users)                                            Batch with fm_* fields set
 
 Predictions: per impression id, the FM's probability for each of the student's tasks
 (gold.fm_predictions maps task -> probability); fm_prediction_mask is False for an example the FM
@@ -29,40 +30,25 @@ from schemas.precompute import GOLD_FM_HISTORY_CODES, GOLD_FM_PREDICTIONS
 
 
 @dataclass
-class FmSignals:
-    """What the FM logged for the examples of a run, indexed for attaching to batches.
+class LoggedOutputs:
+    """The FM's logged predictions of some days (a table) and the history codes of others, indexed by
+    user (code_times (N,) int64 us and codes (N, K/2) uint8, sorted by (user, time); users: user ->
+    (start, end)): read once, shared by every surface's and every arm's signals."""
 
-    predictions (n, T) float32 and mask (n, T) bool by row of `rows` (impression id -> row);
-    code_times (N,) int64 us and codes (N, K/2) uint8, sorted by (user, time); users: user -> (start, end).
-    """
-
-    tasks: tuple[str, ...]
-    rows: dict[str, int]
-    predictions: np.ndarray
-    mask: np.ndarray
+    predictions: pa.Table  # impression_id, surface, predictions (task -> probability)
     users: dict[str, tuple[int, int]]
     code_times: np.ndarray
     codes: np.ndarray
-    max_codes: int
 
     @classmethod
-    def load(cls, cfg: Any, tasks: tuple[str, ...], prediction_days: list[str], code_days: list[str],
-             predictions_version: int, codes_version: int | None, max_codes: int, code_bytes: int) -> FmSignals:
-        """The predictions of `prediction_days` for `tasks` (one surface's) and, when codes_version is
-        given, the history codes of `code_days`, at the versions the precompute records name;
-        code_bytes: packed bytes per code (model.history_codes.code_dim / 2)."""
-        surface = tasks[0].split("/")[0]
+    def read(cls, cfg: Any, prediction_days: list[str], code_days: list[str], predictions_version: int,
+             codes_version: int | None, code_bytes: int) -> LoggedOutputs:
+        """The predictions of `prediction_days` and, when codes_version is given, the history codes of
+        `code_days`, at the versions the precompute records name; code_bytes: packed bytes per code
+        (model.history_codes.code_dim / 2)."""
         logged = read_table(tables.table_path(cfg, GOLD_FM_PREDICTIONS), predictions_version,
                             columns=["ds", "impression_id", "surface", "predictions"])
-        logged = logged.filter(pc.and_(pc.is_in(pc.cast(logged["ds"], pa.string()), pa.array(prediction_days)),
-                                       pc.equal(logged["surface"], surface)))
-        ids = logged["impression_id"].to_pylist()
-        preds = np.zeros((len(ids), len(tasks)), np.float32)
-        mask = np.zeros((len(ids), len(tasks)), bool)
-        for j, task in enumerate(tasks):
-            column = pc.map_lookup(logged["predictions"], pa.scalar(task), "first")  # null where not predicted
-            mask[:, j] = column.is_valid().to_numpy(zero_copy_only=False)
-            preds[:, j] = column.fill_null(0.0).to_numpy(zero_copy_only=False)
+        logged = logged.filter(pc.is_in(pc.cast(logged["ds"], pa.string()), pa.array(prediction_days)))
         users: dict[str, tuple[int, int]] = {}
         times, codes = np.zeros(0, np.int64), np.zeros((0, code_bytes), np.uint8)
         if codes_version is not None and code_days:
@@ -79,7 +65,39 @@ class FmSignals:
                 starts = np.flatnonzero(np.r_[True, user_ids[1:] != user_ids[:-1]])
                 ends = np.r_[starts[1:], len(user_ids)]
                 users = {str(user_ids[s]): (int(s), int(e)) for s, e in zip(starts, ends, strict=True)}
-        return cls(tuple(tasks), {i: k for k, i in enumerate(ids)}, preds, mask, users, times, codes, max_codes)
+        return cls(logged, users, times, codes)
+
+    def for_tasks(self, tasks: tuple[str, ...], max_codes: int) -> FmSignals:
+        """The signals of one surface's `tasks`: its impressions' predictions per task, and the codes."""
+        surface = tasks[0].split("/")[0]
+        logged = self.predictions.filter(pc.equal(self.predictions["surface"], surface))
+        ids = logged["impression_id"].to_pylist()
+        preds = np.zeros((len(ids), len(tasks)), np.float32)
+        mask = np.zeros((len(ids), len(tasks)), bool)
+        for j, task in enumerate(tasks):
+            column = pc.map_lookup(logged["predictions"], pa.scalar(task), "first")  # null where not predicted
+            mask[:, j] = column.is_valid().to_numpy(zero_copy_only=False)
+            preds[:, j] = column.fill_null(0.0).to_numpy(zero_copy_only=False)
+        return FmSignals(tuple(tasks), {i: k for k, i in enumerate(ids)}, preds, mask, self.users, self.code_times,
+                         self.codes, max_codes)
+
+
+@dataclass
+class FmSignals:
+    """What the FM logged for the examples of a run, indexed for attaching to batches.
+
+    predictions (n, T) float32 and mask (n, T) bool by row of `rows` (impression id -> row);
+    code_times (N,) int64 us and codes (N, K/2) uint8, sorted by (user, time); users: user -> (start, end).
+    """
+
+    tasks: tuple[str, ...]
+    rows: dict[str, int]
+    predictions: np.ndarray
+    mask: np.ndarray
+    users: dict[str, tuple[int, int]]
+    code_times: np.ndarray
+    codes: np.ndarray
+    max_codes: int
 
     def attach(self, batch: Batch, users: list[str]) -> Batch:
         """`batch` (its example_ids and impression_times) with fm_predictions, fm_prediction_mask and
