@@ -183,11 +183,11 @@ def history_code_volume(commit: StageCommit, plan: DayPlan) -> dict[str, Any]:
     rows = commit.committed_rows[GOLD_FM_HISTORY_CODES.name]
     if not rows or plan.examples_ds is None:
         return {"history_codes": rows, "history_code_bytes_per_user": None}
-    coded = read_table(tables.table_path(commit.cfg, GOLD_FM_HISTORY_CODES), columns=["user_id", "codes"],
+    coded = read_table(tables.table_path(commit.cfg, GOLD_FM_HISTORY_CODES), columns=["user_id"],
                        where={"ds": plan.examples_ds})
     users = len(set(coded["user_id"].to_pylist()))
-    return {"history_codes": rows,
-            "history_code_bytes_per_user": sum(len(c) for c in coded["codes"].to_pylist()) / max(users, 1)}
+    code_bytes = commit.cfg.model.history_codes.code_dim // 2  # every code packs to the same width
+    return {"history_codes": rows, "history_code_bytes_per_user": rows * code_bytes / max(users, 1)}
 
 
 def day_stats(commit: StageCommit, plan: DayPlan) -> dict[str, Any]:
