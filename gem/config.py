@@ -271,6 +271,7 @@ class LoaderConfig:
 
 
 EMBEDDING_OPTIMIZERS = ("sgd", "rowwise_adagrad")
+LR_DECAYS = ("constant", "cosine")
 
 
 @dataclass(frozen=True)
@@ -279,6 +280,11 @@ class TrainConfig:
 
     steps: int = 200
     lr: float = 1e-3
+    # The dense optimizer's schedule (gem/train/lr_schedule.py): linear warmup, then "constant" or
+    # "cosine" down to lr_min_ratio * lr at the last step.
+    lr_warmup_steps: int = 0
+    lr_decay: str = "constant"
+    lr_min_ratio: float = 0.1
     weight_decay: float = 0.0
     seed: int = 0
     # Checkpoint every this many steps (and at the end); root defaults to {lakehouse}/_checkpoints/<run>.
@@ -301,6 +307,11 @@ class TrainConfig:
                               f"got {self.embedding_optimizer!r}")
         if self.steps < 1 or self.checkpoint_every < 1:
             raise ConfigError(f"train.steps and train.checkpoint_every must be >= 1, got {self.steps}, {self.checkpoint_every}")
+        if self.lr_decay not in LR_DECAYS:
+            raise ConfigError(f"train.lr_decay must be one of {LR_DECAYS}, got {self.lr_decay!r}")
+        if self.lr_warmup_steps < 0 or not 0.0 <= self.lr_min_ratio <= 1.0:
+            raise ConfigError(f"train.lr_warmup_steps must be >= 0 and train.lr_min_ratio in [0, 1], "
+                              f"got {self.lr_warmup_steps}, {self.lr_min_ratio}")
 
 
 @dataclass(frozen=True)

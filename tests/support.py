@@ -219,12 +219,12 @@ class ListStream:
 TINY_TRAIN = TrainConfig(steps=10, lr=3e-3, checkpoint_every=4)
 
 
-def tiny_trainer(run_dir: Path, length_groups: int = 1) -> Any:
+def tiny_trainer(run_dir: Path, length_groups: int = 1, cfg: TrainConfig = TINY_TRAIN) -> Any:
     """A gem.train.trainer.Trainer of the tiny task over ListStream."""
     from gem.train.trainer import Trainer
 
     torch.manual_seed(0)
-    return Trainer(tiny_task(length_groups=length_groups), ListStream(), TINY_TRAIN, run_dir)
+    return Trainer(tiny_task(length_groups=length_groups), ListStream(), cfg, run_dir)
 
 
 def run_two_ranks(worker: Any, tmp_path: Path) -> tuple[Any, Any]:

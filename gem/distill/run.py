@@ -131,13 +131,15 @@ def train_student(cfg: Any, inputs: DistillInputs, surface: str, variant: str, r
                          train_cfg.task_weights)
     task.init_from_base_rates({s.name: s.positives / s.rows for s in train_manifest.sources if s.rows})
     signals = inputs.signals(cfg, tasks, [inputs.train_day, inputs.eval_day])
+    # At most one pass over the day: a daily student sees each example once. The run's length is
+    # its config's, so a learning-rate schedule spans the steps that actually run.
+    one_pass = max(1, -(-sum(train_manifest.file_rows.values()) // cfg.loader.batch_size))
+    train_cfg = dataclasses.replace(train_cfg, steps=min(steps or train_cfg.steps, one_pass))
     stream = ResumableLoader(StudentStream(train_manifest, tasks, loader_cfg, signals))
     trainer = Trainer(task, stream, train_cfg, run_dir, config_snapshot=cfg.to_dict())
     if not trainer.resume() and warm_start is not None:
         trainer.warm_start(warm_start)
-    # At most one pass over the day: a daily student sees each example once.
-    one_pass = max(1, -(-sum(train_manifest.file_rows.values()) // cfg.loader.batch_size))
-    result = trainer.fit(steps=min(steps or train_cfg.steps, one_pass))
+    result = trainer.fit()
     trainer.close()
     eval_stream = ResumableLoader(StudentStream(eval_manifest, tasks, loader_cfg, signals, rank=0, world_size=1))
     batches = list(eval_stream.epoch())

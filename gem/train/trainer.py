@@ -26,6 +26,7 @@ from gem.config import TrainConfig
 from gem.data.batch import Batch
 from gem.progress import Progress
 from gem.train import checkpoint
+from gem.train.lr_schedule import learning_rate
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -246,6 +247,8 @@ class Trainer:
                     f"any weight. The last good checkpoint is {checkpoint.latest(self.run_dir)} (a rerun resumes "
                     f"from it); look for NaN or infinite inputs in the batch, or lower train.lr")
             loss.backward()
+            for group in self.optimizer.param_groups:
+                group["lr"] = learning_rate(self.cfg, self.step)
             self.optimizer.step()
             self.step += 1
             self.losses.append(step_loss)
