@@ -176,6 +176,13 @@ def _examples(spark, rows):
     return spark.createDataFrame(rows, SILVER_TRAINING_EXAMPLES.spark_schema())
 
 
+def _checked(spark, cfg, rows):
+    """The examples suite's batch: `rows` with their snapshot checks against the fixture's sequences."""
+    examples = _examples(spark, rows)
+    days = ", ".join(f"DATE'{d}'" for d in qs.snapshot_days(examples))
+    return qs.with_snapshot_checks(examples, tables.read_table(spark, cfg, SILVER_USER_SEQUENCES).where(f"ds IN ({days})"), cfg)
+
+
 GOOD_EXAMPLES = [_example("i1", click=1, lead=1), _example("i2", user="u2"), _example("i3"),
                  _example("i4", surface="fb_feed", click=1), _example("i5", surface="fb_feed")]
 
@@ -190,26 +197,23 @@ GOOD_EXAMPLES = [_example("i1", click=1, lead=1), _example("i2", user="u2"), _ex
     ([_example("i6", user="u_cut")], "sequence_prefix_cut_rate"),  # 1 of 6 examples cut > 0.02
 ])
 def test_each_broken_example_rule_fails_alone(spark, cfg, sequences_path, bad, rule):
-    good, broken = _examples(spark, GOOD_EXAMPLES), _examples(spark, GOOD_EXAMPLES + bad)
-    expectations = qs.example_expectations(cfg, sequences_path, qs.snapshot_days(good))
-    report = validate(cfg, good, "test.examples", expectations, D, raise_on_critical=False)
+    good, broken = _checked(spark, cfg, GOOD_EXAMPLES), _checked(spark, cfg, GOOD_EXAMPLES + bad)
+    report = validate(cfg, good, "test.examples", qs.example_expectations(cfg), D, raise_on_critical=False)
     assert report.success, [o.describe() for o in report.outcomes if not o.success]
-    expectations = qs.example_expectations(cfg, sequences_path, qs.snapshot_days(broken))
-    report = validate(cfg, broken, "test.examples", expectations, D, raise_on_critical=False)
+    report = validate(cfg, broken, "test.examples", qs.example_expectations(cfg), D, raise_on_critical=False)
     assert _failed(report) == {rule}
 
 
 def test_examples_whose_prefix_the_cap_cut_are_counted_and_fail_above_the_rate(spark, cfg, sequences_path):
     cut = [_example("i6", user="u_cut"), _example("i7", user="u_cut")]
-    examples = _examples(spark, GOOD_EXAMPLES + cut)
-    days = qs.snapshot_days(examples)
-    report = validate(cfg, examples, "test.examples", qs.example_expectations(cfg, sequences_path, days), D,
-                      raise_on_critical=False)
+    examples = _checked(spark, cfg, GOOD_EXAMPLES + cut)
+    report = validate(cfg, examples, "test.examples", qs.example_expectations(cfg), D, raise_on_critical=False)
     assert _failed(report) == {"sequence_prefix_cut_rate"}
     counted = {o.rule: o for o in report.failed_warnings}
     assert set(counted) == {"sequence_prefix_cut_by_cap"} and "2" in counted["sequence_prefix_cut_by_cap"].describe()
     tolerant = make_config(Path(cfg.lakehouse_uri).parent, sequence_caps={"impression": 3, "click": 2, "conversion": 2},
                            quality={"max_sequence_cut_rate": 0.5, "label_rates": cfg.quality.label_rates})
-    report = validate(tolerant, examples, "test.examples", qs.example_expectations(tolerant, sequences_path, days), D,
+    examples = _checked(spark, tolerant, GOOD_EXAMPLES + cut)
+    report = validate(tolerant, examples, "test.examples", qs.example_expectations(tolerant), D,
                       raise_on_critical=False)
     assert not report.failed_critical and {o.rule for o in report.failed_warnings} == {"sequence_prefix_cut_by_cap"}
