@@ -17,8 +17,9 @@ Semantics (each one tested in tests/spark/test_loader.py):
     similar lengths, emitted in a seeded shuffled order (gem.data.length_batching): padded
     sequence blocks hold far less padding. Draws, weights and the set of examples of a pass are
     those of K = 1 (stream order, the batches cut as the rows come); only the grouping changes.
-  * Determinism and resume. Everything above depends only on (seed, k, file, row), so a pass is
-    reproducible. Every batch carries its shard and the cursor (file position, row position,
+  * Determinism and resume. Everything above depends only on (seed, k, file, row), a file named by
+    its partition and rank (Manifest.file_keys), not its location, so a pass is reproducible, and
+    the same tables draw the same rows in any lakehouse folder. Every batch carries its shard and the cursor (file position, row position,
     batches already emitted) of where it continues: the start of its buffer and how many of the
     buffer's batches are out, or, after a buffer's last batch, the position after the buffer.
     `ResumableLoader.state_dict()` is those cursors plus the pass and which worker is next
@@ -170,12 +171,13 @@ class ExampleStream(IterableDataset):
                 continue
             labels = table[LABEL_COLUMNS[source.label_type]].to_numpy(zero_copy_only=False)
             p = keep_probability(source.sampling_rate, source.negative_rate, labels)
-            drawn = row_uniforms(self.manifest.seed, pass_index, source.name, path, n) < p
+            drawn = row_uniforms(self.manifest.seed, pass_index, source.name, self.manifest.file_keys[path], n) < p
             j = self.task_index[source.name]
             mask[:, j] = drawn
             weights[:, j] = np.where(drawn, 1.0 / p, 0.0)
         rows = np.flatnonzero(mask.any(axis=1))
-        shuffle = np.random.default_rng([self.manifest.seed, pass_index, stable_hash(path) & 0x7FFFFFFF])
+        shuffle = np.random.default_rng([self.manifest.seed, pass_index,
+                                         stable_hash(self.manifest.file_keys[path]) & 0x7FFFFFFF])
         return rows[shuffle.permutation(len(rows))], mask, weights
 
     # ---- sequences --------------------------------------------------------------------------------
