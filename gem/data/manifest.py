@@ -77,7 +77,7 @@ class Manifest:
         root = self.examples_path.rstrip("/") + "/"
         by_folder: dict[str, list[str]] = {}
         for path in self.files:
-            relative = path[len(root):] if path.startswith(root) else path
+            relative = path.removeprefix(root)
             by_folder.setdefault(posixpath.dirname(relative), []).append(path)
         return {path: f"{folder}#{rank}" for folder, paths in by_folder.items()
                 for rank, path in enumerate(sorted(paths))}

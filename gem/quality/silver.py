@@ -21,7 +21,6 @@ reported in the Data Docs only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from gem.config import GemConfig

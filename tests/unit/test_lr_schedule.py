@@ -4,6 +4,7 @@ trainer applies it, and a killed and resumed run follows it exactly."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import shutil
 
@@ -20,7 +21,7 @@ def test_warmup_then_cosine_to_the_floor():
     rates = [learning_rate(SCHEDULED, s) for s in range(SCHEDULED.steps)]
     lr = SCHEDULED.lr
     assert rates[:3] == pytest.approx([lr / 3, 2 * lr / 3, lr])
-    assert all(a >= b for a, b in zip(rates[2:], rates[3:]))  # non-increasing after warmup
+    assert all(a >= b for a, b in itertools.pairwise(rates[2:]))  # non-increasing after warmup
     # The last step (index steps - 1) is one step short of the floor, reached at index `steps`.
     assert learning_rate(SCHEDULED, SCHEDULED.steps) == pytest.approx(0.1 * lr)
     assert rates[-1] > 0.1 * lr
