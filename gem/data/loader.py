@@ -18,10 +18,11 @@ Semantics (each one tested in tests/spark/test_loader.py):
     sequence blocks hold far less padding. Draws, weights and the set of examples of a pass are
     those of K = 1 (stream order, the batches cut as the rows come); only the grouping changes.
   * Determinism and resume. Everything above depends only on (seed, k, file, row), a file named by
-    its partition and rank (Manifest.file_keys), not its location, so a pass is reproducible, and
-    the same tables draw the same rows in any lakehouse folder. Every batch carries its shard and the cursor (file position, row position,
-    batches already emitted) of where it continues: the start of its buffer and how many of the
-    buffer's batches are out, or, after a buffer's last batch, the position after the buffer.
+    its partition and rank (Manifest.file_keys), not its location, so a pass is reproducible and
+    the same tables draw the same rows in any lakehouse folder. Every batch carries its shard and
+    the cursor (file position, row position, batches already emitted) of where it continues: the
+    start of its buffer and how many of the buffer's batches are out, or, after a buffer's last
+    batch, the position after the buffer.
     `ResumableLoader.state_dict()` is those cursors plus the pass and which worker is next
     (DataLoader takes workers round-robin), a few integers. Loading it re-reads the open buffer
     from its start and skips what was emitted, so it continues with exactly the batches an

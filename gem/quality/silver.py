@@ -167,14 +167,17 @@ def snapshot_days(examples: DataFrame) -> list[str]:
 
 def with_snapshot_checks(examples: DataFrame, sequences: DataFrame, cfg: GemConfig) -> DataFrame:
     """`examples` with the two columns the snapshot rules read, from one join with their snapshot
-    rows in `sequences` (silver.user_sequences, best read only at `snapshot_days(examples)`):
-    `snapshot_found` (the (user_id, sequence_ds) row exists) and `prefix_cut` (the cap cut the
-    prefix the model reads). The batch is validated cached, so the join and the per-element scans
-    run once, not once per rule (the demo's 60k examples: about 9 s less per day)."""
+    rows in `sequences` (silver.user_sequences): `snapshot_found` (the (user_id, sequence_ds) row
+    exists) and `prefix_cut` (the cap cut the prefix the model reads). `sequences` is read only at
+    `snapshot_days(examples)`: a static partition filter, so a validation reads the day or two its
+    examples point at, not every day of the pipeline's history (the demo's 4th day: 25-28 s with
+    the filter, 49-50 s without). The batch is validated cached, so the join and the per-element
+    scans run once, not once per rule (the demo's 60k examples: about 7 s less per day)."""
     from pyspark.sql import functions as F
 
+    days = [F.lit(d).cast("date") for d in snapshot_days(examples)]
     columns = [c for pair in SEQUENCE_COLUMNS.values() for c in pair]
-    s = sequences.select("ds", "user_id", *columns).alias("s")
+    s = sequences.where(F.col("ds").isin(days) if days else F.lit(False)).select("ds", "user_id", *columns).alias("s")
     b = examples.alias("b")
     joined = b.join(s, (F.col("s.ds") == F.col("b.sequence_ds")) & (F.col("s.user_id") == F.col("b.user_id")), "left")
     return joined.select(

@@ -178,9 +178,7 @@ def _examples(spark, rows):
 
 def _checked(spark, cfg, rows):
     """The examples suite's batch: `rows` with their snapshot checks against the fixture's sequences."""
-    examples = _examples(spark, rows)
-    days = ", ".join(f"DATE'{d}'" for d in qs.snapshot_days(examples))
-    return qs.with_snapshot_checks(examples, tables.read_table(spark, cfg, SILVER_USER_SEQUENCES).where(f"ds IN ({days})"), cfg)
+    return qs.with_snapshot_checks(_examples(spark, rows), tables.read_table(spark, cfg, SILVER_USER_SEQUENCES), cfg)
 
 
 GOOD_EXAMPLES = [_example("i1", click=1, lead=1), _example("i2", user="u2"), _example("i3"),
