@@ -22,8 +22,15 @@ def run(ctx: StageContext, ds: str, steps: int | None = None) -> StageResult:
     """Pretrain on ds's mixture (gem.train.daily.run); nothing published when jobs.mix wrote no
     manifest for ds yet."""
     from gem.data.manifest import ManifestError, read_manifest
+    from gem.lakehouse.stages import mixed_days
     from gem.train import daily
 
+    if not mixed_days(ctx.cfg, ds):
+        # Not a missing step: the mixture's window (mix.train_days, cold_start_days, validation_days
+        # before the held-out day) holds no training day yet, so mix skipped on purpose.
+        print(f"pretrain ds={ds}: nothing to train on yet (the mixture's window holds no training day before its "
+              "validation and held-out days: mix.cold_start_days, mix.validation_days; mix skipped on purpose)")
+        return StageResult("pretrain", ds, 0.0)
     try:
         read_manifest(ctx.cfg, ds, "train", check_files=False)
     except ManifestError as e:
