@@ -60,12 +60,19 @@ def finished_tasks(db: Path, ds: str, dag_id: str = DAG_ID, newer_than: int = 0)
     if not db.is_file():
         return []
     with sqlite3.connect(db) as conn:
+        row = conn.execute("SELECT run_id FROM dag_run WHERE dag_id = ? AND id > ? "
+                           "AND substr(data_interval_start, 1, 10) = ? ORDER BY id DESC LIMIT 1",
+                           (dag_id, newer_than, ds)).fetchone()
+    return run_task_lines(db, dag_id, row[0], ds) if row else []
+
+
+def run_task_lines(db: Path, dag_id: str, run_id: str, ds: str) -> list[TaskLine]:
+    """The finished tasks of one run (processing ds), in the order they ended."""
+    with sqlite3.connect(db) as conn:
         rows = conn.execute(
-            "SELECT t.task_id, t.state, t.start_date, t.end_date FROM task_instance t "
-            "WHERE t.dag_id = ? AND t.run_id = (SELECT run_id FROM dag_run WHERE dag_id = ? AND id > ? "
-            "AND substr(data_interval_start, 1, 10) = ? ORDER BY id DESC LIMIT 1) "
-            f"AND t.state IN ({', '.join('?' * len(FINISHED_STATES))}) ORDER BY t.end_date",
-            (dag_id, dag_id, newer_than, ds, *FINISHED_STATES),
+            "SELECT task_id, state, start_date, end_date FROM task_instance WHERE dag_id = ? AND run_id = ? "
+            f"AND state IN ({', '.join('?' * len(FINISHED_STATES))}) ORDER BY end_date",
+            (dag_id, run_id, *FINISHED_STATES),
         ).fetchall()
     return [TaskLine(ds, task, state, (dt.datetime.fromisoformat(end) - dt.datetime.fromisoformat(start)).total_seconds()
                      if start and end else 0.0) for task, state, start, end in rows]

@@ -1,6 +1,7 @@
 """`gem`: the pipeline's command (a console script installed by `make setup`; also `python -m gem`).
 
     gem run --ds D [--config F]                      one day through Airflow (the gem_daily DAG)
+    gem backfill --start A --end B [--from-stage S]  days through Airflow's own backfill, in order
     gem status [--start A --end B] [--config F]      done / stale / missing per stage and day, and
                                                      Airflow's failed runs with the task that failed
     gem bulk --start A --end B [--config F]          a range of days through every stage in one
@@ -74,6 +75,67 @@ def run(
     typer.echo(f"gem_daily ds={ds}: {'success' if ok else 'failed'} in {time.monotonic() - started:.0f}s")
     if not ok:
         typer.echo(f"see {log}; `gem status` lists the failed task and its error", err=True)
+        raise typer.Exit(1)
+
+
+@app.command()
+def backfill(
+    start: Annotated[str, typer.Option(help="first day to process, YYYY-MM-DD", callback=_day)],
+    end: Annotated[str, typer.Option(help="last day to process, YYYY-MM-DD", callback=_day)],
+    from_stage: Annotated[str | None, typer.Option(
+        help="rerun from this stage on (the stages before it keep their records of each day)")] = None,
+    reprocess: Annotated[str, typer.Option(
+        help="which days of the range run: completed (every day, done or not), failed (failed or "
+             "never run), none (never run)")] = "completed",
+    config: ConfigOption = None,
+) -> None:
+    """Days start..end through Airflow's own backfill (`airflow backfill create`), one day at a time.
+
+    Uses the scheduler already running on $AIRFLOW_HOME's metadata DB, else starts one (with the
+    API server and DAG processor) for the backfill's duration, logging to
+    $AIRFLOW_HOME/runs/backfill-A..B/. Prints one line per task as it finishes, each day's run state,
+    and the later days' records the rewritten days made stale (rerun those next; `gem status`).
+    Exits 1 when a day's run failed."""
+    from gem.airflow_backfill import REPROCESS_BEHAVIOURS, BackfillError, later_days
+    from gem.airflow_backfill import backfill as run_backfill
+    from gem.airflow_runs import airflow_env
+    from gem.config import load_config
+    from gem.lakehouse.stages import STAGES
+    from gem.lakehouse.staleness import all_records
+    from jobs.status import grid
+
+    if end < start:
+        raise typer.BadParameter(f"--end {end} is before --start {start}", param_hint="--end")
+    if reprocess not in REPROCESS_BEHAVIOURS:
+        raise typer.BadParameter(f"one of {', '.join(REPROCESS_BEHAVIOURS)}", param_hint="--reprocess")
+    if from_stage is not None and from_stage not in {s.name for s in STAGES}:
+        raise typer.BadParameter(f"not a stage; the stages in order: {', '.join(s.name for s in STAGES)}",
+                                 param_hint="--from-stage")
+    cfg = load_config(config)
+
+    def later_stale(last: str) -> list[str]:
+        days = later_days(last, max((d for _, d in all_records(cfg)), default=None))
+        return grid(cfg, days)[1] if days else []
+
+    started = time.monotonic()
+    typer.echo(f"gem_daily backfill {start}..{end} ({reprocess}"
+               + (f", from {from_stage}" if from_stage else "") + ")")
+    try:
+        result = run_backfill(start, end, airflow_env(cfg, config), reprocess=reprocess, from_stage=from_stage,
+                              on_task=lambda line: typer.echo(str(line)), later_stale=later_stale)
+    except BackfillError as e:
+        typer.echo(f"gem backfill: {e}", err=True)
+        raise typer.Exit(1) from None
+    for ds, state in result.runs.items():
+        typer.echo(f"  {ds}  run {state}")
+    for ds, why in result.not_run.items():
+        typer.echo(f"  {ds}  not run: {why}")
+    typer.echo(f"backfill {start}..{end}: {'success' if result.ok else 'failed'} in {time.monotonic() - started:.0f}s")
+    if result.stale_later:
+        typer.echo(f"{len(result.stale_later)} later record(s) now rest on rewritten days; rerun them next:")
+        typer.echo("\n".join(f"  {line}" for line in result.stale_later))
+    if not result.ok:
+        typer.echo("`gem status` lists the failed task and its error", err=True)
         raise typer.Exit(1)
 
 

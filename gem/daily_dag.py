@@ -29,6 +29,7 @@ from airflow.sdk import DAG
 from gem.lakehouse import stages
 from gem.orchestration import (
     DAG_ID,
+    FROM_STAGE_CONF,
     LANDING_SENSOR,
     daily_timetable,
     default_args,
@@ -42,6 +43,8 @@ from gem.orchestration import (
 )
 
 DAY_EXPR = "{{ partition_ds(data_interval_start) }}"
+# The stage the run starts from, from its conf (gem backfill --from-stage); "" for every other run.
+FROM_STAGE_EXPR = f"{{{{ (dag_run.conf or {{}}).get('{FROM_STAGE_CONF}', '') }}}}"
 
 
 def task_upstream() -> dict[str, set[str]]:
@@ -79,7 +82,7 @@ def daily_dag(dag_id: str = DAG_ID, start: dt.datetime | None = None, catchup: b
             stage.name: PythonOperator(
                 task_id=stage.name,
                 python_callable=run_stage_task,
-                op_kwargs={"stage_name": stage.name, "run_day": DAY_EXPR},
+                op_kwargs={"stage_name": stage.name, "run_day": DAY_EXPR, "from_stage": FROM_STAGE_EXPR},
                 do_xcom_push=False,  # the summary line is in the log, not a result
                 doc_md=stage.doc,
                 outlets=stage_assets(stage),

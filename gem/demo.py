@@ -2,7 +2,7 @@
 
 The first `demo.bulk_days` days load through the bulk path (gem.bulk: every stage in one process
 and Spark session, as a history is loaded before daily runs take over). For each later demo day D
-it runs `airflow dags test gem_daily <D+1>` (a manual run covers the last full
+it runs `airflow dags test gem_daily <D+1 00:00:01>` (a manual run covers the last full
 day before its logical date, so it processes ds=D; see gem/orchestration.py) against a SQLite
 metadata DB in .airflow/, with $GEM_CONFIG pointing the jobs at the demo config. It prints one line
 per task as it finishes (day, task, state, seconds); Airflow's and the jobs' (Spark's) output goes to
@@ -23,7 +23,6 @@ from typing import Any
 from gem.airflow_runs import airflow_env, airflow_home, init_db, run_day, run_log
 from gem.config import REPO_ROOT, GemConfig, load_config
 from gem.days import day_range, shift_day
-from gem.orchestration import manual_logical_date
 from schemas.metrics import GOLD_METRICS
 
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "demo.yaml"
@@ -74,14 +73,14 @@ def run_days(cfg_path: Path, cfg: GemConfig) -> list[tuple[str, float]]:
         t0 = time.time()
         if not run_day(ds, env, log, on_task=lambda line: print(line, flush=True)):
             raise SystemExit(f"demo failed: the gem_daily run of ds={ds} failed; see {log}")
-        timings.append((f"gem_daily run (logical date {manual_logical_date(ds)})", time.time() - t0))
+        timings.append((f"gem_daily run of ds={ds}", time.time() - t0))
     return timings
 
 
-def task_seconds(airflow_home: Path, logical_dates: list[str]) -> str:
+def task_seconds(airflow_home: Path, days: list[str]) -> str:
     """Seconds and state of every task of the demo's runs, read from Airflow's metadata DB.
 
-    One row per task (in the order the tasks first started), one column per run (logical date).
+    One row per task (in the order the tasks first started), one column per run (the ds it processed).
     """
     import sqlite3
 
@@ -90,13 +89,13 @@ def task_seconds(airflow_home: Path, logical_dates: list[str]) -> str:
         return f"  (no Airflow metadata DB at {db})"
     with sqlite3.connect(db) as conn:
         rows = conn.execute(
-            "SELECT substr(r.logical_date, 1, 10), t.task_id, t.state, t.start_date, t.end_date "
+            "SELECT substr(r.data_interval_start, 1, 10), t.task_id, t.state, t.start_date, t.end_date "
             "FROM task_instance t JOIN dag_run r ON r.dag_id = t.dag_id AND r.run_id = t.run_id "
             "WHERE t.dag_id = 'gem_daily'"
         ).fetchall()
     cells: dict[str, dict[str, str]] = {}
     first_start: dict[str, str] = {}
-    totals = dict.fromkeys(logical_dates, 0.0)
+    totals = dict.fromkeys(days, 0.0)
     for day, task, state, start, end in rows:
         first_start[task] = min(first_start.get(task) or "~", start or "~")  # never started: last
         if day not in totals:
@@ -105,9 +104,9 @@ def task_seconds(airflow_home: Path, logical_dates: list[str]) -> str:
         totals[day] += seconds
         cells.setdefault(task, {})[day] = f"{seconds:.0f}s" if state == "success" else f"{seconds:.0f}s {state}"
     order = sorted(cells, key=lambda t: first_start[t])
-    header = "  " + f"{'task':<20}" + "".join(f"{d:>18}" for d in logical_dates)
-    lines = [header] + ["  " + f"{t:<20}" + "".join(f"{cells[t].get(d, '-'):>18}" for d in logical_dates) for t in order]
-    lines.append("  " + f"{'all tasks':<20}" + "".join(f"{totals[d]:>17.0f}s" for d in logical_dates))
+    header = "  " + f"{'task':<20}" + "".join(f"{d:>18}" for d in days)
+    lines = [header] + ["  " + f"{t:<20}" + "".join(f"{cells[t].get(d, '-'):>18}" for d in days) for t in order]
+    lines.append("  " + f"{'all tasks':<20}" + "".join(f"{totals[d]:>17.0f}s" for d in days))
     return "\n".join(lines)
 
 
@@ -212,8 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     for what, seconds in timings:
         print(f"  {what}: {seconds:.0f}s")
     print(f"  total wall time: {time.time() - t0:.0f}s")
-    print("== seconds per task and Airflow run (logical date; from Airflow's metadata DB) ==")
-    print(task_seconds(airflow_home(), [manual_logical_date(ds) for ds in demo_days(cfg)[1]]))
+    print("== seconds per task of each Airflow run (by the day it processed; from Airflow's metadata DB) ==")
+    print(task_seconds(airflow_home(), demo_days(cfg)[1]))
     print("== tables ==")
     print(f"  {'landing files':<28} {cfg.landing_root}")
     print(summarize(cfg))

@@ -12,13 +12,18 @@ not always the interval start (see below).
 
 Manual runs (`airflow dags test gem_daily DATE`, `dag.test(logical_date=DATE)`) in Airflow 3.3
 infer their interval with `infer_manual_data_interval(run_after=DATE)`: the last *complete* day
-before DATE, i.e. [DATE-1, DATE) when DATE is a midnight. The logical date stays DATE while
-data_interval_start is DATE-1. Hence, verified empirically on 3.3.2:
+before DATE, i.e. [D, D+1) for any DATE in (D+1 00:00, D+2 00:00]. The logical date stays DATE.
+Scheduled and backfill runs take their interval's start as logical date (a midnight), and a DAG
+holds one run per logical date: a manual run for ds=D at D+1 00:00 would take the date of the
+scheduler's or a backfill's run for D+1 (a backfill would even clear and rerun it as D+1 while it
+still processes D). So manual runs go one second after their interval closes. Verified on 3.3.2:
 
-    airflow dags test gem_daily 2026-01-02    # processes ds=2026-01-01 (logical_date 2026-01-02)
+    airflow dags test gem_daily 2026-01-02T00:00:01+00:00    # processes ds=2026-01-01
 
-`manual_logical_date(ds)` gives that date for a ds; `python -m gem.orchestration demo-logical-dates`
-prints the dates for the configured demo days (used by `make demo`).
+`manual_logical_date(ds)` gives that date for a ds (gem.airflow_runs.run_day uses it).
+
+A run's conf may name a stage to start from ({"from_stage": S}, set by `gem backfill --from-stage`):
+the tasks of the stages before S in the registry then succeed without running, and S onward run.
 """
 
 from __future__ import annotations
@@ -46,6 +51,10 @@ SCHEDULE_TZ = "UTC"
 # instance for a run whose logical date is before the DAG's start date.
 START_DS = "2026-01-01"
 DAG_START_ENV = "GEM_DAG_START_DS"
+# How long after its interval closes a manual run of a day is dated (see the module docstring).
+MANUAL_RUN_AFTER_CLOSE = dt.timedelta(seconds=1)
+# The dag-run conf key naming the stage a run starts from (`gem backfill --from-stage`).
+FROM_STAGE_CONF = "from_stage"
 
 # Retries: jobs are idempotent partition replaces, so a retry is safe. The env knobs exist so the
 # end-to-end test and demos can fail fast; production leaves them unset.
@@ -84,8 +93,10 @@ def partition_ds(data_interval_start: dt.datetime | None) -> str:
 
 
 def manual_logical_date(ds: str) -> str:
-    """The logical date to give `airflow dags test` / `dag.test` so that the run processes `ds`."""
-    return (dt.date.fromisoformat(ds) + dt.timedelta(days=1)).isoformat()
+    """The logical date to give `airflow dags test` / `dag.test` so that the run processes `ds`: one
+    second after ds's interval closes, never a scheduled or backfill run's (a midnight)."""
+    closes = dt.datetime.fromisoformat(ds).replace(tzinfo=dt.UTC) + dt.timedelta(days=1)
+    return (closes + MANUAL_RUN_AFTER_CLOSE).isoformat()
 
 
 def daily_timetable() -> CronDataIntervalTimetable:
@@ -113,7 +124,7 @@ def may_skip(stage: Stage) -> bool:
     return stage.ready_on or stage.skippable
 
 
-def run_stage_task(stage_name: str, run_day: str) -> str:
+def run_stage_task(stage_name: str, run_day: str, from_stage: str = "") -> str:
     """A stage's Airflow task: the stage's own entry point (`Stage.entry` in jobs.<module>, what its
     command line runs) for the run's day, in the task's process, against the config the worker's
     environment names ($GEM_CONFIG, GEM__* overrides). -> its summary line.
@@ -124,7 +135,14 @@ def run_stage_task(stage_name: str, run_day: str) -> str:
     31 s as a child process, 5 s in a warm session; gem/bulk.py), and under an executor each task's
     process opens its own, as the child did. Nothing ready yet raises AirflowSkipException where
     the stage may skip (`may_skip`), and fails the task elsewhere.
+
+    `from_stage` (the run's conf, FROM_STAGE_CONF): a stage before it in the registry does not run;
+    its task succeeds, and its records of the day stay as they are for the stages after it to read.
     """
+    if before_start(stage_name, from_stage):
+        message = f"{stage_name}: not rerun (this run starts at {from_stage}); its record of run day {run_day} stays"
+        print(message, flush=True)
+        return message
     from airflow.sdk.exceptions import AirflowSkipException
 
     from gem.bulk import run_stage
@@ -143,6 +161,17 @@ def run_stage_task(stage_name: str, run_day: str) -> str:
             raise AirflowSkipException(f"{stage_name}: nothing ready on run day {run_day}")
         raise RuntimeError(f"{stage_name} ds={run.ds}: published nothing, and this stage must publish every day")
     return run.summary
+
+
+def before_start(stage_name: str, from_stage: str) -> bool:
+    """Whether stage_name comes before from_stage in the registry ("" starts at the first stage);
+    an unknown from_stage is an error, so a typo never silently reruns everything."""
+    if not from_stage:
+        return False
+    names = [s.name for s in STAGES]
+    if from_stage not in names:
+        raise ValueError(f"from_stage {from_stage!r} is not a stage; the stages in order: {', '.join(names)}")
+    return names.index(stage_name) < names.index(from_stage)
 
 
 def default_args() -> dict[str, Any]:
@@ -236,8 +265,3 @@ def read_task_failures(airflow_home: str | os.PathLike[str] | None = None) -> li
         return []
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
-
-def demo_logical_dates(start_ds: str, days: int) -> list[str]:
-    """Logical dates for `airflow dags test` that process ds = start_ds .. start_ds + days - 1."""
-    first = dt.date.fromisoformat(start_ds)
-    return [manual_logical_date((first + dt.timedelta(days=i)).isoformat()) for i in range(days)]

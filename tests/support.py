@@ -96,6 +96,25 @@ def airflow_test_env(airflow_home: Path, cfg_path: Path, **extra: str) -> dict[s
     return env | {"AIRFLOW_HOME": str(airflow_home), "GEM_CONFIG": str(cfg_path), RETRIES_ENV: "0"} | extra
 
 
+# Differ between any two runs of the same days by design: ids of the run and when things happened.
+VOLATILE_COLUMNS = {"run_id", "completed_at", "table_versions", "input_versions", "ingested_at"}
+
+
+def lakehouse_rows(cfg: GemConfig, name: str, ignore: set[str] = VOLATILE_COLUMNS) -> list[tuple[str, ...]]:
+    """Table `name`'s rows without the `ignore` columns, each as reprs, sorted: what two lakehouses
+    built from the same days must agree on ([] when the table was never written)."""
+    from gem.data.delta_log import read_table
+    from gem.lakehouse.tables import table_path
+    from schemas import TABLES
+
+    path = table_path(cfg, TABLES[name])
+    if not Path(path).exists():
+        return []
+    table = read_table(path)
+    keep = [c for c in table.column_names if c not in ignore]
+    return sorted(tuple(repr(v) for v in row.values()) for row in table.select(keep).to_pylist())
+
+
 def query_db(db: Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:
     """Rows of a query on an Airflow SQLite metadata DB."""
     import sqlite3

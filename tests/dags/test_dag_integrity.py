@@ -115,7 +115,8 @@ def test_the_dag_is_the_registry(dag: Any) -> None:
     for stage in stages.STAGES:
         task = dag.get_task(stage.name)
         assert task.python_callable is orchestration.run_stage_task
-        assert task.op_kwargs == {"stage_name": stage.name, "run_day": "{{ partition_ds(data_interval_start) }}"}
+        assert task.op_kwargs == {"stage_name": stage.name, "run_day": "{{ partition_ds(data_interval_start) }}",
+                                  "from_stage": "{{ (dag_run.conf or {}).get('from_stage', '') }}"}
         assert task.pool == (stage.pool or "default_pool")
         assert {a.name for a in task.outlets} == {w.table for w in stage.writes}
         assert task.depends_on_past is stage.carries_state
@@ -238,13 +239,31 @@ def test_manual_run_logical_date_maps_to_ds(dag: Any, ds: str) -> None:
 
 
 def test_rendered_run_day_uses_partition_ds(dag: Any) -> None:
+    from types import SimpleNamespace
+
     task = dag.get_task("ingest_events")
-    rendered = task.render_template(
-        task.op_kwargs,
-        {"data_interval_start": _utc(2026, 1, 1), "ds": "2026-01-02"},  # ds (logical date) must be ignored
-        jinja_env=dag.get_template_env(),
-    )
-    assert rendered == {"stage_name": "ingest_events", "run_day": "2026-01-01"}
+    context = {"data_interval_start": _utc(2026, 1, 1), "ds": "2026-01-02"}  # ds (logical date) must be ignored
+    for conf, from_stage in ((None, ""), ({}, ""), ({"from_stage": "build_features"}, "build_features")):
+        rendered = task.render_template(task.op_kwargs, context | {"dag_run": SimpleNamespace(conf=conf)},
+                                        jinja_env=dag.get_template_env())
+        assert rendered == {"stage_name": "ingest_events", "run_day": "2026-01-01", "from_stage": from_stage}
+
+
+def test_a_run_from_a_stage_skips_the_stages_before_it_without_running_them(monkeypatch) -> None:
+    """A stage before the run's from_stage returns at once (its job is never called); an unknown stage
+    name fails the task instead of silently rerunning everything."""
+    import gem.bulk
+
+    def must_not_run(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the stage ran")
+
+    monkeypatch.setattr(gem.bulk, "run_stage", must_not_run)
+    assert "not rerun (this run starts at build_features)" in orchestration.run_stage_task(
+        "ingest_events", "2026-01-01", from_stage="build_features")
+    assert orchestration.before_start("validate_silver", "build_features") is False
+    assert orchestration.before_start("ingest_events", "") is False
+    with pytest.raises(ValueError, match="not a stage"):
+        orchestration.run_stage_task("ingest_events", "2026-01-01", from_stage="build_featrues")
 
 
 def test_partition_ds_is_utc_date() -> None:
@@ -303,6 +322,21 @@ def test_ruff_airflow_rules() -> None:
     assert out.returncode == 0, out.stdout + out.stderr
 
 
-def test_demo_logical_dates() -> None:
-    assert orchestration.demo_logical_dates("2026-01-01", 2) == ["2026-01-02", "2026-01-03"]
-    assert orchestration.manual_logical_date("2026-12-31") == "2027-01-01"
+def test_a_manual_run_never_takes_a_scheduled_or_backfill_runs_logical_date(dag: Any) -> None:
+    """A DAG holds one run per logical date, and a backfill clears and reruns a run already at its
+    date: the manual run of ds (gem run, make demo) must not sit on the next day's midnight."""
+    import pendulum
+    from airflow.timetables.base import DataInterval, TimeRestriction
+
+    assert orchestration.manual_logical_date("2026-12-31") == "2027-01-01T00:00:01+00:00"
+    tt = _core_timetable(dag)
+    for ds in ("2026-01-01", "2026-02-28", "2026-12-31"):
+        manual = pendulum.parse(manual_logical_date(ds), tz="UTC")
+        day = pendulum.parse(ds, tz="UTC")
+        # The run the scheduler (and `airflow backfill create`) makes for the next day.
+        scheduled = tt.next_dagrun_info(
+            last_automated_data_interval=DataInterval(day, day.add(days=1)),
+            restriction=TimeRestriction(earliest=dag.start_date, latest=None, catchup=True))
+        assert partition_ds(scheduled.data_interval.start) == day.add(days=1).to_date_string()
+        assert scheduled.logical_date == scheduled.data_interval.start  # a midnight
+        assert manual != scheduled.logical_date and manual.time() != dt.time(0)

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.slow
 
 DAYS = ("2026-01-01", "2026-01-02")
 # CronDataIntervalTimetable + `dags test DATE` process the last complete day before DATE.
-LOGICAL_DATES = tuple(manual_logical_date(ds) for ds in DAYS)  # "2026-01-02", "2026-01-03"
+LOGICAL_DATES = tuple(manual_logical_date(ds) for ds in DAYS)  # "2026-01-02T00:00:01+00:00", ...
 TRAIN_STEPS = 4
 
 
@@ -46,9 +46,9 @@ def task_log_lines(ds: str) -> dict[str, str]:
 # pretraining, which needs its manifest, is skipped with it, and so is precompute. Day 2 runs every task.
 # The landing sensor (no command of its own) passes at once: generate_events wrote the marker.
 EXPECTED_STATES = {
-    LOGICAL_DATES[0]: {task: "success" for task in task_log_lines(DAYS[0])}
+    DAYS[0]: {task: "success" for task in task_log_lines(DAYS[0])}
     | {"wait_for_landing": "success", "mix": "skipped", "pretrain": "skipped", "precompute": "skipped"},
-    LOGICAL_DATES[1]: {task: "success" for task in task_log_lines(DAYS[1])} | {"wait_for_landing": "success"},
+    DAYS[1]: {task: "success" for task in task_log_lines(DAYS[1])} | {"wait_for_landing": "success"},
 }
 RUN_TIMEOUT_S = 1800
 
@@ -130,23 +130,24 @@ def test_dag_runs_succeeded(dag_run: DagRunResult) -> None:
         dag_run.db,
         "SELECT logical_date, data_interval_start, state FROM dag_run WHERE dag_id = 'gem_daily' ORDER BY logical_date",
     )
-    assert [(r[0][:10], r[1][:10], r[2]) for r in runs] == [
-        (logical, ds, "success") for logical, ds in zip(LOGICAL_DATES, DAYS, strict=True)
+    # SQLite keeps "YYYY-MM-DD HH:MM:SS.ffffff": the logical date one second after the interval closes.
+    assert [(r[0][:19], r[1][:10], r[2]) for r in runs] == [
+        (logical[:19].replace("T", " "), ds, "success") for logical, ds in zip(LOGICAL_DATES, DAYS, strict=True)
     ], dag_run.tail()
-    for logical in LOGICAL_DATES:
+    for ds in DAYS:
         tis = dict(query_db(
             dag_run.db,
             "SELECT t.task_id, t.state FROM task_instance t JOIN dag_run r ON r.run_id = t.run_id "
-            "WHERE t.dag_id = 'gem_daily' AND substr(r.logical_date, 1, 10) = ?",
-            logical,
+            "WHERE t.dag_id = 'gem_daily' AND substr(r.data_interval_start, 1, 10) = ?",
+            ds,
         ))
-        assert tis == EXPECTED_STATES[logical], (logical, tis)
+        assert tis == EXPECTED_STATES[ds], (ds, tis)
 
 
 def test_jobs_got_the_interval_start_ds(dag_run: DagRunResult) -> None:
-    for ds, logical in zip(DAYS, LOGICAL_DATES, strict=True):
+    for ds in DAYS:
         for task, line in task_log_lines(ds).items():
-            if EXPECTED_STATES[logical][task] == "success":
+            if EXPECTED_STATES[ds][task] == "success":
                 assert line in dag_run.log, f"{task} did not log `{line}`\n{dag_run.tail()}"
 
 

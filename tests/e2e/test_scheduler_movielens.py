@@ -19,7 +19,6 @@ import datetime as dt
 import os
 import random
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -32,6 +31,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from gem.airflow_scheduler import scheduler_stack
 from gem.command import app
 from gem.data.delta_log import read_table
 from gem.lakehouse.landing import SUCCESS_MARKER, partition_dir
@@ -180,28 +180,17 @@ def scheduler_run(tmp_path_factory: pytest.TempPathFactory) -> SchedulerRun:
         # Free ports, never another Airflow's on this machine: the API server, the workers' log server.
         "GEM_AIRFLOW_PORT": str(_free_port()),
         "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(_free_port()),
-        # Three processes share one SQLite file: a task's first call may wait on a lock for a while.
-        "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "120",
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
         "AIRFLOW__API_AUTH__JWT_SECRET": "gem-scheduler-test-" + "0" * 45,  # 64 bytes, as HS512 wants
         "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
     })
-    # airflow_env.sh points Airflow at dags/; this test's folder holds only the copy.
-    setup = (f". infra/airflow/airflow_env.sh && export AIRFLOW__CORE__DAGS_FOLDER={tmp / 'dags'} "
-             "AIRFLOW__CORE__EXECUTOR=LocalExecutor AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION=False "
-             "AIRFLOW__CORE__PARALLELISM=2 "
-             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL=5 AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC=2 && ")
-    subprocess.run(["bash", "-c", setup + "bash infra/airflow/init_db.sh > /dev/null"], cwd=REPO_ROOT, env=env,
-                   check=True, timeout=600)
-    procs = []
-    for name, cmd in (("api-server", "airflow api-server --apps execution --workers 1 --port $AIRFLOW__API__PORT"),
-                      ("dag-processor", "airflow dag-processor"), ("scheduler", "airflow scheduler")):
-        with open(logs / f"{name}.log", "w") as log:
-            procs.append(subprocess.Popen(["bash", "-c", setup + "exec " + cmd], cwd=REPO_ROOT, env=env,
-                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+    subprocess.run(["bash", "-c", ". infra/airflow/airflow_env.sh && bash infra/airflow/init_db.sh > /dev/null"],
+                   cwd=REPO_ROOT, env=env, check=True, timeout=600)
     db = home / "airflow.db"
     finished = False
     deadline = time.monotonic() + RUN_TIMEOUT_S
-    try:
+    # The scheduler makes the runs itself (catchup of the copy's two intervals); only this test's DAG.
+    with scheduler_stack(env, logs, scheduled_runs=True, dags_folder=tmp / "dags") as procs:
         while time.monotonic() < deadline and all(p.poll() is None for p in procs):
             time.sleep(10)
             if held.exists() and _states(db).get(DAYS[1], {}).get("wait_for_landing") == "up_for_reschedule":
@@ -212,15 +201,6 @@ def scheduler_run(tmp_path_factory: pytest.TempPathFactory) -> SchedulerRun:
                 break
             if any(state == "failed" for *_, state in runs):
                 break
-    finally:
-        for p in procs:  # each in its own session: its workers and job subprocesses go with it
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
     return SchedulerRun(db, tmp / "lakehouse", logs, expected, finished)
 
 

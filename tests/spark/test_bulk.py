@@ -12,20 +12,16 @@ from pathlib import Path
 import pytest
 
 from gem.bulk import run_range, stages_through
-from gem.data.delta_log import read_table
 from gem.lakehouse.commit import StageContext
-from gem.lakehouse.tables import table_path
 from gem.orchestration import NOTHING_READY_EXIT
 from schemas import TABLES
 from schemas.ops import COMPLETIONS
-from tests.support import PYTHON
+from tests.support import PYTHON, lakehouse_rows
 
 pytestmark = pytest.mark.slow  # 16 job processes, each with its own JVM (788 s on 2 cores)
 
 DAYS = ("2026-01-01", "2026-01-02")
 LAST_SPARK_STAGE = "validate_examples"
-# Differ between any two runs by design: ids of the run and when things happened.
-VOLATILE = {"run_id", "completed_at", "table_versions", "input_versions", "ingested_at"}
 
 
 def _config(root: Path) -> Path:
@@ -41,15 +37,6 @@ def _config(root: Path) -> Path:
         "generator": {"users": 500, "ads": 100, "advertisers": 20, "events_per_day": 5000, "chunk_impressions": 2000},
     }))
     return path
-
-
-def _rows(cfg, name: str) -> list[tuple]:
-    path = table_path(cfg, TABLES[name])
-    if not Path(path).exists():
-        return []
-    table = read_table(path)
-    keep = [c for c in table.column_names if c not in VOLATILE]
-    return sorted(tuple(repr(v) for v in row.values()) for row in table.select(keep).to_pylist())
 
 
 def test_bulk_days_equal_the_daily_jobs_run_one_process_each(spark, tmp_path: Path):
@@ -72,8 +59,8 @@ def test_bulk_days_equal_the_daily_jobs_run_one_process_each(spark, tmp_path: Pa
 
     compared = 0
     for name in TABLES:
-        bulk_rows, daily_rows = _rows(bulk_cfg, name), _rows(daily_cfg, name)
+        bulk_rows, daily_rows = lakehouse_rows(bulk_cfg, name), lakehouse_rows(daily_cfg, name)
         assert bulk_rows == daily_rows, name
         compared += bool(bulk_rows)
     assert compared >= 8  # bronze, quarantine, sequences, features, counts, examples, completions...
-    assert _rows(bulk_cfg, COMPLETIONS.name)
+    assert lakehouse_rows(bulk_cfg, COMPLETIONS.name)

@@ -17,6 +17,7 @@ from gem.lakehouse.landing import completed_manifest
 from tests.support import FIXTURES, PYTHON, REPO, make_config, subprocess_env
 
 SUBCOMMANDS = {"run": ["--ds", "--config"], "status": ["--start", "--end", "--config", "--airflow"],
+               "backfill": ["--start", "--end", "--from-stage", "--reprocess", "--config"],
                "import-movielens": ["PATH", "--config"]}
 
 
@@ -45,11 +46,23 @@ def test_every_subcommand_has_help(name: str) -> None:
                for option in SUBCOMMANDS[name]), result.output
 
 
-@pytest.mark.parametrize("args", [["run", "--ds", "2026-02-30"], ["status", "--start", "01/02/2026"]])
+@pytest.mark.parametrize("args", [["run", "--ds", "2026-02-30"], ["status", "--start", "01/02/2026"],
+                                  ["backfill", "--start", "2026-01-01", "--end", "2026-13-01"]])
 def test_a_bad_day_is_a_usage_error(args: list[str]) -> None:
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2
     assert "must be a day written YYYY-MM-DD" in result.output
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--end", "2026-01-01"], "is before --start"),
+    (["--end", "2026-01-03", "--from-stage", "build_featrues"], "not a stage; the stages in order: generate_events"),
+    (["--end", "2026-01-03", "--reprocess", "all"], "one of completed, failed, none"),
+])
+def test_backfill_refuses_bad_arguments_before_touching_airflow(extra: list[str], message: str) -> None:
+    result = CliRunner().invoke(app, ["backfill", "--start", "2026-01-02", *extra])
+    assert result.exit_code == 2
+    assert message in " ".join(result.output.split()), result.output
 
 
 def test_import_movielens_lands_one_marked_partition_per_day(tmp_path: Path) -> None:

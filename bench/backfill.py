@@ -1,0 +1,136 @@
+"""A backfill through Airflow against the same days run daily: wall time side by side, tables compared.
+
+    python -m bench.backfill [--days 7] [--events-per-day 4000] [--users 400] [--ads 80]
+
+Two lakehouses and Airflow homes under one temporary folder, one small synthetic world:
+  daily      one `airflow dags test` run per day, in order (`gem run`: every task in one process
+             per day, sharing a warm Spark session);
+  backfill   `gem backfill --start D1 --end Dn`: Airflow's own backfill, one day at a time, run by the
+             API server, DAG processor and LocalExecutor scheduler the command starts (each task in
+             its own process with its own Spark session).
+Prints both wall times, their ratio and, per table, whether the rows agree (run ids, times, Delta
+versions and file locations aside: `NOT_COMPARED`). Day 2 on trains (one training day), so
+pretraining, precompute and distillation are compared too. tests/e2e/test_backfill.py runs the same
+for 3 days.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from gem.days import day_range, shift_day
+
+START_DS = "2026-01-01"
+# Differ between two lakehouses built from the same days by design: run ids and times (the tests'
+# VOLATILE_COLUMNS), where files are (each lakehouse has its own folder and random data file
+# names), when rows were computed, and the code's commit.
+NOT_COMPARED = {"run_id", "completed_at", "table_versions", "input_versions", "ingested_at", "file_path",
+                "table_path", "sequences_path", "model_checkpoint", "created_at", "computed_at", "code_version"}
+
+
+def world_config(root: Path, events_per_day: int = 4000, users: int = 400, ads: int = 80) -> Path:
+    """A small world's config in root/gem.yaml (its lakehouse in root/lakehouse): one training day per
+    mixture, 4 training steps, one precompute worker."""
+    import yaml
+
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / "gem.yaml"
+    path.write_text(yaml.safe_dump({
+        "lakehouse_uri": str(root / "lakehouse"), "start_ds": START_DS, "attribution_window_days": 0,
+        "spark": {"master": "local[2]", "shuffle_partitions": 2, "driver_memory": "2g",
+                  "conf": {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}},
+        "generator": {"users": users, "ads": ads, "advertisers": max(1, ads // 5), "events_per_day": events_per_day,
+                      "chunk_impressions": 2000},
+        "mix": {"train_days": 1, "validation_days": 0},
+        "loader": {"batch_size": 128, "num_workers": 0},
+        "train": {"steps": 4, "checkpoint_every": 2},
+        "precompute": {"workers": 1},
+    }))
+    return path
+
+
+def airflow_env(home: Path, cfg_path: Path) -> dict[str, str]:
+    """A clean Airflow environment on home (nothing from the caller's Airflow or GEM_ settings; task
+    retries off) with free ports for the API server and the workers' log server."""
+    import os
+
+    def free_port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "GEM_"))}
+    return env | {"AIRFLOW_HOME": str(home), "GEM_CONFIG": str(cfg_path), "GEM_TASK_RETRIES": "0",
+                  "GEM_AIRFLOW_PORT": str(free_port()), "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port())}
+
+
+def daily_runs(env: dict[str, str], days: list[str]) -> None:
+    """One `airflow dags test` run per day, in order; raises on the first failed run."""
+    from gem.airflow_runs import init_db, run_day, run_log
+
+    init_db(env)
+    for ds in days:
+        if not run_day(ds, env, run_log(env, ds), on_task=lambda line: None):
+            raise RuntimeError(f"the daily run of {ds} failed; see {run_log(env, ds)}")
+
+
+def gem_backfill(env: dict[str, str], start: str, end: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    """`gem backfill --start --end [extra]` in a child process (its output captured)."""
+    from gem.config import REPO_ROOT
+
+    return subprocess.run([sys.executable, "-m", "gem", "backfill", "--start", start, "--end", end, *extra],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=6 * 3600, check=False)
+
+
+def differing_tables(cfg_a: Path, cfg_b: Path) -> tuple[list[str], int]:
+    """(tables whose rows differ between the two lakehouses, tables compared that hold rows)."""
+    from gem.config import load_config
+    from schemas import TABLES
+    from tests.support import lakehouse_rows
+
+    a, b = load_config(str(cfg_a)), load_config(str(cfg_b))
+    differ, filled = [], 0
+    for name in TABLES:
+        rows_a, rows_b = lakehouse_rows(a, name, NOT_COMPARED), lakehouse_rows(b, name, NOT_COMPARED)
+        differ += [name] if rows_a != rows_b else []
+        filled += bool(rows_a or rows_b)
+    return differ, filled
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--days", type=int, default=7)
+    parser.add_argument("--events-per-day", type=int, default=4000)
+    parser.add_argument("--users", type=int, default=400)
+    parser.add_argument("--ads", type=int, default=80)
+    args = parser.parse_args(argv)
+    root = Path(tempfile.mkdtemp(prefix="gem-bench-backfill-"))
+    days = day_range(START_DS, shift_day(START_DS, args.days - 1))
+    configs = {arm: world_config(root / arm, args.events_per_day, args.users, args.ads) for arm in ("daily", "backfill")}
+    seconds = {}
+    started = time.monotonic()
+    daily_runs(airflow_env(root / "daily" / "airflow_home", configs["daily"]), days)
+    seconds["daily"] = time.monotonic() - started
+    started = time.monotonic()
+    done = gem_backfill(airflow_env(root / "backfill" / "airflow_home", configs["backfill"]), days[0], days[-1])
+    seconds["backfill"] = time.monotonic() - started
+    if done.returncode != 0:
+        print(done.stdout[-4000:], done.stderr[-4000:], sep="\n")
+        raise SystemExit(f"gem backfill failed (exit {done.returncode}); files under {root}")
+    differ, filled = differing_tables(configs["daily"], configs["backfill"])
+    print(f"{args.days} days of {args.events_per_day:,} impressions ({args.users} users, {args.ads} ads) under {root}")
+    print(f"  daily runs (airflow dags test, one per day): {seconds['daily']:.0f}s ({seconds['daily'] / args.days:.0f}s a day)")
+    print(f"  gem backfill (Airflow's backfill, scheduler + LocalExecutor): {seconds['backfill']:.0f}s "
+          f"({seconds['backfill'] / args.days:.0f}s a day) = {seconds['backfill'] / seconds['daily']:.2f}x the daily runs")
+    print(f"  tables: {filled} hold rows; " + (f"DIFFERENT: {', '.join(differ)}" if differ else "every one equal"))
+    return 1 if differ else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""Airflow's scheduler stack on this machine: the processes that run DAG runs the way production does.
+
+`airflow dags test` (gem run, make demo) runs one DAG run's tasks in its own process. Anything the
+scheduler has to drive (a backfill's runs, catchup of scheduled intervals) needs three more
+processes against the same metadata DB, started here with infra/airflow/airflow_env.sh sourced:
+
+    api-server --apps execution    the execution API the task processes report to
+    dag-processor                  parses dags/ into the DB (the scheduler reads DAGs only from there)
+    scheduler                      LocalExecutor: each task in its own process, `parallelism` at once
+
+Each runs in its own session, so stopping it takes its workers and their Spark JVMs along. With
+`scheduled_runs=False` the scheduler makes no runs of its own from the DAGs' schedules
+([scheduler] use_job_schedule): it only runs what it is given (a backfill's runs, triggered runs),
+so starting it for a backfill never starts today's run as a side effect.
+
+`scheduler_alive(db)` says whether some scheduler already heartbeats into a DB (a production stack
+or another backfill); callers then use that one instead of starting a second.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import shlex
+import signal
+import sqlite3
+import subprocess
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+from gem.config import REPO_ROOT
+
+PROCESSES = (
+    ("api-server", "airflow api-server --apps execution --workers 1 --port $AIRFLOW__API__PORT"),
+    ("dag-processor", "airflow dag-processor"),
+    ("scheduler", "airflow scheduler"),
+)
+# A scheduler whose last heartbeat is older than this is taken for dead.
+HEARTBEAT_FRESH_S = 60.0
+STOP_GRACE_S = 60.0
+
+
+def stack_env(env: Mapping[str, str], scheduled_runs: bool, parallelism: int = 2) -> dict[str, str]:
+    """`env` plus the stack's settings: LocalExecutor with `parallelism` task processes, the DAG
+    processor and scheduler polling every few seconds (local runs are short), and time for a task's
+    first API call to wait on SQLite's lock (three processes share the file)."""
+    return dict(env) | {
+        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        "AIRFLOW__CORE__PARALLELISM": str(parallelism),
+        "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": str(scheduled_runs),
+        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+        "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
+        "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "120",
+    }
+
+
+def scheduler_alive(db: Path, now: dt.datetime | None = None) -> bool:
+    """Whether a scheduler job heartbeats into the SQLite metadata DB `db` (within HEARTBEAT_FRESH_S)."""
+    if not db.is_file():
+        return False
+    now = now or dt.datetime.now(dt.UTC)
+    with sqlite3.connect(db) as conn:
+        try:
+            beats = conn.execute("SELECT latest_heartbeat FROM job WHERE job_type = 'SchedulerJob' "
+                                 "AND state = 'running'").fetchall()
+        except sqlite3.OperationalError:  # no `job` table yet: a DB never used by a scheduler
+            return False
+    for (beat,) in beats:
+        seen = dt.datetime.fromisoformat(beat)
+        seen = seen if seen.tzinfo else seen.replace(tzinfo=dt.UTC)
+        if (now - seen).total_seconds() < HEARTBEAT_FRESH_S:
+            return True
+    return False
+
+
+def dag_parsed(db: Path, dag_id: str) -> bool:
+    """Whether the DAG processor has written `dag_id` into the DB (a backfill needs its serialized DAG)."""
+    if not db.is_file():
+        return False
+    with sqlite3.connect(db) as conn:
+        try:
+            return conn.execute("SELECT count(*) FROM serialized_dag WHERE dag_id = ?", (dag_id,)).fetchone()[0] > 0
+        except sqlite3.OperationalError:
+            return False
+
+
+@contextmanager
+def scheduler_stack(env: Mapping[str, str], logs: Path, scheduled_runs: bool = False, parallelism: int = 2,
+                    dags_folder: Path | None = None) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """The three processes of PROCESSES, each logging to logs/<name>.log, stopped on exit (SIGTERM
+    to its session, SIGKILL after STOP_GRACE_S). `env` is an Airflow environment (gem.airflow_runs
+    .airflow_env or a test's); the metadata DB must exist (gem.airflow_runs.init_db). `dags_folder`
+    replaces dags/ (a test's copy of the DAG)."""
+    logs.mkdir(parents=True, exist_ok=True)
+    settings = stack_env(env, scheduled_runs, parallelism)
+    setup = ". infra/airflow/airflow_env.sh && "
+    if dags_folder is not None:  # after sourcing: airflow_env.sh points Airflow at dags/
+        setup += f"export AIRFLOW__CORE__DAGS_FOLDER={shlex.quote(str(dags_folder))} && "
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for name, command in PROCESSES:
+            with open(logs / f"{name}.log", "w") as log:
+                procs.append(subprocess.Popen(
+                    ["bash", "-c", f"{setup}exec {command}"], cwd=REPO_ROOT,
+                    env=settings, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        yield procs
+    finally:
+        stop(procs)
+
+
+def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM each process's session, then SIGKILL what is still up after STOP_GRACE_S."""
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_S
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
