@@ -28,10 +28,15 @@ from gem.days import day_range, shift_day
 
 START_DS = "2026-01-01"
 # Differ between two lakehouses built from the same days by design: run ids and times (the tests'
-# VOLATILE_COLUMNS), where files are (each lakehouse has its own folder and random data file
-# names), when rows were computed, and the code's commit.
-NOT_COMPARED = {"run_id", "completed_at", "table_versions", "input_versions", "ingested_at", "file_path",
-                "table_path", "sequences_path", "model_checkpoint", "created_at", "computed_at", "code_version"}
+# VOLATILE_COLUMNS); Delta versions (two tables with the same rows can have different commit
+# histories: a rerun adds a commit, a task process creating a table another already made adds none);
+# where files are (each lakehouse has its own folder and random data file names) and what embeds it
+# (a mixture's id hashes its rows' paths and versions; a metrics row keeps the run's config, with its
+# lakehouse_uri); when rows were computed; the code's commit.
+NOT_COMPARED = {"run_id", "completed_at", "table_versions", "input_versions", "ingested_at",
+                "table_version", "examples_version", "sequences_version",
+                "file_path", "table_path", "sequences_path", "model_checkpoint", "mixture_id", "config",
+                "created_at", "computed_at", "code_version"}
 
 
 def world_config(root: Path, events_per_day: int = 4000, users: int = 400, ads: int = 80) -> Path:
@@ -57,7 +62,8 @@ def world_config(root: Path, events_per_day: int = 4000, users: int = 400, ads: 
 
 def airflow_env(home: Path, cfg_path: Path) -> dict[str, str]:
     """A clean Airflow environment on home (nothing from the caller's Airflow or GEM_ settings; task
-    retries off) with free ports for the API server and the workers' log server."""
+    retries off; this interpreter's `airflow` first on PATH) with free ports for the API server and
+    the workers' log server."""
     import os
 
     def free_port() -> int:
@@ -67,6 +73,7 @@ def airflow_env(home: Path, cfg_path: Path) -> dict[str, str]:
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "GEM_"))}
     return env | {"AIRFLOW_HOME": str(home), "GEM_CONFIG": str(cfg_path), "GEM_TASK_RETRIES": "0",
+                  "GEM_DAG_START_DS": START_DS, "PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}",
                   "GEM_AIRFLOW_PORT": str(free_port()), "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port())}
 
 

@@ -134,9 +134,22 @@ def backfill(
     if result.stale_later:
         typer.echo(f"{len(result.stale_later)} later record(s) now rest on rewritten days; rerun them next:")
         typer.echo("\n".join(f"  {line}" for line in result.stale_later))
+        typer.echo(f"  all of them: {rerun_all(result.stale_later)}")
     if not result.ok:
         typer.echo("`gem status` lists the failed task and its error", err=True)
         raise typer.Exit(1)
+
+
+def rerun_all(stale_lines: list[str]) -> str:
+    """The one backfill that reruns every stale record listed (`stage ds=D: why...` lines, as
+    jobs.status.grid writes them): from the earliest of their stages in the registry, over their days."""
+    from gem.lakehouse.stages import STAGES
+
+    keys = [tuple(line.split(":", 1)[0].split(" ds=")) for line in stale_lines]
+    order = [s.name for s in STAGES]
+    first = min((stage for stage, _ in keys), key=order.index)
+    days = sorted(day for _, day in keys)
+    return f"gem backfill --start {days[0]} --end {days[-1]} --from-stage {first}"
 
 
 @app.command()

@@ -78,9 +78,12 @@ def test_from_stage_reruns_that_stage_on_and_lists_the_later_days_it_made_stale(
     after = {stage: completion(cfg, stage, DAYS[1])["run_id"] for stage in before}
     assert after["build_sequences"] == before["build_sequences"]  # before the start: not rerun
     assert after["build_features"] != before["build_features"]
-    logs = [p.read_text() for p in (runs.backfill_home / "logs").rglob("*.log")
-            if "task_id=build_sequences" in str(p) and DAYS[1] in str(p)]
+    (run_id,) = query_db(runs.backfill_home / "airflow.db", "SELECT run_id FROM dag_run WHERE dag_id = 'gem_daily' "
+                         "AND substr(data_interval_start, 1, 10) = ?", DAYS[1])[0]
+    folder = runs.backfill_home / "logs" / "dag_id=gem_daily" / f"run_id={run_id}" / "task_id=build_sequences"
+    logs = [p.read_text() for p in folder.glob("attempt=*.log")]
     assert any("build_sequences: not rerun (this run starts at build_features)" in text for text in logs), logs
     # Day 3's features read day 2's: that record is now stale and listed with what to rerun.
     assert "later record(s) now rest on rewritten days" in done.stdout, done.stdout
     assert f"build_features ds={DAYS[2]}:" in done.stdout, done.stdout
+    assert f"all of them: gem backfill --start {DAYS[2]} --end {DAYS[2]} --from-stage build_features" in done.stdout

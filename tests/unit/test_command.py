@@ -100,3 +100,12 @@ def test_status_lists_the_records_and_says_when_airflow_has_no_db(tmp_path: Path
     rows = {line.split()[0]: line.split()[1:] for line in result.output.splitlines() if line.strip()}
     assert rows["ingest_events"] == ["done", "missing"] and rows["validate_events"] == ["missing", "missing"]
     assert f"Airflow: no metadata DB in {tmp_path / 'airflow_home'} yet" in result.output
+
+
+def test_rerun_all_starts_at_the_earliest_stale_stage_over_the_stale_days() -> None:
+    from gem.command import rerun_all
+
+    lines = ["mix ds=2026-01-04: validate_examples ds=2026-01-02 now names ...; rerun `...` first",
+             "build_features ds=2026-01-03: build_features ds=2026-01-02 now names ...; rerun `...` first",
+             "pretrain ds=2026-01-05: its input mix ds=2026-01-05 is stale: ...; rerun `...` first"]
+    assert rerun_all(lines) == "gem backfill --start 2026-01-03 --end 2026-01-05 --from-stage build_features"
