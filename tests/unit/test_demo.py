@@ -99,3 +99,23 @@ def test_students_print_beside_the_fm_and_never_as_the_pretraining_run(tmp_path:
     assert text is not None and "distill:x" in text
     reels = next(line for line in text.splitlines() if line.split()[0] == "reels/click").split()
     assert reels[2:] == ["0.9700", "0.6000", "0.9100", "0.6000"]  # student NE, AUC; the FM's NE, AUC
+
+
+def test_task_seconds_has_a_column_per_day_a_run_processed(tmp_path: Path) -> None:
+    """Runs are found by the day they processed (data_interval_start), whatever their logical date:
+    a manual run of 2026-01-04 is dated 2026-01-05 00:00:01."""
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "airflow.db") as conn:
+        conn.execute("CREATE TABLE dag_run (dag_id TEXT, run_id TEXT, logical_date TEXT, data_interval_start TEXT)")
+        conn.execute("CREATE TABLE task_instance (dag_id TEXT, run_id TEXT, task_id TEXT, state TEXT, "
+                     "start_date TEXT, end_date TEXT)")
+        conn.execute("INSERT INTO dag_run VALUES ('gem_daily', 'm1', '2026-01-05 00:00:01.000000', "
+                     "'2026-01-04 00:00:00.000000')")
+        conn.executemany("INSERT INTO task_instance VALUES ('gem_daily', 'm1', ?, ?, ?, ?)", [
+            ("ingest_events", "success", "2026-12-03 10:00:00", "2026-12-03 10:00:41"),
+            ("mix", "skipped", "2026-12-03 10:01:00", "2026-12-03 10:01:01")])
+    lines = demo.task_seconds(tmp_path, ["2026-01-04"]).splitlines()
+    assert lines[0].split() == ["task", "2026-01-04"]
+    assert lines[1].split() == ["ingest_events", "41s"] and lines[2].split() == ["mix", "1s", "skipped"]
+    assert lines[3].split() == ["all", "tasks", "42s"]
