@@ -60,16 +60,18 @@ def world_config(root: Path, events_per_day: int = 4000, users: int = 400, ads: 
     return path
 
 
+def free_port() -> int:
+    """A TCP port free on this machine now (for an Airflow server of our own, never another's)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def airflow_env(home: Path, cfg_path: Path) -> dict[str, str]:
     """A clean Airflow environment on home (nothing from the caller's Airflow or GEM_ settings; task
     retries off; this interpreter's `airflow` first on PATH) with free ports for the API server and
     the workers' log server."""
     import os
-
-    def free_port() -> int:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "GEM_"))}
     return env | {"AIRFLOW_HOME": str(home), "GEM_CONFIG": str(cfg_path), "GEM_TASK_RETRIES": "0",

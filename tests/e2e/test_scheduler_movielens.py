@@ -19,7 +19,6 @@ import datetime as dt
 import os
 import random
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from bench.backfill import free_port
 from gem.airflow_scheduler import scheduler_stack
 from gem.command import app
 from gem.data.delta_log import read_table
@@ -125,12 +125,6 @@ def _config(tmp: Path) -> Path:
     return path
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _dag_copy(folder: Path) -> None:
     """The test copy of the DAG: the real builder, starting two intervals back, catchup on."""
     folder.mkdir()
@@ -178,8 +172,8 @@ def scheduler_run(tmp_path_factory: pytest.TempPathFactory) -> SchedulerRun:
     env = airflow_test_env(home, config, **{
         LANDING_POKE_ENV: "5",
         # Free ports, never another Airflow's on this machine: the API server, the workers' log server.
-        "GEM_AIRFLOW_PORT": str(_free_port()),
-        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(_free_port()),
+        "GEM_AIRFLOW_PORT": str(free_port()),
+        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
         "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
         "AIRFLOW__API_AUTH__JWT_SECRET": "gem-scheduler-test-" + "0" * 45,  # 64 bytes, as HS512 wants
         "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
