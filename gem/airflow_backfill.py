@@ -6,20 +6,23 @@ What it does, in order:
 1. The metadata DB is created or upgraded; a run whose logical date is one of the range's midnights
    but which processed another day (a manual run made before manual runs moved off midnight, see
    gem.orchestration.manual_logical_date) is refused: Airflow would clear and rerun it as that date.
-2. The scheduler: the one already heartbeating into the DB if there is one (production, or a daily
+2. The range is held in the lakehouse (gem.lakehouse.backfill_hold) until the backfill ends: a run
+   of a later day that reads a day of the range waits (its task is rescheduled) rather than build
+   on a day the backfill may rewrite after it read it. A second backfill of the same range is refused.
+3. The scheduler: the one already heartbeating into the DB if there is one (production, or a daily
    stack), else a local stack for the backfill's duration (gem.airflow_scheduler, making no
    scheduled runs of its own), with its logs under $AIRFLOW_HOME/runs/backfill-A..B/.
-3. The DAG is unpaused while the backfill runs (the scheduler runs no task of a paused DAG) and
+4. The DAG is unpaused while the backfill runs (the scheduler runs no task of a paused DAG) and
    paused again afterwards if it was paused.
-4. `airflow backfill create --max-active-runs 1`: one day at a time, in date order (the DAG's
+5. `airflow backfill create --max-active-runs 1`: one day at a time, in date order (the DAG's
    max_active_runs is 1 too, and depends_on_past holds each stateful stage until its previous day
    succeeded), with dag-run conf {"from_stage": S}: the tasks before S in the registry succeed
    without running (their records of the day stay as they are) and S onward rerun.
    Reprocess behaviour (Airflow's): `completed` (the default) reruns every day of the range, done or
    failed, which is what a backfill after a fix is for; `failed` reruns only days whose run failed
    or never ran; `none` only days that never ran.
-5. Every task line is printed as it finishes (day, task, state, seconds), then each day's run state.
-6. Later days: a rewritten day makes the records of later days that read it stale (the stage
+6. Every task line is printed as it finishes (day, task, state, seconds), then each day's run state.
+7. Later days: a rewritten day makes the records of later days that read it stale (the stage
    contract's lineage, gem.lakehouse.staleness). They are not rerun here; they are listed with what
    to rerun first, and `gem status` shows them too.
 """
@@ -30,14 +33,18 @@ import json
 import sqlite3
 import subprocess
 import time
+import uuid
 from collections.abc import Callable, Mapping
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gem.airflow_runs import POLL_S, TaskLine, airflow, airflow_home, init_db, run_task_lines
 from gem.airflow_scheduler import dag_parsed, scheduler_alive, scheduler_stack
+from gem.config import GemConfig
 from gem.days import day_range, shift_day
+from gem.lakehouse.backfill_hold import hold
+from gem.lakehouse.lease import LeaseHeldError
 from gem.orchestration import DAG_ID, FROM_STAGE_CONF
 
 REPROCESS_BEHAVIOURS = ("completed", "failed", "none")
@@ -112,10 +119,12 @@ def _wait_until_parsed(db: Path, dag_id: str, procs: list[subprocess.Popen[bytes
 
 def backfill(start: str, end: str, env: Mapping[str, str], *, reprocess: str = "completed",
              from_stage: str | None = None, on_task: Callable[[TaskLine], None] = print,
-             later_stale: Callable[[str], list[str]] | None = None, dag_id: str = DAG_ID) -> BackfillResult:
+             later_stale: Callable[[str], list[str]] | None = None, dag_id: str = DAG_ID,
+             cfg: GemConfig | None = None) -> BackfillResult:
     """Backfill run days start..end (see the module docstring). `env`: the Airflow environment
     (gem.airflow_runs.airflow_env); `later_stale(end)`: the stale records of days after end (the
-    `gem` command passes the stage contract's); -> the runs' states and what is left stale."""
+    `gem` command passes the stage contract's); `cfg`: the lakehouse whose later days wait while
+    the backfill runs (step 2); -> the runs' states and what is left stale."""
     if reprocess not in REPROCESS_BEHAVIOURS:
         raise ValueError(f"reprocess must be one of {REPROCESS_BEHAVIOURS}, got {reprocess!r}")
     if end < start:
@@ -132,8 +141,13 @@ def backfill(start: str, end: str, env: Mapping[str, str], *, reprocess: str = "
             + "; ".join(conflicts) + f". Delete them first: `airflow dags delete {dag_id}` drops the DAG's run history "
             "(the lakehouse keeps its data and records).")
     own_stack = not scheduler_alive(db)
-    stack = scheduler_stack(env, logs) if own_stack else nullcontext([])
-    with stack as procs:
+    with ExitStack() as running:
+        if cfg is not None:
+            try:
+                running.enter_context(hold(cfg, start, end, f"backfill-{start}..{end}-{uuid.uuid4().hex[:8]}"))
+            except LeaseHeldError as e:
+                raise BackfillError(f"another backfill of the same days is running: {e}") from None
+        procs = running.enter_context(scheduler_stack(env, logs) if own_stack else nullcontext([]))
         _wait_until_parsed(db, dag_id, procs, logs)
         was_paused = _paused(db, dag_id)
         airflow(f"airflow dags unpause {dag_id} > /dev/null", env)

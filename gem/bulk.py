@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from gem.config import GemConfig
 from gem.days import day_range
+from gem.lakehouse import backfill_hold
 from gem.lakehouse.commit import StageContext, StageResult
 from gem.lakehouse.stages import STAGES, Stage
 
@@ -80,6 +81,8 @@ def run_stage(ctx: StageContext, stage: Stage, run_day: str,
     path both run stages this way."""
     started = time.monotonic()
     ds = stage.ds(ctx.cfg, run_day)
+    if ds is not None:  # held by a running backfill: refused before the entry opens Spark (StageCommit.begin checks too)
+        backfill_hold.require_not_held(ctx.cfg, stage.name, ds, stage.needed(ctx.cfg, ds))
     result = (entry or entry_point(stage))(ctx, ds) if ds is not None else None
     # A source publishes no record (its _SUCCESS marker is its completion) but details of
     # what it wrote; a stage with nothing ready returns neither.

@@ -121,7 +121,7 @@ def backfill(
     typer.echo(f"gem_daily backfill {start}..{end} ({reprocess}"
                + (f", from {from_stage}" if from_stage else "") + ")")
     try:
-        result = run_backfill(start, end, airflow_env(cfg, config), reprocess=reprocess, from_stage=from_stage,
+        result = run_backfill(start, end, airflow_env(cfg, config), reprocess=reprocess, from_stage=from_stage, cfg=cfg,
                               on_task=lambda line: typer.echo(str(line)), later_stale=later_stale)
     except BackfillError as e:
         typer.echo(f"gem backfill: {e}", err=True)

@@ -73,6 +73,9 @@ LANDING_POKE_ENV = "GEM_LANDING_POKE_S"
 LANDING_TIMEOUT_ENV = "GEM_LANDING_TIMEOUT_S"
 DEFAULT_LANDING_POKE_S = 300
 DEFAULT_LANDING_TIMEOUT_S = 24 * 3600
+# How often a task held by a running backfill (gem.lakehouse.backfill_hold) tries again.
+BACKFILL_POKE_ENV = "GEM_BACKFILL_POKE_S"
+DEFAULT_BACKFILL_POKE_S = 60
 # The failure callback appends one JSON line per failed task try here (under $AIRFLOW_HOME).
 TASK_FAILURES_FILE = "gem_task_failures.jsonl"
 # Asset URIs of the lakehouse tables: the `x-` scheme marks them as this project's own (Airflow
@@ -134,7 +137,9 @@ def run_stage_task(stage_name: str, run_day: str, from_stage: str = "") -> str:
     (`airflow dags test`, i.e. `gem run` and `make demo`) they share one warm JVM (validate_events:
     31 s as a child process, 5 s in a warm session; gem/bulk.py), and under an executor each task's
     process opens its own, as the child did. Nothing ready yet raises AirflowSkipException where
-    the stage may skip (`may_skip`), and fails the task elsewhere.
+    the stage may skip (`may_skip`), and fails the task elsewhere. A day that reads one a running
+    backfill rewrites (gem.lakehouse.backfill_hold) is rescheduled every $GEM_BACKFILL_POKE_S seconds
+    until the backfill has finished, without spending its retries.
 
     `from_stage` (the run's conf, FROM_STAGE_CONF): a stage before it in the registry does not run;
     its task succeeds, and its records of the day stay as they are for the stages after it to read.
@@ -143,15 +148,22 @@ def run_stage_task(stage_name: str, run_day: str, from_stage: str = "") -> str:
         message = f"{stage_name}: not rerun (this run starts at {from_stage}); its record of run day {run_day} stays"
         print(message, flush=True)
         return message
-    from airflow.sdk.exceptions import AirflowSkipException
+    from airflow.sdk.exceptions import AirflowRescheduleException, AirflowSkipException
 
     from gem.bulk import run_stage
     from gem.config import load_config
+    from gem.lakehouse.backfill_hold import BackfillInProgressError
     from gem.lakehouse.commit import StageContext
     from gem.lakehouse.stages import stage as registry_stage
 
     stage = registry_stage(stage_name)
-    run = run_stage(StageContext(load_config()), stage, run_day)
+    try:
+        run = run_stage(StageContext(load_config()), stage, run_day)
+    except BackfillInProgressError as waiting:
+        # Waits without spending a retry: rescheduled like a sensor in reschedule mode.
+        poke_s = float(os.environ.get(BACKFILL_POKE_ENV) or DEFAULT_BACKFILL_POKE_S)
+        print(f"waiting for a backfill: {waiting}; trying again in {poke_s:.0f}s", flush=True)
+        raise AirflowRescheduleException(dt.datetime.now(dt.UTC) + dt.timedelta(seconds=poke_s)) from waiting
     # What ran for which day, in the task's log (the DAG's day rules are checked against it).
     print(f"{stage_name}: run day {run_day} -> ds={run.ds} {run.state} in {run.seconds:.1f}s", flush=True)
     if run.summary:

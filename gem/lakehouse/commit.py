@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from gem.config import GemConfig
 from gem.days import day_range
-from gem.lakehouse import completions, lease, stages, staleness, tables
+from gem.lakehouse import backfill_hold, completions, lease, stages, staleness, tables
 from schemas.table import TableSchema
 
 if TYPE_CHECKING:
@@ -169,8 +169,9 @@ class StageCommit:
 
     @classmethod
     def begin(cls, ctx: StageContext, name: str, ds: str, through: str | None = None) -> StageCommit:
-        """Check the registry's needs (MissingInputError naming what to run first; StaleInputError
-        when one rests on rewritten data, naming what to rerun), then withdraw the stage's record for
+        """Check the registry's needs (BackfillInProgressError while a backfill rewrites one of them;
+        MissingInputError naming what to run first; StaleInputError when one rests on rewritten data,
+        naming what to rerun), then withdraw the stage's record for
         ds, so a crash from here on leaves no record claiming the outputs.
 
         through: one commit for the days ds..through, one record per day (stages declared with
@@ -182,6 +183,8 @@ class StageCommit:
             raise ValueError(f"{name}: empty range ds={ds} .. {through}")
         if len(days) > 1 and not stage.ranges:
             raise UndeclaredWriteError(f"{name} is not declared with ranges: one commit covers one day")
+        # A later day waits while a backfill rewrites a day it reads (gem.lakehouse.backfill_hold).
+        backfill_hold.require_not_held(ctx.cfg, name, days[-1], [k for day in days for k in stage.needed(ctx.cfg, day)])
         records: dict[tuple[str, str], dict[str, Any]] = {}
         for day in days:
             records |= completions.require_stage_inputs(ctx.cfg, name, day, made_here={(name, d) for d in days})

@@ -74,10 +74,12 @@ def _pid_running(pid: int) -> bool:
     return True
 
 
-def _holder_gone(holder: dict, path: Path, expiry_s: float, renewed: bool) -> bool:
+def _holder_gone(holder: dict, path: Path, expiry_s: float, renewed: bool, taking: bool = True) -> bool:
+    """taking: judged by a process about to take the lease, for which a lease held by itself is one
+    left over from an earlier try (a reader leaves it alone)."""
     if holder.get("host") == socket.gethostname():
         pid = int(holder.get("pid", -1))
-        if pid == os.getpid() or not _pid_running(pid):
+        if (taking and pid == os.getpid()) or not _pid_running(pid):
             return True
         if not renewed:
             return False
@@ -88,6 +90,22 @@ def _holder_gone(holder: dict, path: Path, expiry_s: float, renewed: bool) -> bo
             return True
     started = dt.datetime.fromisoformat(holder["started_at"])
     return (dt.datetime.now(dt.timezone.utc) - started).total_seconds() > expiry_s
+
+
+def live_holder(path: Path, expiry_s: float = LEASE_EXPIRY_S, renewed: bool = False) -> dict | None:
+    """The holder of the lease file `path` when it is alive (as `acquire_path` judges it: a lease
+    being written counts as alive), else None; for readers that wait on a lease without taking it."""
+    try:
+        holder = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except json.JSONDecodeError:
+        try:
+            fresh = dt.datetime.now().timestamp() - path.stat().st_mtime < 60
+        except FileNotFoundError:
+            return None
+        return {"run_id": "?", "host": "?", "pid": "?", "started_at": "?"} if fresh else None
+    return None if _holder_gone(holder, path, expiry_s, renewed, taking=False) else holder
 
 
 def acquire(cfg: GemConfig, stage: str, ds: str, run_id: str) -> Lease:

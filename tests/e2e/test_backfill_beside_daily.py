@@ -1,23 +1,21 @@
-"""A backfill running beside the daily run: nothing lost, nothing claimed that is not there.
+"""A backfill running beside the daily run: nothing lost, nothing claimed that is not there, and the
+daily run finishes with what running the two one after the other gives.
 
 One lakehouse and Airflow home with days 1-3 from daily runs; then, at the same time, as real
 processes: `gem backfill --start D1 --end D3` (Airflow's backfill, on the scheduler stack it starts)
-and `gem run --ds D4` (the next daily run, `airflow dags test`, with task retries as in production,
-only shorter). Both write the same tables (other days' partitions) and the same completion table.
+and, once the backfill holds its range, `gem run --ds D4` (the next daily run, `airflow dags test`).
+Both write the same tables (other days' partitions) and the same completion table.
 
-Day 4 carries state from day 3, which the backfill is rewriting: its stateful tasks must refuse to
-build on a day 3 whose records are withdrawn or rest on rewritten days (the stage contract's
-freshness check fails the try, naming what to rerun). Checked afterwards:
-- the backfill succeeded and day 4's build_sequences refused the day 3 being rewritten, naming it;
+Day 4 reads day 3, which the backfill is rewriting: its tasks that read a day of the range wait
+(gem.lakehouse.backfill_hold: rescheduled, not failed) until the backfill has finished, then run on
+the rewritten days. Checked afterwards:
+- the backfill succeeded and day 4's build_sequences waited for it, naming the day 3 it reads;
 - no record lies: every completion record's day partition, read at the table version the record
   names, holds the rows the table holds for that day now;
-- NOT YET (xfail): day 4 converges by retries to what daily runs of days 1-4 one after the other
-  hold, every record done. Measured 2026-12-03: day 4's build_features succeeded on a retry between
-  the backfill's rewrites of day 2 and day 3 (day 3's counts were not stale then), so the rewrite of
-  day 3 made its record stale; validate_silver of day 4 then refused on every retry (27 tries seen),
-  since Airflow does not rerun a succeeded upstream task. Nothing lied, but the run cannot finish
-  without rerunning build_features of day 4: daily runs must wait while a backfill covers the days
-  they read.
+- day 4 converged: every table equals what daily runs of days 1-4 one after the other hold, and
+  every record is done. (Before the hold, measured 2026-12-03: day 4's build_features read day 3
+  between the backfill's rewrites of days 2 and 3, its record went stale, and validate_silver of
+  day 4 refused on each of 27 retries.)
 """
 
 from __future__ import annotations
@@ -25,6 +23,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -33,9 +32,10 @@ from bench.backfill import NOT_COMPARED, airflow_env, daily_runs, differing_tabl
 from gem.airflow_runs import run_log
 from gem.config import REPO_ROOT, load_config
 from gem.data.delta_log import partition_types, read_table, table_version
+from gem.lakehouse.backfill_hold import live_holds
 from gem.lakehouse.staleness import DONE, Ledger, all_records
 from gem.lakehouse.tables import table_path
-from gem.orchestration import RETRIES_ENV, RETRY_DELAY_ENV
+from gem.orchestration import BACKFILL_POKE_ENV
 from schemas import TABLES
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
@@ -56,9 +56,13 @@ def beside(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[s
     env = airflow_env(tmp / "shared" / "airflow_home", shared)
     daily_runs(env, DAYS[:3])
     backfill = _gem(["backfill", "--start", DAYS[0], "--end", DAYS[2], "--config", str(shared)], env)
-    # Retries as in production (2 tries, 5 minutes apart), tighter: enough for the backfill to finish.
-    daily = _gem(["run", "--ds", DAYS[3], "--config", str(shared)],
-                 env | {RETRIES_ENV: "30", RETRY_DELAY_ENV: "20"})
+    shared_cfg = load_config(str(shared))
+    deadline = time.monotonic() + 120
+    while not live_holds(shared_cfg):  # the daily run starts once the backfill holds its range
+        assert backfill.poll() is None and time.monotonic() < deadline, backfill.communicate()[0][-4000:]
+        time.sleep(0.5)
+    # The demo's retries (one, 10 s apart): the wait for the backfill must not spend them.
+    daily = _gem(["run", "--ds", DAYS[3], "--config", str(shared)], env | {BACKFILL_POKE_ENV: "10"})
     outputs = {name: proc.communicate(timeout=3000)[0] for name, proc in (("backfill", backfill), ("daily", daily))}
     outputs["daily_log"] = run_log(env, DAYS[3]).read_text()
     outputs["codes"] = {"backfill": backfill.returncode, "daily": daily.returncode}
@@ -66,12 +70,6 @@ def beside(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[s
     return reference, shared, outputs
 
 
-CONVERGES = pytest.mark.xfail(reason="a daily run beside a backfill can consume a day the backfill rewrites later; "
-                                     "its record goes stale and the run cannot finish by retries (module docstring)",
-                              strict=False)
-
-
-@CONVERGES
 def test_tables_equal_the_days_run_one_after_the_other(beside) -> None:
     reference, shared, outputs = beside
     assert outputs["codes"]["daily"] == 0, outputs["daily"][-4000:]
@@ -97,15 +95,15 @@ def test_no_record_names_a_version_that_does_not_hold_its_day(beside) -> None:
     assert checked >= 30
 
 
-def test_day_4_refused_the_day_3_being_rewritten(beside) -> None:
+def test_day_4_waited_for_the_backfill(beside) -> None:
     _, _, outputs = beside
-    # A try of a day-4 stage that carries state refused the day 3 being rewritten, naming it.
-    refusals = re.findall(r"(?:StaleInputError|MissingInputError): (build_sequences ds=2026-01-04 needs [^\n]*)",
-                          outputs["daily_log"])
-    assert refusals and all("ds=2026-01-03" in r for r in refusals), outputs["daily_log"][-4000:]
+    # Day 4's build_sequences reads its own record of day 3: it waited, naming it, without failing a try.
+    waits = re.findall(r"waiting for a backfill: (build_sequences ds=2026-01-04 reads [^\n]*)", outputs["daily_log"])
+    assert waits and all("build_sequences ds=2026-01-03, which backfill 2026-01-01..2026-01-03" in w for w in waits), \
+        outputs["daily_log"][-4000:]
+    assert "StaleInputError" not in outputs["daily_log"] and "MissingInputError" not in outputs["daily_log"]
 
 
-@CONVERGES
 def test_every_record_is_done(beside) -> None:
     _, shared, outputs = beside
     assert outputs["codes"]["daily"] == 0, outputs["daily"][-4000:]

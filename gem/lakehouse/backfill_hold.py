@@ -1,0 +1,99 @@
+"""A backfill's hold on the days after its range: a later run that reads a day being rewritten waits.
+
+While `gem backfill --start A --end B` rewrites days A..B, a run of a later day D that reads one of
+them (the registry's needs: build_sequences of D reads its own record of D-1, build_features the
+counter window before D, mix its training days) could build on a day the backfill rewrites after
+the read. Its record would then rest on replaced data (stale, gem.lakehouse.staleness), and retries
+of the stages after it could never succeed, since Airflow does not rerun a task that succeeded
+(measured: day 4's build_features read day 3 between the backfill's rewrites of days 2 and 3, and
+validate_silver of day 4 refused on each of 27 retries). So the backfill holds its range for its
+whole duration, and `StageCommit.begin` of such a run raises BackfillInProgressError before it
+reads anything; the DAG's task turns that into a reschedule (gem.orchestration.run_stage_task), so
+the day waits without spending its retries and runs once the backfill has finished.
+
+Limits, by design: a later run that read its inputs before the backfill began is not stopped (its
+records go stale when the backfill rewrites what they read; `gem backfill` lists them with the one
+command that reruns them), and a run of a day inside the range other than the backfill's own is not
+held (the per-(stage, day) lease keeps two runs of one day from writing at once).
+
+The hold is a lease file `{lakehouse}/_ops/backfills/{A}..{B}.json` (gem.lakehouse.lease) that the
+backfill renews every RENEW_S seconds. A backfill killed without releasing it stops holding at once
+on its own host (its pid is gone) and on any other EXPIRY_S seconds after its last renewal.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from gem.config import GemConfig
+from gem.lakehouse import lease
+
+EXPIRY_S = 120.0
+RENEW_S = 15.0
+
+
+class BackfillInProgressError(RuntimeError):
+    """A run needs a day that an unfinished backfill is rewriting; run it again once that has finished."""
+
+
+def holds_dir(cfg: GemConfig) -> Path:
+    return Path(cfg.lakehouse_uri) / "_ops" / "backfills"
+
+
+def hold_path(cfg: GemConfig, start: str, end: str) -> Path:
+    return holds_dir(cfg) / f"{start}..{end}.json"
+
+
+@contextmanager
+def hold(cfg: GemConfig, start: str, end: str, run_id: str) -> Iterator[lease.Lease]:
+    """Hold days start..end for the duration of the block (renewed in a background thread);
+    LeaseHeldError naming the holder when a live backfill already holds this very range."""
+    held = lease.acquire_path(hold_path(cfg, start, end), run_id, f"backfill {start}..{end}",
+                              expiry_s=EXPIRY_S, renewed=True)
+    stop = threading.Event()
+
+    def renew() -> None:
+        while not stop.wait(RENEW_S):
+            held.renew()
+
+    renewer = threading.Thread(target=renew, name=f"backfill-hold-{start}..{end}", daemon=True)
+    renewer.start()
+    try:
+        yield held
+    finally:
+        stop.set()
+        renewer.join()
+        held.release()
+
+
+def live_holds(cfg: GemConfig) -> list[tuple[str, str, dict]]:
+    """(first day, last day, holder) of every live backfill hold, oldest range first."""
+    folder = holds_dir(cfg)
+    if not folder.is_dir():
+        return []
+    holds = []
+    for path in sorted(folder.glob("*..*.json")):
+        start, _, end = path.name.removesuffix(".json").partition("..")
+        holder = lease.live_holder(path, EXPIRY_S, renewed=True)
+        if holder is not None:
+            holds.append((start, end, holder))
+    return holds
+
+
+def require_not_held(cfg: GemConfig, stage: str, ds: str, needed: Iterable[tuple[str, str]]) -> None:
+    """Raise BackfillInProgressError when the run of (stage, ds) comes after a live backfill's range
+    and reads a day inside it (`needed`: the (stage, day) records it reads)."""
+    needed = list(needed)
+    for start, end, holder in live_holds(cfg):
+        if ds <= end:
+            continue
+        inside = [(s, d) for s, d in needed if start <= d <= end]
+        if inside:
+            what = ", ".join(f"{s} ds={d}" for s, d in inside[:3]) + (" ..." if len(inside) > 3 else "")
+            raise BackfillInProgressError(
+                f"{stage} ds={ds} reads {what}, which backfill {start}..{end} is rewriting ({holder['run_id']}, "
+                f"pid {holder['pid']} on {holder['host']}, since {holder['started_at']}); it runs once that "
+                "backfill has finished")
