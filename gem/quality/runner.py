@@ -46,6 +46,8 @@ DOCS_ACTION_NAME = "update_data_docs"
 # Where the file context keeps its Data Docs site and its validation results, relative to cfg.gx_root.
 DOCS_SITE_DIR = Path("uncommitted") / "data_docs" / DOCS_SITE_NAME
 RESULTS_DIR = Path("uncommitted") / "validations"
+# An exclusive flock on this file (in the GX project folder) serializes processes using the project.
+PROJECT_LOCK_FILE = ".gem-project.lock"
 # How many offending values a result (and an error message) shows per expectation.
 SAMPLE_SIZE = 10
 
@@ -134,6 +136,27 @@ def _progress_bars_on(bars: Any) -> bool:
     if isinstance(bars, Mapping):
         return bool(bars.get("globally", True) or bars.get("metric_calculations", True))
     return bool(bars.globally or bars.metric_calculations)
+
+
+@contextmanager
+def project_lock(cfg: GemConfig) -> Iterator[None]:
+    """Hold the GX project for one process at a time (an exclusive flock on a file beside it).
+
+    GX's file stores are not safe for concurrent writers: a process that loaded the project before
+    another saved the same suite's validation definition fails on its own save (measured with a
+    backfill's day 1 and the next daily run ingesting at once: CheckpointRelatedResourcesFreshnessError
+    "ValidationDefinition 'bronze.ad_events.schema' has changed since it has last been saved"), and
+    both rewrite the Data Docs index. Validations are seconds long, so runs simply queue here."""
+    import fcntl
+
+    root = _local_dir(cfg.gx_root)
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / PROJECT_LOCK_FILE, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def open_context(cfg: GemConfig) -> FileDataContext:
@@ -336,14 +359,15 @@ def validate(
     started = time.perf_counter()
     assets = docs_assets.load_manifest()
     _require_docs_assets(cfg, assets)
-    context = open_context(cfg)
-    checkpoint = _checkpoint(context, suite_name, expectations, pandas=_is_pandas(df))
-    run_id = RunIdentifier(run_name=batch_label, run_time=dt.datetime.now(dt.UTC))
-    with _cached(df, cache) as batch:
-        result = checkpoint.run(batch_parameters={"dataframe": batch}, run_id=run_id)
-    (suite_result,) = result.run_results.values()
-    result_path, docs_page = _stored_paths(context, result)
-    _localize_docs(cfg, assets)
+    with project_lock(cfg):
+        context = open_context(cfg)
+        checkpoint = _checkpoint(context, suite_name, expectations, pandas=_is_pandas(df))
+        run_id = RunIdentifier(run_name=batch_label, run_time=dt.datetime.now(dt.UTC))
+        with _cached(df, cache) as batch:
+            result = checkpoint.run(batch_parameters={"dataframe": batch}, run_id=run_id)
+        (suite_result,) = result.run_results.values()
+        result_path, docs_page = _stored_paths(context, result)
+        _localize_docs(cfg, assets)
     report = ValidationReport(
         suite_name=suite_name,
         batch_label=batch_label,
@@ -388,9 +412,10 @@ def build_data_docs(cfg: GemConfig, rebuild: bool = True) -> Path:
     already rendered (that action also refreshes the index), which is all a daily job needs."""
     assets = docs_assets.load_manifest()
     _require_docs_assets(cfg, assets)
-    if rebuild or not (docs_site_dir(cfg) / "index.html").is_file():
-        open_context(cfg).build_data_docs(site_names=[DOCS_SITE_NAME])
-    _localize_docs(cfg, assets)
+    with project_lock(cfg):
+        if rebuild or not (docs_site_dir(cfg) / "index.html").is_file():
+            open_context(cfg).build_data_docs(site_names=[DOCS_SITE_NAME])
+        _localize_docs(cfg, assets)
     index = docs_site_dir(cfg) / "index.html"
     if not index.is_file():
         raise FileNotFoundError(f"GX did not write {index}")
