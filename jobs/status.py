@@ -59,6 +59,7 @@ def grid(cfg: GemConfig, days: list[str]) -> tuple[list[str], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from gem.lakehouse.backfill_hold import live_holds
     from gem.lakehouse.staleness import all_records
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -84,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     if stale:
         print(f"\n{len(stale)} stale:")
         print("\n".join(f"  {line}" for line in stale))
+    for first, last, holder in live_holds(cfg):
+        print(f"\nbackfill {first}..{last} running ({holder['run_id']}, pid {holder['pid']} on {holder['host']}, since "
+              f"{holder['started_at']}): runs of later days that read it wait until it has finished")
     return 0
 
 

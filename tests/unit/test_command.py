@@ -102,6 +102,20 @@ def test_status_lists_the_records_and_says_when_airflow_has_no_db(tmp_path: Path
     assert f"Airflow: no metadata DB in {tmp_path / 'airflow_home'} yet" in result.output
 
 
+def test_status_names_a_running_backfill(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gem.lakehouse.backfill_hold import hold
+
+    cfg = make_config(tmp_path, start_ds="2026-01-01")
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path / "airflow_home"))
+    cfg_file = _cfg_file(tmp_path, start_ds="2026-01-01", lakehouse_uri=cfg.lakehouse_uri)
+    args = ["status", "--end", "2026-01-04", "--no-airflow", "--config", str(cfg_file)]
+    with hold(cfg, "2026-01-01", "2026-01-03", "backfill-test"):
+        running = CliRunner().invoke(app, args)
+    assert running.exit_code == 0, running.output
+    assert "backfill 2026-01-01..2026-01-03 running (backfill-test" in running.output
+    assert "backfill 2026-01-01" not in CliRunner().invoke(app, args).output
+
+
 def test_rerun_all_starts_at_the_earliest_stale_stage_over_the_stale_days() -> None:
     from gem.command import rerun_all
 
