@@ -223,7 +223,8 @@ class StageCommit:
     def also_needs(self, stage_name: str, day: str) -> dict[str, Any]:
         """A record needed beyond the registry's day rules, known only from the data (e.g. the
         feature days of late impressions): required like the declared ones (MissingInputError
-        naming it), and its versions noted as read."""
+        naming it; BackfillInProgressError while a backfill rewrites it), and its versions noted as read."""
+        backfill_hold.require_not_held(self.cfg, self.stage.name, self.ds, [(stage_name, day)])
         record = completions.require_completed(self.cfg, stage_name, day)
         staleness.require_fresh(self.cfg, self.stage.name, self.ds, [(stage_name, day)])
         self.inputs[(stage_name, day)] = record

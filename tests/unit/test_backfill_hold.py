@@ -51,6 +51,15 @@ def test_the_stage_contract_refuses_before_it_reads_anything(tmp_path):
         StageCommit.begin(ctx, "build_sequences", LATER)
 
 
+def test_a_record_needed_beyond_the_day_rules_is_held_too(tmp_path):
+    cfg = make_config(tmp_path)
+    commit = StageCommit.join(cfg, "distill", LATER, "distill:test")  # distill also reads precompute of its training day
+    with hold(cfg, START, END, "backfill-test"), pytest.raises(BackfillInProgressError, match="precompute ds=2026-01-03"):
+        commit.also_needs("precompute", END)
+    with pytest.raises(MissingInputError):
+        commit.also_needs("precompute", END)
+
+
 def test_a_second_backfill_of_the_same_range_is_refused(tmp_path):
     cfg = make_config(tmp_path)
     second = ("import sys; from pathlib import Path; from tests.support import make_config; "
