@@ -194,6 +194,17 @@ def test_each_variant_trains(variant):
         assert last[term] < 0.7 * first[term], (variant, term, first, last)
 
 
+def _held_out_serving_loss(task: StudentTask, train: list, held_out, steps: int) -> float:
+    """Adam steps over the train batches in turn; -> the serving head's loss on held_out."""
+    opt = torch.optim.Adam(task.parameters(), lr=3e-3)
+    for step in range(steps):
+        opt.zero_grad()
+        task(train[step % len(train)])[0].backward()
+        opt.step()
+    with torch.no_grad():
+        return float(task.loss_terms(held_out)[0]["serving"])
+
+
 def _labels_from_past_codes(batch):
     """The batch with nothing to learn from but its history codes: constant ids, zero counters, no
     sequences, an FM prediction of 0.3 everywhere; both labels = [mean first code of the example's
@@ -222,16 +233,7 @@ def test_history_codes_carry_to_the_serving_head_what_nothing_else_does():
     rate = float(held_out.labels[:, 0].mean())
     assert 0.15 < rate < 0.85
     base_rate_loss = 2 * -(rate * math.log(rate) + (1 - rate) * math.log(1 - rate))  # two tasks
-    held_out_loss = {}
-    for variant in ("kd", "kd_loopfm"):
-        task = _student(variant)
-        opt = torch.optim.Adam(task.parameters(), lr=3e-3)
-        for step in range(60):
-            opt.zero_grad()
-            task(train[step % len(train)])[0].backward()
-            opt.step()
-        with torch.no_grad():
-            held_out_loss[variant] = float(task.loss_terms(held_out)[0]["serving"])
+    held_out_loss = {v: _held_out_serving_loss(_student(v), train, held_out, steps=60) for v in ("kd", "kd_loopfm")}
     assert held_out_loss["kd"] > 0.95 * base_rate_loss, (held_out_loss, base_rate_loss)
     assert held_out_loss["kd_loopfm"] < 0.85 * base_rate_loss, (held_out_loss, base_rate_loss)
 
@@ -263,16 +265,7 @@ def test_the_kd_student_beats_the_baseline_where_the_fm_knows_more():
         p_by_ad = 0.02 + 0.6 * torch.rand(16, generator=torch.Generator().manual_seed(100 + seed))
         train = [_fm_knows(64, 10 * seed + i, p_by_ad) for i in range(2)]
         held_out = _fm_knows(4096, 999 + seed, p_by_ad)
-        loss = {}
-        for variant in ("baseline", "kd"):
-            task = _student(variant, seed=seed)
-            opt = torch.optim.Adam(task.parameters(), lr=3e-3)
-            for step in range(80):
-                opt.zero_grad()
-                task(train[step % len(train)])[0].backward()
-                opt.step()
-            with torch.no_grad():
-                loss[variant] = float(task.loss_terms(held_out)[0]["serving"])
+        loss = {v: _held_out_serving_loss(_student(v, seed=seed), train, held_out, steps=80) for v in ("baseline", "kd")}
         assert loss["kd"] < loss["baseline"] - 0.02, (seed, loss)
 
 
