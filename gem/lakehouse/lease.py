@@ -92,20 +92,34 @@ def _holder_gone(holder: dict, path: Path, expiry_s: float, renewed: bool, takin
     return (dt.datetime.now(dt.timezone.utc) - started).total_seconds() > expiry_s
 
 
-def live_holder(path: Path, expiry_s: float = LEASE_EXPIRY_S, renewed: bool = False) -> dict | None:
-    """The holder of the lease file `path` when it is alive (as `acquire_path` judges it: a lease
-    being written counts as alive), else None; for readers that wait on a lease without taking it."""
+# What `_read_holder` returns for a lease file being written this instant (or whose writer was
+# killed mid-write less than WRITING_GRACE_S ago): taken, by a holder not yet known.
+BEING_WRITTEN = {"run_id": "?", "host": "?", "pid": "?", "started_at": "?"}
+WRITING_GRACE_S = 60
+
+
+def _read_holder(path: Path) -> dict | None:
+    """The lease file's holder; BEING_WRITTEN while it is being written; {} for a file left half
+    written long ago (its writer is gone); None when there is no file."""
     try:
-        holder = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except FileNotFoundError:
         return None
     except json.JSONDecodeError:
         try:
-            fresh = dt.datetime.now().timestamp() - path.stat().st_mtime < 60
+            fresh = dt.datetime.now().timestamp() - path.stat().st_mtime < WRITING_GRACE_S
         except FileNotFoundError:
             return None
-        return {"run_id": "?", "host": "?", "pid": "?", "started_at": "?"} if fresh else None
-    return None if _holder_gone(holder, path, expiry_s, renewed, taking=False) else holder
+        return BEING_WRITTEN if fresh else {}
+
+
+def live_holder(path: Path, expiry_s: float = LEASE_EXPIRY_S, renewed: bool = False) -> dict | None:
+    """The holder of the lease file `path` when it is alive (as `acquire_path` judges it: a lease
+    being written counts as alive), else None; for readers that wait on a lease without taking it."""
+    holder = _read_holder(path)
+    if holder is BEING_WRITTEN:
+        return holder
+    return holder if holder and not _holder_gone(holder, path, expiry_s, renewed, taking=False) else None
 
 
 def acquire(cfg: GemConfig, stage: str, ds: str, run_id: str) -> Lease:
@@ -126,14 +140,11 @@ def acquire_path(path: Path, run_id: str, what: str, expiry_s: float = LEASE_EXP
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
-            try:
-                holder = json.loads(path.read_text())
-            except FileNotFoundError:
+            holder = _read_holder(path)
+            if holder is None:
                 continue  # released meanwhile
-            except json.JSONDecodeError:  # being written this instant, or its writer was killed mid-write
-                if dt.datetime.now().timestamp() - path.stat().st_mtime < 60:
-                    raise LeaseHeldError(f"{what}: another run is taking the lease {path}; retry") from None
-                holder = {}
+            if holder is BEING_WRITTEN:
+                raise LeaseHeldError(f"{what}: another run is taking the lease {path}; retry")
             if holder and not _holder_gone(holder, path, expiry_s, renewed):
                 raise LeaseHeldError(
                     f"{what} is being run by {holder['run_id']} (host {holder['host']}, pid "
