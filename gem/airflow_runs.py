@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -109,24 +109,35 @@ def run_day(ds: str, env: dict[str, str], log: Path, on_task: Callable[[TaskLine
     `on_task` gets each task as it finishes, read from the metadata DB."""
     log.parent.mkdir(parents=True, exist_ok=True)
     db = airflow_home(env) / "airflow.db"
-    before = newest_run_id(db)
-    reported: set[str] = set()
-
-    def report() -> None:
-        for line in finished_tasks(db, ds, dag_id, newer_than=before):
-            if line.task not in reported:
-                reported.add(line.task)
-                on_task(line)
-
+    reporter = TaskReporter(db, ds, newest_run_id(db), on_task, dag_id)
     with open(log, "w") as out:
         proc = subprocess.Popen(
             ["bash", "-c", f". infra/airflow/airflow_env.sh && airflow dags test {dag_id} {manual_logical_date(ds)}"],
             cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
         while proc.poll() is None:
             time.sleep(POLL_S)
-            report()
-    report()
+            reporter.report()
+    reporter.report()
     return proc.returncode == 0
+
+
+@dataclass
+class TaskReporter:
+    """Hands each task of the run of ds that started after run id `before` to `on_task` once, as it
+    finishes (`report()` polls the metadata DB)."""
+
+    db: Path
+    ds: str
+    before: int
+    on_task: Callable[[TaskLine], None]
+    dag_id: str = DAG_ID
+    reported: set[str] = field(default_factory=set)
+
+    def report(self) -> None:
+        for line in finished_tasks(self.db, self.ds, self.dag_id, newer_than=self.before):
+            if line.task not in self.reported:
+                self.reported.add(line.task)
+                self.on_task(line)
 
 
 def run_log(env: Mapping[str, str], ds: str, dag_id: str = DAG_ID) -> Path:

@@ -1,14 +1,15 @@
 """`make demo`: run the daily DAG through Airflow for the demo days, then say where everything is.
 
 The first `demo.bulk_days` days load through the bulk path (gem.bulk: every stage in one process
-and Spark session, as a history is loaded before daily runs take over). For each later demo day D
-it runs `airflow dags test gem_daily <D+1 00:00:01>` (a manual run covers the last full
-day before its logical date, so it processes ds=D; see gem/orchestration.py) against a SQLite
-metadata DB in .airflow/, with $GEM_CONFIG pointing the jobs at the demo config. It prints one line
-per task as it finishes (day, task, state, seconds); Airflow's and the jobs' (Spark's) output goes to
-.airflow/runs/gem_daily-<D>.log, whose path it prints first. At the end it
-reads the tables back through the Delta log with the `deltalake` package (no Spark) and prints
-their locations, row counts per day and the data-quality report's path.
+and Spark session, as a history is loaded before daily runs take over). Each later demo day D runs
+as `airflow dags test gem_daily <D+1 00:00:01>` (a manual run covers the last full day before its
+logical date, so it processes ds=D; see gem/orchestration.py) against a SQLite metadata DB in
+.airflow/, with $GEM_CONFIG pointing the jobs at the demo config. Both happen in one child process
+(gem.demo_process), so the Airflow days' Spark stages run on the bulk days' warm JVM. It prints one
+line per stage or task as it finishes (day, task, state, seconds); Spark's log goes to
+.airflow/runs/demo-<first>..<last>.spark.log and each Airflow run's to .airflow/runs/gem_daily-<D>.log,
+whose paths it prints first. At the end it reads the tables back through the Delta log with the
+`deltalake` package (no Spark) and prints their locations, row counts per day and the reports' paths.
 """
 
 from __future__ import annotations
@@ -20,33 +21,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gem.airflow_runs import airflow_env, airflow_home, init_db, run_day, run_log
+from gem.airflow_runs import airflow_env, airflow_home, init_db, run_log
 from gem.config import REPO_ROOT, GemConfig, load_config
 from gem.days import day_range, shift_day
 from schemas.metrics import GOLD_METRICS
 
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "demo.yaml"
-
-
-def load_bulk_days(cfg_path: Path, days: list[str], env: dict[str, str]) -> float:
-    """The first demo days through the bulk path (`python -m gem.bulk`), one line per stage as it
-    finishes; its Spark output goes to a log file whose path is printed. -> seconds; exits on failure."""
-    import subprocess
-
-    log = airflow_home(env) / "runs" / f"bulk-{days[0]}..{days[-1]}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    print(f"bulk path ds={days[0]}..{days[-1]} (every stage in one process and Spark session): its Spark log: {log}",
-          flush=True)
-    t0 = time.time()
-    cmd = [sys.executable, "-m", "gem.bulk", "--start", days[0], "--end", days[-1], "--config", str(cfg_path.resolve())]
-    with open(log, "w") as err:
-        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            print(line.rstrip(), flush=True)
-    if proc.wait() != 0:
-        raise SystemExit(f"demo failed: the bulk path for ds={days[0]}..{days[-1]} failed; see {log}")
-    return time.time() - t0
 
 
 def demo_days(cfg: GemConfig) -> tuple[list[str], list[str]]:
@@ -56,24 +36,78 @@ def demo_days(cfg: GemConfig) -> tuple[list[str], list[str]]:
 
 
 def run_days(cfg_path: Path, cfg: GemConfig) -> list[tuple[str, float]]:
-    """Run the demo days in order: the first demo.bulk_days through the bulk path, the others
-    through Airflow; one line per task as it finishes, each run's Airflow (and Spark) log in a file
-    whose path is printed. -> (what ran, seconds) per run; exits on a failed run."""
+    """Run the demo days in order in one process (gem.demo_process): the first demo.bulk_days through
+    the bulk path, the others through Airflow's `dags test`, so every Spark stage after the first runs
+    on one warm JVM. One line per stage or task as it finishes; Spark's log and each Airflow run's log
+    go to files whose paths are printed. -> (what ran, seconds) per part; exits on a failure."""
+    import queue
+    import subprocess
+    import threading
+
+    from gem.airflow_runs import POLL_S, TaskReporter
+    from gem.demo_process import DAY_DONE, DAY_START
+
     env = airflow_env(cfg, cfg_path)
     env.setdefault("GEM_TASK_RETRIES", "1")
     env.setdefault("GEM_TASK_RETRY_DELAY_S", "10")  # a demo fails fast instead of waiting 5 minutes
     init_db(env)
-    timings = []
     bulk, daily = demo_days(cfg)
-    if bulk:
-        timings.append((f"bulk path ds={bulk[0]}..{bulk[-1]}", load_bulk_days(cfg_path, bulk, env)))
-    for ds in daily:
-        log = run_log(env, ds)
-        print(f"gem_daily ds={ds}: Airflow's and Spark's log: {log}", flush=True)
-        t0 = time.time()
-        if not run_day(ds, env, log, on_task=lambda line: print(line, flush=True)):
-            raise SystemExit(f"demo failed: the gem_daily run of ds={ds} failed; see {log}")
-        timings.append((f"gem_daily run of ds={ds}", time.time() - t0))
+    days = bulk + daily
+    spark_log = airflow_home(env) / "runs" / f"demo-{days[0]}..{days[-1]}.spark.log"
+    spark_log.parent.mkdir(parents=True, exist_ok=True)
+    args = ([f"--bulk-start {bulk[0]} --bulk-end {bulk[-1]}"] if bulk else []) + [f"--airflow-day {ds}" for ds in daily]
+    print(f"demo days {days[0]}..{days[-1]} in one process and one Spark session (bulk path: "
+          f"{bulk[0] + '..' + bulk[-1] if bulk else 'none'}; through Airflow: {', '.join(daily) or 'none'}); "
+          f"Spark's log: {spark_log}", flush=True)
+    command = (f". infra/airflow/airflow_env.sh && exec {sys.executable} -m gem.demo_process "
+               f"--config {cfg_path.resolve()} {' '.join(args)}")
+    lines: queue.Queue[str | None] = queue.Queue()
+    timings: list[tuple[str, float]] = []
+    with open(spark_log, "w") as err:
+        proc = subprocess.Popen(["bash", "-c", command], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
+                                stderr=err, text=True)
+
+        def pump() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                lines.put(line.rstrip("\n"))
+            lines.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+        t0, reporter, part = time.time(), None, f"bulk path ds={bulk[0]}..{bulk[-1]}" if bulk else None
+        while True:
+            try:
+                line = lines.get(timeout=POLL_S)
+            except queue.Empty:
+                line = ""
+            if reporter is not None:
+                reporter.report()
+            if line is None:
+                break
+            word, *rest = line.split() or [""]
+            if word == DAY_START:
+                if part is not None:
+                    timings.append((part, time.time() - t0))
+                ds, before = rest
+                print(f"gem_daily ds={ds}: Airflow's log: {run_log(env, ds)}", flush=True)
+                t0, part = time.time(), f"gem_daily run of ds={ds}"
+                reporter = TaskReporter(airflow_home(env) / "airflow.db", ds, int(before),
+                                        lambda task: print(task, flush=True))
+            elif word == DAY_DONE:
+                ds, outcome = rest
+                if reporter is not None:
+                    reporter.report()
+                reporter = None
+                if outcome != "ok":
+                    raise SystemExit(f"demo failed: the gem_daily run of ds={ds} failed; see {run_log(env, ds)}")
+                timings.append((part or ds, time.time() - t0))
+                part = None
+            elif line:
+                print(line, flush=True)
+    if proc.wait() != 0:
+        raise SystemExit(f"demo failed (exit {proc.returncode}); see {spark_log}")
+    if part is not None:
+        timings.append((part, time.time() - t0))
     return timings
 
 
