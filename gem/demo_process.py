@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -102,9 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.bulk_start is not None:
         for run in run_range(load_config(args.config), args.bulk_start, args.bulk_end):
             print(run.line(), flush=True)
-    for ds in args.airflow_day:
-        if not run_airflow_day(ds, sys.stdout):
-            return 1
+    try:
+        for ds in args.airflow_day:
+            if not run_airflow_day(ds, sys.stdout):
+                return 1
+    finally:
+        # Airflow's logging writes to stdout; py4j's goodbye at exit would land among the parent's lines.
+        logging.getLogger("py4j").setLevel(logging.WARNING)
     return 0
 
 

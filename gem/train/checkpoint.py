@@ -30,6 +30,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
+from gem.faults import crash_point
+
 EXTRA = "extra.json"
 PREFIX = "step-"
 
@@ -85,6 +87,7 @@ def save(root: Path, step: int, state: dict[str, Any], extra: dict[str, Any]) ->
     tmp = root / f".tmp-{PREFIX}{step:08d}-{nonce}"
     with _single_process_ok():
         dcp.save(state, checkpoint_id=str(tmp))
+    crash_point("checkpoint:shards_written")  # bench.faults kills a save half done here
     if _is_rank0():
         (tmp / EXTRA).write_text(json.dumps({"step": step, **extra}))
         os.rename(tmp, final)  # atomic on one filesystem

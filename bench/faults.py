@@ -1,0 +1,287 @@
+"""Fault drills: kill each stage with SIGKILL at points spread over its run; check, rerun, compare.
+
+    python -m bench.faults [--kills 20] [--stages ingest_events,pretrain] [--days 4] [--root DIR]
+
+A small synthetic world (bench.backfill.world_config, pretraining long enough to be killed between
+steps and during its checkpoint saves). Days 1 .. N-1 load through the bulk path; day N is the day
+under test. For each stage, in the registry's order:
+  before   the lakehouse as it stands when the stage's turn comes on day N (every earlier stage of
+           day N done), saved aside;
+  clean    the stage's job (`python -m jobs.<module> --ds N`, the command its Airflow task runs)
+           run to the end on a copy of `before`: its wall time T and every table's rows;
+  trial k  `before` restored, the job started again in its own process group and the group
+           SIGKILLed at k / (kills + 1) x T (pretraining: one more trial killed inside a checkpoint
+           save, at the named crash point `checkpoint:shards_written`). Then, before any rerun:
+             * no reader sees partial data: every table's rows, per unit of commit (a partition
+               day; a precompute shard within it), equal either `before`'s or the clean run's;
+             * no completion record claims the day unless every table already equals the clean run's;
+           then the job reruns to the end (its wall time is the recovery time) and every table must
+           equal the clean run's (run ids, times, versions and paths aside: bench.backfill's
+           NOT_COMPARED); for pretraining also the per-step losses of the promoted checkpoint, bit
+           for bit: training resumed from the killed run's last checkpoint exactly.
+Prints per stage: trials, kills that landed before the job ended, survived, and the slowest recovery.
+Every table is read through its Delta log (gem.data.delta_log), as readers outside Spark read it.
+tests/e2e/test_faults.py runs a small version (two stages, two kills each).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench.backfill import NOT_COMPARED, START_DS, world_config
+from gem.days import day_range, shift_day
+from gem.faults import ENV_VAR as CRASH_ENV
+from gem.lakehouse.stages import STAGES, command
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# Pretraining in the drill: enough steps and checkpoints that kills land between steps and saves.
+TRAIN = {"steps": 24, "checkpoint_every": 6}
+CHECKPOINT_SAVE = "checkpoint:shards_written"
+# Rows of one unit of commit: (table, partition day, shard or None) -> sorted rows.
+Units = dict[tuple[str, str, Any], list[tuple[str, ...]]]
+
+
+@dataclass
+class StageDrill:
+    stage: str
+    clean_s: float
+    trials: int = 0
+    landed: int = 0  # kills that came before the job ended (the others found it finished)
+    survived: int = 0
+    slowest_recovery_s: float = 0.0
+    failures: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        return (f"  {self.stage:<20} {self.trials:>6} {self.landed:>6} {self.survived:>8} "
+                f"{self.slowest_recovery_s:>12.1f}s {self.clean_s:>9.1f}s")
+
+
+def drill_config(root: Path) -> Path:
+    """bench.backfill's small world with the drill's pretraining (TRAIN)."""
+    path = world_config(root)
+    cfg = yaml.safe_load(path.read_text())
+    cfg["train"] = {**cfg.get("train", {}), **TRAIN}
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def table_units(lakehouse: Path) -> Units:
+    """Every table's rows under `lakehouse` (NOT_COMPARED columns dropped), grouped by unit of commit."""
+    from gem.data.delta_log import read_table
+    from schemas import TABLES
+
+    units: Units = defaultdict(list)
+    for name, schema in TABLES.items():
+        path = Path(schema.path(str(lakehouse)))
+        if not (path / "_delta_log").is_dir():
+            continue
+        table = read_table(str(path))
+        keep = [c for c in table.column_names if c not in NOT_COMPARED]
+        for row in table.select(keep).to_pylist():
+            units[(name, str(row.get("ds")), row.get("shard"))].append(tuple(repr(v) for v in row.values()))
+    return {key: sorted(rows) for key, rows in units.items()}
+
+
+def partial_units(now: Units, before: Units, clean: Units) -> list[str]:
+    """The units of commit whose rows equal neither before's nor the clean run's."""
+    return [f"{t} ds={ds}" + (f" shard={shard}" if shard is not None else "")
+            for (t, ds, shard) in sorted(set(now) | set(before) | set(clean), key=str)
+            if now.get((t, ds, shard)) not in (before.get((t, ds, shard)), clean.get((t, ds, shard)))]
+
+
+def differing_tables(now: Units, clean: Units) -> list[str]:
+    """The tables with a unit of commit whose rows differ from the clean run's."""
+    return sorted({t for (t, ds, shard) in set(now) | set(clean) if now.get((t, ds, shard)) != clean.get((t, ds, shard))})
+
+
+def recorded(cfg_path: Path, stage: str, ds: str) -> bool:
+    from gem.config import load_config
+    from gem.lakehouse.completions import completion
+
+    return completion(load_config(str(cfg_path)), stage, ds) is not None
+
+
+def step_losses(cfg_path: Path, ds: str) -> list[Any] | None:
+    """The per-step losses kept in the checkpoint pretraining promoted for ds (None: none promoted)."""
+    from gem.config import load_config
+    from gem.train import checkpoint, promotion
+    from gem.train.daily import checkpoint_root
+
+    cfg = load_config(str(cfg_path))
+    promoted = promotion.of_day(checkpoint_root(cfg), cfg.model.arch, ds)
+    return None if promoted is None else checkpoint.read_extra(Path(promoted.checkpoint)).get("losses")
+
+
+def job_env(cfg_path: Path, crash_at: str | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != CRASH_ENV and not k.startswith("GEM__")}
+    env["GEM_CONFIG"] = str(cfg_path)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    if crash_at:
+        env[CRASH_ENV] = crash_at
+    return env
+
+
+def start(stage: str, ds: str, cfg_path: Path, log: Path, crash_at: str | None = None) -> subprocess.Popen[bytes]:
+    """The stage's job for ds as its Airflow task's command runs it, in its own process group."""
+    argv = command(stage, ds).split()[1:]  # "python -m jobs.x --ds D ..." without "python"
+    out = open(log, "ab")  # noqa: SIM115 - handed to the child; closed with the process object
+    return subprocess.Popen([sys.executable, *argv, "--config", str(cfg_path)], cwd=REPO_ROOT,
+                            env=job_env(cfg_path, crash_at), stdout=out, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def run_to_end(stage: str, ds: str, cfg_path: Path, log: Path) -> float:
+    """Run the job to the end; -> its wall seconds. Raises when it failed (exit 99, nothing ready, is fine)."""
+    t0 = time.monotonic()
+    code = start(stage, ds, cfg_path, log).wait()
+    if code not in (0, 99):
+        raise RuntimeError(f"{stage} ds={ds} exited {code}; see {log}")
+    return time.monotonic() - t0
+
+
+def kill_group(proc: subprocess.Popen[bytes], after_s: float) -> bool:
+    """SIGKILL the job's process group after `after_s` seconds; -> whether it was still running."""
+    try:
+        proc.wait(timeout=after_s)
+        return False
+    except subprocess.TimeoutExpired:
+        pass
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    return True
+
+
+def reap_group(proc: subprocess.Popen[bytes]) -> None:
+    """Kill whatever the job left in its process group (e.g. after it killed itself at a crash point)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def restore(snapshot: Path, lakehouse: Path) -> None:
+    shutil.rmtree(lakehouse, ignore_errors=True)
+    shutil.copytree(snapshot, lakehouse, symlinks=True)
+
+
+def prepare(root: Path, days: list[str], log: Path) -> Path:
+    """The drill's world with days[:-1] loaded through the bulk path; -> its config."""
+    cfg_path = drill_config(root / "world")
+    with open(log, "ab") as out:
+        subprocess.run([sys.executable, "-m", "gem.bulk", "--start", days[0], "--end", days[-2],
+                        "--config", str(cfg_path)], cwd=REPO_ROOT, env=job_env(cfg_path), stdout=out,
+                       stderr=subprocess.STDOUT, check=True)
+    return cfg_path
+
+
+def drill_stage(stage: str, ds: str, cfg_path: Path, lakehouse: Path, snapshots: Path, kills: int,
+                log: Path) -> StageDrill:
+    """The clean run and the kill trials of one stage; leaves the lakehouse as the clean run left it."""
+    before_dir = snapshots / f"{stage}-before"
+    shutil.copytree(lakehouse, before_dir, symlinks=True)
+    before = table_units(lakehouse)
+    clean_s = run_to_end(stage, ds, cfg_path, log)
+    clean, clean_losses = table_units(lakehouse), step_losses(cfg_path, ds) if stage == "pretrain" else None
+    clean_dir = snapshots / f"{stage}-clean"
+    shutil.copytree(lakehouse, clean_dir, symlinks=True)
+    drill = StageDrill(stage, clean_s)
+    trials = [(clean_s * k / (kills + 1), None) for k in range(1, kills + 1)]
+    if stage == "pretrain":
+        trials.append((clean_s * 10, CHECKPOINT_SAVE))  # killed by its own crash point, in the first save
+    for after_s, crash_at in trials:
+        restore(before_dir, lakehouse)
+        drill.trials += 1
+        proc = start(stage, ds, cfg_path, log, crash_at)
+        landed = kill_group(proc, after_s) or (crash_at is not None and proc.returncode == -signal.SIGKILL)
+        reap_group(proc)
+        drill.landed += landed
+        what = f"{stage} killed at {after_s:.1f}s" if crash_at is None else f"{stage} killed at {crash_at}"
+        problems = [f"{what}: partial {unit}" for unit in partial_units(table_units(lakehouse), before, clean)]
+        if recorded(cfg_path, stage, ds) and table_units(lakehouse) != clean:
+            problems.append(f"{what}: a completion record claims day {ds} before its tables are complete")
+        t0 = time.monotonic()
+        try:
+            run_to_end(stage, ds, cfg_path, log)
+        except RuntimeError as e:
+            problems.append(f"{what}: the rerun failed: {e}")
+        drill.slowest_recovery_s = max(drill.slowest_recovery_s, time.monotonic() - t0)
+        if not problems:
+            problems += [f"{what}: after the rerun {t} differs from the clean run"
+                         for t in differing_tables(table_units(lakehouse), clean)]
+            if not recorded(cfg_path, stage, ds) and recorded_in(clean_dir, cfg_path, stage, ds):
+                problems.append(f"{what}: the rerun published no completion record")
+            if stage == "pretrain" and step_losses(cfg_path, ds) != clean_losses:
+                problems.append(f"{what}: the resumed training's per-step losses differ from the clean run's")
+        drill.survived += not problems
+        drill.failures += problems
+        print(f"    {what}: {'landed' if landed else 'job had ended'}; "
+              f"{'survived' if not problems else '; '.join(problems)}", flush=True)
+    restore(clean_dir, lakehouse)
+    return drill
+
+
+def recorded_in(lakehouse_copy: Path, cfg_path: Path, stage: str, ds: str) -> bool:
+    """Whether the lakehouse copy holds a completion record of (stage, ds)."""
+    from gem.config import load_config
+    from gem.lakehouse.completions import completion
+
+    cfg = load_config(str(cfg_path), overrides={"lakehouse_uri": str(lakehouse_copy)})
+    return completion(cfg, stage, ds) is not None
+
+
+def main(argv: list[str] | None = None) -> int:
+    names = [s.name for s in STAGES]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kills", type=int, default=20, help="kill points per stage, spread over its run")
+    parser.add_argument("--stages", default=",".join(n for n in names if n != "generate_events"),
+                        help="comma-separated stages to drill (default: every stage that writes or checks a table)")
+    parser.add_argument("--days", type=int, default=4, help="the day under test is the last of this many")
+    parser.add_argument("--root", default=None, help="working folder (default: a temporary one, removed)")
+    args = parser.parse_args(argv)
+    chosen = [s.strip() for s in args.stages.split(",") if s.strip()]
+    unknown = sorted(set(chosen) - set(names))
+    if unknown or args.kills < 1 or args.days < 2:
+        parser.error(f"unknown stages {unknown}; stages: {', '.join(names)}" if unknown
+                     else "--kills must be >= 1 and --days >= 2")
+    days = day_range(START_DS, shift_day(START_DS, args.days - 1))
+    with tempfile.TemporaryDirectory(prefix="gem-faults-") as tmp:
+        root = Path(args.root) if args.root else Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        log = root / "jobs.log"
+        print(f"fault drill: days {days[0]}..{days[-1]}, day under test {days[-1]}, {args.kills} kills per "
+              f"stage; the jobs' output: {log}", flush=True)
+        cfg_path = prepare(root, days, log)
+        lakehouse = Path(yaml.safe_load(cfg_path.read_text())["lakehouse_uri"])
+        snapshots = root / "snapshots"
+        snapshots.mkdir(exist_ok=True)
+        drills = []
+        for name in names:  # registry order: each stage finds every earlier one done
+            if name in chosen:
+                print(f"  {name}:", flush=True)
+                drills.append(drill_stage(name, days[-1], cfg_path, lakehouse, snapshots, args.kills, log))
+            else:
+                run_to_end(name, days[-1], cfg_path, log)
+        print(f"\n  {'stage':<20} {'trials':>6} {'landed':>6} {'survived':>8} {'slowest recovery':>13} "
+              f"{'clean run':>10}")
+        for d in drills:
+            print(d.line())
+        failed = [f for d in drills for f in d.failures]
+        print("all survived" if not failed else f"{len(failed)} problems:\n  " + "\n  ".join(failed))
+        return 0 if not failed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
