@@ -125,6 +125,17 @@ def step_losses(cfg_path: Path, ds: str) -> list[Any] | None:
     return None if promoted is None else checkpoint.read_extra(Path(promoted.checkpoint)).get("losses")
 
 
+def last_checkpoint_step(cfg_path: Path, ds: str) -> int | None:
+    """The newest published checkpoint step of pretraining's run folder for ds (None: none yet)."""
+    from gem.config import load_config
+    from gem.train import checkpoint
+    from gem.train.daily import checkpoint_root
+
+    cfg = load_config(str(cfg_path))
+    latest = checkpoint.latest(checkpoint_root(cfg) / f"{cfg.model.arch}-{ds}")
+    return None if latest is None else int(checkpoint.read_extra(latest)["step"])
+
+
 def job_env(cfg_path: Path, crash_at: str | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != CRASH_ENV and not k.startswith("GEM__")}
     env["GEM_CONFIG"] = str(cfg_path)
@@ -209,6 +220,8 @@ def drill_stage(stage: str, ds: str, cfg_path: Path, lakehouse: Path, snapshots:
         reap_group(proc)
         drill.landed += landed
         what = f"{stage} killed at {after_s:.1f}s" if crash_at is None else f"{stage} killed at {crash_at}"
+        if stage == "pretrain":
+            what += f" (resumable from step {last_checkpoint_step(cfg_path, ds) or 0})"
         problems = [f"{what}: partial {unit}" for unit in partial_units(table_units(lakehouse), before, clean)]
         if recorded(cfg_path, stage, ds) and table_units(lakehouse) != clean:
             problems.append(f"{what}: a completion record claims day {ds} before its tables are complete")

@@ -119,3 +119,25 @@ def test_task_seconds_has_a_column_per_day_a_run_processed(tmp_path: Path) -> No
     assert lines[0].split() == ["task", "2026-01-04"]
     assert lines[1].split() == ["ingest_events", "41s"] and lines[2].split() == ["mix", "1s", "skipped"]
     assert lines[3].split() == ["all", "tasks", "42s"]
+
+
+def test_an_airflow_days_output_goes_to_its_log_and_then_back(tmp_path: Path) -> None:
+    """gem.demo_process: inside `output_to`, Python's and raw writes to descriptors 1 and 2 (where
+    Airflow's handlers and the JVM write) land in the log; afterwards they reach the parent again."""
+    import subprocess
+    import sys
+
+    log = tmp_path / "runs" / "day.log"
+    script = (
+        "import os, sys\n"
+        "from pathlib import Path\n"
+        "from gem.demo_process import output_to\n"
+        "print('before', flush=True)\n"
+        f"with output_to(Path({str(log)!r})):\n"
+        "    print('inside'); print('inside err', file=sys.stderr); os.write(1, b'raw\\n')\n"
+        "print('after', flush=True)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                          cwd=Path(demo.__file__).resolve().parents[1])
+    assert done.stdout.split() == ["before", "after"]
+    assert sorted(log.read_text().split("\n")) == ["", "inside", "inside err", "raw"]
