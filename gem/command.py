@@ -7,6 +7,8 @@
     gem bulk --start A --end B [--config F]          a range of days through every stage in one
                                                      process and Spark session (gem.bulk)
     gem import-movielens PATH [--config F]           a MovieLens ml-1m / ml-100k folder -> landing
+    gem delete-user USER_ID [--config F]             one user's rows in every table and raw lines
+                                                     in landing and quarantine deleted
 
 Each subcommand is a thin layer over the library (gem.airflow_runs, jobs.status, gem.bulk,
 jobs.import_movielens); `gem SUBCOMMAND --help` says more. Built on typer.
@@ -262,6 +264,27 @@ def import_movielens(
     code = import_main(["--path", str(path), *_config_args(config)])
     if code:
         raise typer.Exit(code)
+
+
+@app.command("delete-user")
+def delete_user(
+    user_id: Annotated[str, typer.Argument(help="the user's id, as the events carry it (e.g. u42)")],
+    config: ConfigOption = None,
+) -> None:
+    """Delete one user everywhere: their rows in every table, their raw lines in landing and quarantine.
+
+    Delta DELETEs (no Spark) and landing files rewritten without the user's lines
+    (gem.lakehouse.erasure). Older table versions keep the deleted rows until VACUUM removes their
+    files after the retention: the command prints from which day."""
+    from gem.config import load_config
+    from gem.lakehouse.erasure import erase_user
+
+    try:
+        report = erase_user(load_config(str(config) if config else None), user_id)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    for line in report.lines():
+        typer.echo(line)
 
 
 def main() -> None:

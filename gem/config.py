@@ -114,6 +114,13 @@ class IngestConfig:
     # Must exceed attribution_window_days: a conversion arriving after its window is still counted
     # (assemble_examples quarantines it as arrived_after_window).
     max_event_lag_days: int = 30
+    # Quarantined raw lines (bronze.quarantine) older than this many days are deleted by the upkeep
+    # DAG (gem.lakehouse.upkeep); VACUUM removes their files retention_days after that.
+    quarantine_retention_days: int = 30
+
+    def __post_init__(self) -> None:
+        if self.quarantine_retention_days < 1:
+            raise ConfigError(f"ingest.quarantine_retention_days must be >= 1, got {self.quarantine_retention_days}")
 
 
 def _default_null_rate_scopes() -> dict[str, str]:

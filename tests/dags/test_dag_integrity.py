@@ -340,3 +340,16 @@ def test_a_manual_run_never_takes_a_scheduled_or_backfill_runs_logical_date(dag:
         assert partition_ds(scheduled.data_interval.start) == day.add(days=1).to_date_string()
         assert scheduled.logical_date == scheduled.data_interval.start  # a midnight
         assert manual != scheduled.logical_date and manual.time() != dt.time(0)
+
+
+def test_the_upkeep_dag_runs_weekly_one_task_on_the_day_its_interval_closes(dagbag: Any) -> None:
+    """gem_upkeep: one task, Sundays 06:00 UTC; its day is the date its week closes, so the
+    retention counts back from the run's own interval, never from now()."""
+    from airflow.timetables.base import TimeRestriction
+
+    dag = dagbag.dags["gem_upkeep"]
+    assert [t.task_id for t in dag.tasks] == ["upkeep"] and dag.max_active_runs == 1
+    info = _core_timetable(dag).next_dagrun_info(
+        last_automated_data_interval=None, restriction=TimeRestriction(earliest=dag.start_date, latest=None, catchup=True))
+    assert info.data_interval.start == _utc(2026, 1, 4, 6) and info.data_interval.end == _utc(2026, 1, 11, 6)
+    assert dag.tasks[0].op_kwargs["ds"] == "{{ partition_ds(data_interval_end) }}"

@@ -1,0 +1,145 @@
+"""Erasing one user everywhere: their rows in every table, their raw lines in landing and quarantine.
+
+`gem delete-user USER_ID` (`erase_user`):
+  * every table whose schema has a `user_id` column: a Delta DELETE of the user's rows (deltalake,
+    no Spark), one commit per table that held any;
+  * `bronze.quarantine`: the rows whose raw line names the user (parsed as JSON where it parses, so
+    an id given as a number counts; matched on its `"user_id"` field where it does not);
+  * landing: every data file with a line naming the user rewritten without it (a hidden temporary
+    file renamed into place, as the producers write; gzip mtime 0). A damaged gzip file cannot be
+    rewritten line by line: it is listed, for a person to remove.
+A DELETE leaves the rows in the data files the older table versions name, so time travel (and a
+completion record pinned to an older version) still reads them until VACUUM removes files retired
+more than `retention_days` ago (the tables' `delta.deletedFileRetentionDuration`). The report says
+from which day the first VACUUM removes them. Derived state outside the tables (trained models,
+checkpoints) is not touched: retraining from the erased tables is the way to forget there.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import gzip
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gem.config import GemConfig
+from gem.lakehouse.landing import gzip_problem
+from gem.lakehouse.tables import table_path
+from schemas import TABLES
+from schemas.events import BRONZE_QUARANTINE
+
+USER_COLUMN = "user_id"
+
+
+@dataclass
+class ErasureReport:
+    user_id: str
+    rows_deleted: dict[str, int] = field(default_factory=dict)  # table -> rows
+    landing_lines_removed: dict[str, int] = field(default_factory=dict)  # landing file -> lines
+    damaged_landing_files: list[str] = field(default_factory=list)
+    vacuum_from: dt.date | None = None
+
+    def lines(self) -> list[str]:
+        out = [f"deleted user {self.user_id!r}:"]
+        out += [f"  {t:<34} {n:>8,} rows" for t, n in sorted(self.rows_deleted.items())]
+        out += [f"  {f:<34} {n:>8,} lines" for f, n in sorted(self.landing_lines_removed.items())]
+        if not self.rows_deleted and not self.landing_lines_removed:
+            out.append("  nothing held this user")
+        out += [f"  damaged landing file, not rewritten (remove it by hand): {f}" for f in self.damaged_landing_files]
+        if self.vacuum_from is not None:
+            out.append(f"older table versions still hold the deleted rows; the first VACUUM on or after "
+                       f"{self.vacuum_from.isoformat()} removes their files (retention_days)")
+        return out
+
+
+def sql_string(value: str) -> str:
+    """A SQL string literal (quotes doubled)."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+def names_user(raw_line: str, user_id: str) -> bool:
+    """Whether a raw landing line is the user's: its JSON `user_id` is the id (a number written as
+    the id counts); a line that is not a JSON object matches on a `"user_id": "<id>"` field."""
+    try:
+        event = json.loads(raw_line)
+    except ValueError:
+        event = None
+    if isinstance(event, dict):
+        value = event.get(USER_COLUMN)
+        return value == user_id or (isinstance(value, int | float) and not isinstance(value, bool)
+                                    and json.dumps(value) == user_id)
+    return re.search(rf'"{USER_COLUMN}"\s*:\s*"?{re.escape(user_id)}"?\s*[,}}]', raw_line) is not None
+
+
+def _delete(path: str, predicate: str) -> int:
+    from deltalake import DeltaTable
+
+    metrics = DeltaTable(path).delete(predicate)
+    return int(metrics.get("num_deleted_rows", 0))
+
+
+def erase_tables(cfg: GemConfig, user_id: str) -> dict[str, int]:
+    """The user's rows deleted from every table with a user_id column and the quarantined raw lines
+    naming them; -> rows deleted per table (tables that held none left out)."""
+    from gem.data.delta_log import read_table
+
+    deleted: dict[str, int] = {}
+    for name, schema in TABLES.items():
+        path = table_path(cfg, schema)
+        if not Path(path, "_delta_log").is_dir():
+            continue
+        if USER_COLUMN in schema.column_names:
+            n = _delete(path, f"{USER_COLUMN} = {sql_string(user_id)}")
+        elif name == BRONZE_QUARANTINE.name:
+            lines = {r for r in read_table(path, columns=["raw_line"]).column("raw_line").to_pylist()
+                     if r is not None and names_user(r, user_id)}
+            n = _delete(path, f"raw_line IN ({', '.join(map(sql_string, sorted(lines)))})") if lines else 0
+        else:
+            continue
+        if n:
+            deleted[name] = n
+    return deleted
+
+
+def erase_landing(landing_root: str, user_id: str) -> tuple[dict[str, int], list[str]]:
+    """Every landing data file rewritten without the user's lines; -> (lines removed per file, the
+    damaged files that could not be rewritten)."""
+    removed: dict[str, int] = {}
+    damaged: list[str] = []
+    for path in sorted(Path(landing_root).glob("ds=*/*.json.gz")):
+        if path.name.startswith((".", "_")):
+            continue
+        if gzip_problem(str(path)) is not None:
+            with gzip.open(path, "rt", encoding="utf-8", errors="replace") as f:
+                try:
+                    if any(names_user(line, user_id) for line in f):
+                        damaged.append(str(path))
+                except (OSError, EOFError):
+                    damaged.append(str(path))
+            continue
+        lines = gzip.decompress(path.read_bytes()).decode("utf-8").splitlines()
+        keep = [line for line in lines if not names_user(line, user_id)]
+        if len(keep) == len(lines):
+            continue
+        tmp = path.with_name(f".{path.name}.erasing")
+        with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz:
+            gz.write("".join(f"{line}\n" for line in keep).encode("utf-8"))
+        os.replace(tmp, path)
+        removed[str(path.relative_to(landing_root))] = len(lines) - len(keep)
+    return removed, damaged
+
+
+def erase_user(cfg: GemConfig, user_id: str, today: dt.date | None = None) -> ErasureReport:
+    """Delete one user everywhere (the module docstring); -> what was removed and when VACUUM can finish it."""
+    if not user_id.strip():
+        raise ValueError("a user id is needed (got an empty one)")
+    report = ErasureReport(user_id)
+    report.rows_deleted = erase_tables(cfg, user_id)
+    report.landing_lines_removed, report.damaged_landing_files = erase_landing(cfg.landing_root, user_id)
+    if report.rows_deleted:
+        today = today or dt.datetime.now(dt.UTC).date()
+        report.vacuum_from = today + dt.timedelta(days=cfg.retention_days)
+    return report

@@ -1,0 +1,44 @@
+"""The weekly upkeep DAG: quarantine retention, OPTIMIZE and VACUUM of every table (gem.lakehouse.upkeep).
+
+dags/gem_upkeep.py is `upkeep_dag()`. One task; its day is the UTC date its weekly data interval
+closes (the retention counts back from there). It runs at 06:00 UTC on Sundays, hours after the
+daily run of the day before has normally finished; a commit that still races a stage's fails and
+the task retries.
+
+Imported by the DAG processor on every parse: Airflow and stdlib only.
+"""
+
+from __future__ import annotations
+
+from airflow.providers.standard.operators.python import PythonOperator
+from airflow.sdk import DAG, CronDataIntervalTimetable
+
+from gem.orchestration import SCHEDULE_TZ, default_args, partition_ds, start_date
+
+UPKEEP_DAG_ID = "gem_upkeep"
+UPKEEP_CRON = "0 6 * * 0"  # Sundays 06:00 UTC
+UPKEEP_DAY_EXPR = "{{ partition_ds(data_interval_end) }}"
+
+
+def run_upkeep(ds: str) -> str:
+    from gem.lakehouse.upkeep import run_task
+
+    return run_task(ds)
+
+
+def upkeep_dag(doc_md: str | None = None) -> DAG:
+    with DAG(
+        dag_id=UPKEEP_DAG_ID,
+        description="Weekly lakehouse upkeep: quarantine retention, OPTIMIZE, VACUUM.",
+        schedule=CronDataIntervalTimetable(UPKEEP_CRON, timezone=SCHEDULE_TZ),
+        start_date=start_date(),
+        catchup=False,
+        max_active_runs=1,
+        default_args=default_args(),
+        user_defined_macros={"partition_ds": partition_ds},
+        tags=["gem", "upkeep"],
+        doc_md=doc_md,
+    ) as dag:
+        PythonOperator(task_id="upkeep", python_callable=run_upkeep, op_kwargs={"ds": UPKEEP_DAY_EXPR},
+                       do_xcom_push=False, doc_md="quarantine retention, then OPTIMIZE and VACUUM of every table")
+    return dag

@@ -1,0 +1,77 @@
+"""Lakehouse upkeep (gem.lakehouse.upkeep) on real Delta tables through deltalake: quarantined lines
+expire with their retention, small files are compacted without changing a row, and VACUUM deletes
+only files retired longer ago than the tables' retention."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from gem.data.delta_log import MissingDataFileError, read_table
+from gem.lakehouse.tables import table_path
+from gem.lakehouse.upkeep import upkeep
+from schemas.events import BRONZE_QUARANTINE
+from schemas.features import SILVER_USER_FEATURES
+from tests.precompute_lakehouse import build_days, precompute_config, write_partition
+
+
+def _rows(path: str, version: int | None = None) -> list[tuple]:
+    return sorted(tuple(map(repr, r.values())) for r in read_table(path, version).to_pylist())
+
+
+def _age_retired_files(path: str, version: int, days: int) -> None:
+    """Make the files `version` retired look retired `days` ago (rewrites their remove actions'
+    deletionTimestamp in the log): the clock VACUUM reads, moved back instead of waiting."""
+    log = Path(path, "_delta_log", f"{version:020d}.json")
+    back = int((dt.datetime.now(dt.UTC) - dt.timedelta(days=days)).timestamp() * 1000)
+    actions = [json.loads(x) for x in log.read_text().splitlines()]
+    for a in actions:
+        if "remove" in a:
+            a["remove"]["deletionTimestamp"] = back
+    log.write_text("\n".join(json.dumps(a) for a in actions) + "\n")
+
+
+@pytest.fixture
+def lakehouse(tmp_path):
+    cfg = precompute_config(tmp_path)
+    build_days(cfg, 2, users=8)
+    for ds in ("2026-01-01", "2026-01-20", "2026-02-01"):
+        write_partition(cfg, BRONZE_QUARANTINE, ds, {"raw_line": [f"bad line of {ds}"] * 2,
+                                                     "reason": ["malformed_json"] * 2,
+                                                     "source_file": ["part-0.json.gz"] * 2}, 2)
+    features = table_path(cfg, SILVER_USER_FEATURES)
+    for _ in range(3):  # three more small files in one partition, as reruns and appends leave them
+        write_deltalake(features, read_table(features, where={"ds": "2026-01-02"}).slice(0, 2), mode="append")
+    return cfg
+
+
+def test_upkeep_expires_old_quarantine_compacts_and_vacuums_only_past_retention(lakehouse) -> None:
+    cfg = lakehouse
+    features = table_path(cfg, SILVER_USER_FEATURES)
+    files_before, rows_before = len(DeltaTable(features).file_uris()), _rows(features)
+    version_before = DeltaTable(features).version()
+
+    first = upkeep(cfg, "2026-02-05")  # quarantine kept 30 days: lines before 2026-01-06 expire
+
+    quarantine = read_table(table_path(cfg, BRONZE_QUARANTINE)).column("ds").to_pylist()
+    assert sorted({d.isoformat() for d in quarantine}) == ["2026-01-20", "2026-02-01"]
+    assert first.quarantine_rows_expired == 2 and first.quarantine_before == "2026-01-06"
+    assert _rows(features) == rows_before  # OPTIMIZE changes files, never rows
+    assert len(DeltaTable(features).file_uris()) < files_before
+    assert first.files_compacted[SILVER_USER_FEATURES.name][0] >= 4
+    assert first.files_vacuumed == {}  # everything retired just now: within retention_days
+    assert _rows(features, version_before) == rows_before  # the older version still reads
+
+    # Once the compaction's retired files are older than the retention, VACUUM deletes them.
+    compaction = DeltaTable(features).version()
+    _age_retired_files(features, compaction, cfg.retention_days + 1)
+    second = upkeep(cfg, "2026-02-05")
+    assert second.files_vacuumed[SILVER_USER_FEATURES.name] == first.files_compacted[SILVER_USER_FEATURES.name][0]
+    assert _rows(features) == rows_before
+    with pytest.raises(MissingDataFileError):  # its files are gone from disk
+        _rows(features, version_before)
+    assert any("VACUUM" in x and SILVER_USER_FEATURES.name in x for x in second.lines())
