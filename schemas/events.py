@@ -27,7 +27,7 @@ LANDING_EVENTS = TableSchema(
         Column("event_id", "string", nullable=False, doc="globally unique event id"),
         Column("event_type", "string", nullable=False, allowed=EVENT_TYPES),
         Column("event_time", "long", nullable=False, doc="epoch milliseconds, UTC"),
-        Column("user_id", "string", nullable=False),
+        Column("user_id", "string", nullable=False, personal=True),
         Column("ad_id", "string", nullable=False),
         Column("advertiser_id", "string", nullable=False),
         Column("campaign_id", "string", nullable=False),
@@ -36,7 +36,7 @@ LANDING_EVENTS = TableSchema(
         Column("surface", "string", nullable=False, allowed=SURFACES),
         Column("position", "int", min=0, doc="slot position on the surface; null for conversions"),
         Column("conversion_type", "string", allowed=CONVERSION_TYPES, doc="set on conversions only"),
-        Column("user_attrs", "map<string,string>", doc="user demographics, free-form keys"),
+        Column("user_attrs", "map<string,string>", personal=True, doc="user demographics, free-form keys"),
     ),
 )
 
@@ -86,7 +86,7 @@ BRONZE_QUARANTINE = TableSchema(
         Column("reason", "string", nullable=False, allowed=QUARANTINE_REASONS),
         Column("detail", "string", doc="which field or value broke the rule"),
         Column("source_file", "string", nullable=False, doc="landing file name within the ds folder"),
-        Column("raw_line", "string", nullable=False, doc="verbatim; of an unreadable file, a line read before the damage"),
+        Column("raw_line", "string", nullable=False, personal=True, doc="verbatim; of an unreadable file, a line read before the damage"),
     ),
     partition_by=("ds",),
 )

@@ -99,7 +99,7 @@ SILVER_USER_FEATURES = TableSchema(
     ),
     columns=(
         Column("ds", "date", nullable=False, doc="day these features serve; counters end at ds 00:00 UTC"),
-        Column("user_id", "string", nullable=False),
+        Column("user_id", "string", nullable=False, personal=True),
     )
     + COUNTER_COLUMNS,
     partition_by=("ds",),
@@ -157,7 +157,7 @@ _DAILY_KEY_COLUMNS = (
 SILVER_USER_DAILY_COUNTS = TableSchema(
     name="silver.user_daily_counts",
     doc="Per user and event day, the events that arrived on ds, counted per surface and event type.",
-    columns=_DAILY_KEY_COLUMNS[:1] + (Column("user_id", "string", nullable=False),) + _DAILY_KEY_COLUMNS[1:]
+    columns=_DAILY_KEY_COLUMNS[:1] + (Column("user_id", "string", nullable=False, personal=True),) + _DAILY_KEY_COLUMNS[1:]
     + DAILY_COUNT_COLUMNS,
     partition_by=("ds",),
     key=("ds", "user_id", "event_day"),

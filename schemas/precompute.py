@@ -34,7 +34,7 @@ GOLD_FM_USER_EMBEDDINGS = TableSchema(
     columns=(
         Column("ds", "date", nullable=False, doc="the day computed; serves requests from ds+1 on"),
         _SHARD,
-        Column("user_id", "string", nullable=False),
+        Column("user_id", "string", nullable=False, personal=True),
         Column("embedding", "array<float>", nullable=False, doc="(tokens * dim,) the (tokens, dim) representation, row-major"),
         Column("tokens", "int", nullable=False, min=1, doc="token count of the representation"),
         Column("sequence_ds", "date", nullable=False, doc="silver.user_sequences partition of the snapshot read"),
@@ -52,7 +52,7 @@ GOLD_FM_PREDICTIONS = TableSchema(
         Column("ds", "date", nullable=False, doc="the examples' impression day"),
         _SHARD,
         Column("impression_id", "string", nullable=False),
-        Column("user_id", "string", nullable=False),
+        Column("user_id", "string", nullable=False, personal=True),
         Column("ad_id", "string", nullable=False),
         Column("surface", "string", nullable=False),
         Column("predictions", "map<string,double>", nullable=False, doc="task -> probability"),
@@ -71,7 +71,7 @@ GOLD_FM_HISTORY_CODES = TableSchema(
     columns=(
         Column("ds", "date", nullable=False, doc="the examples' impression day"),
         _SHARD,
-        Column("user_id", "string", nullable=False),
+        Column("user_id", "string", nullable=False, personal=True),
         Column("impression_id", "string", nullable=False),
         Column("event_time", "timestamp", nullable=False, doc="the impression's time: when the code was logged"),
         Column("codes", "binary", nullable=False, doc="code_dim / 2 bytes: INT4 codes (gem.model.ops.int4.pack_int4)"),
@@ -87,7 +87,7 @@ GOLD_FM_SPECULATIVE_PAIRS = TableSchema(
     columns=(
         Column("ds", "date", nullable=False, doc="the day computed; the pairs serve ds+1"),
         _SHARD,
-        Column("user_id", "string", nullable=False),
+        Column("user_id", "string", nullable=False, personal=True),
         Column("ad_id", "string", nullable=False),
         Column("surface", "string", nullable=False, doc="the user's latest surface: the request context assumed"),
         Column("reason", "string", nullable=False, allowed=("recent", "popular"), doc="why the policy chose the pair"),

@@ -62,7 +62,7 @@ def _array_of_struct(fields: tuple[tuple[str, str], ...]) -> str:
 
 
 _SEQUENCE_STATE_COLUMNS: tuple[Column, ...] = (
-    Column("user_id", "string", nullable=False),
+    Column("user_id", "string", nullable=False, personal=True),
     Column("impressions", _array_of_struct(_EVENT_FIELDS), nullable=False, doc="oldest first, capped"),
     Column("clicks", _array_of_struct(_EVENT_FIELDS), nullable=False, doc="oldest first, capped"),
     Column("conversions", _array_of_struct(_CONVERSION_FIELDS), nullable=False, doc="oldest first, capped"),

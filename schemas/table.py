@@ -136,6 +136,9 @@ class Column:
     min: float | None = None
     max: float | None = None
     doc: str = ""
+    # A person's identity or attributes (or a raw line carrying them): sample values of it are
+    # masked in Data Docs and messages (gem.quality.masking); `gem delete-user` erases by user_id.
+    personal: bool = False
 
     def __post_init__(self) -> None:
         try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from gem.config import GemConfig
-from gem.quality import docs_assets
+from gem.quality import docs_assets, masking
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -42,7 +43,6 @@ DATASOURCE_NAME = "gem_spark"
 PANDAS_DATASOURCE_NAME = "gem_pandas"
 BATCH_DEFINITION_NAME = "whole_dataframe"
 DOCS_SITE_NAME = "local_site"
-DOCS_ACTION_NAME = "update_data_docs"
 # Where the file context keeps its Data Docs site and its validation results, relative to cfg.gx_root.
 DOCS_SITE_DIR = Path("uncommitted") / "data_docs" / DOCS_SITE_NAME
 RESULTS_DIR = Path("uncommitted") / "validations"
@@ -231,7 +231,6 @@ def _checkpoint(
 ) -> Any:
     """Suite, validation definition and checkpoint (with a Data Docs update) for `suite_name`."""
     import great_expectations as gx
-    from great_expectations.checkpoint import UpdateDataDocsAction
 
     suite = context.suites.add_or_update(gx.ExpectationSuite(name=suite_name, expectations=_fresh_copies(expectations)))
     definition = context.validation_definitions.add_or_update(
@@ -241,7 +240,7 @@ def _checkpoint(
         gx.Checkpoint(
             name=suite_name,
             validation_definitions=[definition],
-            actions=[UpdateDataDocsAction(name=DOCS_ACTION_NAME, site_names=[DOCS_SITE_NAME])],
+            actions=[],  # validate() renders the page itself, once personal values are masked
             # BASIC: counts and a sample of offending values, without SUMMARY's extra
             # value-count query per expectation.
             result_format={"result_format": "BASIC", "partial_unexpected_count": SAMPLE_SIZE},
@@ -312,14 +311,27 @@ def _outcome(result: ExpectationValidationResult) -> ExpectationOutcome:
     )
 
 
+def _result_path(context: FileDataContext, key: Any) -> Path:
+    """Where the validation result JSON of `key` is stored."""
+    backend = context.validation_results_store.store_backend
+    return Path(backend.full_base_directory) / backend._convert_key_to_filepath(key.to_tuple())
+
+
 def _stored_paths(context: FileDataContext, checkpoint_result: CheckpointResult) -> tuple[Path, Path]:
     """Where the validation result JSON and its Data Docs page were written."""
     (key,) = checkpoint_result.run_results.keys()
-    backend = context.validation_results_store.store_backend
-    result_path = Path(backend.full_base_directory) / backend._convert_key_to_filepath(key.to_tuple())
     (site,) = context.get_docs_sites_urls(resource_identifier=key, site_name=DOCS_SITE_NAME)
-    docs_page = Path(unquote(urlsplit(site["site_url"]).path))
-    return result_path, docs_page
+    return _result_path(context, key), Path(unquote(urlsplit(site["site_url"]).path))
+
+
+def _mask_stored(result_path: Path, personal: frozenset[str]) -> None:
+    """Mask the personal sample values in a stored validation result (JSON), rewritten in place."""
+    stored = json.loads(result_path.read_text())
+    pairs = ((r.get("expectation_config", {}).get("kwargs", {}), r.get("result")) for r in stored.get("results", []))
+    if masking.mask_suite_result(pairs, personal):
+        tmp = result_path.with_name(f".{result_path.name}.masking")
+        tmp.write_text(json.dumps(stored, indent=2))
+        os.replace(tmp, result_path)
 
 
 def format_failures(reports: Sequence[ValidationReport]) -> str:
@@ -365,7 +377,13 @@ def validate(
         run_id = RunIdentifier(run_name=batch_label, run_time=dt.datetime.now(dt.UTC))
         with _cached(df, cache) as batch:
             result = checkpoint.run(batch_parameters={"dataframe": batch}, run_id=run_id)
-        (suite_result,) = result.run_results.values()
+        ((key, suite_result),) = result.run_results.items()
+        # Personal sample values masked in memory (the messages) and in the stored result, then
+        # its page rendered from the masked one (the checkpoint has no Data Docs action for that).
+        personal = masking.personal_columns()
+        masking.mask_suite_result(((r.expectation_config.kwargs, r.result) for r in suite_result.results), personal)
+        _mask_stored(_result_path(context, key), personal)
+        context.build_data_docs(site_names=[DOCS_SITE_NAME], resource_identifiers=[key])
         result_path, docs_page = _stored_paths(context, result)
         _localize_docs(cfg, assets)
     report = ValidationReport(

@@ -7,6 +7,7 @@ ten impressions and one click (CTR 0.1, inside the default bounds) plus one conv
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -220,6 +221,27 @@ def test_each_broken_rule_fails_naming_its_expectation(spark: Any, cfg: GemConfi
         assert rule in str(failure.value)
     assert "myspace" in str(failure.value)  # observed values are quoted
     assert report.result_path.is_file()  # a failed run is stored too
+
+
+def test_data_docs_and_messages_mask_personal_values_of_failed_rows(cfg: GemConfig) -> None:
+    """A key made of a user id breaks: the stored result, its Data Docs page and the error keep the
+    failure and how many rows broke, never whose (the schemas mark user_id personal)."""
+    import pandas as pd
+
+    from schemas.features import SILVER_USER_FEATURES
+
+    (unique,) = [e for e in schema_expectations(SILVER_USER_FEATURES) if e.meta["rule"].startswith("unique_key")]
+    rows = pd.DataFrame({"ds": ["2026-01-02"] * 3, "user_id": ["u-secret-42", "u-secret-42", "u7"]})
+    with pytest.raises(DataQualityError) as failure:
+        validate(cfg, rows, "test.features.key", [unique], DS)
+    (report,) = failure.value.reports
+    assert [o.rule for o in report.failed_critical] == ["unique_key:ds,user_id"]
+    assert "2 of 3 rows unexpected" in str(failure.value)
+    stored = report.result_path.read_text()
+    (broken,) = json.loads(stored)["results"]
+    assert broken["result"]["partial_unexpected_list"] == ["***", "***"]  # the sample was there, masked
+    for text in (stored, report.docs_page.read_text(), str(failure.value)):
+        assert "u-secret-42" not in text
 
 
 def test_statistics_fail_on_ctr_and_quarantine_rate_but_only_warn_on_nulls(spark: Any, cfg: GemConfig) -> None:
