@@ -268,7 +268,7 @@ def import_movielens(
 
 @app.command("delete-user")
 def delete_user(
-    user_id: Annotated[str, typer.Argument(help="the user's id, as the events carry it (e.g. u42)")],
+    user_id: Annotated[str, typer.Argument(metavar="USER_ID", help="the user's id, as the events carry it (e.g. u42)")],
     config: ConfigOption = None,
 ) -> None:
     """Delete one user everywhere: their rows in every table, their raw lines in landing and quarantine.

@@ -18,7 +18,7 @@ from tests.support import FIXTURES, PYTHON, REPO, make_config, subprocess_env
 
 SUBCOMMANDS = {"run": ["--ds", "--config"], "status": ["--start", "--end", "--config", "--airflow"],
                "backfill": ["--start", "--end", "--from-stage", "--reprocess", "--config"],
-               "import-movielens": ["PATH", "--config"]}
+               "import-movielens": ["PATH", "--config"], "delete-user": ["USER_ID", "--config"]}
 
 
 def _cfg_file(tmp_path: Path, **extra: str) -> Path:
@@ -123,3 +123,17 @@ def test_rerun_all_starts_at_the_earliest_stale_stage_over_the_stale_days() -> N
              "build_features ds=2026-01-03: build_features ds=2026-01-02 now names ...; rerun `...` first",
              "pretrain ds=2026-01-05: its input mix ds=2026-01-05 is stale: ...; rerun `...` first"]
     assert rerun_all(lines) == "gem backfill --start 2026-01-03 --end 2026-01-05 --from-stage build_features"
+
+
+def test_delete_user_prints_what_it_removed_and_refuses_an_empty_id(tmp_path: Path) -> None:
+    from tests.landing_lines import line, write_day
+
+    cfg_file = _cfg_file(tmp_path)
+    write_day(str(tmp_path / "lake" / "_landing"), "2026-01-01", [line("e1", user_id="u9"), line("e2", user_id="u1")])
+    result = CliRunner().invoke(app, ["delete-user", "u9", "--config", str(cfg_file)])
+    assert result.exit_code == 0, result.output
+    assert "deleted user 'u9'" in result.output and "ds=2026-01-01/part-0.json.gz" in result.output
+    again = CliRunner().invoke(app, ["delete-user", "u9", "--config", str(cfg_file)])
+    assert "nothing held this user" in again.output
+    empty = CliRunner().invoke(app, ["delete-user", " ", "--config", str(cfg_file)])
+    assert empty.exit_code == 2 and "user id" in empty.output
