@@ -2,9 +2,9 @@
 -> precompute.
 
 Thin on purpose: the Airflow DAG is built by gem.daily_dag from the stage registry
-(gem.lakehouse.stages); the dates, schedule and commands come from gem.orchestration. Every task is a
-`python -m jobs.<name> --ds <ds>` (or `--ready-on <ds>`) subprocess, so Spark never runs inside the
-Airflow worker. The jobs read their config from $GEM_CONFIG in the worker's environment.
+(gem.lakehouse.stages); the dates, schedule and commands come from gem.orchestration. Every task runs
+its stage's entry point (what `python -m jobs.<name> --ds <ds>` runs) in the task's process
+(gem.orchestration.run_stage_task), reading the config from $GEM_CONFIG in the worker's environment.
 
 Manual run for ds=D: `airflow dags test gem_daily D+1` (see gem/orchestration.py).
 """
