@@ -8,7 +8,8 @@ under test. For each stage, in the registry's order:
   before   the lakehouse as it stands when the stage's turn comes on day N (every earlier stage of
            day N done), saved aside;
   clean    the stage's job (`python -m jobs.<module> --ds N`, the command its Airflow task runs)
-           run to the end on a copy of `before`: its wall time T and every table's rows;
+           run to the end on `before` twice (the first warms caches; both must leave the same
+           rows): the second's wall time T and every table's rows;
   trial k  `before` restored, the job started again in its own process group and the group
            SIGKILLed at k / (kills + 1) x T (pretraining: one more trial killed inside a checkpoint
            save, at the named crash point `checkpoint:shards_written`). Then, before any rerun:
@@ -204,11 +205,19 @@ def drill_stage(stage: str, ds: str, cfg_path: Path, lakehouse: Path, snapshots:
     before_dir = snapshots / f"{stage}-before"
     shutil.copytree(lakehouse, before_dir, symlinks=True)
     before = table_units(lakehouse)
+    # Two clean runs: the first warms the caches a cold machine would make it slow on, so the kill
+    # points spread over the second's wall time land over the whole of the trials' runs; the two
+    # must agree (a stage is deterministic, or no rerun could equal its first run).
+    warm_up = run_to_end(stage, ds, cfg_path, log)
+    first = table_units(lakehouse)
+    restore(before_dir, lakehouse)
     clean_s = run_to_end(stage, ds, cfg_path, log)
     clean, clean_losses = table_units(lakehouse), step_losses(cfg_path, ds) if stage == "pretrain" else None
     clean_dir = snapshots / f"{stage}-clean"
     shutil.copytree(lakehouse, clean_dir, symlinks=True)
     drill = StageDrill(stage, clean_s)
+    drill.failures += [f"{stage}: two clean runs differ in {t}" for t in differing_tables(first, clean)]
+    print(f"    clean runs {warm_up:.1f}s and {clean_s:.1f}s{'' if not drill.failures else ': they differ'}", flush=True)
     trials = [(clean_s * k / (kills + 1), None) for k in range(1, kills + 1)]
     if stage == "pretrain":
         trials.append((clean_s * 10, CHECKPOINT_SAVE))  # killed by its own crash point, in the first save
