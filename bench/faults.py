@@ -108,11 +108,13 @@ def differing_tables(now: Units, clean: Units) -> list[str]:
     return sorted({t for (t, ds, shard) in set(now) | set(clean) if now.get((t, ds, shard)) != clean.get((t, ds, shard))})
 
 
-def recorded(cfg_path: Path, stage: str, ds: str) -> bool:
+def recorded(cfg_path: Path, stage: str, ds: str, lakehouse: Path | None = None) -> bool:
+    """Whether the config's lakehouse (or the copy at `lakehouse`) holds a completion record of (stage, ds)."""
     from gem.config import load_config
     from gem.lakehouse.completions import completion
 
-    return completion(load_config(str(cfg_path)), stage, ds) is not None
+    overrides = {"lakehouse_uri": str(lakehouse)} if lakehouse is not None else None
+    return completion(load_config(str(cfg_path), overrides=overrides), stage, ds) is not None
 
 
 def step_losses(cfg_path: Path, ds: str) -> list[Any] | None:
@@ -243,7 +245,7 @@ def drill_stage(stage: str, ds: str, cfg_path: Path, lakehouse: Path, snapshots:
         if not problems:
             problems += [f"{what}: after the rerun {t} differs from the clean run"
                          for t in differing_tables(table_units(lakehouse), clean)]
-            if not recorded(cfg_path, stage, ds) and recorded_in(clean_dir, cfg_path, stage, ds):
+            if not recorded(cfg_path, stage, ds) and recorded(cfg_path, stage, ds, clean_dir):
                 problems.append(f"{what}: the rerun published no completion record")
             if stage == "pretrain" and step_losses(cfg_path, ds) != clean_losses:
                 problems.append(f"{what}: the resumed training's per-step losses differ from the clean run's")
@@ -253,15 +255,6 @@ def drill_stage(stage: str, ds: str, cfg_path: Path, lakehouse: Path, snapshots:
               f"{'survived' if not problems else '; '.join(problems)}", flush=True)
     restore(clean_dir, lakehouse)
     return drill
-
-
-def recorded_in(lakehouse_copy: Path, cfg_path: Path, stage: str, ds: str) -> bool:
-    """Whether the lakehouse copy holds a completion record of (stage, ds)."""
-    from gem.config import load_config
-    from gem.lakehouse.completions import completion
-
-    cfg = load_config(str(cfg_path), overrides={"lakehouse_uri": str(lakehouse_copy)})
-    return completion(cfg, stage, ds) is not None
 
 
 def main(argv: list[str] | None = None) -> int:
