@@ -38,8 +38,8 @@ class UpkeepReport:
     files_vacuumed: dict[str, int] = field(default_factory=dict)  # table -> files deleted from disk
 
     def lines(self) -> list[str]:
-        out = [f"upkeep ds={self.ds}: {self.quarantine_rows_expired:,} quarantined lines from before "
-               f"{self.quarantine_before} expired"]
+        expired = f"{self.quarantine_rows_expired:,} quarantined lines from before {self.quarantine_before} expired"
+        out = [f"upkeep ds={self.ds}: {expired}"]
         out += [f"  OPTIMIZE {t:<34} {r:>5} files -> {a}" for t, (r, a) in sorted(self.files_compacted.items())]
         out += [f"  VACUUM   {t:<34} {n:>5} files deleted" for t, n in sorted(self.files_vacuumed.items())]
         return out
