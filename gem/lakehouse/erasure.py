@@ -5,9 +5,10 @@
     no Spark), one commit per table that held any;
   * `bronze.quarantine`: the rows whose raw line names the user (parsed as JSON where it parses, so
     an id given as a number counts; matched on its `"user_id"` field where it does not);
-  * landing: every data file with a line naming the user rewritten without it (a hidden temporary
-    file renamed into place, as the producers write; gzip mtime 0). A damaged gzip file cannot be
-    rewritten line by line: it is listed, for a person to remove.
+  * landing: every data file with a line naming the user rewritten without it
+    (gem.lakehouse.landing.LandingFile: a hidden temporary file renamed into place, as producers
+    write). A damaged gzip file whose readable part names the user cannot be rewritten line by
+    line: it is listed, for a person to remove.
 A DELETE leaves the rows in the data files the older table versions name, so time travel (and a
 completion record pinned to an older version) still reads them until VACUUM removes files retired
 more than `retention_days` ago (the tables' `delta.deletedFileRetentionDuration`). The report says
@@ -20,13 +21,12 @@ from __future__ import annotations
 import datetime as dt
 import gzip
 import json
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gem.config import GemConfig
-from gem.lakehouse.landing import gzip_problem
+from gem.lakehouse.landing import LandingFile, gzip_problem, lines_before_damage
 from gem.lakehouse.tables import table_path
 from schemas import TABLES
 from schemas.events import BRONZE_QUARANTINE
@@ -113,21 +113,16 @@ def erase_landing(landing_root: str, user_id: str) -> tuple[dict[str, int], list
         if path.name.startswith((".", "_")):
             continue
         if gzip_problem(str(path)) is not None:
-            with gzip.open(path, "rt", encoding="utf-8", errors="replace") as f:
-                try:
-                    if any(names_user(line, user_id) for line in f):
-                        damaged.append(str(path))
-                except (OSError, EOFError):
-                    damaged.append(str(path))
+            if any(names_user(line, user_id) for line in lines_before_damage(str(path))):
+                damaged.append(str(path))
             continue
         lines = gzip.decompress(path.read_bytes()).decode("utf-8").splitlines()
         keep = [line for line in lines if not names_user(line, user_id)]
         if len(keep) == len(lines):
             continue
-        tmp = path.with_name(f".{path.name}.erasing")
-        with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz:
-            gz.write("".join(f"{line}\n" for line in keep).encode("utf-8"))
-        os.replace(tmp, path)
+        ds = path.parent.name.removeprefix("ds=")
+        with LandingFile(landing_root, ds, path.name.removesuffix(".json.gz")) as rewritten:
+            rewritten.write_lines(keep)  # under a hidden name, renamed over the old file when closed
         removed[str(path.relative_to(landing_root))] = len(lines) - len(keep)
     return removed, damaged
 
