@@ -233,8 +233,9 @@ def drill_stage(stage: str, ds: str, cfg_path: Path, lakehouse: Path, snapshots:
         what = f"{stage} killed at {after_s:.1f}s" if crash_at is None else f"{stage} killed at {crash_at}"
         if stage == "pretrain":
             what += f" (resumable from step {last_checkpoint_step(cfg_path, ds) or 0})"
-        problems = [f"{what}: partial {unit}" for unit in partial_units(table_units(lakehouse), before, clean)]
-        if recorded(cfg_path, stage, ds) and table_units(lakehouse) != clean:
+        killed = table_units(lakehouse)
+        problems = [f"{what}: partial {unit}" for unit in partial_units(killed, before, clean)]
+        if recorded(cfg_path, stage, ds) and killed != clean:
             problems.append(f"{what}: a completion record claims day {ds} before its tables are complete")
         t0 = time.monotonic()
         try:
