@@ -27,7 +27,6 @@ from gem.quality import docs_assets, masking
 
 if TYPE_CHECKING:
     import pandas as pd
-    from great_expectations.checkpoint.checkpoint import CheckpointResult
     from great_expectations.core.expectation_validation_result import (
         ExpectationValidationResult,
     )
@@ -229,7 +228,8 @@ def _fresh_copies(expectations: Sequence[Expectation]) -> list[Expectation]:
 def _checkpoint(
     context: FileDataContext, suite_name: str, expectations: Sequence[Expectation], pandas: bool
 ) -> Any:
-    """Suite, validation definition and checkpoint (with a Data Docs update) for `suite_name`."""
+    """Suite, validation definition and checkpoint for `suite_name` (no Data Docs action: `validate`
+    renders the result's page after masking it)."""
     import great_expectations as gx
 
     suite = context.suites.add_or_update(gx.ExpectationSuite(name=suite_name, expectations=_fresh_copies(expectations)))
@@ -317,11 +317,10 @@ def _result_path(context: FileDataContext, key: Any) -> Path:
     return Path(backend.full_base_directory) / backend._convert_key_to_filepath(key.to_tuple())
 
 
-def _stored_paths(context: FileDataContext, checkpoint_result: CheckpointResult) -> tuple[Path, Path]:
-    """Where the validation result JSON and its Data Docs page were written."""
-    (key,) = checkpoint_result.run_results.keys()
+def _docs_page(context: FileDataContext, key: Any) -> Path:
+    """Where the Data Docs page of the validation result `key` was rendered."""
     (site,) = context.get_docs_sites_urls(resource_identifier=key, site_name=DOCS_SITE_NAME)
-    return _result_path(context, key), Path(unquote(urlsplit(site["site_url"]).path))
+    return Path(unquote(urlsplit(site["site_url"]).path))
 
 
 def _mask_stored(result_path: Path, personal: frozenset[str]) -> None:
@@ -382,9 +381,10 @@ def validate(
         # its page rendered from the masked one (the checkpoint has no Data Docs action for that).
         personal = masking.personal_columns()
         masking.mask_suite_result(((r.expectation_config.kwargs, r.result) for r in suite_result.results), personal)
-        _mask_stored(_result_path(context, key), personal)
+        result_path = _result_path(context, key)
+        _mask_stored(result_path, personal)
         context.build_data_docs(site_names=[DOCS_SITE_NAME], resource_identifiers=[key])
-        result_path, docs_page = _stored_paths(context, result)
+        docs_page = _docs_page(context, key)
         _localize_docs(cfg, assets)
     report = ValidationReport(
         suite_name=suite_name,
