@@ -148,7 +148,7 @@ def run_stage_task(stage_name: str, run_day: str, from_stage: str = "") -> str:
         message = f"{stage_name}: not rerun (this run starts at {from_stage}); its record of run day {run_day} stays"
         print(message, flush=True)
         return message
-    from airflow.sdk.exceptions import AirflowRescheduleException, AirflowSkipException
+    from airflow.sdk.exceptions import AirflowSkipException
 
     from gem.bulk import run_stage
     from gem.config import load_config
@@ -160,10 +160,7 @@ def run_stage_task(stage_name: str, run_day: str, from_stage: str = "") -> str:
     try:
         run = run_stage(StageContext(load_config()), stage, run_day)
     except BackfillInProgressError as waiting:
-        # Waits without spending a retry: rescheduled like a sensor in reschedule mode.
-        poke_s = float(os.environ.get(BACKFILL_POKE_ENV) or DEFAULT_BACKFILL_POKE_S)
-        print(f"waiting for a backfill: {waiting}; trying again in {poke_s:.0f}s", flush=True)
-        raise AirflowRescheduleException(dt.datetime.now(dt.UTC) + dt.timedelta(seconds=poke_s)) from waiting
+        raise backfill_reschedule(waiting) from waiting
     # What ran for which day, in the task's log (the DAG's day rules are checked against it).
     print(f"{stage_name}: run day {run_day} -> ds={run.ds} {run.state} in {run.seconds:.1f}s", flush=True)
     if run.summary:
@@ -173,6 +170,16 @@ def run_stage_task(stage_name: str, run_day: str, from_stage: str = "") -> str:
             raise AirflowSkipException(f"{stage_name}: nothing ready on run day {run_day}")
         raise RuntimeError(f"{stage_name} ds={run.ds}: published nothing, and this stage must publish every day")
     return run.summary
+
+
+def backfill_reschedule(waiting: Exception) -> Exception:
+    """The exception that puts a task waiting for a running backfill back in the queue: rescheduled
+    like a sensor in reschedule mode, $GEM_BACKFILL_POKE_S seconds on, without spending a retry."""
+    from airflow.sdk.exceptions import AirflowRescheduleException
+
+    poke_s = float(os.environ.get(BACKFILL_POKE_ENV) or DEFAULT_BACKFILL_POKE_S)
+    print(f"waiting for a backfill: {waiting}; trying again in {poke_s:.0f}s", flush=True)
+    return AirflowRescheduleException(dt.datetime.now(dt.UTC) + dt.timedelta(seconds=poke_s))
 
 
 def before_start(stage_name: str, from_stage: str) -> bool:

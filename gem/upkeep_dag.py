@@ -3,7 +3,7 @@
 dags/gem_upkeep.py is `upkeep_dag()`. One task; its day is the UTC date its weekly data interval
 closes (the retention counts back from there). It runs at 06:00 UTC on Sundays, hours after the
 daily run of the day before has normally finished; a commit that still races a stage's fails and
-the task retries.
+the task retries. While a backfill runs, the task waits for it (rescheduled, like the daily tasks).
 
 Imported by the DAG processor on every parse: Airflow and stdlib only.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk import DAG, CronDataIntervalTimetable
 
-from gem.orchestration import SCHEDULE_TZ, default_args, partition_ds, start_date
+from gem.orchestration import SCHEDULE_TZ, backfill_reschedule, default_args, partition_ds, start_date
 
 UPKEEP_DAG_ID = "gem_upkeep"
 UPKEEP_CRON = "0 6 * * 0"  # Sundays 06:00 UTC
@@ -21,9 +21,14 @@ UPKEEP_DAY_EXPR = "{{ partition_ds(data_interval_end) }}"
 
 
 def run_upkeep(ds: str) -> str:
+    """The task: upkeep of ds; rescheduled, not failed, while a backfill runs (gem.lakehouse.upkeep)."""
+    from gem.lakehouse.backfill_hold import BackfillInProgressError
     from gem.lakehouse.upkeep import run_task
 
-    return run_task(ds)
+    try:
+        return run_task(ds)
+    except BackfillInProgressError as waiting:
+        raise backfill_reschedule(waiting) from waiting
 
 
 def upkeep_dag(doc_md: str | None = None) -> DAG:

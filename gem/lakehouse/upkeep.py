@@ -13,7 +13,11 @@
      retention_days after they left the table. Versions older than the retention then stop being
      readable, as the tables' properties say.
 A commit that races a stage's commit of the same table fails and the task retries (Delta's
-optimistic concurrency); the DAG runs weekly, at a time of day after the daily run's.
+optimistic concurrency); the DAG runs weekly, at a time of day after the daily run's. While a
+backfill holds its range (gem.lakehouse.backfill_hold) upkeep does not start: a backfill rewrites
+many days' partitions for hours, and each OPTIMIZE commit racing one of those writes would fail a
+stage of the backfill or the upkeep. It raises BackfillInProgressError before touching a table, and
+its DAG task waits (rescheduled) until the backfill has finished.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from pathlib import Path
 
 from gem.config import GemConfig
 from gem.days import shift_day
+from gem.lakehouse.backfill_hold import BackfillInProgressError, live_holds
 from gem.lakehouse.tables import table_path
 from schemas import TABLES
 from schemas.events import BRONZE_QUARANTINE
@@ -73,7 +78,13 @@ def vacuum(path: str, retention_days: int) -> int:
 
 
 def upkeep(cfg: GemConfig, ds: str) -> UpkeepReport:
-    """Quarantine retention, then OPTIMIZE and VACUUM of every table (the module docstring)."""
+    """Quarantine retention, then OPTIMIZE and VACUUM of every table (the module docstring);
+    BackfillInProgressError, with nothing touched, while a backfill holds a range."""
+    if holds := live_holds(cfg):
+        start, end, holder = holds[0]
+        raise BackfillInProgressError(
+            f"upkeep ds={ds} waits: backfill {start}..{end} is rewriting the lakehouse ({holder['run_id']}, "
+            f"pid {holder['pid']} on {holder['host']}, since {holder['started_at']})")
     report = UpkeepReport(ds, shift_day(ds, -cfg.ingest.quarantine_retention_days))
     report.quarantine_rows_expired = expire_quarantine(cfg, report.quarantine_before)
     for schema in TABLES.values():

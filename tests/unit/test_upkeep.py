@@ -75,3 +75,32 @@ def test_upkeep_expires_old_quarantine_compacts_and_vacuums_only_past_retention(
     with pytest.raises(MissingDataFileError):  # its files are gone from disk
         _rows(features, version_before)
     assert any("VACUUM" in x and SILVER_USER_FEATURES.name in x for x in second.lines())
+
+
+def test_upkeep_waits_while_a_backfill_holds_its_range(lakehouse, tmp_path, monkeypatch) -> None:
+    """A running backfill: upkeep touches no table (each OPTIMIZE commit would race the backfill's
+    rewrites), and its DAG task is rescheduled, not failed; once the hold is released it runs."""
+    from airflow.sdk.exceptions import AirflowRescheduleException
+
+    from gem.lakehouse.backfill_hold import BackfillInProgressError, hold
+    from gem.orchestration import BACKFILL_POKE_ENV
+    from gem.upkeep_dag import run_upkeep
+
+    cfg = lakehouse
+
+    def versions() -> list[int]:
+        return [DeltaTable(table_path(cfg, s)).version() for s in (BRONZE_QUARANTINE, SILVER_USER_FEATURES)]
+
+    before = versions()
+    config_file = tmp_path / "gem.yaml"
+    config_file.write_text(f"lakehouse_uri: {cfg.lakehouse_uri}\n")
+    monkeypatch.setenv("GEM_CONFIG", str(config_file))
+    monkeypatch.setenv(BACKFILL_POKE_ENV, "5")
+    with hold(cfg, "2026-01-01", "2026-01-02", "backfill-test"):
+        with pytest.raises(BackfillInProgressError, match=r"backfill 2026-01-01\.\.2026-01-02"):
+            upkeep(cfg, "2026-02-05")
+        with pytest.raises(AirflowRescheduleException) as rescheduled:
+            run_upkeep("2026-02-05")
+        assert isinstance(rescheduled.value.__cause__, BackfillInProgressError)
+    assert versions() == before
+    assert upkeep(cfg, "2026-02-05").quarantine_rows_expired == 2  # the backfill done: upkeep runs
