@@ -156,3 +156,40 @@ def _matches(f: LoggedFile, where: Mapping[str, str | Collection[str]]) -> bool:
         if (value != wanted) if isinstance(wanted, str) else (value not in wanted):
             return False
     return True
+
+
+def partitions_with_data_changes(table_path: str, after: int, through: int, column: str = "ds",
+                                 exempt: Collection[str] = ()) -> set[str] | None:
+    """Values of the partition `column` whose rows some commit in versions (after, through] changed:
+    a file added or removed with `dataChange` true. A compaction (OPTIMIZE) rewrites files with
+    dataChange false (the same rows), so the days it compacted are not in the set; so are the days
+    of commits whose `userMetadata` is in `exempt` (e.g. an erasure's). None when a commit's log
+    entry is gone (log retention) or names no partition: then nothing can be ruled out.
+
+    Read from the commits' JSON entries (the protocol's add / remove actions), through pyarrow's
+    filesystem for the table's URI, since deltalake exposes a version's files, not a commit's actions.
+    """
+    import json
+
+    from pyarrow import fs as pafs
+
+    filesystem, base = pafs.FileSystem.from_uri(table_path if "://" in table_path else os.path.abspath(table_path))
+    changed: set[str] = set()
+    for version in range(after + 1, through + 1):
+        try:
+            with filesystem.open_input_stream(f"{base.rstrip('/')}/_delta_log/{version:020d}.json") as f:
+                lines = f.read().decode().splitlines()
+        except (FileNotFoundError, OSError):
+            return None
+        actions = [json.loads(line) for line in lines if line]
+        if any(a.get("commitInfo", {}).get("userMetadata") in exempt for a in actions):
+            continue
+        for action in actions:
+            file = action.get("add") or action.get("remove")
+            if file is None or not file.get("dataChange", True):
+                continue
+            value = (file.get("partitionValues") or {}).get(column)
+            if value is None:
+                return None
+            changed.add(value)
+    return changed

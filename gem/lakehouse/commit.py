@@ -235,7 +235,9 @@ class StageCommit:
         """The one version of the table to read the `days` at: the newest of the versions the
         validation records of those days (inputs of this commit) validated, provided each day's
         partition there (and at the table's latest version) holds exactly the files its validation
-        saw. Raises StaleInputError naming the validation to rerun when a later commit rewrote a day
+        saw; the latest version when a day's files were since only compacted (dataChange false) or
+        erased from (gem.lakehouse.erasure), which leave its validation standing. Raises
+        StaleInputError naming the validation to rerun when a later commit changed a day's data
         without a new validation."""
         from gem.data.delta_log import logged_files
 
@@ -261,16 +263,27 @@ class StageCommit:
                 listings[version] = by_day
             return listings[version]
 
-        from gem.data.delta_log import table_version
+        from gem.data.delta_log import partitions_with_data_changes, table_version
+        from gem.lakehouse.erasure import ERASURE_USER_METADATA
 
         pinned, latest = max(validated.values()), table_version(path)
+        read_at = pinned
         for day, version in sorted(validated.items()):
             seen = files(version).get(day, set())
-            if files(pinned).get(day, set()) != seen or files(latest).get(day, set()) != seen:
+            if files(pinned).get(day, set()) == seen and files(latest).get(day, set()) == seen:
+                continue
+            # Other files, maybe the same rows: a compaction (the weekly upkeep's OPTIMIZE) rewrites
+            # files without changing data, and an erasure (`gem delete-user`) only removes one user's
+            # rows; both leave the validation standing. Any other change of the day's rows does not.
+            changed = partitions_with_data_changes(path, version, latest, exempt={ERASURE_USER_METADATA})
+            if changed is None or day in changed:
                 raise completions.StaleInputError(
                     f"{self.stage.name} ds={self.ds}: {table} ds={day} changed after its validation (version "
                     f"{version}; read at {pinned}); run `{stages.command(validation_stage, day)}` first")
-        return pinned
+            # Read the files as they are now: the validated rows, less an erased user's (the older
+            # files still hold those, and VACUUM removes them after the retention).
+            read_at = latest
+        return read_at
 
     def read(self, table: str, version: int) -> int:
         """Note a table version read outside any input record (e.g. the sequences a mixture pins)."""

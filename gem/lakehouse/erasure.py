@@ -32,6 +32,10 @@ from schemas import TABLES
 from schemas.events import BRONZE_QUARANTINE
 
 USER_COLUMN = "user_id"
+# The erasure's commits say what they are (the commit's userMetadata): a day's validation stands after
+# one (gem.lakehouse.commit.StageCommit.validated_version), since removing one user's rows adds no bad
+# row, so deleting a user does not make every later run refuse the erased days until re-validated.
+ERASURE_USER_METADATA = "gem:erasure"
 
 
 @dataclass
@@ -75,9 +79,10 @@ def names_user(raw_line: str, user_id: str) -> bool:
 
 
 def _delete(path: str, predicate: str) -> int:
-    from deltalake import DeltaTable
+    from deltalake import CommitProperties, DeltaTable
 
-    metrics = DeltaTable(path).delete(predicate)
+    metrics = DeltaTable(path).delete(predicate, commit_properties=CommitProperties(
+        custom_metadata={"userMetadata": ERASURE_USER_METADATA}))
     return int(metrics.get("num_deleted_rows", 0))
 
 

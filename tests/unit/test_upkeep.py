@@ -104,3 +104,45 @@ def test_upkeep_waits_while_a_backfill_holds_its_range(lakehouse, tmp_path, monk
         assert isinstance(rescheduled.value.__cause__, BackfillInProgressError)
     assert versions() == before
     assert upkeep(cfg, "2026-02-05").quarantine_rows_expired == 2  # the backfill done: upkeep runs
+
+
+def test_a_day_compacted_or_erased_from_after_its_validation_still_reads_as_validated(tmp_path) -> None:
+    """The weekly OPTIMIZE rewrites a validated day's files with the same rows, and `gem delete-user`
+    removes one user's rows: the stages that read the day as validated (StageCommit.validated_version)
+    go on reading it; any other change of its rows after the validation is still refused. Before,
+    the first daily run after an upkeep or an erasure failed on every day they touched."""
+    from gem.lakehouse import completions
+    from gem.lakehouse.commit import StageCommit, StageContext
+    from gem.lakehouse.erasure import erase_tables
+    from gem.lakehouse.upkeep import compact
+    from tests.precompute_lakehouse import precompute_config, promote_model, publish_training_records
+
+    cfg = precompute_config(tmp_path)
+    _, days = build_days(cfg, 2, users=8)
+    promote_model(cfg, days[0])
+    publish_training_records(cfg, days[1])
+    day = days[1]
+    features = table_path(cfg, SILVER_USER_FEATURES)
+    # A day of several files, validated as such (e.g. written, then topped up before its validation).
+    write_deltalake(features, read_table(features, where={"ds": day}).slice(0, 3), mode="append")
+    silver = dict(completions.completion(cfg, "validate_silver", day)["table_versions"])
+    silver[SILVER_USER_FEATURES.name] = validated = DeltaTable(features).version()
+    completions.publish_completion(cfg, "validate_silver", day, "test:revalidated", None, 0, {}, silver,
+                                   reconciliation="test")
+    validated_rows = sorted(map(repr, read_table(features, validated, where={"ds": day}).to_pylist()))
+
+    removed, added = compact(features)
+    assert removed >= 2 and added >= 1
+
+    def read_as_validated() -> list[str]:
+        commit = StageCommit.begin(StageContext(cfg), "precompute", day)
+        version = commit.validated_version(SILVER_USER_FEATURES, "validate_silver", [day])
+        return sorted(map(repr, read_table(features, version, where={"ds": day}).to_pylist()))
+
+    assert read_as_validated() == validated_rows
+    erased = read_table(features, where={"ds": day}).column("user_id")[0].as_py()
+    assert erase_tables(cfg, erased)[SILVER_USER_FEATURES.name] >= 1
+    assert read_as_validated() == [r for r in validated_rows if repr(erased) not in r]
+    write_deltalake(features, read_table(features, where={"ds": day}).slice(0, 1), mode="append")  # new rows
+    with pytest.raises(completions.StaleInputError, match=rf"user_features ds={day} changed after its validation"):
+        read_as_validated()
