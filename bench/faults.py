@@ -3,16 +3,17 @@
     python -m bench.faults [--kills 20] [--stages ingest_events,pretrain] [--days 4] [--root DIR]
 
 A small synthetic world (bench.backfill.world_config, pretraining long enough to be killed between
-steps and during its checkpoint saves). Days 1 .. N-1 load through the bulk path; day N is the day
-under test. For each stage, in the registry's order:
+steps and during its checkpoint saves, a sequence compaction on day N). Days 1 .. N-1 load through
+the bulk path; day N is the day under test. For each stage, in the registry's order:
   before   the lakehouse as it stands when the stage's turn comes on day N (every earlier stage of
            day N done), saved aside;
   clean    the stage's job (`python -m jobs.<module> --ds N`, the command its Airflow task runs)
            run to the end on `before` twice (the first warms caches; both must leave the same
            rows): the second's wall time T and every table's rows;
   trial k  `before` restored, the job started again in its own process group and the group
-           SIGKILLed at k / (kills + 1) x T (pretraining: one more trial killed inside a checkpoint
-           save, at the named crash point `checkpoint:shards_written`). Then, before any rerun:
+           SIGKILLed at k / (kills + 1) x T (pretraining: two more trials killed inside a checkpoint
+           save, at the named crash point `checkpoint:shards_written`: in the first save, and in the
+           second, with a good checkpoint beside the half-written one). Then, before any rerun:
              * no reader sees partial data: every table's rows, per unit of commit (a partition
                day; a precompute shard within it), equal either `before`'s or the clean run's;
              * no completion record claims the day unless every table already equals the clean run's;
@@ -70,11 +71,14 @@ class StageDrill:
                 f"{self.slowest_recovery_s:>12.1f}s {self.clean_s:>9.1f}s")
 
 
-def drill_config(root: Path) -> Path:
-    """bench.backfill's small world with the drill's pretraining (TRAIN)."""
+def drill_config(root: Path, days: int) -> Path:
+    """bench.backfill's small world with the drill's pretraining (TRAIN) and a sequence compaction
+    on the day under test (day `days`): every 2nd day when `days` is even, so that day also looks
+    users up through the compaction before it; else every `days`-th day."""
     path = world_config(root)
     cfg = yaml.safe_load(path.read_text())
     cfg["train"] = {**cfg.get("train", {}), **TRAIN}
+    cfg["sequence_compaction_days"] = 2 if days % 2 == 0 else days
     path.write_text(yaml.safe_dump(cfg))
     return path
 
@@ -193,7 +197,7 @@ def restore(snapshot: Path, lakehouse: Path) -> None:
 
 def prepare(root: Path, days: list[str], log: Path) -> Path:
     """The drill's world with days[:-1] loaded through the bulk path; -> its config."""
-    cfg_path = drill_config(root / "world")
+    cfg_path = drill_config(root / "world", len(days))
     with open(log, "ab") as out:
         subprocess.run([sys.executable, "-m", "gem.bulk", "--start", days[0], "--end", days[-2],
                         "--config", str(cfg_path)], cwd=REPO_ROOT, env=job_env(cfg_path), stdout=out,
@@ -221,8 +225,8 @@ def drill_stage(stage: str, ds: str, cfg_path: Path, lakehouse: Path, snapshots:
     drill.failures += [f"{stage}: two clean runs differ in {t}" for t in differing_tables(first, clean)]
     print(f"    clean runs {warm_up:.1f}s and {clean_s:.1f}s{'' if not drill.failures else ': they differ'}", flush=True)
     trials = [(clean_s * k / (kills + 1), None) for k in range(1, kills + 1)]
-    if stage == "pretrain":
-        trials.append((clean_s * 10, CHECKPOINT_SAVE))  # killed by its own crash point, in the first save
+    if stage == "pretrain":  # killed by its own crash point: in the first save, and in the second
+        trials += [(clean_s * 10, CHECKPOINT_SAVE), (clean_s * 10, f"{CHECKPOINT_SAVE}@2")]
     for after_s, crash_at in trials:
         restore(before_dir, lakehouse)
         drill.trials += 1

@@ -1,4 +1,5 @@
-"""Named crash points for testing atomicity: `GEM_CRASH_AT=<stage>:<point>` kills the process there.
+"""Named crash points for testing atomicity: `GEM_CRASH_AT=<stage>:<point>` kills the process there
+(`<stage>:<point>@k`: the k-th time it gets there).
 
 Jobs call `crash_point("ingest_events:after_bronze")` between commits; in production the variable
 is unset and the call is a dictionary lookup. Tests set it to prove that a process killed at that
@@ -13,6 +14,15 @@ import signal
 ENV_VAR = "GEM_CRASH_AT"
 
 
+_passes: dict[str, int] = {}  # crash point -> times this process has reached it
+
+
 def crash_point(name: str) -> None:
-    if os.environ.get(ENV_VAR) == name:
+    """Kill this process at `name` when GEM_CRASH_AT is `name` (its first pass) or `name@k` (its
+    k-th pass: e.g. the second checkpoint save, once a good checkpoint exists)."""
+    wanted = os.environ.get(ENV_VAR)
+    if wanted is None or not wanted.startswith(name):
+        return
+    _passes[name] = _passes.get(name, 0) + 1
+    if wanted == name or wanted == f"{name}@{_passes[name]}":
         os.kill(os.getpid(), signal.SIGKILL)

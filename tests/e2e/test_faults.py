@@ -25,8 +25,10 @@ def test_killed_stages_leave_nothing_partial_and_reruns_converge(tmp_path: Path,
     assert code == 0, out
     table = {m.group(1): tuple(int(x) for x in m.group(2, 3, 4))
              for m in re.finditer(r"^  (\w+)\s+(\d+)\s+(\d+)\s+(\d+)\s+[\d.]+s", out, re.MULTILINE)}
-    assert table["ingest_events"][0] == 2 and table["pretrain"][0] == 3  # + the kill inside a save
+    assert table["ingest_events"][0] == 2 and table["pretrain"][0] == 4  # + the kills in the 1st and 2nd save
     for stage, (trials, landed, survived) in table.items():
         assert landed >= 1 and survived == trials, (stage, out)
-    assert re.search(r"pretrain killed at checkpoint:shards_written \(resumable from step \d+\): landed; survived", out)
+    assert re.search(r"pretrain killed at checkpoint:shards_written \(resumable from step 0\): landed; survived", out)
+    # In the second save: a good checkpoint (step 6, TRAIN's checkpoint_every) beside the half-written one.
+    assert re.search(r"pretrain killed at checkpoint:shards_written@2 \(resumable from step 6\): landed; survived", out)
     assert "all survived" in out
