@@ -20,6 +20,9 @@ export GEM_REPO="$_gem_repo"
 
 export AIRFLOW_HOME="${AIRFLOW_HOME:-$GEM_REPO/.airflow}"
 mkdir -p "$AIRFLOW_HOME"
+# Owner-only: it holds the metadata DB, the task logs, secrets.env and the admin password Airflow
+# generates (which Airflow writes under the process umask).
+chmod 700 "$AIRFLOW_HOME"
 AIRFLOW_HOME="$(cd "$AIRFLOW_HOME" && pwd)"  # SQLite URLs must be absolute
 export AIRFLOW_HOME
 

@@ -56,6 +56,8 @@ def test_airflow_api_binds_to_localhost_requires_login_and_keeps_generated_secre
     assert env["AIRFLOW__CORE__AUTH_MANAGER"].endswith("SimpleAuthManager")
     secrets_file = tmp_path / "home" / "secrets.env"
     assert stat.S_IMODE(secrets_file.stat().st_mode) == 0o600
+    # The home itself too: Airflow writes the admin's generated password there under the umask.
+    assert stat.S_IMODE((tmp_path / "home").stat().st_mode) == 0o700
     keys = ("AIRFLOW__API_AUTH__JWT_SECRET", "AIRFLOW__API__SECRET_KEY", "AIRFLOW__CORE__FERNET_KEY")
     assert all(len(env[k]) >= 32 for k in keys)
     assert len(base64.urlsafe_b64decode(env["AIRFLOW__CORE__FERNET_KEY"])) == 32  # a valid fernet key
