@@ -427,12 +427,19 @@ def build_data_docs(cfg: GemConfig, rebuild: bool = True) -> Path:
 
     rebuild=True re-renders every page from the stored suites and results first (time grows with
     the number of stored results); rebuild=False keeps the pages `validate`'s checkpoint action
-    already rendered (that action also refreshes the index), which is all a daily job needs."""
+    already rendered (that action also refreshes the index), which is all a daily job needs.
+    Before a rebuild every stored result is masked (`_mask_stored`, a no-op on a masked one): a
+    validation killed between GX storing its result and `validate` masking it left raw values."""
     assets = docs_assets.load_manifest()
     _require_docs_assets(cfg, assets)
     with project_lock(cfg):
         if rebuild or not (docs_site_dir(cfg) / "index.html").is_file():
-            open_context(cfg).build_data_docs(site_names=[DOCS_SITE_NAME])
+            context = open_context(cfg)
+            results_dir = Path(context.validation_results_store.store_backend.full_base_directory)
+            personal = masking.personal_columns()
+            for stored in sorted(results_dir.rglob("*.json")):
+                _mask_stored(stored, personal)
+            context.build_data_docs(site_names=[DOCS_SITE_NAME])
         _localize_docs(cfg, assets)
     index = docs_site_dir(cfg) / "index.html"
     if not index.is_file():

@@ -242,6 +242,12 @@ def test_data_docs_and_messages_mask_personal_values_of_failed_rows(cfg: GemConf
     assert broken["result"]["partial_unexpected_list"] == ["***", "***"]  # the sample was there, masked
     for text in (stored, report.docs_page.read_text(), str(failure.value)):
         assert "u-secret-42" not in text
+    # A validation killed between GX storing its result and the masking leaves the raw sample on
+    # disk: a rebuild of the Data Docs masks every stored result before rendering any page.
+    report.result_path.write_text(stored.replace('"***"', '"u-secret-42"'))
+    build_data_docs(cfg, rebuild=True)
+    assert "u-secret-42" not in report.result_path.read_text()
+    assert "u-secret-42" not in report.docs_page.read_text()
 
 
 def test_statistics_fail_on_ctr_and_quarantine_rate_but_only_warn_on_nulls(spark: Any, cfg: GemConfig) -> None:
