@@ -5,9 +5,9 @@
     no Spark), one commit per table that held any;
   * `bronze.quarantine`: the rows whose raw line names the user (parsed as JSON where it parses, so
     an id given as a number counts; matched on its `"user_id"` field where it does not);
-  * landing: every data file with a line naming the user rewritten without it
-    (gem.lakehouse.landing.LandingFile: a hidden temporary file renamed into place, as producers
-    write). A damaged gzip file whose readable part names the user cannot be rewritten line by
+  * landing: every file ingestion reads (data files and misnamed ones) with a line naming the user
+    rewritten without it (gem.lakehouse.landing.LandingFile: a hidden temporary file renamed into
+    place, as producers write). A damaged gzip file whose readable part names the user cannot be rewritten line by
     line: it is listed, for a person to remove.
 A DELETE leaves the rows in the data files the older table versions name, so time travel (and a
 completion record pinned to an older version) still reads them until VACUUM removes files retired
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gem.config import GemConfig
-from gem.lakehouse.landing import LandingFile, gzip_problem, lines_before_damage
+from gem.lakehouse.landing import LandingFile, files_in, gzip_problem, lines_before_damage
 from gem.lakehouse.tables import table_path
 from schemas import TABLES
 from schemas.events import BRONZE_QUARANTINE
@@ -110,25 +110,26 @@ def erase_tables(cfg: GemConfig, user_id: str) -> dict[str, int]:
 
 
 def erase_landing(landing_root: str, user_id: str) -> tuple[dict[str, int], list[str]]:
-    """Every landing data file rewritten without the user's lines; -> (lines removed per file, the
-    damaged files that could not be rewritten)."""
+    """Every landing file ingestion reads (data files, and misnamed ones, whose lines it quarantines)
+    rewritten without the user's lines; -> (lines removed per file, the damaged gzip files that could
+    not be rewritten). A file is gzip when its name ends in `.gz`, as Spark's reader decides."""
     removed: dict[str, int] = {}
     damaged: list[str] = []
-    for path in sorted(Path(landing_root).glob("ds=*/*.json.gz")):
-        if path.name.startswith((".", "_")):
-            continue
-        if gzip_problem(str(path)) is not None:
-            if any(names_user(line, user_id) for line in lines_before_damage(str(path))):
-                damaged.append(str(path))
-            continue
-        lines = gzip.decompress(path.read_bytes()).decode("utf-8").splitlines()
-        keep = [line for line in lines if not names_user(line, user_id)]
-        if len(keep) == len(lines):
-            continue
-        ds = path.parent.name.removeprefix("ds=")
-        with LandingFile(landing_root, ds, path.name.removesuffix(".json.gz")) as rewritten:
-            rewritten.write_lines(keep)  # under a hidden name, renamed over the old file when closed
-        removed[str(path.relative_to(landing_root))] = len(lines) - len(keep)
+    for folder in sorted(p for p in Path(landing_root).glob("ds=*") if p.is_dir()):
+        for path in map(Path, files_in(folder).all_files):
+            if path.name.endswith(".gz") and gzip_problem(str(path)) is not None:
+                if any(names_user(line, user_id) for line in lines_before_damage(str(path))):
+                    damaged.append(str(path))
+                continue
+            data = path.read_bytes()
+            lines = (gzip.decompress(data) if path.name.endswith(".gz") else data).decode("utf-8", "replace").splitlines()
+            keep = [line for line in lines if not names_user(line, user_id)]
+            if len(keep) == len(lines):
+                continue
+            ds = folder.name.removeprefix("ds=")
+            with LandingFile(landing_root, ds, path.stem, file_name=path.name) as rewritten:
+                rewritten.write_lines(keep)  # under a hidden name, renamed over the old file when closed
+            removed[str(path.relative_to(landing_root))] = len(lines) - len(keep)
     return removed, damaged
 
 

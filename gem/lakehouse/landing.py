@@ -40,20 +40,26 @@ def partition_dir(landing_root: str, ds: str) -> Path:
 
 
 class LandingFile:
-    """A gzip JSON-lines file that appears under its final name only when closed without error."""
+    """A gzip JSON-lines file that appears under its final name only when closed without error.
 
-    def __init__(self, landing_root: str, ds: str, name: str, compresslevel: int = 1):
+    name: the data file's stem (`NAME.json.gz`); file_name: an exact name instead (a file already in
+    the partition being rewritten, e.g. by an erasure), gzip-compressed only when it ends in `.gz`,
+    as Spark's reader decides."""
+
+    def __init__(self, landing_root: str, ds: str, name: str, compresslevel: int = 1, file_name: str | None = None):
         folder = partition_dir(landing_root, ds)
         folder.mkdir(parents=True, exist_ok=True)
-        self.path = folder / f"{name}.json.gz"
-        self._tmp = folder / f".{name}.json.gz.tmp"
+        self.path = folder / (file_name or f"{name}.json.gz")
+        self._tmp = folder / f".{self.path.name}.tmp"
         self._raw = open(self._tmp, "wb")
-        self._gz = gzip.GzipFile(filename="", mode="wb", fileobj=self._raw, compresslevel=compresslevel, mtime=0)
+        self._gz = (gzip.GzipFile(filename="", mode="wb", fileobj=self._raw, compresslevel=compresslevel, mtime=0)
+                    if self.path.name.endswith(".gz") else None)
+        self._out = self._gz or self._raw
         self.lines = 0
 
     def write_line(self, line: str) -> None:
-        self._gz.write(line.encode("utf-8"))
-        self._gz.write(b"\n")
+        self._out.write(line.encode("utf-8"))
+        self._out.write(b"\n")
         self.lines += 1
 
     def write_lines(self, lines: Iterable[str]) -> None:
@@ -62,11 +68,12 @@ class LandingFile:
 
     def write_text(self, text: str, n_lines: int) -> None:
         """Write a block of newline-terminated lines at once (fast path for bulk writers)."""
-        self._gz.write(text.encode("utf-8"))
+        self._out.write(text.encode("utf-8"))
         self.lines += n_lines
 
     def close(self, commit: bool = True) -> None:
-        self._gz.close()
+        if self._gz is not None:
+            self._gz.close()
         self._raw.close()
         if commit:
             os.replace(self._tmp, self.path)
@@ -117,6 +124,20 @@ class PartitionListing:
         return sorted(self.data_files + self.unexpected_files)
 
 
+def files_in(folder: Path) -> PartitionListing:
+    """The files ingestion reads in a partition folder, complete or not: data files and unexpected
+    ones; markers, in-progress writes and producer metadata left out. A sub-folder is refused loudly:
+    landing partitions are flat."""
+    data, unexpected = [], []
+    for p in sorted(folder.iterdir()):
+        if p.name.startswith(("_", ".")) or fnmatch.fnmatch(p.name, METADATA_FILE_PATTERN):
+            continue
+        if p.is_dir():
+            raise MissingLandingPartition(f"landing partition {folder} holds a folder {p.name!r}; partitions are flat")
+        (data if fnmatch.fnmatch(p.name, DATA_FILE_PATTERN) else unexpected).append(str(p))
+    return PartitionListing(data, unexpected)
+
+
 def list_partition(landing_root: str, ds: str) -> PartitionListing:
     """The partition's files, or MissingLandingPartition naming the folder (absent, unfinished, or
     no data file). A sub-folder is refused loudly: landing partitions are flat."""
@@ -127,17 +148,11 @@ def list_partition(landing_root: str, ds: str) -> PartitionListing:
         raise MissingLandingPartition(
             f"landing partition {folder} is incomplete: no {SUCCESS_MARKER} marker from its producer"
         )
-    data, unexpected = [], []
-    for p in sorted(folder.iterdir()):
-        if p.name.startswith(("_", ".")) or fnmatch.fnmatch(p.name, METADATA_FILE_PATTERN):
-            continue
-        if p.is_dir():
-            raise MissingLandingPartition(f"landing partition {folder} holds a folder {p.name!r}; partitions are flat")
-        (data if fnmatch.fnmatch(p.name, DATA_FILE_PATTERN) else unexpected).append(str(p))
-    if not data:
+    listing = files_in(folder)
+    if not listing.data_files:
         raise MissingLandingPartition(
             f"landing partition {folder} has a {SUCCESS_MARKER} marker but no {DATA_FILE_PATTERN} files")
-    return PartitionListing(data, unexpected)
+    return listing
 
 
 def require_partition(landing_root: str, ds: str) -> list[str]:

@@ -91,3 +91,25 @@ def test_which_raw_lines_name_a_user() -> None:
     assert not names_user('{"advertiser_id": "u1"}', "u1")
     with pytest.raises(ValueError, match="user id"):
         erase_user(None, " ")  # type: ignore[arg-type]
+
+
+def test_misnamed_landing_files_are_rewritten_too_and_a_damaged_one_is_listed(lakehouse) -> None:
+    """Ingestion reads every file of a partition (a misnamed one's lines go to the quarantine), so a
+    misnamed file keeping the user's lines would bring them back on a re-ingest."""
+    cfg = lakehouse
+    folder = Path(cfg.landing_root) / "ds=2026-01-02"
+    folder.mkdir(parents=True)
+    lines = [line("m1", user_id=GONE), line("m2", user_id="u00004")]
+    (folder / "extra.jsonl").write_text("\n".join(lines) + "\n")  # plain text, as Spark reads it
+    (folder / "extra.jsonl.gz").write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
+    whole = gzip.compress(("\n".join(lines * 50) + "\n").encode())
+    (folder / "cut.json.gz").write_bytes(whole[: len(whole) // 2])  # truncated: its first lines readable
+
+    report = erase_user(cfg, GONE)
+
+    assert (folder / "extra.jsonl").read_text().splitlines() == lines[1:]
+    assert gzip.decompress((folder / "extra.jsonl.gz").read_bytes()).decode().splitlines() == lines[1:]
+    assert report.landing_lines_removed["ds=2026-01-02/extra.jsonl"] == 1
+    assert report.landing_lines_removed["ds=2026-01-02/extra.jsonl.gz"] == 1
+    assert report.damaged_landing_files == [str(folder / "cut.json.gz")]
+    assert sorted(p.name for p in folder.iterdir()) == ["cut.json.gz", "extra.jsonl", "extra.jsonl.gz"]  # no temp left
