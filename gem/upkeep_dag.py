@@ -5,7 +5,7 @@ closes (the retention counts back from there). It runs at 06:00 UTC on Sundays, 
 daily run of the day before has normally finished; a commit that still races a stage's fails and
 the task retries. While a backfill runs, the task waits for it (rescheduled, like the daily tasks).
 
-Imported by the DAG processor on every parse: Airflow and stdlib only.
+Imported by the DAG processor on every parse: Airflow, stdlib and Spark-free gem modules only.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from __future__ import annotations
 from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk import DAG, CronDataIntervalTimetable
 
+from gem.lakehouse.upkeep import UPKEEP_CRON
 from gem.orchestration import SCHEDULE_TZ, backfill_reschedule, default_args, partition_ds, start_date
 
 UPKEEP_DAG_ID = "gem_upkeep"
-UPKEEP_CRON = "0 6 * * 0"  # Sundays 06:00 UTC
 UPKEEP_DAY_EXPR = "{{ partition_ds(data_interval_end) }}"
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from gem.config import GemConfig
 from gem.lakehouse.landing import LandingFile, files_in, gzip_problem, lines_before_damage
 from gem.lakehouse.tables import table_path
+from gem.lakehouse.upkeep import next_upkeep_run
 from schemas import TABLES
 from schemas.events import BRONZE_QUARANTINE
 
@@ -44,7 +45,7 @@ class ErasureReport:
     rows_deleted: dict[str, int] = field(default_factory=dict)  # table -> rows
     landing_lines_removed: dict[str, int] = field(default_factory=dict)  # landing file -> lines
     damaged_landing_files: list[str] = field(default_factory=list)
-    vacuum_from: dt.date | None = None
+    vacuum_from: dt.datetime | None = None  # the first scheduled upkeep whose VACUUM removes the old files
 
     def lines(self) -> list[str]:
         out = [f"deleted user {self.user_id!r}:"]
@@ -54,8 +55,9 @@ class ErasureReport:
             out.append("  nothing held this user")
         out += [f"  damaged landing file, not rewritten (remove it by hand): {f}" for f in self.damaged_landing_files]
         if self.vacuum_from is not None:
-            out.append(f"older table versions still hold the deleted rows; the first VACUUM on or after "
-                       f"{self.vacuum_from.isoformat()} removes their files (retention_days)")
+            out.append(f"older table versions still hold the deleted rows until VACUUM removes their files, "
+                       f"retention_days after this deletion: the first weekly upkeep to do so runs "
+                       f"{self.vacuum_from:%Y-%m-%d %H:%M} UTC (the gem_upkeep DAG, which must be unpaused)")
         return out
 
 
@@ -133,14 +135,15 @@ def erase_landing(landing_root: str, user_id: str) -> tuple[dict[str, int], list
     return removed, damaged
 
 
-def erase_user(cfg: GemConfig, user_id: str, today: dt.date | None = None) -> ErasureReport:
-    """Delete one user everywhere (the module docstring); -> what was removed and when VACUUM can finish it."""
+def erase_user(cfg: GemConfig, user_id: str, now: dt.datetime | None = None) -> ErasureReport:
+    """Delete one user everywhere (the module docstring); -> what was removed and which scheduled
+    upkeep's VACUUM finishes it (`now`: the deletion's time, default the clock's)."""
     if not user_id.strip():
         raise ValueError("a user id is needed (got an empty one)")
     report = ErasureReport(user_id)
     report.rows_deleted = erase_tables(cfg, user_id)
     report.landing_lines_removed, report.damaged_landing_files = erase_landing(cfg.landing_root, user_id)
     if report.rows_deleted:
-        today = today or dt.datetime.now(dt.UTC).date()
-        report.vacuum_from = today + dt.timedelta(days=cfg.retention_days)
+        deleted_at = now or dt.datetime.now(dt.UTC)
+        report.vacuum_from = next_upkeep_run(deleted_at + dt.timedelta(days=cfg.retention_days))
     return report

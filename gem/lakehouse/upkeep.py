@@ -33,6 +33,18 @@ from gem.lakehouse.tables import table_path
 from schemas import TABLES
 from schemas.events import BRONZE_QUARANTINE
 
+# When the gem_upkeep DAG runs (gem/upkeep_dag.py): Sundays 06:00 UTC, hours after the daily run
+# of the day before has normally finished.
+UPKEEP_CRON = "0 6 * * 0"
+
+
+def next_upkeep_run(at_or_after: dt.datetime) -> dt.datetime:
+    """The first scheduled upkeep run (UPKEEP_CRON, UTC) at or after `at_or_after` (aware)."""
+    from croniter import croniter
+
+    # croniter steps strictly after its start: start one second before so an exact hit counts.
+    return croniter(UPKEEP_CRON, at_or_after.astimezone(dt.UTC) - dt.timedelta(seconds=1)).get_next(dt.datetime)
+
 
 @dataclass
 class UpkeepReport:

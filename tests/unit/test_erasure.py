@@ -55,7 +55,7 @@ def test_the_user_is_gone_from_every_table_and_landing_and_nobody_else_is(lakeho
     landing_before = _landing_lines(cfg, "2026-01-01")
     examples_before = DeltaTable(table_path(cfg, TABLES["silver.training_examples"])).version()
 
-    report = erase_user(cfg, GONE, today=dt.date(2026, 12, 3))
+    report = erase_user(cfg, GONE, now=dt.datetime(2026, 12, 3, 12, 0, tzinfo=dt.UTC))
 
     for name in user_tables:
         assert GONE in before[name]
@@ -68,8 +68,10 @@ def test_the_user_is_gone_from_every_table_and_landing_and_nobody_else_is(lakeho
     assert sum(report.landing_lines_removed.values()) == 2
     # Older versions still hold the user until VACUUM, from the day the report names.
     assert GONE in _users(cfg, "silver.training_examples", version=examples_before)
-    assert report.vacuum_from == dt.date(2026, 12, 3) + dt.timedelta(days=cfg.retention_days)
-    assert any(str(report.vacuum_from) in x for x in report.lines())
+    # 60 days on is Monday 2027-02-01 12:00 UTC; the weekly upkeep (Sundays 06:00 UTC) after that:
+    assert cfg.retention_days == 60
+    assert report.vacuum_from == dt.datetime(2027, 2, 7, 6, 0, tzinfo=dt.UTC)
+    assert any("2027-02-07 06:00 UTC" in x for x in report.lines())
 
 
 def test_a_second_deletion_finds_nothing_and_writes_nothing(lakehouse) -> None:
