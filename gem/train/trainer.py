@@ -7,7 +7,8 @@ steps and at the end, gem.train.checkpoint writes model, optimizers, loader stat
 run started on a folder that holds checkpoints continues from the latest one, so a killed run
 resumed with the same config produces the same losses and final weights as an uninterrupted one
 (tested on CPU, both backends). A NaN or infinite loss stops the run with NonFiniteLossError before
-that step updates anything, so the last checkpoint written is the last good one.
+that step updates anything, a NaN or infinite gradient before its dense optimizer step; either
+way no checkpoint is written after it, so the last one written is the last good one.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from gem.train.lr_schedule import learning_rate
 
 
 class NonFiniteLossError(FloatingPointError):
-    """A step's loss was NaN or infinite: training stops, its checkpoints stay as they were."""
+    """A step's loss or gradients were NaN or infinite: training stops, its checkpoints stay as they were."""
 
 
 class BatchStream(Protocol):
@@ -247,6 +248,18 @@ class Trainer:
                     f"any weight. The last good checkpoint is {checkpoint.latest(self.run_dir)} (a rerun resumes "
                     f"from it); look for NaN or infinite inputs in the batch, or lower train.lr")
             loss.backward()
+            # A finite loss can still back-propagate NaN or infinite gradients (an overflow inside
+            # the model): stop before the dense step, every rank at the same step.
+            grads = [p.grad for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
+            finite = 1.0 if not grads else float(torch.isfinite(torch.stack(torch._foreach_norm(grads))).all())
+            if self._mean_over_ranks(torch.tensor(finite, device=self.device)) < 1.0:
+                if bar is not None:
+                    bar.close()
+                raise NonFiniteLossError(
+                    f"step {self.step + 1}: the loss is finite ({step_loss}) but its gradients are not; training "
+                    f"stopped before the dense optimizer step (the fused embedding tables may have taken it, so do "
+                    f"not use this process's weights). The last good checkpoint is {checkpoint.latest(self.run_dir)} "
+                    f"(a rerun resumes from it); look for overflowing activations, or lower train.lr")
             for group in self.optimizer.param_groups:
                 group["lr"] = learning_rate(self.cfg, self.step)
             self.optimizer.step()

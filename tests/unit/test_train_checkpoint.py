@@ -116,6 +116,26 @@ def test_padding_ratio_of_the_batches_is_reported(tmp_path):
         assert grouped <= one_block  # the body's length groups pad less than one (B, max length) block
 
 
+def test_non_finite_gradients_of_a_finite_loss_stop_training_before_the_dense_step(tmp_path):
+    """An overflow inside the model can give a finite loss NaN gradients: the run stops before the
+    optimizer applies them and writes no checkpoint after them."""
+    from gem.train.trainer import NonFiniteLossError
+
+    t = tiny_trainer(tmp_path)
+    weight = next(p for p in t.optimizer.param_groups[0]["params"] if p.dim() == 2)
+    backward_passes = []
+
+    def poison_step_6(grad: torch.Tensor) -> torch.Tensor:
+        backward_passes.append(None)
+        return grad * float("nan") if len(backward_passes) == 6 else grad
+
+    weight.register_hook(poison_step_6)
+    with pytest.raises(NonFiniteLossError, match=r"step 6: the loss is finite .* gradients are not.*step-00000004"):
+        t.fit()
+    assert [p.name for p in checkpoint.published(tmp_path)] == ["step-00000004"]
+    assert t.step == 5 and torch.isfinite(weight).all()  # the NaN gradient was never applied
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_a_non_finite_loss_stops_training_and_keeps_the_last_good_checkpoint(tmp_path, bad):
     from gem.train.trainer import NonFiniteLossError
