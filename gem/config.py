@@ -555,6 +555,10 @@ def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
         node = tree
         for p in parts[:-1]:
             node = node.setdefault(p, {})
+            if isinstance(node, EnvText):  # e.g. GEM__SPARK=... beside GEM__SPARK__MASTER=...
+                raise ConfigError(f"{key} overrides a field of a section {node.variable} sets whole; set one of the two")
+        if isinstance(node.get(parts[-1]), dict):
+            raise ConfigError(f"{key} sets a whole section other GEM__ variables override fields of; set one of the two")
         node[parts[-1]] = EnvText(key, raw)
     return tree
 

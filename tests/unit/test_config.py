@@ -99,3 +99,12 @@ def test_env_overrides_are_read_as_their_fields_type():
     assert cfg.surfaces == ("reels", "stories")
     with pytest.raises(ConfigError, match=r"generator.users \(\$GEM__GENERATOR__USERS\): expected int, got str 'lots'"):
         load_config(environ={"GEM__GENERATOR__USERS": "lots"})
+
+
+@pytest.mark.parametrize("environ", [
+    {"GEM__SPARK": "{master: 'local[1]'}", "GEM__SPARK__MASTER": "local[2]"},
+    {"GEM__SPARK__MASTER": "local[2]", "GEM__SPARK": "{master: 'local[1]'}"},
+])
+def test_a_section_and_one_of_its_fields_both_overridden_is_a_clear_error(environ):
+    with pytest.raises(ConfigError, match=r"GEM__SPARK.*set one"):
+        load_config(environ=environ)
