@@ -11,9 +11,11 @@ the bulk path; day N is the day under test. For each stage, in the registry's or
            run to the end on `before` twice (the first warms caches; both must leave the same
            rows): the second's wall time T and every table's rows;
   trial k  `before` restored, the job started again in its own process group and the group
-           SIGKILLed at k / (kills + 1) x T (pretraining: two more trials killed inside a checkpoint
-           save, at the named crash point `checkpoint:shards_written`: in the first save, and in the
-           second, with a good checkpoint beside the half-written one). Then, before any rerun:
+           SIGKILLed at k / (kills + 1) x T (a job that ends first, on a machine whose load changed,
+           is run again and killed at that share of the time it took; pretraining: two more trials
+           killed inside a checkpoint save, at the named crash point `checkpoint:shards_written`: in
+           the first save, and in the second, with a good checkpoint beside the half-written one).
+           Then, before any rerun:
              * no reader sees partial data: every table's rows, per unit of commit (a partition
                day; a precompute shard within it), equal either `before`'s or the clean run's;
              * no completion record claims the day unless every table already equals the clean run's;
@@ -170,16 +172,35 @@ def run_to_end(stage: str, ds: str, cfg_path: Path, log: Path) -> float:
     return time.monotonic() - t0
 
 
-def kill_group(proc: subprocess.Popen[bytes], after_s: float) -> bool:
-    """SIGKILL the job's process group after `after_s` seconds; -> whether it was still running."""
+def kill_group(proc: subprocess.Popen[bytes], after_s: float) -> float | None:
+    """SIGKILL the job's process group `after_s` seconds after its start; -> None when it was
+    killed, else the seconds it took to end on its own."""
+    started = time.monotonic()
     try:
         proc.wait(timeout=after_s)
-        return False
+        return time.monotonic() - started
     except subprocess.TimeoutExpired:
         pass
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    return True
+    return None
+
+
+def killed_at(stage: str, ds: str, cfg_path: Path, log: Path, lakehouse: Path, before_dir: Path, after_s: float,
+              clean_s: float) -> tuple[bool, float]:
+    """Start the job on `before` and SIGKILL it `after_s` into its run; -> (landed, when). A job that
+    ends first ran faster than the clean run the point was timed on (the machine's load changes):
+    it is started again and killed at the same share of the time it just took, once."""
+    proc = start(stage, ds, cfg_path, log)
+    ran_s = kill_group(proc, after_s)
+    reap_group(proc)
+    if ran_s is not None:
+        restore(before_dir, lakehouse)
+        after_s = after_s * ran_s / clean_s
+        proc = start(stage, ds, cfg_path, log)
+        ran_s = kill_group(proc, after_s)
+        reap_group(proc)
+    return ran_s is None, after_s
 
 
 def reap_group(proc: subprocess.Popen[bytes]) -> None:
@@ -230,9 +251,13 @@ def drill_stage(stage: str, ds: str, cfg_path: Path, lakehouse: Path, snapshots:
     for after_s, crash_at in trials:
         restore(before_dir, lakehouse)
         drill.trials += 1
-        proc = start(stage, ds, cfg_path, log, crash_at)
-        landed = kill_group(proc, after_s) or (crash_at is not None and proc.returncode == -signal.SIGKILL)
-        reap_group(proc)
+        if crash_at is None:
+            landed, after_s = killed_at(stage, ds, cfg_path, log, lakehouse, before_dir, after_s, clean_s)
+        else:  # the job kills itself at its crash point
+            proc = start(stage, ds, cfg_path, log, crash_at)
+            kill_group(proc, after_s)
+            reap_group(proc)
+            landed = proc.returncode == -signal.SIGKILL
         drill.landed += landed
         what = f"{stage} killed at {after_s:.1f}s" if crash_at is None else f"{stage} killed at {crash_at}"
         if stage == "pretrain":
