@@ -69,8 +69,12 @@ class StageDrill:
     failures: list[str] = field(default_factory=list)
 
     def line(self) -> str:
+        """A row under TABLE_HEADER."""
         return (f"  {self.stage:<20} {self.trials:>6} {self.landed:>6} {self.survived:>8} "
                 f"{self.slowest_recovery_s:>12.1f}s {self.clean_s:>9.1f}s")
+
+
+TABLE_HEADER = f"{'stage':<20} {'trials':>6} {'landed':>6} {'survived':>8} {'slowest recovery':>13} {'clean run':>10}"
 
 
 def drill_config(root: Path, days: int) -> Path:
@@ -317,10 +321,11 @@ def main(argv: list[str] | None = None) -> int:
             if name in chosen:
                 print(f"  {name}:", flush=True)
                 drills.append(drill_stage(name, days[-1], cfg_path, lakehouse, snapshots, args.kills, log))
+                # The stage's figures as soon as it is done: a drill stopped later keeps them.
+                print(f"  {name} done: " + drills[-1].line().strip(), flush=True)
             else:
                 run_to_end(name, days[-1], cfg_path, log)
-        print(f"\n  {'stage':<20} {'trials':>6} {'landed':>6} {'survived':>8} {'slowest recovery':>13} "
-              f"{'clean run':>10}")
+        print(f"\n  {TABLE_HEADER}")
         for d in drills:
             print(d.line())
         failed = [f for d in drills for f in d.failures]
