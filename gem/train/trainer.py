@@ -19,7 +19,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import torch
 
@@ -208,6 +208,13 @@ class Trainer:
         return {k: v.detach().cpu() for k, v in self.task.state_dict().items()} if rank0 else None
 
     # ---- the loop ---------------------------------------------------------------------------------
+    def _stop(self, bar: Progress | None, what: str, look_for: str) -> NoReturn:
+        """Raise NonFiniteLossError: `what` happened; the last good checkpoint and what to look for."""
+        if bar is not None:
+            bar.close()
+        raise NonFiniteLossError(f"{what}. The last good checkpoint is {checkpoint.latest(self.run_dir)} (a rerun "
+                                 f"resumes from it); look for {look_for}, or lower train.lr")
+
     @staticmethod
     def _mean_over_ranks(loss: torch.Tensor) -> float:
         """The step's loss averaged over the ranks: the objective DDP trains, the same on every rank
@@ -241,25 +248,17 @@ class Trainer:
             # The loss is averaged over the ranks first, so every rank stops at the same step.
             step_loss = self._mean_over_ranks(loss.detach())
             if not math.isfinite(step_loss):
-                if bar is not None:
-                    bar.close()
-                raise NonFiniteLossError(
-                    f"step {self.step + 1}: the loss is {step_loss}; training stopped before this step changed "
-                    f"any weight. The last good checkpoint is {checkpoint.latest(self.run_dir)} (a rerun resumes "
-                    f"from it); look for NaN or infinite inputs in the batch, or lower train.lr")
+                self._stop(bar, f"step {self.step + 1}: the loss is {step_loss}; training stopped before this step "
+                                "changed any weight", "NaN or infinite inputs in the batch")
             loss.backward()
             # A finite loss can still back-propagate NaN or infinite gradients (an overflow inside
             # the model): stop before the dense step, every rank at the same step.
             grads = [p.grad for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
-            finite = 1.0 if not grads else float(torch.isfinite(torch.stack(torch._foreach_norm(grads))).all())
+            finite = float(torch.isfinite(torch.nn.utils.get_total_norm(grads))) if grads else 1.0
             if self._mean_over_ranks(torch.tensor(finite, device=self.device)) < 1.0:
-                if bar is not None:
-                    bar.close()
-                raise NonFiniteLossError(
-                    f"step {self.step + 1}: the loss is finite ({step_loss}) but its gradients are not; training "
-                    f"stopped before the dense optimizer step (the fused embedding tables may have taken it, so do "
-                    f"not use this process's weights). The last good checkpoint is {checkpoint.latest(self.run_dir)} "
-                    f"(a rerun resumes from it); look for overflowing activations, or lower train.lr")
+                self._stop(bar, f"step {self.step + 1}: the loss is finite ({step_loss}) but its gradients are not; "
+                                "training stopped before the dense optimizer step (the fused embedding tables may "
+                                "have taken it, so do not use this process's weights)", "overflowing activations")
             for group in self.optimizer.param_groups:
                 group["lr"] = learning_rate(self.cfg, self.step)
             self.optimizer.step()
