@@ -74,6 +74,8 @@ class StageDrill:
                 f"{self.slowest_recovery_s:>12.1f}s {self.clean_s:>9.1f}s")
 
 
+RETRIES = 3  # a kill point that comes after its job ended is tried again this many times
+
 TABLE_HEADER = f"{'stage':<20} {'trials':>6} {'landed':>6} {'survived':>8} {'slowest recovery':>13} {'clean run':>10}"
 
 
@@ -194,17 +196,18 @@ def killed_at(stage: str, ds: str, cfg_path: Path, log: Path, lakehouse: Path, b
               clean_s: float) -> tuple[bool, float]:
     """Start the job on `before` and SIGKILL it `after_s` into its run; -> (landed, when). A job that
     ends first ran faster than the clean run the point was timed on (the machine's load changes):
-    it is started again and killed at the same share of the time it just took, once."""
-    proc = start(stage, ds, cfg_path, log)
-    ran_s = kill_group(proc, after_s)
-    reap_group(proc)
-    if ran_s is not None:
-        restore(before_dir, lakehouse)
-        after_s = after_s * ran_s / clean_s
+    it is started again and killed at the same share of the time it just took, up to RETRIES times."""
+    share = after_s / clean_s
+    for attempt in range(RETRIES + 1):
+        if attempt:
+            restore(before_dir, lakehouse)
         proc = start(stage, ds, cfg_path, log)
         ran_s = kill_group(proc, after_s)
         reap_group(proc)
-    return ran_s is None, after_s
+        if ran_s is None:
+            return True, after_s
+        after_s = share * ran_s
+    return False, after_s
 
 
 def reap_group(proc: subprocess.Popen[bytes]) -> None:
