@@ -158,13 +158,13 @@ def _matches(f: LoggedFile, where: Mapping[str, str | Collection[str]]) -> bool:
     return True
 
 
-def partitions_with_data_changes(table_path: str, after: int, through: int, column: str = "ds",
-                                 exempt: Collection[str] = ()) -> set[str] | None:
-    """Values of the partition `column` whose rows some commit in versions (after, through] changed:
-    a file added or removed with `dataChange` true. A compaction (OPTIMIZE) rewrites files with
-    dataChange false (the same rows), so the days it compacted are not in the set; so are the days
-    of commits whose `userMetadata` is in `exempt` (e.g. an erasure's). None when a commit's log
-    entry is gone (log retention) or names no partition: then nothing can be ruled out.
+def data_changes_by_version(table_path: str, after: int, through: int, column: str = "ds",
+                            exempt: Collection[str] = ()) -> dict[int, set[str]] | None:
+    """For each version in (after, through], the values of the partition `column` whose rows that
+    commit changed: a file added or removed with `dataChange` true. A compaction (OPTIMIZE) rewrites
+    files with dataChange false (the same rows), so the days it compacted are not in its set; a
+    commit whose `userMetadata` is in `exempt` (e.g. an erasure's) has an empty set. None when a
+    commit's log entry is gone (log retention) or names no partition: then nothing can be ruled out.
 
     Read from the commits' JSON entries (the protocol's add / remove actions), through pyarrow's
     filesystem for the table's URI, since deltalake exposes a version's files, not a commit's actions.
@@ -174,7 +174,7 @@ def partitions_with_data_changes(table_path: str, after: int, through: int, colu
     from pyarrow import fs as pafs
 
     filesystem, base = pafs.FileSystem.from_uri(table_path if "://" in table_path else os.path.abspath(table_path))
-    changed: set[str] = set()
+    changes: dict[int, set[str]] = {}
     for version in range(after + 1, through + 1):
         try:
             with filesystem.open_input_stream(f"{base.rstrip('/')}/_delta_log/{version:020d}.json") as f:
@@ -182,6 +182,7 @@ def partitions_with_data_changes(table_path: str, after: int, through: int, colu
         except (FileNotFoundError, OSError):
             return None
         actions = [json.loads(line) for line in lines if line]
+        changed = changes[version] = set()
         if any(a.get("commitInfo", {}).get("userMetadata") in exempt for a in actions):
             continue
         for action in actions:
@@ -192,4 +193,4 @@ def partitions_with_data_changes(table_path: str, after: int, through: int, colu
             if value is None:
                 return None
             changed.add(value)
-    return changed
+    return changes

@@ -29,9 +29,9 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from gem.config import GemConfig
 from gem.days import day_range
@@ -263,27 +263,31 @@ class StageCommit:
                 listings[version] = by_day
             return listings[version]
 
-        from gem.data.delta_log import partitions_with_data_changes, table_version
+        from gem.data.delta_log import data_changes_by_version, table_version
         from gem.lakehouse.erasure import ERASURE_USER_METADATA
 
         pinned, latest = max(validated.values()), table_version(path)
-        read_at = pinned
-        for day, version in sorted(validated.items()):
+
+        def moved(day: str, version: int) -> bool:
             seen = files(version).get(day, set())
-            if files(pinned).get(day, set()) == seen and files(latest).get(day, set()) == seen:
-                continue
-            # Other files, maybe the same rows: a compaction (the weekly upkeep's OPTIMIZE) rewrites
-            # files without changing data, and an erasure (`gem delete-user`) only removes one user's
-            # rows; both leave the validation standing. Any other change of the day's rows does not.
-            changed = partitions_with_data_changes(path, version, latest, exempt={ERASURE_USER_METADATA})
-            if changed is None or day in changed:
+            return files(pinned).get(day, set()) != seen or files(latest).get(day, set()) != seen
+
+        moved_days = {day: version for day, version in validated.items() if moved(day, version)}
+        if not moved_days:
+            return pinned
+        # Other files, maybe the same rows: a compaction (the weekly upkeep's OPTIMIZE) rewrites files
+        # without changing data, and an erasure (`gem delete-user`) only removes one user's rows; both
+        # leave the validation standing. Any other change of the day's rows does not. Each commit's
+        # changes are read once, from the oldest of these days' validated versions.
+        changes = data_changes_by_version(path, min(moved_days.values()), latest, exempt={ERASURE_USER_METADATA})
+        for day, version in sorted(moved_days.items()):
+            if changes is None or any(day in changed for v, changed in changes.items() if v > version):
                 raise completions.StaleInputError(
                     f"{self.stage.name} ds={self.ds}: {table} ds={day} changed after its validation (version "
                     f"{version}; read at {pinned}); run `{stages.command(validation_stage, day)}` first")
-            # Read the files as they are now: the validated rows, less an erased user's (the older
-            # files still hold those, and VACUUM removes them after the retention).
-            read_at = latest
-        return read_at
+        # Read the files as they are now: the validated rows, less an erased user's (the older files
+        # still hold those, and VACUUM removes them after the retention).
+        return latest
 
     def read(self, table: str, version: int) -> int:
         """Note a table version read outside any input record (e.g. the sequences a mixture pins)."""

@@ -7,8 +7,8 @@
     an id given as a number counts; matched on its `"user_id"` field where it does not);
   * landing: every file ingestion reads (data files and misnamed ones) with a line naming the user
     rewritten without it (gem.lakehouse.landing.LandingFile: a hidden temporary file renamed into
-    place, as producers write). A damaged gzip file whose readable part names the user cannot be rewritten line by
-    line: it is listed, for a person to remove.
+    place, as producers write). A damaged gzip file whose readable part names the user cannot be
+    rewritten line by line: it is listed, for a person to remove.
 A DELETE leaves the rows in the data files the older table versions name, so time travel (and a
 completion record pinned to an older version) still reads them until VACUUM removes files retired
 more than `retention_days` ago (the tables' `delta.deletedFileRetentionDuration`). The report says
@@ -129,7 +129,7 @@ def erase_landing(landing_root: str, user_id: str) -> tuple[dict[str, int], list
             if len(keep) == len(lines):
                 continue
             ds = folder.name.removeprefix("ds=")
-            with LandingFile(landing_root, ds, path.stem, file_name=path.name) as rewritten:
+            with LandingFile(landing_root, ds, file_name=path.name) as rewritten:
                 rewritten.write_lines(keep)  # under a hidden name, renamed over the old file when closed
             removed[str(path.relative_to(landing_root))] = len(lines) - len(keep)
     return removed, damaged

@@ -46,7 +46,10 @@ class LandingFile:
     the partition being rewritten, e.g. by an erasure), gzip-compressed only when it ends in `.gz`,
     as Spark's reader decides."""
 
-    def __init__(self, landing_root: str, ds: str, name: str, compresslevel: int = 1, file_name: str | None = None):
+    def __init__(self, landing_root: str, ds: str, name: str | None = None, compresslevel: int = 1,
+                 file_name: str | None = None):
+        if (name is None) == (file_name is None):
+            raise ValueError("LandingFile: give a data file's name or an exact file_name, one of the two")
         folder = partition_dir(landing_root, ds)
         folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / (file_name or f"{name}.json.gz")
