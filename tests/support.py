@@ -153,11 +153,13 @@ def tiny_batch(b: int = 16, seed: int = 0) -> Batch:
     )
 
 
-def tiny_task(backend: str = "torch", length_groups: int = 1) -> GemTrainTask:
-    """A small Kunlun task; backend "torchrec" puts the same tables in a torchrec EmbeddingCollection."""
+def tiny_task(backend: str = "torch", length_groups: int | None = None) -> GemTrainTask:
+    """A small Kunlun task; backend "torchrec" puts the same tables in a torchrec EmbeddingCollection.
+    length_groups: None for the jagged layout (the default), else the padded one in that many groups."""
     torch.manual_seed(0)
     emb_cfg = EmbeddingConfig(dim=16, buckets={"user_id": 100, "ad_id": 50, "surface": 8}, backend=backend)
-    cfg = KunlunConfig(dim=16, mlp_hidden=32, length_groups=length_groups)
+    layout = {} if length_groups is None else {"sequence_layout": "padded", "length_groups": length_groups}
+    cfg = KunlunConfig(dim=16, mlp_hidden=32, **layout)
     body = Kunlun(cfg, TINY_SPARSE, dense_dim=6)
     if backend == "torchrec":
         from gem.model.sparse import TorchrecEmbeddings
@@ -238,7 +240,7 @@ class ListStream:
 TINY_TRAIN = TrainConfig(steps=10, lr=3e-3, checkpoint_every=4)
 
 
-def tiny_trainer(run_dir: Path, length_groups: int = 1, cfg: TrainConfig = TINY_TRAIN) -> Any:
+def tiny_trainer(run_dir: Path, length_groups: int | None = None, cfg: TrainConfig = TINY_TRAIN) -> Any:
     """A gem.train.trainer.Trainer of the tiny task over ListStream."""
     from gem.train.trainer import Trainer
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 ARCHITECTURES = ("kunlun", "hstu", "interformer", "wukong", "dlrm")
 KUNLUN_ATTENTIONS = ("gdpa", "softmax")
 KUNLUN_POOLINGS = ("hsp", "mean")
+SEQUENCE_LAYOUTS = ("jagged", "padded")
 
 
 @dataclass(frozen=True)
@@ -60,11 +61,12 @@ class KunlunConfig:
         "click": EventConfig(width=32, depth=2, window=16, max_len=32),
         "conversion": EventConfig(width=16, activations=("silu",), summary_tokens=2, depth=1, window=8, max_len=8),
     })
-    # The batch is computed in this many groups of similar sequence lengths, each padded only to its
-    # own longest (gem.model.ops.length_groups): the same outputs and gradients with less padding.
-    # Off by default: on 2 CPU threads at the demo's lengths (impressions mostly at the cap) groups
-    # 1/2/4/8 gave 1518/1551/1277/993 examples/s for padding 36/27/20/13%: the smaller blocks' extra
-    # kernels cost more than the padding they save.
+    # "jagged": each event type's sequences stay a stream of real tokens through every layer
+    # (gem.model.ops.jagged_attention), so no padded position is computed. "padded": (B, L) blocks
+    # under masks, the reference the jagged layout is tested against (the same outputs and gradients).
+    sequence_layout: str = "jagged"
+    # Padded layout only: the batch computed in this many groups of similar sequence lengths, each
+    # padded to its own longest (gem.model.ops.length_groups).
     length_groups: int = 1
     attention: str = "gdpa"
     pooling: str = "hsp"
@@ -76,8 +78,12 @@ class KunlunConfig:
     def __post_init__(self) -> None:
         if self.attention not in KUNLUN_ATTENTIONS:
             raise ValueError(f"attention must be one of {KUNLUN_ATTENTIONS}, got {self.attention!r}")
+        if self.sequence_layout not in SEQUENCE_LAYOUTS:
+            raise ValueError(f"sequence_layout must be one of {SEQUENCE_LAYOUTS}, got {self.sequence_layout!r}")
         if self.length_groups < 1:
             raise ValueError(f"length_groups must be >= 1, got {self.length_groups}")
+        if self.length_groups > 1 and self.sequence_layout != "padded":
+            raise ValueError("length_groups pads each group of the batch: it needs sequence_layout 'padded'")
         if self.pooling not in KUNLUN_POOLINGS:
             raise ValueError(f"pooling must be one of {KUNLUN_POOLINGS}, got {self.pooling!r}")
         if not self.event_personalization and self.shared_event not in self.events:

@@ -3,9 +3,9 @@
 Counts the matrix products (linear layers, attention scores and values, einsums), which is what
 dominates and what MFU is measured against; elementwise work (activations, norms, gating) is left
 out, as torch.utils.flop_counter does, so the two can be compared (tests/unit/test_flops.py). Sequence
-lengths are the padded lengths the model computes on: by default each event type's max_len;
-`kunlun_batch_flops` counts one batch as it runs (its padded lengths, the id projection on the
-events kept), which is what a throughput figure should divide by.
+lengths are by default each event type's max_len; `kunlun_batch_flops` counts one batch as it runs
+(the real tokens in Kunlun's jagged layout, the padded lengths in its padded one), which is what a
+throughput figure should divide by.
 
 Example:
     >>> from gem.model.configs import KunlunConfig
@@ -38,36 +38,49 @@ def _linear(n_in: int, n_out: int, rows: int = 1) -> int:
     return 2 * rows * n_in * n_out
 
 
-def _hsp(e: EventConfig, dim: int, length: int) -> int:
-    kv = _linear(e.width, 2 * e.width, length)
-    attention = 2 * (2 * e.seeds * length * e.width)  # scores and values, all heads together
+def _pool(e: EventConfig, dim: int, examples: int, tokens: int, pooling: str) -> int:
+    """One event type's pooling over a batch whose `tokens` positions are computed: HSP, or
+    pooling="mean"'s projection (the mean itself is additions, left out like the other elementwise
+    work)."""
+    if pooling != "hsp":
+        return examples * _linear(e.width, e.summary_tokens * dim)
+    kv = _linear(e.width, 2 * e.width, tokens)
+    attention = 2 * (2 * e.seeds * tokens * e.width)  # scores and values, all heads together
     kron = 2 * e.kron_rank * (e.seeds * e.summary_tokens * e.width + e.summary_tokens * e.width * dim)
-    return kv + attention + kron
+    return kv + attention + examples * kron
 
 
-def _pool(e: EventConfig, dim: int, length: int, pooling: str) -> int:
-    """One event type's pooling: HSP, or pooling="mean"'s projection (the masked mean itself is
-    additions, left out like the other elementwise work)."""
-    return _hsp(e, dim, length) if pooling == "hsp" else _linear(e.width, e.summary_tokens * dim)
+def _band(length: int, window: int, width: int) -> int:
+    """Scores and values of the blocked band form (gem.model.ops.band) over `length` positions:
+    blocks of min(window, length) queries, each against twice as many keys."""
+    if length == 0:
+        return 0
+    block = min(window, length)
+    return 2 * (2 * -(-length // block) * block * 2 * block * width)
 
 
-def _sequence_layer(e: EventConfig, dim: int, length: int, summary_tokens: int, personalized: bool,
-                    window: int | None) -> int:
-    """window: the odd layers' self-attention window (None: the whole causal prefix, all L x L scored).
-    GDPA and softmax attention compute the same two products (scores, weights @ V)."""
+def _sequence_layer(e: EventConfig, dim: int, examples: int, tokens: int, length: int, summary_tokens: int,
+                    personalized: bool, window: int | None, jagged: bool, full_blocks: bool) -> int:
+    """One event type's sequence layer over a batch of `examples` that computes `tokens` positions:
+    the real tokens (jagged layout), or examples x `length` (padded to `length`). window: the odd
+    layers' self-attention window (None: the whole causal prefix). GDPA and softmax attention compute
+    the same two products (scores, weights @ V). full_blocks: the jagged stream's band counted as in a
+    large batch (every block `window` tokens, so each token scores 2 x window keys), not this one's."""
     w = e.width
-    q, out = _linear(w, w, length), _linear(w, w, length)
-    keys = summary_tokens if personalized else length
-    kv = _linear(dim if personalized else w, 2 * w, keys)
-    # The blocked band form scores each block of `window` queries against 2 * window keys.
-    band = not personalized and window is not None and uses_band(length, window)
-    if band:
-        blocks = -(-length // window)
-        attention = 2 * (2 * blocks * window * 2 * window * w)
+    per_token = _linear(w, w, tokens) * 2 + _linear(w, 2 * w, tokens) + _linear(2 * w, w, tokens)  # q, out, ffn
+    if personalized:
+        kv = _linear(dim, 2 * w, examples * summary_tokens)
+        attention = 2 * (2 * tokens * summary_tokens * w)
     else:
-        attention = 2 * (2 * length * keys * w)
-    ffn = _linear(w, 2 * w, length) + _linear(2 * w, w, length)
-    return q + kv + attention + out + ffn
+        kv = _linear(w, 2 * w, tokens)
+        if jagged:  # the batch's tokens as one stream in the band form (gem.model.ops.jagged_attention)
+            stream_window = window or e.max_len
+            attention = 2 * (2 * tokens * 2 * stream_window * w) if full_blocks else _band(tokens, stream_window, w)
+        elif window is not None and uses_band(length, window):
+            attention = examples * _band(length, window, w)
+        else:
+            attention = examples * 2 * (2 * length * length * w)
+    return per_token + kv + attention
 
 
 def _wukong_layer(tokens: int, dim: int, rank: int, fmb_tokens: int, hidden: int) -> int:
@@ -81,29 +94,43 @@ def _compress(tokens: int, out_tokens: int, dim: int) -> int:
 
 def kunlun_flops(cfg: KunlunConfig, n_sparse: int, dense_dim: int, tasks: int, surfaces: int, head_hidden: int,
                  shared_experts: int, lengths: dict[str, int] | None = None) -> dict[str, int]:
-    """Forward FLOPs per example, by module name, plus "total"; every ablation switch of the config
-    (attention, pooling, compskip, sliding_window, event_personalization) counted as it computes."""
+    """Forward FLOPs per example (every sequence at `lengths`, default each type's max_len), by
+    module name, plus "total"; every ablation switch of the config (attention, pooling, compskip,
+    sliding_window, event_personalization) and the sequence layout counted as it computes. The
+    jagged layout's window attention is counted as in a batch whose token stream fills its blocks
+    (exact for B examples when B x length is a multiple of the window)."""
     lengths = lengths or {e: c.max_len for e, c in cfg.events.items()}
+    return _kunlun_batch(cfg, 1, {e: (n, n) for e, n in lengths.items()}, n_sparse, dense_dim, tasks, surfaces,
+                         head_hidden, shared_experts, full_blocks=True)
+
+
+def _kunlun_batch(cfg: KunlunConfig, examples: int, computed: Mapping[str, tuple[int, int]], n_sparse: int,
+                  dense_dim: int, tasks: int, surfaces: int, head_hidden: int, shared_experts: int,
+                  full_blocks: bool = False) -> dict[str, int]:
+    """A batch of `examples`; computed: event type -> (positions its sequence modules compute on,
+    the padded length, used by the padded layout's attention)."""
     x_tokens, d, n_int = n_sparse + cfg.dense_tokens, cfg.dim, cfg.interaction_tokens
     block, events = n_int // cfg.experts, cfg.effective_events
+    jagged = cfg.sequence_layout == "jagged"
     out: dict[str, int] = {
-        "dense_mlp": _linear(dense_dim, cfg.mlp_hidden) + _linear(cfg.mlp_hidden, cfg.dense_tokens * d),
-        "event_id_projection": sum(_linear(d, c.width, lengths[e]) for e, c in events.items()),
+        "dense_mlp": examples * (_linear(dense_dim, cfg.mlp_hidden) + _linear(cfg.mlp_hidden, cfg.dense_tokens * d)),
+        "event_id_projection": sum(_linear(d, c.width, computed[e][0]) for e, c in events.items()),
     }
     for i in range(cfg.layers):
-        out[f"layer{i}.compress"] = _compress(x_tokens, cfg.summary_tokens, d)
+        out[f"layer{i}.compress"] = examples * _compress(x_tokens, cfg.summary_tokens, d)
         if cfg.pools_afresh(i):
-            out[f"layer{i}.pooling"] = sum(_pool(c, d, lengths[e], cfg.pooling)
+            out[f"layer{i}.pooling"] = sum(_pool(c, d, examples, computed[e][0], cfg.pooling)
                                            for e, c in events.items() if i < c.depth)
-        out[f"layer{i}.wukong_experts"] = cfg.experts * cfg.expert_layers * _wukong_layer(
+        out[f"layer{i}.wukong_experts"] = examples * cfg.experts * cfg.expert_layers * _wukong_layer(
             block, d, cfg.wukong_rank, max(1, block // 2), cfg.mlp_hidden)
-        out[f"layer{i}.back_projection"] = _linear(n_int, x_tokens, d)
+        out[f"layer{i}.back_projection"] = examples * _linear(n_int, x_tokens, d)
         out[f"layer{i}.sequences"] = sum(
-            _sequence_layer(c, d, lengths[e], cfg.summary_tokens, cfg.personalized(i), cfg.self_attention_window(c))
+            _sequence_layer(c, d, examples, *computed[e], cfg.summary_tokens, cfg.personalized(i),
+                            cfg.self_attention_window(c), jagged, full_blocks)
             for e, c in events.items() if i < c.depth)
-    out["readout"] = _compress(x_tokens, cfg.summary_tokens, d) + sum(
-        _pool(c, d, lengths[e], cfg.pooling) for e, c in events.items())
-    out["heads"] = heads_flops(n_int * d, tasks, surfaces, head_hidden, shared_experts)
+    out["readout"] = examples * _compress(x_tokens, cfg.summary_tokens, d) + sum(
+        _pool(c, d, examples, computed[e][0], cfg.pooling) for e, c in events.items())
+    out["heads"] = examples * heads_flops(n_int * d, tasks, surfaces, head_hidden, shared_experts)
     out["total"] = sum(out.values())
     return out
 
@@ -113,23 +140,27 @@ def kunlun_batch_flops(cfg: KunlunConfig, lengths: Mapping[str, Sequence[int]], 
     """Forward FLOPs of one batch as Kunlun runs it, by module, plus "total".
 
     lengths: event type -> each example's sequence length as the loader cut it (B values each).
-    The model keeps each example's most recent max_len events, splits the batch into
-    cfg.length_groups groups of similar lengths (gem.model.ops.length_groups) and pads every event
-    type of a group to the group's longest kept sequence (at least 1 position): every module
-    computes on those padded lengths, except the id projection, which runs on the kept events alone
-    (it precedes padding). So the count follows the batch, not the configured maximum (with no
-    padding and every sequence at max_len it equals B x kunlun_flops).
+    The model keeps each example's most recent max_len events. In the jagged layout (the default)
+    every sequence module computes on those kept tokens alone. In the padded layout the batch is
+    split into cfg.length_groups groups of similar lengths (gem.model.ops.length_groups) and every
+    event type of a group is padded to the group's longest kept sequence (at least 1 position);
+    the id projection still runs on the kept events alone (it precedes padding). So the count
+    follows the batch, not the configured maximum.
     """
     events = cfg.effective_events
     kept = torch.tensor([[min(int(n), c.max_len) for n in lengths[e]] for e, c in events.items()],
                         dtype=torch.int64).T.reshape(-1, len(events))  # (B, E)
+    args = (n_sparse, dense_dim, tasks, surfaces, head_hidden, shared_experts)
+    if cfg.sequence_layout == "jagged":
+        tokens = {e: int(kept[:, i].sum()) for i, e in enumerate(events)}
+        return _kunlun_batch(cfg, kept.shape[0], {e: (n, 0) for e, n in tokens.items()}, *args)
     out: dict[str, int] = {}
     for rows in length_groups(kept, cfg.length_groups):
         padded = {e: max(1, int(kept[rows, i].max())) for i, e in enumerate(events)}
-        per_example = kunlun_flops(cfg, n_sparse, dense_dim, tasks, surfaces, head_hidden, shared_experts, padded)
-        for k, v in per_example.items():
+        group = _kunlun_batch(cfg, rows.numel(), {e: (rows.numel() * n, n) for e, n in padded.items()}, *args)
+        for k, v in group.items():
             if k != "total":
-                out[k] = out.get(k, 0) + rows.numel() * v
+                out[k] = out.get(k, 0) + v
     out["event_id_projection"] = sum(_linear(cfg.dim, c.width, int(kept[:, i].sum())) for i, c in enumerate(events.values()))
     out["total"] = sum(out.values())
     return out

@@ -22,34 +22,60 @@ pools afresh on every layer; `sliding_window=False` makes the odd layers full ca
 `event_personalization=False` gives every type one shared set of settings (cfg.effective_events).
 gem.model.flops.kunlun_flops counts each variant.
 
-Shapes: X (B, n_x, d); S_e (B, L_e, w_e) padded with lengths (B,); H_e (B, T_e, d).
+Sequence layout (KunlunConfig.sequence_layout): by default each S_e stays jagged, a Stream of its
+real tokens (N_e, w_e) with offsets, through every layer (gem.model.ops.jagged_attention), so no
+padded position is computed; "padded" runs the same layers on (B, L_e, w_e) blocks under masks, the
+reference the jagged form is tested against.
+
+Shapes: X (B, n_x, d); S_e (N_e, w_e) jagged or (B, L_e, w_e) padded; H_e (B, T_e, d).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
 from gem.model.configs import EventConfig, KunlunConfig
-from gem.model.ops.gdpa import gdpa, uses_band, windowed_gdpa
-from gem.model.ops.jagged import keep_last, to_padded
+from gem.model.ops.attention import attend, attend_window
+from gem.model.ops.gdpa import uses_band
+from gem.model.ops.jagged import jagged_mean, keep_last, to_padded, token_rows
+from gem.model.ops.jagged_attention import seed_pooling, summary_attention, window_attention
 from gem.model.ops.length_groups import length_groups
 from gem.model.ops.masks import padding_mask, sliding_window_mask
-from gem.model.ops.softmax_attention import softmax_attention, windowed_softmax_attention
 from gem.model.ops.sum_kron import SumKronLinear
 from gem.model.ops.time_encoding import time_gap_buckets
 from gem.model.wukong import MixtureOfWukongExperts
 
 
-def attend(attention: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activations: Sequence[str],
-           alpha: float, scale: float, mask: torch.Tensor) -> torch.Tensor:
-    """GDPA (`act_h(QK^T * alpha) * scale @ V`) or softmax attention (alpha only) under one mask.
-    q (B, H, Lq, Dh), k and v (B, H, Lk, Dh), mask broadcastable to (B, H, Lq, Lk) -> (B, H, Lq, Dh)."""
-    if attention == "softmax":
-        return softmax_attention(q, k, v, alpha, mask)
-    return gdpa(q, k, v, activations, alpha, scale, mask)
+class Stream(NamedTuple):
+    """One event type's sequences in the jagged layout: every example's real tokens back to back."""
+
+    values: torch.Tensor  # (N, w)
+    offsets: torch.Tensor  # (B+1,)
+    rows: torch.Tensor  # (N,) each token's example
+
+    @property
+    def examples(self) -> int:
+        return self.offsets.numel() - 1
+
+
+class Padded(NamedTuple):
+    """One event type's sequences in the padded layout (the reference): zero after each length."""
+
+    values: torch.Tensor  # (B, L, w)
+    lengths: torch.Tensor  # (B,)
+
+
+Sequences = Stream | Padded
+
+
+def padded(stream: Stream) -> Padded:
+    """The stream as (B, L, w) blocks, L its longest sequence (at least 1 position)."""
+    lengths = stream.offsets[1:] - stream.offsets[:-1]
+    longest = max(1, int(lengths.max()) if lengths.numel() else 1)
+    return Padded(to_padded(stream.values, stream.offsets, longest), lengths)
 
 
 class GatedCompression(nn.Module):
@@ -78,13 +104,21 @@ class HSP(nn.Module):
         self.compress = SumKronLinear(cfg.seeds, cfg.summary_tokens, cfg.width, dim, cfg.kron_rank)
         self.heads, self.head_dim = heads, cfg.width // heads
 
-    def forward(self, s: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        b, length, _ = s.shape
-        k, v = self.kv(s).view(b, length, 2, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (B, H, L, Dh) x2
-        q = self.seeds.view(1, -1, self.heads, self.head_dim).transpose(1, 2).expand(b, -1, -1, -1)
-        mask = padding_mask(lengths, length)[:, None, None, :]  # (B, 1, 1, L)
-        pooled = attend(self.attention, q, k, v, self.cfg.activations, self.head_dim ** -0.5,
-                        1.0 / self.cfg.max_len, mask)
+    def forward(self, seq: Sequences) -> torch.Tensor:
+        alpha, scale = self.head_dim ** -0.5, 1.0 / self.cfg.max_len
+        if isinstance(seq, Stream):
+            n = seq.values.shape[0]
+            k, v = self.kv(seq.values).view(n, 2, self.heads, self.head_dim).unbind(1)  # (N, H, Dh) x2
+            pooled = seed_pooling(self.attention, self.seeds.view(-1, self.heads, self.head_dim), k, v, seq.rows,
+                                  seq.examples, self.cfg.activations, alpha, scale)  # (B, H, seeds, Dh)
+        else:
+            s, lengths = seq
+            b, length, _ = s.shape
+            k, v = self.kv(s).view(b, length, 2, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (B, H, L, Dh) x2
+            q = self.seeds.view(1, -1, self.heads, self.head_dim).transpose(1, 2).expand(b, -1, -1, -1)
+            mask = padding_mask(lengths, length)[:, None, None, :]  # (B, 1, 1, L)
+            pooled = attend(self.attention, q, k, v, self.cfg.activations, alpha, scale, mask)  # (B, H, seeds, Dh)
+        b = pooled.shape[0]
         pooled = pooled.transpose(1, 2).reshape(b, self.cfg.seeds, self.cfg.width)  # (B, seeds, w)
         return self.compress(pooled)  # (B, T, d)
 
@@ -92,17 +126,21 @@ class HSP(nn.Module):
 class MeanPool(nn.Module):
     """The pooling="mean" ablation of HSP: each sequence's mean over its real positions, projected
     to T tokens of width d (as many as HSP gives, so the interaction arch's token count is unchanged).
-    forward: S (B, L, w), lengths (B,) -> (B, T, d); an empty sequence pools to the projection's bias."""
+    forward: a Stream or Padded -> (B, T, d); an empty sequence pools to the projection's bias."""
 
     def __init__(self, cfg: EventConfig, dim: int) -> None:
         super().__init__()
         self.tokens, self.dim = cfg.summary_tokens, dim
         self.proj = nn.Linear(cfg.width, cfg.summary_tokens * dim)
 
-    def forward(self, s: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        real = padding_mask(lengths, s.shape[1])[:, :, None].to(s.dtype)  # (B, L, 1)
-        mean = (s * real).sum(dim=1) / lengths.clamp(min=1)[:, None].to(s.dtype)  # (B, w)
-        return self.proj(mean).view(s.shape[0], self.tokens, self.dim)
+    def forward(self, seq: Sequences) -> torch.Tensor:
+        if isinstance(seq, Stream):
+            mean = jagged_mean(seq.values, seq.offsets)  # (B, w)
+        else:
+            s, lengths = seq
+            real = padding_mask(lengths, s.shape[1])[:, :, None].to(s.dtype)  # (B, L, 1)
+            mean = (s * real).sum(dim=1) / lengths.clamp(min=1)[:, None].to(s.dtype)  # (B, w)
+        return self.proj(mean).view(mean.shape[0], self.tokens, self.dim)
 
 
 def pooler(cfg: KunlunConfig, event: EventConfig) -> nn.Module:
@@ -113,7 +151,8 @@ def pooler(cfg: KunlunConfig, event: EventConfig) -> nn.Module:
 class SequenceLayer(nn.Module):
     """One layer of one event type's stream: attention from X_sum (personalized, even layers) or
     causal self-attention within `window` (odd layers; None = the whole prefix), then an FFN.
-    forward: S (B, L, w), lengths (B,), X_sum (B, n_sum, d) -> S (B, L, w), exactly 0 at padding."""
+    forward: a Stream (N, w) or Padded (B, L, w) sequence, X_sum (B, n_sum, d) -> the same layout
+    (a Padded one exactly 0 at padding)."""
 
     def __init__(self, cfg: EventConfig, dim: int, personalized: bool, attention: str = "gdpa",
                  window: int | None = None) -> None:
@@ -132,7 +171,29 @@ class SequenceLayer(nn.Module):
         b, n, _ = x.shape
         return x.view(b, n, self.heads, self.head_dim).transpose(1, 2)  # (B, H, n, Dh)
 
-    def forward(self, s: torch.Tensor, lengths: torch.Tensor, x_sum: torch.Tensor) -> torch.Tensor:
+    def forward(self, seq: Sequences, x_sum: torch.Tensor) -> Sequences:
+        if isinstance(seq, Padded):
+            return self._padded(seq, x_sum)
+        s = seq.values
+        n, w = s.shape
+        h = self.norm(s)
+        q = self.q(h).view(n, self.heads, self.head_dim)  # (N, H, Dh)
+        alpha = self.head_dim ** -0.5
+        if self.personalized:  # every token reads its example's summary tokens
+            k, v = (self._heads(t) for t in self.kv(x_sum).chunk(2, dim=-1))  # (B, H, n_sum, Dh) x2
+            att = summary_attention(self.attention, q, k, v, seq.rows, self.cfg.activations, alpha,
+                                    1.0 / x_sum.shape[1])
+        else:
+            k, v = (t.reshape(n, self.heads, self.head_dim) for t in self.kv(h).chunk(2, dim=-1))  # (N, H, Dh) x2
+            window = self.window or self.cfg.max_len  # no kept sequence is longer than max_len
+            att = window_attention(self.attention, q, k, v, seq.rows, self.cfg.activations, alpha, 1.0 / window,
+                                   window)
+        s = s + self.out(att.reshape(n, w))  # (N, w)
+        return seq._replace(values=s + self.ffn(s))
+
+    def _padded(self, seq: Padded, x_sum: torch.Tensor) -> Padded:
+        """The same layer on (B, L, w) blocks under masks: the reference of the jagged form."""
+        s, lengths = seq
         b, length, w = s.shape
         h = self.norm(s)
         src = x_sum if self.personalized else h
@@ -147,15 +208,12 @@ class SequenceLayer(nn.Module):
         q, k, v = self._heads(self.q(h)), self._heads(k), self._heads(v)
         alpha = self.head_dim ** -0.5
         if not self.personalized and uses_band(length, self.window):  # only the window is computed
-            if self.attention == "softmax":
-                att = windowed_softmax_attention(q, k, v, alpha, lengths, self.window)
-            else:
-                att = windowed_gdpa(q, k, v, self.cfg.activations, alpha, scale, lengths, self.window)
+            att = attend_window(self.attention, q, k, v, self.cfg.activations, alpha, scale, lengths, self.window)
         else:
             att = attend(self.attention, q, k, v, self.cfg.activations, alpha, scale, mask)
         s = s + self.out(att.transpose(1, 2).reshape(b, length, w))
         s = s + self.ffn(s)
-        return s * real[:, :, None].to(s.dtype)  # padding stays exactly 0
+        return Padded(s * real[:, :, None].to(s.dtype), lengths)  # padding stays exactly 0
 
 
 class KunlunLayer(nn.Module):
@@ -174,19 +232,19 @@ class KunlunLayer(nn.Module):
         self.back = nn.Linear(cfg.interaction_tokens, x_tokens)  # interaction tokens -> n_x tokens
         self.x_norm = nn.LayerNorm(cfg.dim)
 
-    def pool(self, seqs: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    def pool(self, seqs: dict[str, Sequences]) -> dict[str, torch.Tensor]:
         """This layer's fresh pooling: event -> H_e (B, T_e, d), for the events it pools (none on a
         CompSkip layer)."""
-        return {e: module(*seqs[e]) for e, module in self.hsp.items()}
+        return {e: module(seqs[e]) for e, module in self.hsp.items()}
 
-    def forward(self, x: torch.Tensor, seqs: dict[str, tuple[torch.Tensor, torch.Tensor]],
-                cache: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+    def forward(self, x: torch.Tensor, seqs: dict[str, Sequences],
+                cache: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, Sequences]]:
         x_sum = self.compress(x)  # (B, n_sum, d)
         cache.update(self.pool(seqs))  # (B, T_e, d) each
         tokens = torch.cat([x_sum, *[cache[e] for e in sorted(cache)]], dim=1)  # (B, n_int, d)
         mixed = self.interaction(tokens)
         x = self.x_norm(x + self.back(mixed.transpose(1, 2)).transpose(1, 2))
-        seqs = {e: (self.seq[e](s, n, x_sum), n) if e in self.seq else (s, n) for e, (s, n) in seqs.items()}
+        seqs = {e: self.seq[e](s, x_sum) if e in self.seq else s for e, s in seqs.items()}
         return x, seqs
 
 
@@ -223,11 +281,13 @@ class Kunlun(nn.Module):
         self.out_dim = cfg.interaction_tokens * cfg.dim
 
     @property
-    def length_groups(self) -> int:
-        """How many length groups forward computes a batch in (KunlunConfig.length_groups)."""
-        return self.cfg.length_groups
+    def length_groups(self) -> int | None:
+        """How many length groups forward pads a batch in (KunlunConfig.length_groups); None in the
+        jagged layout, which pads nothing."""
+        return None if self.cfg.sequence_layout == "jagged" else self.cfg.length_groups
 
-    def sequence_tokens(self, event: str, seq: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def sequence_tokens(self, event: str, seq: dict[str, torch.Tensor]) -> Stream:
+        """One event type's kept events as a Stream of (N, w_e) tokens."""
         c, emb = self.events[event], self.event_embed[event]
         # The most recent max_len events, selected before the token projections: the events cut
         # away cost no projection (same tokens as projecting all, then selecting).
@@ -235,8 +295,7 @@ class Kunlun(nn.Module):
         tokens = (emb["id"](seq["id_emb"][index]) + emb["surface"](seq["surface"][index])
                   + emb["objective"](seq["objective"][index])
                   + emb["time"](time_gap_buckets(seq["gap_s"][index], self.cfg.time_buckets)))
-        lengths = offsets[1:] - offsets[:-1]
-        return to_padded(tokens, offsets, max(1, int(lengths.max()) if lengths.numel() else 1)), lengths
+        return Stream(tokens, offsets, token_rows(offsets))
 
     def user_representation(self, sparse: dict[str, torch.Tensor], sequences: dict[str, dict[str, torch.Tensor]],
                             user_features: tuple[str, ...] = ("user_id",)) -> torch.Tensor:
@@ -258,27 +317,30 @@ class Kunlun(nn.Module):
         b = dense.shape[0]
         x = torch.cat([torch.stack([sparse[f] for f in self.sparse_features], dim=1),
                        self.dense_mlp(dense).view(b, self.cfg.dense_tokens, self.cfg.dim)], dim=1)  # (B, n_x, d)
-        seqs = {e: self.sequence_tokens(e, sequences[e]) for e in self.events}
-        if self.cfg.length_groups <= 1:  # the default: one padded block, no sort
+        streams = {e: self.sequence_tokens(e, sequences[e]) for e in self.events}
+        if self.cfg.sequence_layout == "jagged":  # the default: no padded position anywhere
+            return self.body(x, streams)
+        seqs = {e: padded(s) for e, s in streams.items()}
+        if self.cfg.length_groups <= 1:
             return self.body(x, seqs)
-        groups = length_groups(torch.stack([n for _, n in seqs.values()], dim=1), self.cfg.length_groups)
+        groups = length_groups(torch.stack([s.lengths for s in seqs.values()], dim=1), self.cfg.length_groups)
         # Each group padded only to its own longest sequences (gem.model.ops.length_groups); the
         # examples never interact, so this is the same function of the batch, computed with less padding.
-        parts = [self.body(x[rows], {e: _trimmed(s[rows], n[rows]) for e, (s, n) in seqs.items()})
-                 for rows in groups]
+        parts = [self.body(x[rows], {e: _trimmed(s, rows) for e, s in seqs.items()}) for rows in groups]
         order = torch.cat(groups)  # (B,) group row -> batch row
         return torch.cat(parts)[torch.argsort(order)]  # (B, n_int * d) in batch order
 
-    def body(self, x: torch.Tensor, seqs: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-        """The layers and the readout: X (B, n_x, d), event -> (S_e (B, L_e, w_e), lengths (B,))
-        -> (B, n_int * d)."""
+    def body(self, x: torch.Tensor, seqs: dict[str, Sequences]) -> torch.Tensor:
+        """The layers and the readout: X (B, n_x, d), event -> its sequences (a Stream, or Padded
+        blocks) -> (B, n_int * d)."""
         cache: dict[str, torch.Tensor] = {}
         for layer in self.layers:
             x, seqs = layer(x, seqs, cache)
-        tokens = [self.final_compress(x)] + [self.final_hsp[e](*seqs[e]) for e in sorted(seqs)]
+        tokens = [self.final_compress(x)] + [self.final_hsp[e](seqs[e]) for e in sorted(seqs)]
         return torch.cat(tokens, dim=1).reshape(x.shape[0], -1)  # (B, n_int * d)
 
 
-def _trimmed(s: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """S (B, L, w) cut to its longest real sequence (at least 1 position), with its lengths (B,)."""
-    return s[:, : max(1, int(lengths.max()))], lengths
+def _trimmed(seq: Padded, rows: torch.Tensor) -> Padded:
+    """The `rows` of padded blocks, cut to their longest real sequence (at least 1 position)."""
+    lengths = seq.lengths[rows]
+    return Padded(seq.values[rows, : max(1, int(lengths.max()))], lengths)

@@ -35,17 +35,18 @@ def _sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kw
 SDPA_ON_CPU = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_flops}
 
 
+@pytest.mark.parametrize("layout", ["jagged", "padded"])
 @pytest.mark.parametrize("switches", KUNLUN_VARIANTS.values(), ids=KUNLUN_VARIANTS.keys())
-@pytest.mark.parametrize("impression_window", [32, 8])  # 8: 64 positions take the blocked band form
-def test_formulas_match_the_flop_counter(impression_window, switches):
+@pytest.mark.parametrize("impression_window", [32, 8])  # 8: 64 padded positions take the blocked band form
+def test_formulas_match_the_flop_counter(impression_window, switches, layout):
     from dataclasses import replace
 
-    base = KunlunConfig(layers=3)
+    base = KunlunConfig(layers=3, sequence_layout=layout)
     impression = replace(base.events["impression"], window=impression_window)
     cfg = replace(base, events={**base.events, "impression": impression}, **switches)
     body = Kunlun(cfg, SPARSE, dense_dim=10)
     heads = DomainExpertHeads(body.out_dim, TASKS, hidden=24, shared_experts=2)
-    b = 3
+    b = 4  # every type's token stream a whole number of windows: the per-example formula is exact
     sequences = {}
     for e, c in cfg.events.items():
         n = b * c.max_len  # every example at full length: padded == real
@@ -109,13 +110,14 @@ def _ragged_batch(cfg, tasks: tuple[str, ...], sparse_names: tuple[str, ...], de
                  label_mask=mask, weights=mask.float(), tasks=tasks, impression_times=torch.zeros(b, dtype=torch.long))
 
 
-@pytest.mark.parametrize("length_groups", [1, 3])
-def test_batch_flops_count_what_runs_on_a_ragged_batch(length_groups):
+@pytest.mark.parametrize(("layout", "length_groups"), [("jagged", 1), ("padded", 1), ("padded", 3)])
+def test_batch_flops_count_what_runs_on_a_ragged_batch(layout, length_groups):
     """kunlun_batch_flops of a real long-tailed batch equals torch's count of the task's forward:
-    padded to each type's longest kept sequence (of the batch, or of each length group), not to
-    max_len; a full-length batch gives B x the per-example formula."""
+    the kept tokens alone (jagged), or padded to each type's longest kept sequence (of the batch, or
+    of each length group), not to max_len; a full-length batch gives B x the per-example formula."""
     cfg = tiny_model_config("kunlun")
-    cfg = dataclasses.replace(cfg, kunlun=dataclasses.replace(cfg.kunlun, length_groups=length_groups))
+    cfg = dataclasses.replace(cfg, kunlun=dataclasses.replace(cfg.kunlun, sequence_layout=layout,
+                                                              length_groups=length_groups))
     sparse_names, tasks, dense_dim, b = ("user_id", "ad_id", "surface"), ("reels/click", "fb_feed/click"), 6, 16
     task = build_task(cfg, tasks, sparse_names, dense_dim=dense_dim)
     batch = _ragged_batch(cfg, tasks, sparse_names, dense_dim, b)

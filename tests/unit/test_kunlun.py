@@ -13,8 +13,8 @@ import torch
 
 from gem.config import ConfigError, load_config
 from gem.model.flops import kunlun_flops
-from gem.model.kunlun import HSP, Kunlun, KunlunConfig, MeanPool
-from gem.model.ops.jagged import jagged_mean, to_jagged
+from gem.model.kunlun import HSP, Kunlun, KunlunConfig, MeanPool, Padded, Stream
+from gem.model.ops.jagged import jagged_mean, to_jagged, token_rows
 
 SPARSE = ("user_id", "ad_id", "surface")
 DENSE = 5
@@ -134,11 +134,11 @@ def _noise_in_padding(model: Kunlun, seed: int = 7) -> list[int]:
     g, filled = torch.Generator().manual_seed(seed), []
 
     def hook(module, args):
-        s, lengths, *rest = args
+        (s, lengths), *rest = args
         pad = ~(torch.arange(s.shape[1])[None, :] < lengths[:, None])  # (B, L)
         filled.append(int(pad.sum()))
         noise = torch.randn(s.shape, generator=g, dtype=s.dtype) * 100.0
-        return (torch.where(pad[:, :, None], noise, s), lengths, *rest)
+        return (Padded(torch.where(pad[:, :, None], noise, s), lengths), *rest)
 
     for layer in model.layers:
         for module in [*layer.hsp.values(), *layer.seq.values()]:
@@ -150,9 +150,9 @@ def _noise_in_padding(model: Kunlun, seed: int = 7) -> list[int]:
 
 @variants
 def test_padding_content_changes_nothing(switches):
-    """Every read of a padded sequence (pooling, personalized and self-attention, the readout) is
-    masked: garbage in the padding leaves every example's output as it was."""
-    model, cfg = _model(_config(**switches))
+    """In the padded layout every read of a padded sequence (pooling, personalized and
+    self-attention, the readout) is masked: garbage in the padding leaves every output as it was."""
+    model, cfg = _model(_config(**switches, sequence_layout="padded"))
     sparse, dense, seqs = map(_double, _inputs(LENGTHS, 4, cfg))
     clean = model(sparse, dense, seqs)
     filled = _noise_in_padding(model)
@@ -202,9 +202,11 @@ def test_softmax_hsp_weights_sum_to_one_over_the_real_positions():
     captured = {}
     hsp.compress.register_forward_pre_hook(lambda m, args: captured.update(pooled=args[0]))
     s, lengths = torch.randn(3, 5, w, dtype=torch.float64), torch.tensor([5, 2, 0])
-    hsp(s, lengths)
-    expected = torch.tensor([1.0, 1.0, 0.0], dtype=torch.float64)[:, None, None].expand_as(captured["pooled"])
-    torch.testing.assert_close(captured["pooled"], expected)
+    offsets = torch.tensor([0, 5, 7, 7])
+    for seq in (Padded(s, lengths), Stream(to_jagged(s, lengths), offsets, token_rows(offsets))):
+        hsp(seq)
+        expected = torch.tensor([1.0, 1.0, 0.0], dtype=torch.float64)[:, None, None].expand_as(captured["pooled"])
+        torch.testing.assert_close(captured["pooled"], expected)
 
 
 def test_mean_pooling_is_a_masked_mean_with_as_many_tokens():
@@ -218,9 +220,8 @@ def test_mean_pooling_is_a_masked_mean_with_as_many_tokens():
         pool.register_forward_hook(lambda m, args, out, e=e: seen.update({e: (args, out)}))
     model(sparse, dense, seqs)
     assert sorted(seen) == sorted(cfg.events)
-    for e, ((s, lengths), out) in seen.items():
-        offsets = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
-        mean = jagged_mean(to_jagged(s, lengths), offsets)  # (B, w): the mean of the real positions
+    for e, ((stream,), out) in seen.items():
+        mean = jagged_mean(stream.values, stream.offsets)  # (B, w): the mean of the real tokens
         assert out.shape == (4, cfg.events[e].summary_tokens, cfg.dim)
         torch.testing.assert_close(out, model.layers[0].hsp[e].proj(mean).view(4, -1, cfg.dim))
 
@@ -303,6 +304,42 @@ def test_user_representation_is_the_first_layer_pooling_and_the_user_tokens(swit
 
 
 @variants
+def test_jagged_layout_gives_the_padded_outputs_and_gradients(switches):
+    """The jagged layout (the default: streams of real tokens, gem.model.ops.jagged_attention)
+    computes the function the padded reference does: outputs, input and parameter gradients. The
+    lengths include empty sequences, one over max_len, and an event type with no token at all."""
+    lengths = {"impression": [5, 0, 9, 1, 70, 2, 3, 0], "click": [2, 3, 0, 4, 1, 0, 8, 2],
+               "conversion": [0] * 8}
+    results = []
+    for layout in ("padded", "jagged"):
+        model, cfg = _model(_config(**switches, sequence_layout=layout))
+        model.train()
+        sparse, dense, seqs = map(_double, _inputs(lengths, 8, cfg))
+        seqs["click"]["id_emb"].requires_grad_(True)
+        out = model(sparse, dense, seqs)
+        out.square().sum().backward()
+        results.append((out.detach(), seqs["click"]["id_emb"].grad, {n: p.grad for n, p in model.named_parameters()}))
+    (out_p, emb_p, grads_p), (out_j, emb_j, grads_j) = results
+    torch.testing.assert_close(out_j, out_p, rtol=0, atol=1e-10)
+    torch.testing.assert_close(emb_j, emb_p, rtol=0, atol=1e-9)
+    assert grads_p.keys() == grads_j.keys()
+    for name in grads_p:
+        # A type with no token: the padded layout computes on one masked position (zero gradients),
+        # the jagged one computes nothing (no gradient).
+        jagged, padded = (g if g is not None else torch.zeros_like(p) for g, p in
+                          ((grads_j[name], dict(model.named_parameters())[name]),
+                           (grads_p[name], dict(model.named_parameters())[name])))
+        torch.testing.assert_close(jagged, padded, rtol=0, atol=1e-9, msg=name)
+
+
+def test_length_groups_need_the_padded_layout():
+    with pytest.raises(ValueError, match="length_groups"):
+        KunlunConfig(length_groups=2)
+    with pytest.raises(ValueError, match="sequence_layout"):
+        KunlunConfig(sequence_layout="ragged")
+
+
+@variants
 def test_length_groups_give_the_one_group_outputs_and_gradients(switches):
     """Computing the batch in length groups (each padded to its own longest) changes only the padding:
     the outputs and every parameter's gradient equal those of the whole batch padded as one block."""
@@ -310,7 +347,7 @@ def test_length_groups_give_the_one_group_outputs_and_gradients(switches):
                "conversion": [0, 1, 0, 2, 0, 0, 3, 1]}
     grads, outs = [], []
     for groups in (1, 3):
-        model, cfg = _model(dataclasses.replace(_config(**switches), length_groups=groups))
+        model, cfg = _model(dataclasses.replace(_config(**switches), sequence_layout="padded", length_groups=groups))
         model.train()
         sparse, dense, seqs = map(_double, _inputs(lengths, 8, cfg))
         out = model(sparse, dense, seqs)

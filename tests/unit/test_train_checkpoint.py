@@ -114,6 +114,9 @@ def test_padding_ratio_of_the_batches_is_reported(tmp_path):
         grouped = sum(b.padded_sizes(trainer.length_groups)[event][1] for b in batches)
         assert result.padding_ratio[event] == pytest.approx(1 - real / grouped)
         assert grouped <= one_block  # the body's length groups pad less than one (B, max length) block
+    jagged = tiny_trainer(tmp_path / "jagged")  # the default layout computes no padded position
+    assert jagged.length_groups is None
+    assert set(jagged.fit(steps=2).padding_ratio.values()) == {0.0}
 
 
 def test_non_finite_gradients_of_a_finite_loss_stop_training_before_the_dense_step(tmp_path):

@@ -57,22 +57,25 @@ def gdpa_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activation
     return torch.stack(outs, dim=1)
 
 
+def activate(scores: torch.Tensor, activations: Sequence[str]) -> torch.Tensor:
+    """Each head's activation on scores (N, H, ...): one call per group of heads sharing one."""
+    _check(activations, scores.shape[1])
+    if len(set(activations)) == 1:
+        return ACTIVATIONS[activations[0]](scores)
+    groups: dict[str, list[int]] = {}
+    for h, name in enumerate(activations):
+        groups.setdefault(name, []).append(h)
+    parts = torch.empty_like(scores)
+    for name, heads in groups.items():
+        idx = torch.tensor(heads, device=scores.device)
+        parts.index_copy_(1, idx, ACTIVATIONS[name](scores.index_select(1, idx)))
+    return parts
+
+
 def gdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activations: Sequence[str], alpha: float,
          scale: float, mask: torch.Tensor | None = None) -> torch.Tensor:
     """All heads in one batched matmul; the activation is applied per group of heads sharing it."""
-    _check(activations, q.shape[1])
-    scores = torch.matmul(q, k.transpose(-1, -2)) * alpha  # (B, H, Lq, Lk)
-    if len(set(activations)) == 1:
-        scores = ACTIVATIONS[activations[0]](scores)
-    else:
-        groups: dict[str, list[int]] = {}
-        for h, name in enumerate(activations):
-            groups.setdefault(name, []).append(h)
-        parts = torch.empty_like(scores)
-        for name, heads in groups.items():
-            idx = torch.tensor(heads, device=scores.device)
-            parts.index_copy_(1, idx, ACTIVATIONS[name](scores.index_select(1, idx)))
-        scores = parts
+    scores = activate(torch.matmul(q, k.transpose(-1, -2)) * alpha, activations)  # (B, H, Lq, Lk)
     if mask is not None:
         scores = scores.masked_fill(~mask, 0.0)
     return torch.matmul(scores * scale, v)
@@ -90,7 +93,8 @@ def uses_band(length: int, window: int | None) -> bool:
 
 
 def windowed_gdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activations: Sequence[str], alpha: float,
-                  scale: float, lengths: torch.Tensor, window: int) -> torch.Tensor:
+                  scale: float, lengths: torch.Tensor, window: int,
+                  segments: torch.Tensor | None = None) -> torch.Tensor:
     """Causal sliding-window self-GDPA that computes only near the band: query i reads keys
     i-window+1 .. i, in O(L * window) scores instead of O(L^2) masked to the band.
 
@@ -98,13 +102,9 @@ def windowed_gdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activations
     of keys and the one before, as plain batched matmuls.
     Equal to `gdpa(q, k, v, ..., mask=sliding_window_mask(lengths, L, window))` (a parity test holds
     them together). q, k, v (B, H, L, Dh), lengths (B,); -> (B, H, L, Dh), 0 at padded queries.
+    segments (B, L), optional: several sequences per row, a query reading its own only (band_blocks).
     """
-    _check(activations, q.shape[1])
-    queries, keys, values, allowed = band_blocks(q, k, v, lengths, window)
-    scores = torch.matmul(queries, keys.transpose(-1, -2)) * alpha  # (B, H, nb, w, 2w)
-    if len(set(activations)) == 1:
-        scores = ACTIVATIONS[activations[0]](scores)
-    else:
-        scores = torch.stack([ACTIVATIONS[name](scores[:, i]) for i, name in enumerate(activations)], dim=1)
+    queries, keys, values, allowed = band_blocks(q, k, v, lengths, window, segments)
+    scores = activate(torch.matmul(queries, keys.transpose(-1, -2)) * alpha, activations)  # (B, H, nb, w, 2w)
     scores = scores.masked_fill(~allowed, 0.0)
     return from_blocks(torch.matmul(scores * scale, values), q.shape[2])  # (B, H, L, Dh)

@@ -8,6 +8,12 @@ from __future__ import annotations
 import torch
 
 
+def token_rows(offsets: torch.Tensor) -> torch.Tensor:
+    """(B+1,) offsets -> (N,) the example each value belongs to. Example: [0, 2, 2, 3] -> [0, 0, 2]."""
+    lengths = offsets[1:] - offsets[:-1]
+    return torch.repeat_interleave(torch.arange(lengths.numel(), device=offsets.device), lengths)
+
+
 def to_padded(values: torch.Tensor, offsets: torch.Tensor, max_len: int | None = None) -> torch.Tensor:
     """(N, *rest) values -> (B, L, *rest), zeros after each example's length."""
     lengths = offsets[1:] - offsets[:-1]
@@ -15,7 +21,7 @@ def to_padded(values: torch.Tensor, offsets: torch.Tensor, max_len: int | None =
     max_len = int(lengths.max()) if max_len is None and b else (max_len or 0)
     out = values.new_zeros((b, max_len, *values.shape[1:]))
     if values.shape[0]:
-        row = torch.repeat_interleave(torch.arange(b, device=values.device), lengths)  # (N,)
+        row = token_rows(offsets)  # (N,)
         col = torch.arange(values.shape[0], device=values.device) - offsets[:-1][row]  # (N,)
         keep = col < max_len
         out[row[keep], col[keep]] = values[keep]
@@ -56,8 +62,7 @@ def jagged_mean(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     Example: values [[1], [3], [5]], offsets [0, 2, 2, 3] -> [[2], [0], [5]].
     """
     lengths = offsets[1:] - offsets[:-1]
-    row = torch.repeat_interleave(torch.arange(lengths.numel(), device=values.device), lengths)  # (N,)
-    sums = values.new_zeros(lengths.numel(), values.shape[1]).index_add_(0, row, values)
+    sums = values.new_zeros(lengths.numel(), values.shape[1]).index_add_(0, token_rows(offsets), values)
     return sums / lengths.clamp(min=1)[:, None].to(values.dtype)
 
 
