@@ -7,6 +7,7 @@ architecture shares (embeddings, heads).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 ARCHITECTURES = ("kunlun", "hstu", "interformer", "wukong", "dlrm")
 KUNLUN_ATTENTIONS = ("gdpa", "softmax")
@@ -124,6 +125,17 @@ class KunlunConfig:
         """The odd layers' window for one event type; None (the whole causal prefix) with
         sliding_window off."""
         return event.window if self.sliding_window else None
+
+
+# Kunlun fields that choose how the same function is computed, not what it is.
+COMPUTE_ONLY_FIELDS = ("sequence_layout", "length_groups")
+
+
+def weights_config(model: dict[str, Any]) -> dict[str, Any]:
+    """A model config (as a dict, e.g. a checkpoint's) without COMPUTE_ONLY_FIELDS: two configs equal
+    here give weights that fit and mean the same in either (a model trained padded warm-starts jagged)."""
+    kunlun = {k: v for k, v in (model.get("kunlun") or {}).items() if k not in COMPUTE_ONLY_FIELDS}
+    return {**model, "kunlun": kunlun} if "kunlun" in model else dict(model)
 
 
 EMBEDDING_BACKENDS = ("torch", "torchrec")

@@ -23,6 +23,7 @@ from gem.data.batch import Batch, Jagged, Sparse
 from gem.data.encode import DENSE_COLUMNS
 from gem.data.loader import SPARSE_FEATURES
 from gem.model.build import build_task
+from gem.model.configs import weights_config
 from gem.model.ops.int4 import pack_int4
 from gem.model.task import GemTrainTask
 
@@ -65,7 +66,7 @@ class PrecomputeModel:
                              f"model.arch is {cfg.model.arch!r}")
         extra = checkpoint.read_extra(path)
         theirs = extra.get("config", {}).get("model")
-        if theirs is not None and jsonable(theirs) != jsonable(cfg.to_dict()["model"]):
+        if theirs is not None and jsonable(weights_config(theirs)) != jsonable(weights_config(cfg.to_dict()["model"])):
             raise checkpoint.CheckpointError(f"{path} was trained with model config {theirs}; this config's is "
                                              f"{cfg.to_dict()['model']}")
         task = build_task(cfg.model, pin.tasks, SPARSE_FEATURES, len(DENSE_COLUMNS), sparse_backend="torch")

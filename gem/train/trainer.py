@@ -25,6 +25,7 @@ import torch
 
 from gem.config import TrainConfig
 from gem.data.batch import Batch
+from gem.model.configs import weights_config
 from gem.progress import Progress
 from gem.train import checkpoint
 from gem.train.lr_schedule import learning_rate
@@ -187,7 +188,8 @@ class Trainer:
             raise checkpoint.CheckpointError(f"warm start: no checkpoint in {source}")
         extra = checkpoint.read_extra(path)
         theirs, ours = extra.get("config", {}).get("model"), self.config_snapshot.get("model")
-        if theirs is not None and ours is not None and jsonable(theirs) != jsonable(ours):
+        if (theirs is not None and ours is not None
+                and jsonable(weights_config(theirs)) != jsonable(weights_config(ours))):
             raise checkpoint.CheckpointError(
                 f"warm start: {path} was trained with model config {theirs}, this run's is {ours}; "
                 f"start this architecture fresh or point --run-dir elsewhere")

@@ -103,6 +103,24 @@ def test_warm_start_refuses_a_checkpoint_of_another_model_config(tmp_path):
         other.warm_start(tmp_path / "day1")
 
 
+def test_the_sequence_layout_does_not_refuse_a_warm_start(tmp_path):
+    """sequence_layout and length_groups choose how the same function is computed: a checkpoint
+    trained padded warm-starts a jagged run (and the weights arrive), any other change is refused."""
+    def snapshot(**kunlun):
+        return {"model": {"arch": "kunlun", "kunlun": {"dim": 16, **kunlun}}}
+
+    padded = Trainer(tiny_task(length_groups=2), ListStream(), TINY_TRAIN, tmp_path / "padded",
+                     config_snapshot=snapshot(sequence_layout="padded", length_groups=2))
+    padded.fit(steps=2)
+    jagged = Trainer(tiny_task(), ListStream(), TINY_TRAIN, tmp_path / "jagged", config_snapshot=snapshot())
+    jagged.warm_start(tmp_path / "padded")
+    for (name, a), b in zip(padded.model.state_dict().items(), jagged.model.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    wider = Trainer(tiny_task(), ListStream(), TINY_TRAIN, tmp_path / "wider", config_snapshot=snapshot(dim=32))
+    with pytest.raises(checkpoint.CheckpointError, match="trained with model config"):
+        wider.warm_start(tmp_path / "padded")
+
+
 def test_padding_ratio_of_the_batches_is_reported(tmp_path):
     trainer = tiny_trainer(tmp_path / "run", length_groups=3)
     batches = list(ListStream().batches(limit=3))
