@@ -3,9 +3,10 @@
     python -m bench.train_throughput [--baseline af6e102 --rounds 3 --steps 8]
 
 The demo's model (configs/demo.yaml: small Kunlun, torchrec tables, batch 512) trains through each
-tree's own gem.train.Trainer on the same examples: the generator's world (the traffic module of the
-baseline tree, so both arms read identical rows) simulated over 2 days at the demo's volume, day 2's
-impressions as examples with long-tailed histories cut strictly before each impression.
+tree's own gem.train.Trainer on the same examples (both arms read the same rows): by default this
+tree's generator at the demo's volumes over 3 days, day 3's impressions as examples with long-tailed
+histories cut strictly before each impression (--world baseline: the baseline tree's generator and
+its first measurement's world, 6k users with short histories).
   * baseline arm: the baseline tree's code on batches as its loader forms them (stream order,
     sequences cut at the loader's lengths 256 / 128 / 32);
   * new arm: this tree's code on batches as its loader forms them with the demo config
@@ -41,14 +42,22 @@ LOADER_LENGTHS = {"impression": 256, "click": 128, "conversion": 32}  # LoaderCo
 
 
 # ---- examples (run inside the baseline tree, so both arms read identical rows) -------------------
-def make_examples(out: Path, seed: int = 7) -> None:
-    """Day 2 of a 2-day simulation at the demo's volume -> flat arrays in `out` (.npz)."""
+# The worlds examples can come from: (days simulated, impressions a day, users, ads). "demo": this
+# tree's generator at configs/demo.yaml's volumes, the last of its 3 pipeline days before the held-out
+# day (histories as long as the demo's pretraining sees); "baseline": the world of the baseline
+# commit's first measurement (6k users, short histories).
+WORLDS = {"demo": (3, 50_000, 2_000, 500), "baseline": (2, 60_000, 6_000, 2_000)}
+
+
+def make_examples(out: Path, world: str, seed: int = 7) -> None:
+    """The last day of a simulation of `world` (WORLDS) -> flat arrays in `out` (.npz)."""
     try:
         from gem.study.traffic import batches, simulate
     except ImportError:
         from tests.synthetic_traffic import batches, simulate
-    traffic = simulate(days=2, impressions_per_day=60_000, users=6_000, ads=2_000, seed=seed)
-    (batch,) = batches(traffic, (1,), 10**9, LOADER_LENGTHS, seed=seed)  # every example, shuffled
+    days, per_day, users, ads = WORLDS[world]
+    traffic = simulate(days=days, impressions_per_day=per_day, users=users, ads=ads, seed=seed)
+    (batch,) = batches(traffic, (days - 1,), 10**9, LOADER_LENGTHS, seed=seed)  # every example, shuffled
     arrays = {"user": batch.sparse["user_id"].values.numpy(), "ad": batch.sparse["ad_id"].values.numpy(),
               "surface": batch.sparse["surface"].values.numpy(), "position": batch.sparse["position"].values.numpy(),
               "clicked": batch.labels.sum(1).numpy(), "time_us": batch.impression_times.numpy()}
@@ -187,10 +196,12 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--world", choices=sorted(WORLDS), default="demo",
+                   help="whose examples: this tree's generator at the demo's volumes, or the baseline's world")
     p.add_argument("--make-examples", type=Path, default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.make_examples:
-        make_examples(a.make_examples)
+        make_examples(a.make_examples, a.world)
         return
     if a.worker:
         print(json.dumps(worker(a.worker, a.steps, a.warmup)))
@@ -203,8 +214,10 @@ def main() -> None:
                        capture_output=True)
     try:
         examples = work / "examples.npz"
-        subprocess.run([sys.executable, str(Path(__file__).resolve()), "--make-examples", str(examples)], cwd=tree,
-                       env={**os.environ, "PYTHONPATH": str(tree)}, check=True)
+        generator = REPO if a.world == "demo" else tree  # both arms read the same rows either way
+        subprocess.run([sys.executable, str(Path(__file__).resolve()), "--make-examples", str(examples),
+                        "--world", a.world], cwd=generator, env={**os.environ, "PYTHONPATH": str(generator)},
+                       check=True)
         count = a.warmup + a.steps + 1
         stream, grouped = work / "stream.pt", work / "sorted.pt"
         compose(examples, stream, False, 512, count)

@@ -67,16 +67,16 @@ class Batch:
     def size(self) -> int:
         return int(self.dense.shape[0])
 
-    def padded_sizes(self, groups: int | None = 1) -> dict[str, tuple[int, int]]:
-        """Per event type, (real events, positions the sequence kernels compute on): a padded kernel's
-        blocks against the real events a jagged one computes. groups: the batch computed in that
-        many length groups, each padded to its own longest (gem.model.ops.length_groups); 1: one
-        (B, max length) block; None: jagged, no padding."""
+    def padded_sizes(self, groups: int = 1) -> dict[str, tuple[int, int]]:
+        """Per event type, (real events, positions of the padded blocks): what a padded kernel
+        computes on, against what a jagged one does. groups: the batch computed in that many length
+        groups, each padded to its own longest (gem.model.ops.length_groups); 1: one (B, max length)
+        block."""
         events = list(self.sequences)
         if not events or not self.size:
             return {e: (0, 0) for e in events}
         lengths = torch.stack([self.sequences[e].lengths for e in events], dim=1)  # (B, E)
-        real, padded = padded_positions(lengths, groups) if groups is not None else (lengths.sum(dim=0),) * 2
+        real, padded = padded_positions(lengths, groups)
         return {e: (int(r), int(p)) for e, r, p in zip(events, real, padded, strict=True)}
 
     def to(self, device: torch.device | str) -> Batch:

@@ -38,16 +38,18 @@ def _linear(n_in: int, n_out: int, rows: int = 1) -> int:
     return 2 * rows * n_in * n_out
 
 
-def _pool(e: EventConfig, dim: int, examples: int, tokens: int, pooling: str) -> int:
-    """One event type's pooling over a batch whose `tokens` positions are computed: HSP, or
-    pooling="mean"'s projection (the mean itself is additions, left out like the other elementwise
-    work)."""
+def _pool(e: EventConfig, dim: int, examples: int, tokens: int, length: int, pooling: str) -> int:
+    """One event type's pooling over a batch of `examples` computing `tokens` token positions, padded
+    to `length` where it runs per example: HSP (its seed scores per token, the weighted sum of
+    values per example over `length` positions, as both layouts run it), or pooling="mean"'s
+    projection (the mean itself is additions, left out like the other elementwise work)."""
     if pooling != "hsp":
         return examples * _linear(e.width, e.summary_tokens * dim)
     kv = _linear(e.width, 2 * e.width, tokens)
-    attention = 2 * (2 * e.seeds * tokens * e.width)  # scores and values, all heads together
+    scores = 2 * e.seeds * tokens * e.width  # all heads together
+    values = 2 * e.seeds * examples * length * e.width
     kron = 2 * e.kron_rank * (e.seeds * e.summary_tokens * e.width + e.summary_tokens * e.width * dim)
-    return kv + attention + examples * kron
+    return kv + scores + values + examples * kron
 
 
 def _band(length: int, window: int, width: int) -> int:
@@ -68,9 +70,9 @@ def _sequence_layer(e: EventConfig, dim: int, examples: int, tokens: int, length
     large batch (every block `window` tokens, so each token scores 2 x window keys), not this one's."""
     w = e.width
     per_token = _linear(w, w, tokens) * 2 + _linear(w, 2 * w, tokens) + _linear(2 * w, w, tokens)  # q, out, ffn
-    if personalized:
+    if personalized:  # both layouts: per example, its queries padded to `length` against its summary tokens
         kv = _linear(dim, 2 * w, examples * summary_tokens)
-        attention = 2 * (2 * tokens * summary_tokens * w)
+        attention = 2 * (2 * examples * length * summary_tokens * w)
     else:
         kv = _linear(w, 2 * w, tokens)
         if jagged:  # the batch's tokens as one stream in the band form (gem.model.ops.jagged_attention)
@@ -104,34 +106,67 @@ def kunlun_flops(cfg: KunlunConfig, n_sparse: int, dense_dim: int, tasks: int, s
                          head_hidden, shared_experts, full_blocks=True)
 
 
+def _event_modules(cfg: KunlunConfig, event: str, examples: int, tokens: int, length: float,
+                   full_blocks: bool = False) -> dict[str, int]:
+    """One event type's sequence modules over a batch, by module name: its id projection, its
+    pooling in each layer that pools it afresh, its sequence layers, its readout pooling. `tokens`
+    positions are computed per token; per-example products run on examples x `length`."""
+    c, d = cfg.effective_events[event], cfg.dim
+    jagged = cfg.sequence_layout == "jagged"
+    out = {"event_id_projection": _linear(d, c.width, tokens)}
+    for i in range(min(cfg.layers, c.depth)):
+        if cfg.pools_afresh(i):
+            out[f"layer{i}.pooling"] = _pool(c, d, examples, tokens, length, cfg.pooling)
+        out[f"layer{i}.sequences"] = _sequence_layer(c, d, examples, tokens, length, cfg.summary_tokens,
+                                                     cfg.personalized(i), cfg.self_attention_window(c), jagged,
+                                                     full_blocks)
+    out["readout"] = _pool(c, d, examples, tokens, length, cfg.pooling)
+    return {k: round(v) for k, v in out.items()}
+
+
 def _kunlun_batch(cfg: KunlunConfig, examples: int, computed: Mapping[str, tuple[int, int]], n_sparse: int,
                   dense_dim: int, tasks: int, surfaces: int, head_hidden: int, shared_experts: int,
                   full_blocks: bool = False) -> dict[str, int]:
-    """A batch of `examples`; computed: event type -> (positions its sequence modules compute on,
-    the padded length, used by the padded layout's attention)."""
+    """A batch of `examples`; computed: event type -> (token positions its sequence modules compute
+    on, the length each example's per-example products are padded to)."""
     x_tokens, d, n_int = n_sparse + cfg.dense_tokens, cfg.dim, cfg.interaction_tokens
-    block, events = n_int // cfg.experts, cfg.effective_events
-    jagged = cfg.sequence_layout == "jagged"
+    block = n_int // cfg.experts
     out: dict[str, int] = {
         "dense_mlp": examples * (_linear(dense_dim, cfg.mlp_hidden) + _linear(cfg.mlp_hidden, cfg.dense_tokens * d)),
-        "event_id_projection": sum(_linear(d, c.width, computed[e][0]) for e, c in events.items()),
+        "event_id_projection": 0,
     }
     for i in range(cfg.layers):
         out[f"layer{i}.compress"] = examples * _compress(x_tokens, cfg.summary_tokens, d)
         if cfg.pools_afresh(i):
-            out[f"layer{i}.pooling"] = sum(_pool(c, d, examples, computed[e][0], cfg.pooling)
-                                           for e, c in events.items() if i < c.depth)
+            out[f"layer{i}.pooling"] = 0
         out[f"layer{i}.wukong_experts"] = examples * cfg.experts * cfg.expert_layers * _wukong_layer(
             block, d, cfg.wukong_rank, max(1, block // 2), cfg.mlp_hidden)
         out[f"layer{i}.back_projection"] = examples * _linear(n_int, x_tokens, d)
-        out[f"layer{i}.sequences"] = sum(
-            _sequence_layer(c, d, examples, *computed[e], cfg.summary_tokens, cfg.personalized(i),
-                            cfg.self_attention_window(c), jagged, full_blocks)
-            for e, c in events.items() if i < c.depth)
-    out["readout"] = examples * _compress(x_tokens, cfg.summary_tokens, d) + sum(
-        _pool(c, d, examples, computed[e][0], cfg.pooling) for e, c in events.items())
+        out[f"layer{i}.sequences"] = 0
+    out["readout"] = examples * _compress(x_tokens, cfg.summary_tokens, d)
+    for event in cfg.effective_events:
+        for module, flops in _event_modules(cfg, event, examples, *computed[event], full_blocks).items():
+            out[module] += flops
     out["heads"] = examples * heads_flops(n_int * d, tasks, surfaces, head_hidden, shared_experts)
     out["total"] = sum(out.values())
+    return out
+
+
+def jagged_padding_flops(cfg: KunlunConfig, lengths: Mapping[str, Sequence[int]]) -> dict[str, tuple[int, int]]:
+    """Per event type, (its sequence FLOPs on real tokens, as the jagged layout runs them) for one
+    batch: the per-example products (the personalized layers' attention to the summary tokens, the
+    weighted sum of HSP's values) run on each example's queries padded to the batch's longest; every
+    other sequence FLOP runs on the real tokens. 1 - first / second is the padding's share."""
+    if cfg.sequence_layout != "jagged":
+        raise ValueError("jagged_padding_flops counts the jagged layout")
+    out = {}
+    for event, c in cfg.effective_events.items():
+        kept = [min(int(n), c.max_len) for n in lengths[event]]
+        examples, tokens = len(kept), sum(kept)
+        longest = max(1, max(kept, default=1))
+        run = sum(_event_modules(cfg, event, examples, tokens, longest).values())
+        real = sum(_event_modules(cfg, event, examples, tokens, tokens / max(examples, 1)).values())
+        out[event] = (real, run)
     return out
 
 
@@ -151,9 +186,9 @@ def kunlun_batch_flops(cfg: KunlunConfig, lengths: Mapping[str, Sequence[int]], 
     kept = torch.tensor([[min(int(n), c.max_len) for n in lengths[e]] for e, c in events.items()],
                         dtype=torch.int64).T.reshape(-1, len(events))  # (B, E)
     args = (n_sparse, dense_dim, tasks, surfaces, head_hidden, shared_experts)
-    if cfg.sequence_layout == "jagged":
-        tokens = {e: int(kept[:, i].sum()) for i, e in enumerate(events)}
-        return _kunlun_batch(cfg, kept.shape[0], {e: (n, 0) for e, n in tokens.items()}, *args)
+    if cfg.sequence_layout == "jagged":  # the kept tokens, and the batch's longest for the per-example products
+        computed = {e: (int(kept[:, i].sum()), max(1, int(kept[:, i].max()))) for i, e in enumerate(events)}
+        return _kunlun_batch(cfg, kept.shape[0], computed, *args)
     out: dict[str, int] = {}
     for rows in length_groups(kept, cfg.length_groups):
         padded = {e: max(1, int(kept[rows, i].max())) for i, e in enumerate(events)}

@@ -38,11 +38,12 @@ import torch
 from torch import nn
 
 from gem.model.configs import EventConfig, KunlunConfig
+from gem.model.flops import jagged_padding_flops
 from gem.model.ops.attention import attend, attend_window
 from gem.model.ops.gdpa import uses_band
 from gem.model.ops.jagged import jagged_mean, keep_last, to_padded, token_rows
 from gem.model.ops.jagged_attention import seed_pooling, summary_attention, window_attention
-from gem.model.ops.length_groups import length_groups
+from gem.model.ops.length_groups import length_groups, padded_positions
 from gem.model.ops.masks import padding_mask, sliding_window_mask
 from gem.model.ops.sum_kron import SumKronLinear
 from gem.model.ops.time_encoding import time_gap_buckets
@@ -109,8 +110,8 @@ class HSP(nn.Module):
         if isinstance(seq, Stream):
             n = seq.values.shape[0]
             k, v = self.kv(seq.values).view(n, 2, self.heads, self.head_dim).unbind(1)  # (N, H, Dh) x2
-            pooled = seed_pooling(self.attention, self.seeds.view(-1, self.heads, self.head_dim), k, v, seq.rows,
-                                  seq.examples, self.cfg.activations, alpha, scale)  # (B, H, seeds, Dh)
+            pooled = seed_pooling(self.attention, self.seeds.view(-1, self.heads, self.head_dim), k, v, seq.offsets,
+                                  self.cfg.activations, alpha, scale)  # (B, H, seeds, Dh)
         else:
             s, lengths = seq
             b, length, _ = s.shape
@@ -181,7 +182,7 @@ class SequenceLayer(nn.Module):
         alpha = self.head_dim ** -0.5
         if self.personalized:  # every token reads its example's summary tokens
             k, v = (self._heads(t) for t in self.kv(x_sum).chunk(2, dim=-1))  # (B, H, n_sum, Dh) x2
-            att = summary_attention(self.attention, q, k, v, seq.rows, self.cfg.activations, alpha,
+            att = summary_attention(self.attention, q, k, v, seq.offsets, self.cfg.activations, alpha,
                                     1.0 / x_sum.shape[1])
         else:
             k, v = (t.reshape(n, self.heads, self.head_dim) for t in self.kv(h).chunk(2, dim=-1))  # (N, H, Dh) x2
@@ -281,10 +282,20 @@ class Kunlun(nn.Module):
         self.out_dim = cfg.interaction_tokens * cfg.dim
 
     @property
-    def length_groups(self) -> int | None:
-        """How many length groups forward pads a batch in (KunlunConfig.length_groups); None in the
-        jagged layout, which pads nothing."""
-        return None if self.cfg.sequence_layout == "jagged" else self.cfg.length_groups
+    def padding_measure(self) -> str:
+        """What sequence_padding's pairs count."""
+        return "sequence FLOPs" if self.cfg.sequence_layout == "jagged" else "padded sequence blocks"
+
+    def sequence_padding(self, lengths: dict[str, torch.Tensor]) -> dict[str, tuple[int, int]]:
+        """Per event type, (real, computed) for a batch of sequence lengths (B,) each, as forward runs
+        it: in the jagged layout its sequence FLOPs on real tokens and as run (only the per-example
+        products pad, gem.model.flops.jagged_padding_flops); in the padded layout the real events
+        and the positions of the padded blocks (of each length group)."""
+        if self.cfg.sequence_layout == "jagged":
+            return jagged_padding_flops(self.cfg, {e: n.tolist() for e, n in lengths.items()})
+        events = list(lengths)
+        real, padded = padded_positions(torch.stack([lengths[e] for e in events], dim=1), self.cfg.length_groups)
+        return {e: (int(r), int(p)) for e, r, p in zip(events, real, padded, strict=True)}
 
     def sequence_tokens(self, event: str, seq: dict[str, torch.Tensor]) -> Stream:
         """One event type's kept events as a Stream of (N, w_e) tokens."""

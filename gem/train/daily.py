@@ -122,11 +122,9 @@ def run(ctx: Any, ds: str, run_dir: Path | None = None, steps: int | None = None
         print(f"warm start from {trainer.warm_start(previous.checkpoint)} (promoted for {previous.mix_ds})")
     result = trainer.fit(steps=steps, progress=progress and rank == 0)
     seconds = max(result.seconds, 1e-9)
-    padding = ("sequences jagged, no padded position computed" if trainer.length_groups is None else
-               "padding share of padded sequence blocks: "
-               + ", ".join(f"{e} {r:.1%}" for e, r in result.padding_ratio.items()))
     print(f"[rank {rank}] trained {result.steps} steps; {result.examples:,} examples in {result.seconds:.1f}s "
-          f"({result.examples / seconds:,.0f} examples/s on {trainer.device}); {padding}")
+          f"({result.examples / seconds:,.0f} examples/s on {trainer.device}); padding share of "
+          f"{trainer.padding_measure}: " + ", ".join(f"{e} {r:.1%}" for e, r in result.padding_ratio.items()))
     state = trainer.plain_state()  # every rank takes part (tables are gathered from their owners)
     trainer.close()
     checkpoint_path = result.checkpoint or checkpoint.latest(run_dir)

@@ -50,9 +50,9 @@ class TrainResult:
     examples: int = 0
     seconds: float = 0.0
     checkpoint: Path | None = None
-    # Per event type and over all types ("all"), the share of the padded sequence blocks of this
-    # run's batches that is padding: what a padded kernel wastes and a jagged one does not (the
-    # body's length groups and loader.length_sort_batches keep it low).
+    # Per event type and over all types ("all"), the share of this run's sequence compute spent on
+    # padding, in the body's padding_measure: Kunlun's jagged layout, the share of its sequence
+    # FLOPs; padded bodies, the share of their padded sequence blocks.
     padding_ratio: dict[str, float] = field(default_factory=dict)
 
 
@@ -75,7 +75,10 @@ class Trainer:
         self.sharded = getattr(task.embeddings, "backend", "torch") == "torchrec"
         # A body that computes each batch in length groups (Kunlun) says how many; the padding it
         # reports is then that of the groups' blocks.
-        self.length_groups = getattr(task.body, "length_groups", 1)
+        # How the body pads its sequences: a Kunlun body counts its own (gem.model.kunlun); the other
+        # architectures pad each batch to one (B, longest) block per event type.
+        self.sequence_padding = getattr(task.body, "sequence_padding", None)
+        self.padding_measure = getattr(task.body, "padding_measure", "padded sequence blocks")
         # GPU only: bf16 autocast, and torch.compile of the dense body in place (parameter names,
         # hence checkpoints, stay the same as uncompiled).
         self.autocast = self.device.type == "cuda" and cfg.bf16
@@ -239,7 +242,9 @@ class Trainer:
         real: dict[str, int] = {}
         padded: dict[str, int] = {}
         for batch in self.stream.batches(limit=total - self.step):
-            for event, (n_real, n_padded) in batch.padded_sizes(self.length_groups).items():
+            sizes = (self.sequence_padding({e: j.lengths for e, j in batch.sequences.items()})
+                     if self.sequence_padding is not None else batch.padded_sizes())
+            for event, (n_real, n_padded) in sizes.items():
                 real[event] = real.get(event, 0) + n_real
                 padded[event] = padded.get(event, 0) + n_padded
             batch = batch.to(self.device)

@@ -401,7 +401,7 @@ def test_train_cli_trains_evaluates_and_warm_starts(lake, tmp_path, capsys):
     assert pretrain.main(["--ds", "2025-12-31", "--config", str(path)]) == NOTHING_READY_EXIT
     assert pretrain.main(["--ds", MIX_DS, "--config", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "sequences jagged, no padded position computed" in out  # the default layout
+    assert "padding share of sequence FLOPs" in out  # the default jagged layout
     assert "held-out day" in out and "reels/click" in out
     metrics_path = GOLD_METRICS.path(cfg.lakehouse_uri)
     rows = read_table(metrics_path).to_pylist()

@@ -122,19 +122,34 @@ def test_the_sequence_layout_does_not_refuse_a_warm_start(tmp_path):
 
 
 def test_padding_ratio_of_the_batches_is_reported(tmp_path):
-    trainer = tiny_trainer(tmp_path / "run", length_groups=3)
+    """The padded layout reports the padding of its blocks (less in length groups than in one block
+    per batch); the jagged layout the share of its sequence FLOPs spent on padding, which only its
+    per-example products have (gem.model.flops.jagged_padding_flops)."""
+    from gem.model.flops import jagged_padding_flops
+
     batches = list(ListStream().batches(limit=3))
+    trainer = tiny_trainer(tmp_path / "run", length_groups=3)
     result = trainer.fit(steps=3)
-    assert trainer.length_groups == 3
+    assert trainer.padding_measure == "padded sequence blocks"
     for event in batches[0].sequences:
         real = sum(int(b.sequences[event].lengths.sum()) for b in batches)
         one_block = sum(b.size * max(1, int(b.sequences[event].lengths.max())) for b in batches)
-        grouped = sum(b.padded_sizes(trainer.length_groups)[event][1] for b in batches)
+        grouped = sum(b.padded_sizes(3)[event][1] for b in batches)
         assert result.padding_ratio[event] == pytest.approx(1 - real / grouped)
         assert grouped <= one_block  # the body's length groups pad less than one (B, max length) block
-    jagged = tiny_trainer(tmp_path / "jagged")  # the default layout computes no padded position
-    assert jagged.length_groups is None
-    assert set(jagged.fit(steps=2).padding_ratio.values()) == {0.0}
+    jagged = tiny_trainer(tmp_path / "jagged")
+    result = jagged.fit(steps=3)
+    assert jagged.padding_measure == "sequence FLOPs"
+    cfg = jagged.model.body.cfg
+    for event in batches[0].sequences:
+        pairs = [jagged_padding_flops(cfg, {e: j.lengths.tolist() for e, j in b.sequences.items()})[event]
+                 for b in batches]
+        real, run = sum(p[0] for p in pairs), sum(p[1] for p in pairs)
+        assert result.padding_ratio[event] == pytest.approx(1 - real / run)
+        assert run >= real > 0
+        blocks = 1 - sum(int(b.sequences[event].lengths.sum()) for b in batches) / sum(
+            b.padded_sizes()[event][1] for b in batches)
+        assert result.padding_ratio[event] < blocks  # far less than a padded layout's share
 
 
 def test_non_finite_gradients_of_a_finite_loss_stop_training_before_the_dense_step(tmp_path):

@@ -24,10 +24,8 @@ def attend(attention: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ac
 
 
 def attend_window(attention: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activations: Sequence[str],
-                  alpha: float, scale: float, lengths: torch.Tensor, window: int,
-                  segments: torch.Tensor | None = None) -> torch.Tensor:
-    """Causal self-attention within `window` in the band form, q, k, v (B, H, L, Dh) -> (B, H, L, Dh);
-    segments: several sequences per row (gem.model.ops.band.band_blocks)."""
+                  alpha: float, scale: float, lengths: torch.Tensor, window: int) -> torch.Tensor:
+    """Causal self-attention within `window` in the band form, q, k, v (B, H, L, Dh) -> (B, H, L, Dh)."""
     if attention == "softmax":
-        return windowed_softmax_attention(q, k, v, alpha, lengths, window, segments)
-    return windowed_gdpa(q, k, v, activations, alpha, scale, lengths, window, segments)
+        return windowed_softmax_attention(q, k, v, alpha, lengths, window)
+    return windowed_gdpa(q, k, v, activations, alpha, scale, lengths, window)

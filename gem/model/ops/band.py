@@ -15,15 +15,11 @@ import torch
 import torch.nn.functional as F
 
 
-def band_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor, window: int,
-                segments: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def band_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor,
+                window: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """q, k, v (B, H, L, Dh), lengths (B,) -> query blocks (B, H, nb, w, Dh), key and value blocks
     (B, H, nb, 2w, Dh), and allowed (B, 1, nb, w, 2w) bool: True where a query may read a key
-    (causal, within the window, both real). Padded queries read nothing.
-
-    segments (B, L) int, optional: the sequence each position belongs to, when one row holds several
-    sequences back to back (gem.model.ops.jagged_attention's token stream); a query then reads only
-    keys of its own segment."""
+    (causal, within the window, both real). Padded queries read nothing."""
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
     b, h, length, dh = q.shape
@@ -44,10 +40,6 @@ def band_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torc
     in_band = (key <= query) & (query - key < window) & (key >= 0)  # (nb, w, 2w)
     n = lengths[:, None, None, None]
     allowed = in_band[None] & (key[None] < n) & (query[None] < n)  # (B, nb, w, 2w)
-    if segments is not None:
-        seg = F.pad(segments, (0, pad), value=-1).view(b, n_blocks, w)  # (B, nb, w) query segments
-        seg_keys = torch.cat([F.pad(seg, (0, 0, 1, 0), value=-1)[:, :-1], seg], dim=2)  # (B, nb, 2w)
-        allowed = allowed & (seg[:, :, :, None] == seg_keys[:, :, None, :])
     return blocks(q), with_previous(blocks(k)), with_previous(blocks(v)), allowed[:, None]
 
 

@@ -93,8 +93,7 @@ def uses_band(length: int, window: int | None) -> bool:
 
 
 def windowed_gdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activations: Sequence[str], alpha: float,
-                  scale: float, lengths: torch.Tensor, window: int,
-                  segments: torch.Tensor | None = None) -> torch.Tensor:
+                  scale: float, lengths: torch.Tensor, window: int) -> torch.Tensor:
     """Causal sliding-window self-GDPA that computes only near the band: query i reads keys
     i-window+1 .. i, in O(L * window) scores instead of O(L^2) masked to the band.
 
@@ -102,9 +101,8 @@ def windowed_gdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activations
     of keys and the one before, as plain batched matmuls.
     Equal to `gdpa(q, k, v, ..., mask=sliding_window_mask(lengths, L, window))` (a parity test holds
     them together). q, k, v (B, H, L, Dh), lengths (B,); -> (B, H, L, Dh), 0 at padded queries.
-    segments (B, L), optional: several sequences per row, a query reading its own only (band_blocks).
     """
-    queries, keys, values, allowed = band_blocks(q, k, v, lengths, window, segments)
+    queries, keys, values, allowed = band_blocks(q, k, v, lengths, window)
     scores = activate(torch.matmul(queries, keys.transpose(-1, -2)) * alpha, activations)  # (B, H, nb, w, 2w)
     scores = scores.masked_fill(~allowed, 0.0)
     return from_blocks(torch.matmul(scores * scale, values), q.shape[2])  # (B, H, L, Dh)

@@ -44,13 +44,11 @@ def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alpha: 
 
 
 def windowed_softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alpha: float,
-                               lengths: torch.Tensor, window: int,
-                               segments: torch.Tensor | None = None) -> torch.Tensor:
+                               lengths: torch.Tensor, window: int) -> torch.Tensor:
     """Causal sliding-window softmax self-attention in the blocked band layout (gem.model.ops.band),
     equal to `softmax_attention(q, k, v, alpha, sliding_window_mask(lengths, L, window))`.
-    q, k, v (B, H, L, Dh), lengths (B,) -> (B, H, L, Dh), 0 at padded queries; segments as in
-    gem.model.ops.band.band_blocks."""
-    queries, keys, values, allowed = band_blocks(q, k, v, lengths, window, segments)
+    q, k, v (B, H, L, Dh), lengths (B,) -> (B, H, L, Dh), 0 at padded queries."""
+    queries, keys, values, allowed = band_blocks(q, k, v, lengths, window)
     b, h, n_blocks, w, dh = queries.shape
     # Blocks folded into the head axis: 4-D inputs take the fused kernels (5-D ones the math path).
     out = softmax_attention(queries.reshape(b, h * n_blocks, w, dh), keys.reshape(b, h * n_blocks, 2 * w, dh),
