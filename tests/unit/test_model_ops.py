@@ -65,6 +65,12 @@ def test_jagged_padded_round_trip_and_padding_ratio():
     assert padded.shape == (3, 3, 2) and torch.equal(padded[1], torch.zeros(3, 2))
     assert torch.equal(to_jagged(padded, offsets.diff()), values)
     assert padding_ratio(offsets.diff()) == pytest.approx(1 - 5 / 9)
+    cut = to_padded(values, offsets, max_len=2)  # the values past max_len are left out
+    assert torch.equal(cut, torch.stack([values[0:2], torch.zeros(2, 2), values[2:4]]))
+    grad = torch.randn(5, 2)  # gradients reach each kept value from its padded position, 0 past max_len
+    leaf = values.clone().requires_grad_(True)
+    (to_padded(leaf, offsets, max_len=2) * to_padded(grad, offsets, max_len=2)).sum().backward()
+    assert torch.equal(leaf.grad, torch.cat([grad[:4], torch.zeros(1, 2)]))
 
 
 def test_sum_kron_linear_matches_reference_and_is_a_kronecker_sum():
