@@ -1,4 +1,5 @@
-"""Training-step throughput and model TFLOP/s of Kunlun and HSTU at the same width and sequence length.
+"""Training-step throughput and model TFLOP/s of Kunlun (jagged and padded layouts) and HSTU at the same
+width and sequence length.
 
     python -m bench.gpu_train [--batch 256 --dim 256 --length 512 --steps 20]   # on a GPU: bf16
     python -m bench.gpu_train --tiny                                            # CPU smoke (CI)
@@ -15,6 +16,7 @@ same process, one after the other, on the same batch shapes.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 
@@ -161,25 +163,27 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     np.random.seed(0)
     kunlun_cfg, hstu_cfg, lengths = configs(args.dim, args.length, args.layers)
     inputs = synthetic_inputs(args.batch, args.dim, lengths, device)
+    # Kunlun in its default jagged layout and in the padded reference layout (the same function).
+    padded_cfg = dataclasses.replace(kunlun_cfg, sequence_layout="padded")
     kunlun = Bench(Kunlun(kunlun_cfg, SPARSE, DENSE_DIM), args.dim).to(device)
+    padded = Bench(Kunlun(padded_cfg, SPARSE, DENSE_DIM), args.dim).to(device)
     hstu = Bench(HSTU(hstu_cfg, SPARSE, DENSE_DIM, VOCAB), args.dim).to(device)
-    k_flops = kunlun_flops(kunlun_cfg, len(SPARSE), DENSE_DIM, len(TASKS), 6, 64, 2)["total"]
+    flops = {name: kunlun_flops(cfg, len(SPARSE), DENSE_DIM, len(TASKS), 6, 64, 2)["total"]
+             for name, cfg in (("kunlun", kunlun_cfg), ("kunlun_padded", padded_cfg))}
     hstu_len = sum(lengths.values()) + 1
-    h_flops = (sum(hstu_body_flops(hstu_cfg, len(SPARSE), DENSE_DIM, hstu_len).values())
-               + heads_flops_per_example(hstu.body.out_dim))
-    results = {
-        "kunlun": run_model("kunlun", kunlun, inputs, k_flops, args.steps, device, bf16),
-        "hstu": run_model("hstu", hstu, inputs, h_flops, args.steps, device, bf16),
-    }
+    flops["hstu"] = (sum(hstu_body_flops(hstu_cfg, len(SPARSE), DENSE_DIM, hstu_len).values())
+                     + heads_flops_per_example(hstu.body.out_dim))
+    results = {name: run_model(name, model, inputs, flops[name], args.steps, device, bf16)
+               for name, model in (("kunlun", kunlun), ("kunlun_padded", padded), ("hstu", hstu))}
     peak = matmul_peak_tflops(device, torch.bfloat16 if bf16 else torch.float32, 8192 if bf16 else 512)
     print(f"device {device} ({'bf16 autocast' if bf16 else 'fp32'}), batch {args.batch}, dim {args.dim}, "
           f"impression length {args.length}, layers {args.layers}; measured matmul peak {peak:,.1f} TFLOP/s")
-    print(f"{'model':<8} {'GFLOP/ex fwd':>12} {'step ms':>9} {'ex/s':>10} {'TFLOP/s':>9} {'MFU spec':>9} {'MFU meas':>9}")
-    for name, flops in (("kunlun", k_flops), ("hstu", h_flops)):
-        r = results[name]
-        r.update({"gflop_per_example_fwd": flops / 1e9, "mfu_spec": r["tflops"] / H200_BF16_SPEC_TFLOPS,
+    print(f"{'model':<14} {'GFLOP/ex fwd':>12} {'step ms':>9} {'ex/s':>10} {'TFLOP/s':>9} {'MFU spec':>9} "
+          f"{'MFU meas':>9}")
+    for name, r in results.items():
+        r.update({"gflop_per_example_fwd": flops[name] / 1e9, "mfu_spec": r["tflops"] / H200_BF16_SPEC_TFLOPS,
                   "mfu_measured_peak": r["tflops"] / peak})
-        print(f"{name:<8} {flops / 1e9:>12.3f} {1e3 * r['step_s']:>9.1f} {r['examples_per_s']:>10,.0f} "
+        print(f"{name:<14} {flops[name] / 1e9:>12.3f} {1e3 * r['step_s']:>9.1f} {r['examples_per_s']:>10,.0f} "
               f"{r['tflops']:>9.3f} {r['mfu_spec']:>9.2%} {r['mfu_measured_peak']:>9.2%}")
     return results
 
