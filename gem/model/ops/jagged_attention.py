@@ -1,11 +1,12 @@
-"""Kunlun's three attentions over jagged sequences: no position is padding, so none is computed.
+"""Kunlun's three attentions over jagged sequences, for a layout whose per-token work skips padding.
 
 A batch's sequences of one event type arrive as a token stream: values (N, ...) of every example's
 real events back to back, with offsets (B+1,) (gem.model.ops.jagged). The per-token work (every
-linear layer, norm and FFN of a layer, the seed scores) runs on the real tokens alone; the small
-attention products against a handful of keys run per example where a batched matmul is the fast CPU
-kernel. Each form equals its padded counterpart at every real position
-(tests/unit/test_jagged_attention.py):
+linear layer, norm and FFN of a layer, the seed scores, the window attention) runs on the real
+tokens alone; the two small products against a handful of keys per example (summary tokens, seeds)
+run as one batched matmul over the examples padded to the batch's longest, the fast CPU kernel for
+them (gem.model.flops.jagged_padding_flops counts what that pads). Each form equals its padded
+counterpart at every real position (tests/unit/test_jagged_attention.py):
 
 - summary attention (Kunlun's personalized layers): each token reads its own example's n summary
   tokens; the two small products run per example on queries padded to the batch's longest.
