@@ -303,6 +303,10 @@ class TrainConfig:
     # GPU only: bf16 autocast and torch.compile of the dense body.
     bf16: bool = True
     compile: bool = False
+    # CPU training in bf16 autocast too (matmuls in bf16, the loss and torch's fp32-listed ops in
+    # fp32): fast only on CPUs with native bf16 matmuls (AMX or AVX512-BF16 in /proc/cpuinfo's flags),
+    # slower elsewhere; it changes the numerics, so it is off unless a config turns it on.
+    cpu_bf16: bool = False
     # model.embeddings.backend "torchrec" only: the tables' optimizer, fused into the backward
     # (gem/train/sharding.py); the dense part keeps AdamW at `lr`.
     embedding_optimizer: str = "rowwise_adagrad"

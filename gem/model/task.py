@@ -22,7 +22,7 @@ from gem.data.batch import Batch
 def masked_weighted_bce(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor,
                         task_weights: torch.Tensor) -> torch.Tensor:
     w = weights * mask.to(weights.dtype)  # (B, T)
-    per = F.binary_cross_entropy_with_logits(logits, labels, reduction="none") * w
+    per = F.binary_cross_entropy_with_logits(logits.float(), labels, reduction="none") * w  # fp32 under autocast
     denom = w.sum(0)  # (T,)
     per_task = torch.where(denom > 0, per.sum(0) / denom.clamp_min(1e-12), torch.zeros_like(denom))
     return (per_task * task_weights).sum()

@@ -79,9 +79,9 @@ class Trainer:
         # architectures pad each batch to one (B, longest) block per event type.
         self.sequence_padding = getattr(task.body, "sequence_padding", None)
         self.padding_measure = getattr(task.body, "padding_measure", "padded sequence blocks")
-        # GPU only: bf16 autocast, and torch.compile of the dense body in place (parameter names,
-        # hence checkpoints, stay the same as uncompiled).
-        self.autocast = self.device.type == "cuda" and cfg.bf16
+        # bf16 autocast (GPU: train.bf16; CPU: train.cpu_bf16); GPU only: torch.compile of the dense
+        # body in place (parameter names, hence checkpoints, stay the same as uncompiled).
+        self.autocast = cfg.bf16 if self.device.type == "cuda" else (self.device.type == "cpu" and cfg.cpu_bf16)
         if cfg.compile and self.device.type == "cuda":
             task.body.compile()
         self.owns_process_group = False

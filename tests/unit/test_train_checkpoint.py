@@ -4,7 +4,9 @@ ones are refused with a clear error; warm start loads weights only."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import shutil
 
 import pytest
@@ -15,18 +17,23 @@ from gem.train.trainer import Trainer
 from tests.support import TINY_TRAIN, ListStream, tiny_task, tiny_trainer
 
 
-def test_killed_and_resumed_run_equals_uninterrupted(tmp_path):
-    full = tiny_trainer(tmp_path / "full").fit()
-    first = tiny_trainer(tmp_path / "killed")
+@pytest.mark.parametrize("cpu_bf16", [False, True], ids=["fp32", "cpu_bf16"])
+def test_killed_and_resumed_run_equals_uninterrupted(tmp_path, cpu_bf16):
+    """Bit for bit, in fp32 and under CPU bf16 autocast (train.cpu_bf16)."""
+    cfg = dataclasses.replace(TINY_TRAIN, cpu_bf16=cpu_bf16)
+    full = tiny_trainer(tmp_path / "full", cfg=cfg).fit()
+    assert all(math.isfinite(loss) for loss in full.losses)
+    first = tiny_trainer(tmp_path / "killed", cfg=cfg)
+    assert first.autocast == cpu_bf16
     first.fit(steps=6)  # "killed" after step 6: the last checkpoint is step 4
     assert sorted(p.name for p in (tmp_path / "killed").iterdir()) == ["step-00000004", "step-00000006"]
     # A restart sees the latest checkpoint (6); drop it to resume from 4, as after a crash at step 7.
     shutil.rmtree(tmp_path / "killed" / "step-00000006")
-    resumed = tiny_trainer(tmp_path / "killed")
+    resumed = tiny_trainer(tmp_path / "killed", cfg=cfg)
     assert resumed.resume() and resumed.step == 4
     result = resumed.fit()
     assert result.losses == full.losses and len(full.losses) == 10
-    reference = tiny_trainer(tmp_path / "full2")
+    reference = tiny_trainer(tmp_path / "full2", cfg=cfg)
     reference.fit()
     got = resumed.task.state_dict()
     for name, tensor in reference.task.state_dict().items():
