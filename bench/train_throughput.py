@@ -13,7 +13,8 @@ its first measurement's world, 6k users with short histories).
     (loader.length_sort_batches: rows of a buffer of that many batches sorted by length,
     gem.data.length_batching, the same function the loader calls; 1, the default, keeps stream
     order), the model computing each batch in model.kunlun.length_groups groups;
-  * new code on the baseline's batches, to split the gain between the model and the batching.
+  * new code on the baseline's batches, to split the gain between the model and the batching;
+  * the new arm with train.cpu_bf16 (bf16 autocast: fast on CPUs with native bf16 matmuls).
 Arms run in alternating subprocesses (the baseline from a `git worktree` of --baseline); each
 reports its mean step time after warm-up (the new arm's batches: a sample stratified over one
 buffer's batches, short to long); the summary is the median over rounds, the ratio, and
@@ -128,7 +129,7 @@ def compose(examples: Path, out: Path, new_loader: bool, batch_size: int, count:
 
 
 # ---- one arm (runs inside the tree under test, with that tree's gem) -----------------------------
-def worker(batches_path: Path, steps: int, warmup: int) -> dict[str, object]:
+def worker(batches_path: Path, steps: int, warmup: int, cpu_bf16: bool = False) -> dict[str, object]:
     import torch
 
     from gem.config import load_config
@@ -166,8 +167,8 @@ def worker(batches_path: Path, steps: int, warmup: int) -> dict[str, object]:
             pass
 
     task = build_task(cfg.model, tuple(raw[0]["tasks"]), SPARSE_FEATURES, len(DENSE_COLUMNS))
-    train = cfg.train.__class__(**{**cfg.train.__dict__, "steps": warmup + steps + 1,
-                                   "checkpoint_every": 10**6})
+    overrides = {"steps": warmup + steps + 1, "checkpoint_every": 10**6} | ({"cpu_bf16": True} if cpu_bf16 else {})
+    train = cfg.train.__class__(**{**cfg.train.__dict__, **overrides})
     with tempfile.TemporaryDirectory() as run_dir:
         trainer = Trainer(task, Stream(), train, Path(run_dir))
         result = trainer.fit()
@@ -178,10 +179,10 @@ def worker(batches_path: Path, steps: int, warmup: int) -> dict[str, object]:
             "padding": {e: round(r, 4) for e, r in result.padding_ratio.items()}, "threads": torch.get_num_threads()}
 
 
-def run_arm(tree: Path, batches: Path, steps: int, warmup: int) -> dict[str, object]:
+def run_arm(tree: Path, batches: Path, steps: int, warmup: int, cpu_bf16: bool = False) -> dict[str, object]:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", str(batches),
-                          "--steps", str(steps), "--warmup", str(warmup)],
+                          "--steps", str(steps), "--warmup", str(warmup), *(["--cpu-bf16"] if cpu_bf16 else [])],
                          cwd=tree, env=env, capture_output=True, text=True, check=False)
     if out.returncode:
         raise RuntimeError(f"arm in {tree} failed:\n{out.stderr[-3000:]}")
@@ -199,12 +200,13 @@ def main() -> None:
     p.add_argument("--world", choices=sorted(WORLDS), default="demo",
                    help="whose examples: this tree's generator at the demo's volumes, or the baseline's world")
     p.add_argument("--make-examples", type=Path, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--cpu-bf16", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.make_examples:
         make_examples(a.make_examples, a.world)
         return
     if a.worker:
-        print(json.dumps(worker(a.worker, a.steps, a.warmup)))
+        print(json.dumps(worker(a.worker, a.steps, a.warmup, a.cpu_bf16)))
         return
     work = Path(tempfile.mkdtemp(prefix="gem-train-bench-"))
     tree = a.baseline_tree
@@ -222,11 +224,13 @@ def main() -> None:
         stream, grouped = work / "stream.pt", work / "sorted.pt"
         compose(examples, stream, False, 512, count)
         compose(examples, grouped, True, 512, count)
-        arms = {"baseline": (tree, stream), "new": (REPO, grouped), "new code, stream-order batches": (REPO, stream)}
+        arms = {"baseline": (tree, stream, False), "new": (REPO, grouped, False),
+                "new code, stream-order batches": (REPO, stream, False),
+                "new, train.cpu_bf16": (REPO, grouped, True)}
         results: dict[str, list[dict[str, object]]] = {k: [] for k in arms}
         for r in range(a.rounds):
-            for name, (root, batches) in arms.items():
-                results[name].append(run_arm(root, batches, a.steps, a.warmup))
+            for name, (root, batches, cpu_bf16) in arms.items():
+                results[name].append(run_arm(root, batches, a.steps, a.warmup, cpu_bf16))
                 print(f"round {r + 1} {name}: {results[name][-1]}", flush=True)
         medians = {k: statistics.median(x["examples_per_s"] for x in v) for k, v in results.items()}
         print(f"\nCPU training at the demo size (batch 512, {results['new'][0]['threads']} threads), "
@@ -234,7 +238,8 @@ def main() -> None:
         for name, value in medians.items():
             print(f"  {name:32s} {value:8.0f} examples/s   padding {results[name][0]['padding']}")
         print(f"  speed-up new / baseline: {medians['new'] / medians['baseline']:.2f}x "
-              f"(model alone: {medians['new code, stream-order batches'] / medians['baseline']:.2f}x)")
+              f"(model alone: {medians['new code, stream-order batches'] / medians['baseline']:.2f}x; "
+              f"with train.cpu_bf16: {medians['new, train.cpu_bf16'] / medians['baseline']:.2f}x)")
     finally:
         if a.baseline_tree is None:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], check=False)
