@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from gem.config import GemConfig, TrainConfig, load_config
@@ -33,6 +34,20 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 PYTHON = sys.executable
 
 STAND_IN = "test stand-in: no stage ran"
+
+# The GPU tier: tests (or cases) that need CUDA carry `gpu` and skip cleanly without it.
+NEEDS_CUDA = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+def needs_cuda(test):
+    """Put a test in the GPU tier."""
+    for mark in NEEDS_CUDA:
+        test = mark(test)
+    return test
+
+
+# Run a torch test on the CPU and, where there is one, on the GPU.
+ON_DEVICES = pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=NEEDS_CUDA)])
 
 
 def stand_in_records(stage: str, days: list[str], rows_written: dict[str, int] | None = None,

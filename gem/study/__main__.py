@@ -34,7 +34,7 @@ def _json_safe(x: Any) -> Any:
     return x
 
 
-def run_study(preset_name: str, out_dir: Path, workers: int = 1) -> Path:
+def run_study(preset_name: str, out_dir: Path, workers: int | None = None) -> Path:
     """Run the preset, write results.json and the report into out_dir -> the report's path."""
     from gem.study.claims import all_claims
     from gem.study.page import write_report
@@ -42,6 +42,7 @@ def run_study(preset_name: str, out_dir: Path, workers: int = 1) -> Path:
     from gem.train.daily import code_version
 
     preset = PRESETS[preset_name]
+    workers = workers or preset.workers
     start, started = time.perf_counter(), dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     study = Study(preset)
     results = study.run(workers)
@@ -58,9 +59,10 @@ def run_study(preset_name: str, out_dir: Path, workers: int = 1) -> Path:
 @click.command()
 @click.option("--preset", type=click.Choice(sorted(PRESETS)), default="smoke", show_default=True)
 @click.option("--config", "config_path", default=None, help="config file (its lakehouse_uri names the output)")
-@click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1),
-              help="CPU processes running jobs side by side (one thread each; e.g. the number of cores)")
-def main(preset: str, config_path: str | None, workers: int) -> None:
+@click.option("--workers", default=None, type=click.IntRange(min=1),
+              help="processes running jobs side by side (on CPU one thread each, e.g. the number of cores); "
+                   "default: the preset's")
+def main(preset: str, config_path: str | None, workers: int | None) -> None:
     """Train the architectures on the generator's traffic and report the measured claims."""
     cfg = load_config(config_path)
     path = run_study(preset, study_dir(cfg.lakehouse_uri, preset), workers)

@@ -51,6 +51,7 @@ class StudyPreset:
     # CPU threads for torch: the models' many small kernels run fastest on one thread, and a
     # shared machine's oversubscribed threads were measured 20x slower (27 s vs 1.3 s a smoke run).
     threads: int = 1
+    workers: int = 1  # processes running jobs side by side (`--workers` overrides)
 
     def __post_init__(self) -> None:
         if list(self.targets) != sorted(self.targets) or self.matched not in self.baseline_targets:
@@ -72,9 +73,12 @@ PRESETS: dict[str, StudyPreset] = {
         name="small", traffic=TrafficPreset(users=1_000, ads=100, impressions_per_day=30_000, train_days=2),
         targets=_geometric(5e5, 1.6e7, 5), baseline_targets=(0, 2, 4), matched=2, lrs=(1e-3, 4e-3), seeds=3,
         epochs=1, batch_size=512, transfer_tasks=2),
+    # One H200 within a single 10-minute call: 145 runs of about 190 steps each, eight processes
+    # sharing the GPU (each run launches thousands of small kernels a step, so one process alone
+    # leaves the GPU waiting on Python).
     "gpu": StudyPreset(
-        name="gpu", traffic=TrafficPreset(users=20_000, ads=2_000, impressions_per_day=400_000, train_days=4),
-        targets=_geometric(2e6, 2e8, 6), baseline_targets=(0, 2, 5), matched=2, lrs=(5e-4, 1e-3, 2e-3, 4e-3),
-        seeds=3, epochs=2, batch_size=2048, lengths={"impression": 64, "click": 32, "conversion": 8},
-        transfer_tasks=3, min_positives=50, device="cuda", bf16=True, backend="torch"),
+        name="gpu", traffic=TrafficPreset(users=20_000, ads=2_000, impressions_per_day=300_000, train_days=3),
+        targets=_geometric(2e6, 2e8, 6), baseline_targets=(0, 2, 5), matched=2, lrs=(1e-3, 2e-3, 4e-3),
+        seeds=3, epochs=1, batch_size=2048, lengths={"impression": 64, "click": 32, "conversion": 8},
+        transfer_tasks=3, min_positives=50, device="cuda", bf16=True, backend="torch", workers=8),
 }

@@ -11,6 +11,7 @@ is of the model the lr was chosen with; the held-out day played no part in choos
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -80,6 +81,10 @@ def _interval(values: list[float]) -> list[float]:
 class Study:
     def __init__(self, preset: StudyPreset, log: Callable[[str], None] = print) -> None:
         self.preset, self.log = preset, log
+        if preset.device == "cuda":
+            # Ask NVML, not the CUDA driver, whether there is a GPU: a parent that initialized CUDA
+            # could not fork the workers that each take the GPU (torch.cuda's fork rule).
+            os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
         if preset.device == "cuda" and not torch.cuda.is_available():
             raise RuntimeError(f"preset {preset.name!r} runs on CUDA, and torch sees no CUDA device here "
                                "(torch.cuda.is_available() is False); use --preset small on a CPU")
@@ -188,13 +193,14 @@ class Study:
 
     # ---- the whole study -------------------------------------------------------------------------
     def run(self, workers: int = 1) -> dict[str, Any]:
-        """Every job; with workers > 1, that many forked processes take jobs in turn (each run is
-        single-threaded on CPU, so processes, not threads, use more cores). A job's numbers do not
-        depend on the worker that ran it."""
+        """Every job; with workers > 1, that many forked processes take jobs in turn. On CPU each run
+        is single-threaded, so processes, not threads, use more cores; on a GPU each process launches
+        its own small kernels, so several keep one GPU busy where one would leave it waiting on
+        Python. A job's numbers do not depend on the worker that ran it."""
         jobs, variants, transfer = self.plan()
         for job in jobs.values():
             self.log(f"{job.name}: {job.shape}, {job.flops:,} FLOPs/example (target {job.target:,.0f})")
-        if workers <= 1 or self.device.type != "cpu":
+        if workers <= 1:
             progress = Progress(len(jobs) * self.runs_per_job())
             for job in jobs.values():
                 for _ in self.execute(job, progress):
@@ -208,6 +214,9 @@ class Study:
         """Run the jobs in `workers` forked processes; their results replace the jobs in `jobs`."""
         import multiprocessing
 
+        if self.device.type == "cuda" and torch.cuda.is_initialized():
+            raise RuntimeError("this process has initialized CUDA, so the workers it forks could not use the GPU: "
+                               "run the study in a fresh process (python -m gem.study) or with workers=1")
         global _FORKED
         for job in jobs.values():  # the batches are built once, here, and inherited by every worker
             tasks = job.tasks or self.tasks
@@ -284,9 +293,15 @@ class Study:
 _FORKED: tuple[Study, dict[str, Job]] | None = None
 
 
-class _Silent:
+class _WorkerLines:
+    """A worker's runs as plain lines when the parent draws no bar (a log, CI), else nothing."""
+
+    def __init__(self) -> None:
+        self.quiet = sys.stderr.isatty()
+
     def step(self, text: str) -> None:
-        pass
+        if not self.quiet:
+            print(f"  worker {os.getpid()}: {text}", flush=True)
 
 
 def _execute_forked(name: str) -> Job:
@@ -294,7 +309,7 @@ def _execute_forked(name: str) -> Job:
     study, jobs = _FORKED
     torch.set_num_threads(study.preset.threads)
     job = jobs[name]
-    for _ in study.execute(job, _Silent()):
+    for _ in study.execute(job, _WorkerLines()):
         pass
     return job
 

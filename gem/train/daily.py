@@ -35,7 +35,8 @@ def code_version() -> str:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
         return out.stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+        # A copy of the tree without its git folder (a container image, a remote machine).
+        return os.environ.get("GEM_CODE_VERSION", "unknown")
 
 
 # The pretraining record has no separate input count: it scores the held-out day, one metrics row
@@ -179,6 +180,7 @@ def metrics_rows(cfg: Any, ds: str, run_id: str, arch: str, scores: dict[str, di
     read and which code and config ran."""
     import datetime as dt
     import json
+import os
 
     now = dt.datetime.now(dt.UTC)
     return [{

@@ -15,6 +15,7 @@ from gem.config import ConfigError, load_config
 from gem.model.flops import kunlun_flops
 from gem.model.kunlun import HSP, Kunlun, KunlunConfig, MeanPool, Padded, Stream
 from gem.model.ops.jagged import jagged_mean, to_jagged, token_rows
+from tests.support import ON_DEVICES, needs_cuda
 
 SPARSE = ("user_id", "ad_id", "surface")
 DENSE = 5
@@ -303,23 +304,34 @@ def test_user_representation_is_the_first_layer_pooling_and_the_user_tokens(swit
     torch.testing.assert_close(model.user_representation(ad, seqs), user, rtol=0, atol=0)
 
 
+PARITY_LENGTHS = {"impression": [5, 0, 9, 1, 70, 2, 3, 0], "click": [2, 3, 0, 4, 1, 0, 8, 2], "conversion": [0] * 8}
+
+
+def _to(x, device):
+    return {k: _to(v, device) for k, v in x.items()} if isinstance(x, dict) else x.to(device)
+
+
+@ON_DEVICES
 @variants
-def test_jagged_layout_gives_the_padded_outputs_and_gradients(switches):
+def test_jagged_layout_gives_the_padded_outputs_and_gradients(switches, device):
     """The jagged layout (the default: streams of real tokens, gem.model.ops.jagged_attention)
     computes the function the padded reference does: outputs, input and parameter gradients. The
-    lengths include empty sequences, one over max_len, and an event type with no token at all."""
-    lengths = {"impression": [5, 0, 9, 1, 70, 2, 3, 0], "click": [2, 3, 0, 4, 1, 0, 8, 2],
-               "conversion": [0] * 8}
+    lengths include empty sequences, one over max_len, and an event type with no token at all. On a
+    GPU the jagged outputs also equal the CPU's."""
     results = []
     for layout in ("padded", "jagged"):
         model, cfg = _model(_config(**switches, sequence_layout=layout))
-        model.train()
-        sparse, dense, seqs = map(_double, _inputs(lengths, 8, cfg))
+        model.train().to(device)
+        sparse, dense, seqs = (_to(_double(x), device) for x in _inputs(PARITY_LENGTHS, 8, cfg))
         seqs["click"]["id_emb"].requires_grad_(True)
         out = model(sparse, dense, seqs)
         out.square().sum().backward()
         results.append((out.detach(), seqs["click"]["id_emb"].grad, {n: p.grad for n, p in model.named_parameters()}))
     (out_p, emb_p, grads_p), (out_j, emb_j, grads_j) = results
+    if device != "cpu":
+        model, cfg = _model(_config(**switches))
+        sparse, dense, seqs = map(_double, _inputs(PARITY_LENGTHS, 8, cfg))
+        torch.testing.assert_close(out_j.cpu(), model.train()(sparse, dense, seqs).detach(), rtol=0, atol=1e-10)
     torch.testing.assert_close(out_j, out_p, rtol=0, atol=1e-10)
     torch.testing.assert_close(emb_j, emb_p, rtol=0, atol=1e-9)
     assert grads_p.keys() == grads_j.keys()
@@ -330,6 +342,27 @@ def test_jagged_layout_gives_the_padded_outputs_and_gradients(switches):
                           ((grads_j[name], dict(model.named_parameters())[name]),
                            (grads_p[name], dict(model.named_parameters())[name])))
         torch.testing.assert_close(jagged, padded, rtol=0, atol=1e-9, msg=name)
+
+
+@pytest.mark.parametrize("switches", [VARIANTS["default"], VARIANTS["all"]], ids=["default", "all"])
+@needs_cuda
+def test_jagged_layout_under_cuda_bf16_autocast_matches_float32(switches):
+    """The training and precompute path on a GPU: bf16 autocast in both layouts gives the float32
+    logits to bf16's precision, and gradients reach the sequence embeddings."""
+    outs = {}
+    for layout in ("padded", "jagged"):
+        model, cfg = _model(_config(**switches, sequence_layout=layout))
+        model = model.float().train().cuda()
+        sparse, dense, seqs = (_to(x, "cuda") for x in _inputs(PARITY_LENGTHS, 8, cfg))
+        seqs["click"]["id_emb"].requires_grad_(True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = model(sparse, dense, seqs)
+        out.float().square().sum().backward()
+        assert torch.isfinite(seqs["click"]["id_emb"].grad).all() and seqs["click"]["id_emb"].grad.abs().sum() > 0
+        outs[layout] = (out.float().detach(), model(sparse, dense, seqs).detach())
+    for layout, (bf16, fp32) in outs.items():
+        torch.testing.assert_close(bf16, fp32, rtol=0.05, atol=0.05, msg=layout)
+    torch.testing.assert_close(outs["jagged"][0], outs["padded"][0], rtol=0.05, atol=0.05)
 
 
 def test_length_groups_need_the_padded_layout():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from gem.study.presets import ARCHS
 from gem.study.sizing import SizingContext, flops_of, size_to
 from gem.study.traffic import DayRoles, batches, simulate
 from schemas.tasks import CONVERSION_TYPES
+from tests.support import PYTHON, REPO, needs_cuda
 
 LENGTHS = {"impression": 8, "click": 8, "conversion": 4}
 
@@ -132,3 +134,18 @@ def test_forked_workers_give_the_serial_numbers():
 
     assert all(numbers(forked[n]) == numbers(serial[n]) for n in names)
     assert all(forked[n].seeds for n in names)
+
+
+@needs_cuda
+def test_the_gpu_path_trains_in_forked_workers_sharing_the_gpu():
+    """The gpu preset's path at the smoke preset's size: bf16 on CUDA, two forked worker processes
+    (the parent never initializes CUDA, or its workers could not use it)."""
+    code = ("import dataclasses, json; from gem.study.presets import PRESETS; from gem.study.study import Study; "
+            "s = Study(dataclasses.replace(PRESETS['smoke'], device='cuda', bf16=True), log=lambda _: None); "
+            "jobs, _, _ = s.plan(); sub = {n: jobs[n] for n in ('kunlun@0', 'hstu@0')}; "
+            "s.run_forked(sub, workers=2); print(json.dumps({n: [x['ne'] for x in j.seeds] for n, j in sub.items()}))")
+    out = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-3000:]
+    ne = json.loads(out.stdout.strip().splitlines()[-1])
+    assert set(ne) == {"kunlun@0", "hstu@0"}
+    assert all(len(v) == 2 and all(0 < x < 1.2 for x in v) for v in ne.values()), ne

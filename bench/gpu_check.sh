@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Every GPU check in one device call: the GPU test tier (correctness), every GPU timing
+# (bench.gpu_train's models and layouts, the precompute forward against its roofline), then the
+# quality study's gpu preset. Each part's output lands in OUT_DIR; the study's report as one tarball.
+#
+#   bash bench/gpu_check.sh OUT_DIR [STUDY_SECONDS]
+#
+# Runs under the machine's own python3 (torch with CUDA; no torchrec, Spark or Delta needed).
+set -uo pipefail
+out=${1:?usage: bash bench/gpu_check.sh OUT_DIR [STUDY_SECONDS]}
+study_seconds=${2:-420}
+export GEM_CODE_VERSION=${GEM_CODE_VERSION:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+py=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+mkdir -p "$out"
+lake=$(mktemp -d)
+started=$SECONDS
+part() { echo "== $1 (at ${SECONDS}s)"; }
+
+part environment
+{ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+  $py -c "import sys, torch, triton; print('python', sys.version.split()[0], 'torch', torch.__version__,
+  'triton', triton.__version__, torch.cuda.get_device_name(), torch.cuda.get_device_capability())"
+} 2>&1 | tee "$out/environment.txt"
+
+part "GPU test tier"
+timeout 300 $py -m pytest -q -m gpu -p no:cacheprovider tests/unit/test_kunlun.py tests/unit/test_study.py \
+  tests/unit/test_bench_smoke.py 2>&1 | tee "$out/gpu_tests.txt"
+
+part "training throughput: Kunlun jagged and padded, HSTU (bf16)"
+timeout 180 $py -m bench.gpu_train 2>&1 | tee "$out/gpu_train.txt"
+
+part "precompute forward against its roofline (bf16)"
+timeout 120 $py -m bench.precompute --gpu-only 2>&1 | tee "$out/precompute_roofline.txt"
+
+part "quality study, gpu preset (at most ${study_seconds}s)"
+GEM__LAKEHOUSE_URI="$lake" timeout "$study_seconds" $py -m gem.study --preset gpu 2>&1 | tee "$out/study.txt"
+if [ -d "$lake/_reports/study/gpu" ]; then
+  tar czf "$out/study_gpu_report.tgz" -C "$lake/_reports/study" gpu
+fi
+part "done in $((SECONDS - started))s"
