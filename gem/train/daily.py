@@ -13,6 +13,7 @@ run's final checkpoint for D.
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
@@ -73,8 +74,6 @@ def checkpoint_root(cfg: Any) -> Path:
 def init_from_torchrun(device_type: str) -> bool:
     """Join the process group torchrun describes (WORLD_SIZE, RANK, MASTER_ADDR/PORT in the
     environment): gloo on CPU, NCCL on GPU, one GPU per local rank. False when not under torchrun."""
-    import os
-
     if "WORLD_SIZE" not in os.environ or torch.distributed.is_initialized():
         return False
     if device_type == "cuda":
@@ -180,7 +179,6 @@ def metrics_rows(cfg: Any, ds: str, run_id: str, arch: str, scores: dict[str, di
     read and which code and config ran."""
     import datetime as dt
     import json
-import os
 
     now = dt.datetime.now(dt.UTC)
     return [{
