@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Every GPU check in one device call: the GPU test tier (correctness), every GPU timing
 # (bench.gpu_train's models and layouts, the precompute forward against its roofline), then the
-# quality study's gpu preset. Each part's output lands in OUT_DIR; the study's report as one tarball.
+# quality study's gpu preset, given what is left of TOTAL_SECONDS (default 570: one 10-minute call).
+# Each part's output lands in OUT_DIR; the study's report as one tarball.
 #
-#   bash bench/gpu_check.sh OUT_DIR [STUDY_SECONDS]
+#   bash bench/gpu_check.sh OUT_DIR [TOTAL_SECONDS]
 #
 # Runs under the machine's own python3 (torch with CUDA; no torchrec, Spark or Delta needed).
 set -uo pipefail
-out=${1:?usage: bash bench/gpu_check.sh OUT_DIR [STUDY_SECONDS]}
-study_seconds=${2:-420}
+out=${1:?usage: bash bench/gpu_check.sh OUT_DIR [TOTAL_SECONDS]}
+total_seconds=${2:-570}
 export GEM_CODE_VERSION=${GEM_CODE_VERSION:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 py=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -33,6 +34,7 @@ timeout 180 $py -m bench.gpu_train 2>&1 | tee "$out/gpu_train.txt"
 part "precompute forward against its roofline (bf16)"
 timeout 120 $py -m bench.precompute --gpu-only 2>&1 | tee "$out/precompute_roofline.txt"
 
+study_seconds=$((total_seconds - SECONDS))
 part "quality study, gpu preset (at most ${study_seconds}s)"
 GEM__LAKEHOUSE_URI="$lake" timeout "$study_seconds" $py -m gem.study --preset gpu 2>&1 | tee "$out/study.txt"
 if [ -d "$lake/_reports/study/gpu" ]; then
