@@ -329,9 +329,9 @@ def test_jagged_layout_gives_the_padded_outputs_and_gradients(switches, device):
         results.append((out.detach(), seqs["click"]["id_emb"].grad, {n: p.grad for n, p in model.named_parameters()}))
     (out_p, emb_p, grads_p), (out_j, emb_j, grads_j) = results
     if device != "cpu":
-        model, cfg = _model(_config(**switches))
+        on_cpu, cfg = _model(_config(**switches))
         sparse, dense, seqs = map(_double, _inputs(PARITY_LENGTHS, 8, cfg))
-        torch.testing.assert_close(out_j.cpu(), model.train()(sparse, dense, seqs).detach(), rtol=0, atol=1e-10)
+        torch.testing.assert_close(out_j.cpu(), on_cpu.train()(sparse, dense, seqs).detach(), rtol=0, atol=1e-10)
     torch.testing.assert_close(out_j, out_p, rtol=0, atol=1e-10)
     torch.testing.assert_close(emb_j, emb_p, rtol=0, atol=1e-9)
     assert grads_p.keys() == grads_j.keys()
