@@ -41,7 +41,7 @@ from gem.model.configs import EventConfig, KunlunConfig
 from gem.model.flops import jagged_padding_flops
 from gem.model.ops.attention import attend, attend_window
 from gem.model.ops.gdpa import uses_band
-from gem.model.ops.jagged import jagged_mean, keep_last, to_padded, token_rows
+from gem.model.ops.jagged import JaggedLayout, jagged_mean, keep_last
 from gem.model.ops.jagged_attention import seed_pooling, summary_attention, window_attention
 from gem.model.ops.length_groups import length_groups, padded_positions
 from gem.model.ops.masks import padding_mask, sliding_window_mask
@@ -54,12 +54,19 @@ class Stream(NamedTuple):
     """One event type's sequences in the jagged layout: every example's real tokens back to back."""
 
     values: torch.Tensor  # (N, w)
-    offsets: torch.Tensor  # (B+1,)
-    rows: torch.Tensor  # (N,) each token's example
+    layout: JaggedLayout  # offsets, each token's example and padded position: one per batch, every layer's
+
+    @property
+    def offsets(self) -> torch.Tensor:
+        return self.layout.offsets  # (B+1,)
+
+    @property
+    def rows(self) -> torch.Tensor:
+        return self.layout.rows  # (N,)
 
     @property
     def examples(self) -> int:
-        return self.offsets.numel() - 1
+        return self.layout.examples
 
 
 class Padded(NamedTuple):
@@ -74,9 +81,7 @@ Sequences = Stream | Padded
 
 def padded(stream: Stream) -> Padded:
     """The stream as (B, L, w) blocks, L its longest sequence (at least 1 position)."""
-    lengths = stream.offsets[1:] - stream.offsets[:-1]
-    longest = max(1, int(lengths.max()) if lengths.numel() else 1)
-    return Padded(to_padded(stream.values, stream.offsets, longest), lengths)
+    return Padded(stream.layout.pad(stream.values), stream.layout.lengths)
 
 
 class GatedCompression(nn.Module):
@@ -110,7 +115,7 @@ class HSP(nn.Module):
         if isinstance(seq, Stream):
             n = seq.values.shape[0]
             k, v = self.kv(seq.values).view(n, 2, self.heads, self.head_dim).unbind(1)  # (N, H, Dh) x2
-            pooled = seed_pooling(self.attention, self.seeds.view(-1, self.heads, self.head_dim), k, v, seq.offsets,
+            pooled = seed_pooling(self.attention, self.seeds.view(-1, self.heads, self.head_dim), k, v, seq.layout,
                                   self.cfg.activations, alpha, scale)  # (B, H, seeds, Dh)
         else:
             s, lengths = seq
@@ -136,7 +141,7 @@ class MeanPool(nn.Module):
 
     def forward(self, seq: Sequences) -> torch.Tensor:
         if isinstance(seq, Stream):
-            mean = jagged_mean(seq.values, seq.offsets)  # (B, w)
+            mean = jagged_mean(seq.values, seq.offsets, seq.rows)  # (B, w)
         else:
             s, lengths = seq
             real = padding_mask(lengths, s.shape[1])[:, :, None].to(s.dtype)  # (B, L, 1)
@@ -182,7 +187,7 @@ class SequenceLayer(nn.Module):
         alpha = self.head_dim ** -0.5
         if self.personalized:  # every token reads its example's summary tokens
             k, v = (self._heads(t) for t in self.kv(x_sum).chunk(2, dim=-1))  # (B, H, n_sum, Dh) x2
-            att = summary_attention(self.attention, q, k, v, seq.offsets, self.cfg.activations, alpha,
+            att = summary_attention(self.attention, q, k, v, seq.layout, self.cfg.activations, alpha,
                                     1.0 / x_sum.shape[1])
         else:
             k, v = (t.reshape(n, self.heads, self.head_dim) for t in self.kv(h).chunk(2, dim=-1))  # (N, H, Dh) x2
@@ -306,7 +311,7 @@ class Kunlun(nn.Module):
         tokens = (emb["id"](seq["id_emb"][index]) + emb["surface"](seq["surface"][index])
                   + emb["objective"](seq["objective"][index])
                   + emb["time"](time_gap_buckets(seq["gap_s"][index], self.cfg.time_buckets)))
-        return Stream(tokens, offsets, token_rows(offsets))
+        return Stream(tokens, JaggedLayout.of(offsets))
 
     def user_representation(self, sparse: dict[str, torch.Tensor], sequences: dict[str, dict[str, torch.Tensor]],
                             user_features: tuple[str, ...] = ("user_id",)) -> torch.Tensor:

@@ -8,13 +8,14 @@ import pytest
 import torch
 
 from gem.model.ops.attention import attend
-from gem.model.ops.jagged import to_jagged, to_padded, token_rows
+from gem.model.ops.jagged import JaggedLayout, to_jagged, to_padded
 from gem.model.ops.jagged_attention import seed_pooling, summary_attention, window_attention
 from gem.model.ops.masks import padding_mask, sliding_window_mask
 
 LENGTHS = torch.tensor([5, 0, 11, 1, 3])  # an empty sequence, and one longer than the windows below
 OFFSETS = torch.cat([torch.zeros(1, dtype=torch.long), LENGTHS.cumsum(0)])
-ROWS = token_rows(OFFSETS)
+LAYOUT = JaggedLayout.of(OFFSETS)
+ROWS = LAYOUT.rows
 H, DH = 2, 4
 ACTIVATIONS = ("silu", "gelu")
 ATTENTIONS = pytest.mark.parametrize("attention", ["gdpa", "softmax"])
@@ -42,7 +43,7 @@ def _assert_same(jagged: torch.Tensor, padded: torch.Tensor, leaves: list[torch.
 def test_summary_attention_equals_padded_attention_to_the_summary_tokens(attention):
     n = int(LENGTHS.sum())
     q, k, v = leaves = _leaves((n, H, DH), (5, H, 3, DH), (5, H, 3, DH))
-    jagged = summary_attention(attention, q, k, v, OFFSETS, ACTIVATIONS, 0.5, 1 / 3)
+    jagged = summary_attention(attention, q, k, v, LAYOUT, ACTIVATIONS, 0.5, 1 / 3)
     real = padding_mask(LENGTHS, int(LENGTHS.max()))[:, None, :, None]  # (B, 1, L, 1)
     padded = attend(attention, _heads_first(q), k, v, ACTIVATIONS, 0.5, 1 / 3, real.expand(-1, 1, -1, 3))
     _assert_same(jagged, to_jagged(padded.transpose(1, 2), LENGTHS), leaves)
@@ -64,7 +65,7 @@ def test_window_attention_equals_padded_sliding_window_attention(attention, wind
 def test_seed_pooling_equals_padded_seed_attention(attention):
     n, seeds = int(LENGTHS.sum()), 3
     q, k, v = leaves = _leaves((seeds, H, DH), (n, H, DH), (n, H, DH))
-    jagged = seed_pooling(attention, q, k, v, OFFSETS, ACTIVATIONS, 0.5, 1 / 11)  # (B, H, S, Dh)
+    jagged = seed_pooling(attention, q, k, v, LAYOUT, ACTIVATIONS, 0.5, 1 / 11)  # (B, H, S, Dh)
     mask = padding_mask(LENGTHS, int(LENGTHS.max()))[:, None, None, :]  # (B, 1, 1, L)
     seeds_q = q.transpose(0, 1)[None].expand(LENGTHS.numel(), -1, -1, -1)  # (B, H, S, Dh)
     padded = attend(attention, seeds_q, _heads_first(k), _heads_first(v), ACTIVATIONS, 0.5, 1 / 11, mask)
@@ -76,6 +77,6 @@ def test_an_empty_stream_attends_to_nothing():
     empty = torch.zeros(0, H, DH)
     rows = torch.zeros(0, dtype=torch.long)
     assert window_attention("gdpa", empty, empty, empty, rows, ACTIVATIONS, 1.0, 1.0, 4).shape == (0, H, DH)
-    pooled = seed_pooling("softmax", torch.randn(3, H, DH), empty, empty, torch.zeros(3, dtype=torch.long),
-                          ACTIVATIONS, 1.0, 1.0)
+    no_tokens = JaggedLayout.of(torch.zeros(3, dtype=torch.long))
+    pooled = seed_pooling("softmax", torch.randn(3, H, DH), empty, empty, no_tokens, ACTIVATIONS, 1.0, 1.0)
     assert pooled.shape == (2, H, 3, DH) and not pooled.any()

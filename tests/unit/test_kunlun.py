@@ -14,7 +14,7 @@ import torch
 from gem.config import ConfigError, load_config
 from gem.model.flops import kunlun_flops
 from gem.model.kunlun import HSP, Kunlun, KunlunConfig, MeanPool, Padded, Stream
-from gem.model.ops.jagged import jagged_mean, to_jagged, token_rows
+from gem.model.ops.jagged import JaggedLayout, jagged_mean, to_jagged
 from tests.support import ON_DEVICES, needs_cuda
 
 SPARSE = ("user_id", "ad_id", "surface")
@@ -204,7 +204,7 @@ def test_softmax_hsp_weights_sum_to_one_over_the_real_positions():
     hsp.compress.register_forward_pre_hook(lambda m, args: captured.update(pooled=args[0]))
     s, lengths = torch.randn(3, 5, w, dtype=torch.float64), torch.tensor([5, 2, 0])
     offsets = torch.tensor([0, 5, 7, 7])
-    for seq in (Padded(s, lengths), Stream(to_jagged(s, lengths), offsets, token_rows(offsets))):
+    for seq in (Padded(s, lengths), Stream(to_jagged(s, lengths), JaggedLayout.of(offsets))):
         hsp(seq)
         expected = torch.tensor([1.0, 1.0, 0.0], dtype=torch.float64)[:, None, None].expand_as(captured["pooled"])
         torch.testing.assert_close(captured["pooled"], expected)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from gem.model.ops.gdpa import gdpa, gdpa_reference
-from gem.model.ops.jagged import padding_ratio, to_jagged, to_padded
+from gem.model.ops.jagged import JaggedLayout, padding_ratio, to_jagged, to_padded
 from gem.model.ops.masks import sliding_window_mask, sliding_window_mask_reference
 
 torch.manual_seed(0)
@@ -56,6 +56,17 @@ def test_sliding_window_mask_matches_the_rule(window):
     assert not fast[:, 0][:, j > i].any()  # nothing from the future
     if window is not None:
         assert not fast[:, 0][:, i - j >= window].any()  # nothing past the window
+
+
+def test_a_jagged_layout_pads_and_unpads_as_to_padded_and_to_jagged():
+    offsets = torch.tensor([0, 2, 2, 5])
+    values = torch.arange(10.0).view(5, 2)
+    layout = JaggedLayout.of(offsets)
+    assert layout.longest == 3 and layout.rows.tolist() == [0, 0, 2, 2, 2] and layout.index.tolist() == [0, 1, 6, 7, 8]
+    assert torch.equal(layout.pad(values), to_padded(values, offsets))
+    assert torch.equal(layout.unpad(layout.pad(values)), values)
+    empty = JaggedLayout.of(torch.zeros(3, dtype=torch.long))  # no token: still one (padding) position
+    assert empty.longest == 1 and empty.pad(torch.zeros(0, 2)).shape == (2, 1, 2)
 
 
 def test_jagged_padded_round_trip_and_padding_ratio():

@@ -5,6 +5,8 @@ Example: offsets [0, 2, 2, 5] -> lengths [2, 0, 3]; padded row 1 is all padding.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 
@@ -48,6 +50,41 @@ def to_jagged(padded: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     return padded.reshape(b * max_len, *padded.shape[2:]).index_select(0, padded_index(offsets, max_len))
 
 
+class JaggedLayout(NamedTuple):
+    """What the ops over one token stream need besides its values, computed once per batch from
+    one host read of the lengths: recomputed per layer, each `lengths.max()` and each
+    `repeat_interleave` without its output size waited for the device (a sync per op on a GPU)."""
+
+    offsets: torch.Tensor  # (B+1,)
+    lengths: torch.Tensor  # (B,)
+    rows: torch.Tensor  # (N,) each token's example
+    longest: int  # the longest sequence, at least 1 (a padded block's positions)
+    index: torch.Tensor  # (N,) each token's row in the (B * longest) flattened padded block
+
+    @classmethod
+    def of(cls, offsets: torch.Tensor) -> JaggedLayout:
+        lengths = offsets[1:] - offsets[:-1]
+        host = lengths.cpu()  # the one read
+        b, n = host.numel(), int(host.sum())
+        longest = max(1, int(host.max()) if b else 1)
+        rows = torch.repeat_interleave(torch.arange(b, device=offsets.device), lengths, output_size=n)  # (N,)
+        col = torch.arange(n, device=offsets.device) - offsets[:-1][rows]  # (N,)
+        return cls(offsets, lengths, rows, longest, rows * longest + col)
+
+    @property
+    def examples(self) -> int:
+        return self.lengths.numel()
+
+    def pad(self, values: torch.Tensor) -> torch.Tensor:
+        """(N, *rest) -> (B, longest, *rest), zeros after each length (as to_padded)."""
+        out = values.new_zeros((self.examples * self.longest, *values.shape[1:]))
+        return out.index_copy(0, self.index, values).view(self.examples, self.longest, *values.shape[1:])
+
+    def unpad(self, padded: torch.Tensor) -> torch.Tensor:
+        """(B, longest, *rest) -> (N, *rest): each example's real positions (as to_jagged)."""
+        return padded.reshape(self.examples * self.longest, *padded.shape[2:]).index_select(0, self.index)
+
+
 def padding_ratio(lengths: torch.Tensor, max_len: int | None = None) -> float:
     """Share of a padded (B, L) block that is padding: 1 - sum(lengths) / (B * L)."""
     b = lengths.numel()
@@ -62,21 +99,23 @@ def keep_last(offsets: torch.Tensor, max_len: int) -> tuple[torch.Tensor, torch.
     """
     lengths = offsets[1:] - offsets[:-1]
     kept = lengths.clamp(max=max_len)
-    row = torch.repeat_interleave(torch.arange(lengths.numel(), device=offsets.device), kept)
-    within = torch.arange(int(kept.sum()), device=offsets.device) - torch.repeat_interleave(
-        torch.cumsum(kept, 0) - kept, kept)
+    total = int(kept.sum())  # the one host read: repeat_interleave told its size does not wait again
+    row = torch.repeat_interleave(torch.arange(lengths.numel(), device=offsets.device), kept, output_size=total)
+    within = torch.arange(total, device=offsets.device) - torch.repeat_interleave(
+        torch.cumsum(kept, 0) - kept, kept, output_size=total)
     index = offsets[1:][row] - kept[row] + within
     return index, torch.cat([offsets.new_zeros(1), torch.cumsum(kept, 0)])
 
 
-def jagged_mean(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+def jagged_mean(values: torch.Tensor, offsets: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
     """(N, d) values, (B+1,) offsets -> (B, d): each example's mean (an EmbeddingBag with mean
-    pooling); zeros for an example with no values.
+    pooling); zeros for an example with no values. `rows`: token_rows(offsets), when known.
 
     Example: values [[1], [3], [5]], offsets [0, 2, 2, 3] -> [[2], [0], [5]].
     """
     lengths = offsets[1:] - offsets[:-1]
-    sums = values.new_zeros(lengths.numel(), values.shape[1]).index_add_(0, token_rows(offsets), values)
+    rows = token_rows(offsets) if rows is None else rows
+    sums = values.new_zeros(lengths.numel(), values.shape[1]).index_add_(0, rows, values)
     return sums / lengths.clamp(min=1)[:, None].to(values.dtype)
 
 

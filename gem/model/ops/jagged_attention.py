@@ -17,7 +17,9 @@ counterpart at every real position (tests/unit/test_jagged_attention.py):
   summed per example by a matmul over weights padded with zeros. GDPA needs no normalisation;
   softmax is normalised per (example, head, seed) over the example's real tokens.
 
-Shapes: q, k, v of the stream (N, H, Dh); summary keys (B, H, n, Dh); seeds (S, H, Dh).
+Shapes: q, k, v of the stream (N, H, Dh); summary keys (B, H, n, Dh); seeds (S, H, Dh). A stream's
+layout (its offsets, each token's example and padded position: gem.model.ops.jagged.JaggedLayout)
+is computed once per batch and shared by every layer.
 """
 
 from __future__ import annotations
@@ -29,21 +31,19 @@ import torch.nn.functional as F
 
 from gem.model.ops.attention import attend
 from gem.model.ops.gdpa import ACTIVATIONS, activate
-from gem.model.ops.jagged import to_jagged, to_padded
+from gem.model.ops.jagged import JaggedLayout
 from gem.model.ops.masks import padding_mask
 
 
-def summary_attention(attention: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor,
+def summary_attention(attention: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: JaggedLayout,
                       activations: Sequence[str], alpha: float, scale: float) -> torch.Tensor:
-    """q (N, H, Dh), k and v (B, H, n, Dh), offsets (B+1,) -> (N, H, Dh): each token reads its own
-    example's n keys. The products run on the queries padded per example: one (L x n) matmul per
-    example and head is what CPU kernels do fast (gathering each token's keys was measured ~7x
-    slower); with n a few summary tokens they are a small share of the layer's FLOPs."""
-    lengths = offsets[1:] - offsets[:-1]
-    longest = max(1, int(lengths.max()) if lengths.numel() else 1)
-    queries = to_padded(q, offsets, longest).transpose(1, 2)  # (B, H, L, Dh); padded queries are dropped
+    """q (N, H, Dh), k and v (B, H, n, Dh) -> (N, H, Dh): each token reads its own example's n
+    keys. The products run on the queries padded per example: one (L x n) matmul per example and
+    head is what CPU kernels do fast (gathering each token's keys was measured ~7x slower); with n
+    a few summary tokens they are a small share of the layer's FLOPs."""
+    queries = layout.pad(q).transpose(1, 2)  # (B, H, L, Dh); padded queries are dropped
     out = attend(attention, queries, k, v, activations, alpha, scale, None)  # (B, H, L, Dh)
-    return to_jagged(out.transpose(1, 2), lengths)  # (N, H, Dh)
+    return layout.unpad(out.transpose(1, 2))  # (N, H, Dh)
 
 
 def window_attention(attention: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor,
@@ -89,20 +89,18 @@ def window_attention(attention: str, q: torch.Tensor, k: torch.Tensor, v: torch.
     return torch.stack(outs, dim=2).view(blocks * w, heads, dh)[:n]  # (N, H, Dh)
 
 
-def seed_pooling(attention: str, seeds: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor,
+def seed_pooling(attention: str, seeds: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: JaggedLayout,
                  activations: Sequence[str], alpha: float, scale: float) -> torch.Tensor:
     """seeds (S, H, Dh) read each example's tokens k, v (N, H, Dh) -> (B, H, S, Dh); an example
     without tokens pools to 0 (as a padded row with every key masked). The scores are computed per
     token; the weighted sum of values runs as one (S x L) @ (L x Dh) matmul per example and head on
     weights padded with zeros (a per-token outer product summed with index_add was measured slower)."""
-    lengths = offsets[1:] - offsets[:-1]
-    longest = max(1, int(lengths.max()) if lengths.numel() else 1)
     scores = torch.einsum("nhd,shd->nhs", k, seeds) * alpha  # (N, H, S)
     if attention == "softmax":  # normalised over each example's real tokens; an empty one weighs 0
-        real = padding_mask(lengths, longest)[:, :, None, None]  # (B, L, 1, 1)
-        padded = to_padded(scores, offsets, longest).masked_fill(~real, float("-inf"))  # (B, L, H, S)
+        real = padding_mask(layout.lengths, layout.longest)[:, :, None, None]  # (B, L, 1, 1)
+        padded = layout.pad(scores).masked_fill(~real, float("-inf"))  # (B, L, H, S)
         weights = torch.softmax(padded, dim=1).nan_to_num(0.0)
-    else:  # padded weights are 0: to_padded fills with zeros
-        weights = to_padded(activate(scores, activations) * scale, offsets, longest)  # (B, L, H, S)
-    values = to_padded(v, offsets, longest).transpose(1, 2)  # (B, H, L, Dh)
+    else:  # padded weights are 0: pad fills with zeros
+        weights = layout.pad(activate(scores, activations) * scale)  # (B, L, H, S)
+    values = layout.pad(v).transpose(1, 2)  # (B, H, L, Dh)
     return torch.matmul(weights.permute(0, 2, 3, 1), values)  # (B, H, S, L) @ (B, H, L, Dh)
