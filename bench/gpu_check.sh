@@ -5,7 +5,10 @@
 # Each part's output lands in OUT_DIR; the study's report as one tarball.
 #
 #   bash bench/gpu_check.sh OUT_DIR [TOTAL_SECONDS]
+#   PARTS="tests train sharing" bash bench/gpu_check.sh OUT_DIR   # some parts only
 #
+# Parts: tests, train (bench.gpu_train), precompute (bench.precompute --gpu-only), sharing
+# (bench.study_sharing: how many processes the study's GPU workers pay), study (default: all but sharing).
 # Runs under the machine's own python3 (torch with CUDA; no torchrec, Spark or Delta needed).
 set -uo pipefail
 out=${1:?usage: bash bench/gpu_check.sh OUT_DIR [TOTAL_SECONDS]}
@@ -16,7 +19,9 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$out"
 lake=$(mktemp -d)
 started=$SECONDS
+parts=" ${PARTS:-tests train precompute study} "
 part() { echo "== $1 (at ${SECONDS}s)"; }
+wanted() { [[ $parts == *" $1 "* ]]; }
 
 part environment
 { nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
@@ -24,20 +29,24 @@ part environment
   'triton', triton.__version__, torch.cuda.get_device_name(), torch.cuda.get_device_capability())"
 } 2>&1 | tee "$out/environment.txt"
 
-part "GPU test tier"
-timeout 300 $py -m pytest -q -m gpu -p no:cacheprovider tests/unit/test_kunlun.py tests/unit/test_study.py \
-  tests/unit/test_bench_smoke.py 2>&1 | tee "$out/gpu_tests.txt"
+wanted tests && part "GPU test tier" && timeout 300 $py -m pytest -q -m gpu -p no:cacheprovider \
+  tests/unit/test_kunlun.py tests/unit/test_study.py tests/unit/test_bench_smoke.py 2>&1 | tee "$out/gpu_tests.txt"
 
-part "training throughput: Kunlun jagged and padded, HSTU (bf16)"
-timeout 180 $py -m bench.gpu_train 2>&1 | tee "$out/gpu_train.txt"
+wanted train && part "training throughput: Kunlun jagged and padded, HSTU (bf16)" \
+  && timeout 180 $py -m bench.gpu_train 2>&1 | tee "$out/gpu_train.txt"
 
-part "precompute forward against its roofline (bf16)"
-timeout 120 $py -m bench.precompute --gpu-only 2>&1 | tee "$out/precompute_roofline.txt"
+wanted precompute && part "precompute forward against its roofline (bf16)" \
+  && timeout 120 $py -m bench.precompute --gpu-only 2>&1 | tee "$out/precompute_roofline.txt"
 
-study_seconds=$((total_seconds - SECONDS))
-part "quality study, gpu preset (at most ${study_seconds}s)"
-GEM__LAKEHOUSE_URI="$lake" timeout "$study_seconds" $py -m gem.study --preset gpu 2>&1 | tee "$out/study.txt"
-if [ -d "$lake/_reports/study/gpu" ]; then
-  tar czf "$out/study_gpu_report.tgz" -C "$lake/_reports/study" gpu
+wanted sharing && part "study workers sharing the GPU" && timeout 200 $py -m bench.study_sharing 2>&1 \
+  | tee "$out/study_sharing.txt"
+
+if wanted study; then
+  study_seconds=$((total_seconds - SECONDS))
+  part "quality study, gpu preset (at most ${study_seconds}s)"
+  GEM__LAKEHOUSE_URI="$lake" timeout "$study_seconds" $py -m gem.study --preset gpu 2>&1 | tee "$out/study.txt"
+  if [ -d "$lake/_reports/study/gpu" ]; then
+    tar czf "$out/study_gpu_report.tgz" -C "$lake/_reports/study" gpu
+  fi
 fi
 part "done in $((SECONDS - started))s"

@@ -73,12 +73,13 @@ PRESETS: dict[str, StudyPreset] = {
         name="small", traffic=TrafficPreset(users=1_000, ads=100, impressions_per_day=30_000, train_days=2),
         targets=_geometric(5e5, 1.6e7, 5), baseline_targets=(0, 2, 4), matched=2, lrs=(1e-3, 4e-3), seeds=3,
         epochs=1, batch_size=512, transfer_tasks=2),
-    # One H200 within a single 10-minute call: 145 runs of about 190 steps each, eight processes
-    # sharing the GPU (each run launches thousands of small kernels a step, so one process alone
-    # leaves the GPU waiting on Python).
+    # One H200 within part of a 10-minute call (tests and benches beside it). Its first run
+    # (2026-12-04, targets up to 2e8 FLOPs/example, batch 2048, 340 steps a run) took 63 s per Kunlun
+    # run with eight processes sharing the GPU: about 20 minutes in all. Now 5 sizes over 1.5 decades
+    # up to 6.4e7, batch 4096 (about 170 steps a run).
     "gpu": StudyPreset(
         name="gpu", traffic=TrafficPreset(users=20_000, ads=2_000, impressions_per_day=300_000, train_days=3),
-        targets=_geometric(2e6, 2e8, 6), baseline_targets=(0, 2, 5), matched=2, lrs=(1e-3, 2e-3, 4e-3),
-        seeds=3, epochs=1, batch_size=2048, lengths={"impression": 64, "click": 32, "conversion": 8},
+        targets=_geometric(2e6, 6.4e7, 5), baseline_targets=(0, 2, 4), matched=2, lrs=(1e-3, 2e-3, 4e-3),
+        seeds=3, epochs=1, batch_size=4096, lengths={"impression": 64, "click": 32, "conversion": 8},
         transfer_tasks=3, min_positives=50, device="cuda", bf16=True, backend="torch", workers=8),
 }

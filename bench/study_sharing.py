@@ -1,0 +1,85 @@
+"""The quality study's training on one GPU: one process alone against several sharing it.
+
+    python -m bench.study_sharing [--jobs kunlun@2,interformer@2,dlrm@2] [--processes 1,4,8]
+                                  [--batch 4096] [--steps 20]
+
+The gpu preset runs its jobs in forked worker processes that share the GPU (gem.study.study): each
+training step of these small models launches thousands of kernels, so one process alone leaves the
+GPU waiting on Python, and the question is how many processes pay. For each job (sized by the
+preset's own sizing to its compute target) and each process count P, P forked processes each train
+the job through gem.study.runner.train (the study's own loop, batches moved to the GPU once) for
+`--steps` batches of the preset's traffic at a smaller volume, side by side; the figure is the
+examples per second of all P together (P x steps x batch over the slowest process's time), and
+its ratio to one process alone. On CUDA in bf16; `--device cpu` is a smoke run (one thread per
+process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import multiprocessing
+import os
+import time
+
+# NVML answers whether there is a GPU: the parent must not initialize CUDA before it forks.
+os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+
+import torch  # noqa: E402
+
+from gem.study.presets import PRESETS  # noqa: E402
+from gem.study.runner import train  # noqa: E402
+from gem.study.study import Study  # noqa: E402
+
+_SHARED: tuple = ()  # (config, batches) of the job under test, inherited by the forked processes
+
+
+def _one_process(_: int) -> float:
+    cfg, batches, device = _SHARED
+    torch.set_num_threads(1)
+    train(cfg, batches[:3], 1e-3, 0, 1, device, True)  # warm-up: CUDA context, kernels, allocator
+    _, seconds, _ = train(cfg, batches, 1e-3, 0, 1, device, True)
+    return seconds
+
+
+def measure(cfg, batches, processes: int, device: torch.device) -> float:
+    """Examples per second of `processes` forked processes training side by side."""
+    global _SHARED
+    _SHARED = (cfg, batches, device)
+    with multiprocessing.get_context("fork").Pool(processes) as pool:
+        seconds = pool.map(_one_process, range(processes))
+    return processes * sum(b.size for b in batches) / max(seconds)
+
+
+def main(argv: list[str] | None = None) -> dict[str, dict[int, float]]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", default="kunlun@2,interformer@2,dlrm@2")
+    parser.add_argument("--processes", default="1,4,8")
+    parser.add_argument("--batch", type=int, default=None, help="default: the gpu preset's")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("no CUDA: nothing to measure")
+        return {}
+    gpu = PRESETS["gpu"]
+    preset = dataclasses.replace(gpu, batch_size=args.batch or gpu.batch_size, device=args.device,
+                                 traffic=dataclasses.replace(gpu.traffic, impressions_per_day=60_000))
+    study = Study(preset, log=lambda _: None)
+    jobs, _, _ = study.plan()
+    batches = study.data("train", study.tasks)[: args.steps]
+    counts = [int(p) for p in args.processes.split(",")]
+    print(f"batch {preset.batch_size}, {len(batches)} steps per process; examples/s of all processes together")
+    results: dict[str, dict[int, float]] = {}
+    for name in args.jobs.split(","):
+        job = jobs[name]
+        started = time.perf_counter()
+        results[name] = {p: measure(job.config, batches, p, study.device) for p in counts}
+        alone = results[name][counts[0]]
+        cells = "  ".join(f"{p} proc {r:>9,.0f} ({r / alone:.2f}x)" for p, r in results[name].items())
+        print(f"{name:<16} {job.flops / 1e6:>6.1f} MFLOP/ex  {cells}  [{time.perf_counter() - started:.0f} s]", flush=True)
+    return results
+
+
+if __name__ == "__main__":
+    main()
