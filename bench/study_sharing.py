@@ -25,11 +25,11 @@ import time
 # NVML answers whether there is a GPU: the parent must not initialize CUDA before it forks.
 os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 
-import torch  # noqa: E402
+import torch
 
-from gem.study.presets import PRESETS  # noqa: E402
-from gem.study.runner import train  # noqa: E402
-from gem.study.study import Study  # noqa: E402
+from gem.study.presets import PRESETS
+from gem.study.runner import train
+from gem.study.study import Study
 
 _SHARED: tuple = ()  # (config, batches) of the job under test, inherited by the forked processes
 
