@@ -76,7 +76,8 @@ PRESETS: dict[str, StudyPreset] = {
     # One H200 within part of a 10-minute call (tests and benches beside it). Its first run
     # (2026-12-04, targets up to 2e8 FLOPs/example, batch 2048, 340 steps a run) took 63 s per Kunlun
     # run with eight processes sharing the GPU: about 20 minutes in all. Now 5 sizes over 1.5 decades
-    # up to 6.4e7, batch 4096 (about 170 steps a run).
+    # up to 6.4e7, batch 4096 (about 100 steps a run); bench.study_sharing measured eight processes
+    # at 5.4x one (kunlun), 4.3x (dlrm), 1.7x (interformer, which fills the GPU with four).
     "gpu": StudyPreset(
         name="gpu", traffic=TrafficPreset(users=20_000, ads=2_000, impressions_per_day=300_000, train_days=3),
         targets=_geometric(2e6, 6.4e7, 5), baseline_targets=(0, 2, 4), matched=2, lrs=(1e-3, 2e-3, 4e-3),
