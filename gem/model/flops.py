@@ -203,7 +203,8 @@ def kunlun_batch_flops(cfg: KunlunConfig, lengths: Mapping[str, Sequence[int]], 
 
 def heads_flops(in_dim: int, tasks: int, surfaces: int, hidden: int, shared_experts: int) -> int:
     expert = _linear(in_dim, hidden) + _linear(hidden, hidden)
-    return (surfaces + shared_experts) * expert + _linear(in_dim, tasks * (1 + shared_experts))
+    towers = 2 * hidden * tasks  # every task's tower on each expert's output (DomainExpertHeads.forward)
+    return (surfaces + shared_experts) * (expert + towers) + _linear(in_dim, tasks * (1 + shared_experts))
 
 
 def _mlp(sizes: list[int] | tuple[int, ...]) -> int:

@@ -33,6 +33,9 @@ class DomainExpertHeads(nn.Module):
         self.towers = nn.Parameter(torch.zeros(len(tasks), hidden))
         self.bias = nn.Parameter(torch.zeros(len(tasks)))
         self.task_surface = [self.surfaces.index(t.split("/")[0]) for t in tasks]
+        # (surface of task t, t) for picking each task's own surface expert's tower output; not saved
+        self.register_buffer("own_expert", torch.tensor([self.task_surface, list(range(len(tasks)))]),
+                             persistent=False)
 
     @torch.no_grad()
     def init_from_base_rates(self, rates: dict[str, float]) -> None:
@@ -44,11 +47,17 @@ class DomainExpertHeads(nn.Module):
                 self.bias[j] = torch.logit(torch.tensor(p))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b = x.shape[0]
+        """Task t's logit: its tower applied to its gated mixture of experts. The tower is linear, so
+        it is applied to each expert's output first and the gate mixes T scalars per expert: the
+        same logits without the (B, T, 1 + M, h) block of mixtures (tests/unit/test_heads.py holds
+        them to the mixture computed first)."""
+        b, tasks = x.shape[0], len(self.tasks)
         surface_out = torch.stack([self.surface_experts[s](x) for s in self.surfaces], dim=1)  # (B, S, h)
-        shared_out = torch.stack([e(x) for e in self.shared], dim=1) if len(self.shared) else x.new_zeros(b, 0, 1)
-        own = surface_out[:, self.task_surface]  # (B, T, h)
-        experts = torch.cat([own[:, :, None], shared_out[:, None].expand(-1, len(self.tasks), -1, -1)], dim=2)
-        gate = torch.softmax(self.gates(x).view(b, len(self.tasks), -1), dim=-1)  # (B, T, 1 + M)
-        mixed = (gate[..., None] * experts).sum(dim=2)  # (B, T, h)
-        return (mixed * self.towers).sum(-1) + self.bias  # (B, T)
+        gate = torch.softmax(self.gates(x).view(b, tasks, -1), dim=-1)  # (B, T, 1 + M)
+        by_surface = surface_out @ self.towers.T  # (B, S, T): every task's tower on every surface expert
+        logits = gate[..., 0] * by_surface[:, self.own_expert[0], self.own_expert[1]]  # (B, T)
+        if len(self.shared):
+            shared_out = torch.stack([e(x) for e in self.shared], dim=1)  # (B, M, h)
+            by_shared = (shared_out @ self.towers.T).transpose(1, 2)  # (B, T, M)
+            logits = logits + (gate[..., 1:] * by_shared).sum(-1)  # (B, T)
+        return logits + self.bias  # (B, T)
