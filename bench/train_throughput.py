@@ -21,9 +21,13 @@ buffer's batches, short to long); the summary is the median over rounds, the rat
 each arm's padding share (the trainer's padding_ratio: padding / padded block positions for the
 baseline, the padded share of the sequence FLOPs for the jagged layout).
 Measured 2026-12-04 on an otherwise idle 2-core host (Xeon with AMX; 3 rounds of 8 steps, the demo's
-world): baseline 2053, new 2463 (1.20x), new code on the baseline's batches 2297 (1.12x), new with
-train.cpu_bf16 2609 examples/s (1.27x); padding 51% of the baseline's impression blocks and 91% of
-its click blocks, 1.7% of the new arm's sequence FLOPs. The issue's 2x is not reached.
+world), after one host read per batch replaced the per-layer device syncs (JaggedLayout), the heads
+stopped materializing their expert mixtures and the window attention lost two elementwise passes:
+baseline 1725, new 2546 (1.48x), new code on the baseline's batches 2432 (1.41x), new with
+train.cpu_bf16 2563 examples/s (1.49x); padding 51% of the baseline's impression blocks and 91% of
+its click blocks, 1.7% of the new arm's sequence FLOPs. The baseline arm alone varied run to run
+(1725 and 1856 that day, 2053 the day before, against new 2463-2585): read the ratio of one run.
+The issue's 2x is not reached.
 """
 
 from __future__ import annotations
