@@ -144,7 +144,7 @@ def test_the_gpu_path_trains_in_forked_workers_sharing_the_gpu():
             "s = Study(dataclasses.replace(PRESETS['smoke'], device='cuda', bf16=True), log=lambda _: None); "
             "jobs, _, _ = s.plan(); sub = {n: jobs[n] for n in ('kunlun@0', 'hstu@0')}; "
             "s.run_forked(sub, workers=2); print(json.dumps({n: [x['ne'] for x in j.seeds] for n, j in sub.items()}))")
-    out = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=600, cwd=REPO)
+    out = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=600, cwd=REPO, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     ne = json.loads(out.stdout.strip().splitlines()[-1])
     assert set(ne) == {"kunlun@0", "hstu@0"}
