@@ -10,16 +10,18 @@ from typing import NamedTuple
 import torch
 
 
-def token_rows(offsets: torch.Tensor) -> torch.Tensor:
-    """(B+1,) offsets -> (N,) the example each value belongs to. Example: [0, 2, 2, 3] -> [0, 0, 2]."""
+def token_rows(offsets: torch.Tensor, total: int | None = None) -> torch.Tensor:
+    """(B+1,) offsets -> (N,) the example each value belongs to. Example: [0, 2, 2, 3] -> [0, 0, 2].
+    `total`: N, when known (told its output size, repeat_interleave does not wait for the device)."""
     lengths = offsets[1:] - offsets[:-1]
-    return torch.repeat_interleave(torch.arange(lengths.numel(), device=offsets.device), lengths)
+    return torch.repeat_interleave(torch.arange(lengths.numel(), device=offsets.device), lengths, output_size=total)
 
 
-def padded_index(offsets: torch.Tensor, max_len: int) -> torch.Tensor:
+def padded_index(offsets: torch.Tensor, max_len: int, rows: torch.Tensor | None = None) -> torch.Tensor:
     """(N,) each value's row in a (B x max_len) padded block flattened to (B * max_len,); -1 for the
-    values past max_len. Example: offsets [0, 2, 2, 3], max_len 2 -> [0, 1, 4]."""
-    row = token_rows(offsets)  # (N,)
+    values past max_len. Example: offsets [0, 2, 2, 3], max_len 2 -> [0, 1, 4]. `rows`:
+    token_rows(offsets), when known."""
+    row = token_rows(offsets) if rows is None else rows  # (N,)
     col = torch.arange(row.numel(), device=offsets.device) - offsets[:-1][row]  # (N,)
     return torch.where(col < max_len, row * max_len + col, -1)
 
@@ -44,7 +46,7 @@ def to_padded(values: torch.Tensor, offsets: torch.Tensor, max_len: int | None =
 
 def to_jagged(padded: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """(B, L, *rest) -> (N, *rest): each example's first `length` positions, concatenated (lengths
-    at most L)."""
+    at most L). The plain form of JaggedLayout.unpad (the tests' reference)."""
     b, max_len = padded.shape[:2]
     offsets = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)])
     return padded.reshape(b * max_len, *padded.shape[2:]).index_select(0, padded_index(offsets, max_len))
@@ -65,11 +67,9 @@ class JaggedLayout(NamedTuple):
     def of(cls, offsets: torch.Tensor) -> JaggedLayout:
         lengths = offsets[1:] - offsets[:-1]
         host = lengths.cpu()  # the one read
-        b, n = host.numel(), int(host.sum())
-        longest = max(1, int(host.max()) if b else 1)
-        rows = torch.repeat_interleave(torch.arange(b, device=offsets.device), lengths, output_size=n)  # (N,)
-        col = torch.arange(n, device=offsets.device) - offsets[:-1][rows]  # (N,)
-        return cls(offsets, lengths, rows, longest, rows * longest + col)
+        longest = max(1, int(host.max()) if host.numel() else 1)
+        rows = token_rows(offsets, int(host.sum()))  # (N,)
+        return cls(offsets, lengths, rows, longest, padded_index(offsets, longest, rows))
 
     @property
     def examples(self) -> int:
