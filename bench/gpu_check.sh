@@ -6,6 +6,7 @@
 #
 #   bash bench/gpu_check.sh OUT_DIR [TOTAL_SECONDS]
 #   PARTS="tests train sharing" bash bench/gpu_check.sh OUT_DIR   # some parts only
+#   PARTS=study STUDY_JOB_LOG=.gpu/study_jobs.jsonl bash bench/gpu_check.sh OUT_DIR   # resume a study
 #
 # Parts: tests, train (bench.gpu_train), precompute (bench.precompute --gpu-only), sharing
 # (bench.study_sharing: how many processes the study's GPU workers pay), study (default: all but sharing).
@@ -44,7 +45,11 @@ wanted sharing && part "study workers sharing the GPU" && timeout 200 $py -m ben
 if wanted study; then
   study_seconds=$((total_seconds - SECONDS))
   part "quality study, gpu preset (at most ${study_seconds}s)"
-  GEM__LAKEHOUSE_URI="$lake" timeout "$study_seconds" $py -m gem.study --preset gpu 2>&1 | tee "$out/study.txt"
+  # Finished jobs go to a job log as they finish; STUDY_JOB_LOG (an earlier call's, carried along)
+  # seeds it, so a study too long for one call finishes over several.
+  if [ -n "${STUDY_JOB_LOG:-}" ]; then cp "$STUDY_JOB_LOG" "$out/study_jobs.jsonl"; fi
+  GEM__LAKEHOUSE_URI="$lake" timeout "$study_seconds" $py -m gem.study --preset gpu \
+    --job-log "$out/study_jobs.jsonl" 2>&1 | tee "$out/study.txt"
   if [ -d "$lake/_reports/study/gpu" ]; then
     tar czf "$out/study_gpu_report.tgz" -C "$lake/_reports/study" gpu
   fi

@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from gem.config import load_config
+from gem.study.job_log import JobLog
 from gem.study.presets import PRESETS
 
 
@@ -34,8 +35,9 @@ def _json_safe(x: Any) -> Any:
     return x
 
 
-def run_study(preset_name: str, out_dir: Path, workers: int | None = None) -> Path:
-    """Run the preset, write results.json and the report into out_dir -> the report's path."""
+def run_study(preset_name: str, out_dir: Path, workers: int | None = None, job_log: Path | None = None) -> Path:
+    """Run the preset, write results.json and the report into out_dir -> the report's path. With
+    `job_log`, jobs a previous run finished (gem.study.job_log) are reused and new ones appended."""
     from gem.study.claims import all_claims
     from gem.study.page import write_report
     from gem.study.study import Study
@@ -45,9 +47,9 @@ def run_study(preset_name: str, out_dir: Path, workers: int | None = None) -> Pa
     workers = workers or preset.workers
     start, started = time.perf_counter(), dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     study = Study(preset)
-    results = study.run(workers)
+    results = study.run(workers, JobLog(job_log, repr(preset)) if job_log is not None else None)
     results |= {"commit": code_version(), "device": str(study.device), "started": started, "workers": workers,
-                "wall_s": round(time.perf_counter() - start, 1)}
+                "wall_s": round(time.perf_counter() - start, 1), "restored_jobs": sorted(study.restored)}
     results = _json_safe(results)
     claims = all_claims(results)
     results["claims"] = claims
@@ -62,10 +64,13 @@ def run_study(preset_name: str, out_dir: Path, workers: int | None = None) -> Pa
 @click.option("--workers", default=None, type=click.IntRange(min=1),
               help="processes running jobs side by side (on CPU one thread each, e.g. the number of cores); "
                    "default: the preset's")
-def main(preset: str, config_path: str | None, workers: int | None) -> None:
+@click.option("--job-log", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="JSON lines of finished jobs: those it holds are not run again, new ones are appended "
+                   "(a study over several runs, e.g. short GPU leases)")
+def main(preset: str, config_path: str | None, workers: int | None, job_log: Path | None) -> None:
     """Train the architectures on the generator's traffic and report the measured claims."""
     cfg = load_config(config_path)
-    path = run_study(preset, study_dir(cfg.lakehouse_uri, preset), workers)
+    path = run_study(preset, study_dir(cfg.lakehouse_uri, preset), workers, job_log)
     click.echo(f"report: {path}")
 
 

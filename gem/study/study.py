@@ -25,6 +25,7 @@ from tqdm import tqdm
 from gem.data.batch import Batch
 from gem.model.configs import KunlunConfig, ModelConfig
 from gem.study import fits
+from gem.study.job_log import JobLog
 from gem.study.presets import ARCHS, SCALED, StudyPreset
 from gem.study.runner import Scores, run
 from gem.study.sizing import SizingContext, kunlun_switch_names, size_to
@@ -81,6 +82,7 @@ def _interval(values: list[float]) -> list[float]:
 class Study:
     def __init__(self, preset: StudyPreset, log: Callable[[str], None] = print) -> None:
         self.preset, self.log = preset, log
+        self.restored: set[str] = set()  # jobs the last run took from a job log instead of running
         if preset.device == "cuda":
             # Ask NVML, not the CUDA driver, whether there is a GPU: a parent that initialized CUDA
             # could not fork the workers that each take the GPU (torch.cuda's fork rule).
@@ -192,26 +194,36 @@ class Study:
             yield
 
     # ---- the whole study -------------------------------------------------------------------------
-    def run(self, workers: int = 1) -> dict[str, Any]:
+    def run(self, workers: int = 1, job_log: JobLog | None = None) -> dict[str, Any]:
         """Every job; with workers > 1, that many forked processes take jobs in turn. On CPU each run
         is single-threaded, so processes, not threads, use more cores; on a GPU each process launches
         its own small kernels, so several keep one GPU busy where one would leave it waiting on
-        Python. A job's numbers do not depend on the worker that ran it."""
+        Python. A job's numbers do not depend on the worker that ran it. With a job log, the jobs it
+        holds are not run again and each job finished here is appended to it."""
         jobs, variants, transfer = self.plan()
         for job in jobs.values():
             self.log(f"{job.name}: {job.shape}, {job.flops:,} FLOPs/example (target {job.target:,.0f})")
+        self.restored = job_log.restore(jobs.values()) if job_log is not None else set()
+        if self.restored:
+            self.log(f"{len(self.restored)} of {len(jobs)} jobs restored from {job_log.path}")
+        todo = {name: job for name, job in jobs.items() if name not in self.restored}
+        finished = job_log.append if job_log is not None else None
         if workers <= 1:
-            progress = Progress(len(jobs) * self.runs_per_job())
-            for job in jobs.values():
+            progress = Progress(len(todo) * self.runs_per_job())
+            for job in todo.values():
                 for _ in self.execute(job, progress):
                     pass
+                if finished:
+                    finished(job)
             progress.close()
         else:
-            self.run_forked(jobs, workers)
+            self.run_forked(todo, workers, finished)
+            jobs.update(todo)
         return self.results(jobs, variants, transfer)
 
-    def run_forked(self, jobs: dict[str, Job], workers: int) -> None:
-        """Run the jobs in `workers` forked processes; their results replace the jobs in `jobs`."""
+    def run_forked(self, jobs: dict[str, Job], workers: int, finished: Callable[[Job], None] | None = None) -> None:
+        """Run the jobs in `workers` forked processes; their results replace the jobs in `jobs`
+        (and go to `finished` as each arrives)."""
         import multiprocessing
 
         if self.device.type == "cuda" and torch.cuda.is_initialized():
@@ -228,6 +240,8 @@ class Study:
             with multiprocessing.get_context("fork").Pool(workers) as pool:
                 for done in pool.imap_unordered(_execute_forked, list(jobs)):
                     jobs[done.name] = done
+                    if finished:
+                        finished(done)
                     progress.step(f"{done.name}: lr {done.lr:g}, held-out NE "
                                   f"{np.mean(done.values('ne')):.4f} over {len(done.seeds)} seeds")
         finally:

@@ -149,3 +149,29 @@ def test_the_gpu_path_trains_in_forked_workers_sharing_the_gpu():
     ne = json.loads(out.stdout.strip().splitlines()[-1])
     assert set(ne) == {"kunlun@0", "hstu@0"}
     assert all(len(v) == 2 and all(0 < x < 1.2 for x in v) for v in ne.values()), ne
+
+
+def test_a_job_log_carries_finished_jobs_into_the_next_run(tmp_path, monkeypatch):
+    """A study split over runs: the second run of the same preset reuses the jobs the first logged
+    (running none) and reports the same numbers; another preset's lines are not reused."""
+    import dataclasses
+
+    from gem.study.job_log import JobLog
+    from gem.study.presets import PRESETS
+    from gem.study.study import Study
+
+    preset = dataclasses.replace(PRESETS["smoke"], ablations=False, transfer_tasks=0)
+    log = JobLog(tmp_path / "jobs.jsonl", repr(preset))
+    first = Study(preset, log=lambda _: None).run(job_log=log)
+    assert len(log.path.read_text().splitlines()) == len(first["jobs"])
+
+    def refuse(*_):
+        raise AssertionError("a logged job ran again")
+
+    monkeypatch.setattr(Study, "execute", refuse)
+    second_study = Study(preset, log=lambda _: None)
+    second = second_study.run(job_log=log)
+    assert second_study.restored == set(first["jobs"])
+    assert json.dumps(second, sort_keys=True) == json.dumps(first, sort_keys=True)  # NaN intervals compare as text
+    other = dataclasses.replace(preset, seeds=3)
+    assert JobLog(log.path, repr(other)).restore(Study(other, log=lambda _: None).plan()[0].values()) == set()

@@ -1,0 +1,49 @@
+"""Finished study jobs kept across runs, so one study can span several: a GPU lease of a few minutes,
+a run that was stopped. A JSON-lines file, one line per finished job, appended as each finishes.
+
+A line is reused only by the same preset (its full repr: traffic, targets, grid, seeds) for a job of
+the same name, model config and tasks; anything else in the file is ignored, never merged.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gem.study.study import Job
+
+
+@dataclass(frozen=True)
+class JobLog:
+    path: Path
+    preset_key: str  # repr(StudyPreset)
+
+    def _identity(self, job: Job) -> dict[str, object]:
+        return {"preset": self.preset_key, "name": job.name, "config": repr(job.config),
+                "tasks": list(job.tasks) if job.tasks is not None else None}
+
+    def restore(self, jobs: Iterable[Job]) -> set[str]:
+        """Fill in the results of the jobs this file holds (in place) -> their names."""
+        if not self.path.is_file():
+            return set()
+        lines = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        restored = set()
+        for job in jobs:
+            identity = self._identity(job)
+            for line in lines:
+                if all(line.get(k) == v for k, v in identity.items()):
+                    job.lr_trials, job.lr, job.seeds = line["lr_trials"], line["lr"], line["seeds"]
+                    restored.add(job.name)
+        return restored
+
+    def append(self, job: Job) -> None:
+        """Record a finished job (one line, flushed: a stopped run keeps every job it finished)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        line = self._identity(job) | {"lr_trials": job.lr_trials, "lr": job.lr, "seeds": job.seeds}
+        with self.path.open("a") as f:
+            f.write(json.dumps(line) + "\n")
+            f.flush()
