@@ -238,7 +238,8 @@ class Study:
         progress = Progress(len(jobs))
         try:
             with multiprocessing.get_context("fork").Pool(workers) as pool:
-                for done in pool.imap_unordered(_execute_forked, list(jobs)):
+                # The costliest first: the jobs that start last are short, so the workers finish together.
+                for done in pool.imap_unordered(_execute_forked, sorted(jobs, key=lambda n: -jobs[n].flops)):
                     jobs[done.name] = done
                     if finished:
                         finished(done)
