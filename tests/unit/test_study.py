@@ -175,3 +175,17 @@ def test_a_job_log_carries_finished_jobs_into_the_next_run(tmp_path, monkeypatch
     assert json.dumps(second, sort_keys=True) == json.dumps(first, sort_keys=True)  # NaN intervals compare as text
     other = dataclasses.replace(preset, seeds=3)
     assert JobLog(log.path, repr(other)).restore(Study(other, log=lambda _: None).plan()[0].values()) == set()
+
+
+@pytest.mark.parametrize("name", ["small", "gpu"])
+def test_the_study_presets_measure_what_the_claims_need(name):
+    """Scaling: the two compared architectures at >= 5 sizes over >= 1.5 decades of FLOPs per
+    example, the others at 3; every number over >= 3 seeds, on a validation day apart from the
+    held-out day."""
+    from gem.study.presets import PRESETS
+
+    p = PRESETS[name]
+    assert len(p.targets) >= 5 and math.log10(p.targets[-1] / p.targets[0]) >= 1.5
+    assert len(p.baseline_targets) >= 3 and p.seeds >= 3 and p.matched in p.baseline_targets
+    roles = DayRoles.consecutive(p.traffic.train_days, p.traffic.warmup_days)
+    assert roles.validation != roles.held_out and roles.validation not in roles.train
