@@ -31,7 +31,7 @@ part environment
 } 2>&1 | tee "$out/environment.txt"
 
 wanted tests && part "GPU test tier" && timeout 300 $py -m pytest -q -m gpu -p no:cacheprovider \
-  tests/unit/test_kunlun.py tests/unit/test_study.py tests/unit/test_bench_smoke.py 2>&1 | tee "$out/gpu_tests.txt"
+  tests/unit/test_kunlun.py tests/unit/test_heads.py tests/unit/test_study.py tests/unit/test_bench_smoke.py 2>&1 | tee "$out/gpu_tests.txt"
 
 wanted train && part "training throughput: Kunlun jagged and padded, HSTU (bf16)" \
   && timeout 180 $py -m bench.gpu_train 2>&1 | tee "$out/gpu_train.txt"

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from gem.model.heads import DomainExpertHeads
+from tests.support import ON_DEVICES
 
 TASKS = ("fb_feed/click", "fb_feed/lead", "reels/click", "stories/app_install", "reels/lead")
 
@@ -24,13 +25,14 @@ def _definition(heads: DomainExpertHeads, x: torch.Tensor) -> torch.Tensor:
     return (mixed * heads.towers).sum(-1) + heads.bias
 
 
+@ON_DEVICES
 @pytest.mark.parametrize("shared_experts", [0, 2])
-def test_logits_and_gradients_equal_the_mixture_then_the_tower(shared_experts):
+def test_logits_and_gradients_equal_the_mixture_then_the_tower(shared_experts, device):
     torch.manual_seed(0)
-    heads = DomainExpertHeads(12, TASKS, 8, shared_experts).double()
+    heads = DomainExpertHeads(12, TASKS, 8, shared_experts).double().to(device)
     with torch.no_grad():
         heads.towers.normal_()  # zero at init: give the towers something to carry
-    x = torch.randn(6, 12, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(6, 12, dtype=torch.float64).to(device).requires_grad_(True)
     fast, slow = heads(x), _definition(heads, x)
     torch.testing.assert_close(fast, slow, rtol=0, atol=1e-12)
     weights = torch.randn_like(fast)
