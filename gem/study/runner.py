@@ -80,11 +80,10 @@ def train(cfg: ModelConfig, train_batches: list[Batch], lr: float, seed: int, ep
     autocast = on_gpu and bf16
     task.train()
     start, seen = time.perf_counter(), 0
-    # On a GPU the batches move once, not once per step and epoch (a copy of each tensor each step).
-    batches = [b.to(device) for b in train_batches] if on_gpu else train_batches
+    # The batches move once, not once per step and epoch (on a GPU a copy of each tensor each step).
+    batches = [b.to(device) for b in train_batches]
     for _ in range(epochs):
         for batch in batches:
-            batch = batch.to(device)
             opt.zero_grad(set_to_none=True)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
                 loss, _ = task(batch)

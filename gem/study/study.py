@@ -87,9 +87,9 @@ class Study:
             # Ask NVML, not the CUDA driver, whether there is a GPU: a parent that initialized CUDA
             # could not fork the workers that each take the GPU (torch.cuda's fork rule).
             os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
-        if preset.device == "cuda" and not torch.cuda.is_available():
-            raise RuntimeError(f"preset {preset.name!r} runs on CUDA, and torch sees no CUDA device here "
-                               "(torch.cuda.is_available() is False); use --preset small on a CPU")
+            if not torch.cuda.is_available():
+                raise RuntimeError(f"preset {preset.name!r} runs on CUDA, and torch sees no CUDA device here "
+                                   "(torch.cuda.is_available() is False); use --preset small on a CPU")
         self.device = torch.device(preset.device)
         if self.device.type == "cpu":
             torch.set_num_threads(preset.threads)
