@@ -38,8 +38,11 @@ $(JARS_STAMP): infra/delta-jars/pom.xml
 	  -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/$(CACHE)/jars.tmp
 	mv $(CACHE)/jars.tmp $(CACHE)/jars && touch $@
 
+# Spark's own start-up warnings go to a log (shown only if archiving fails).
 $(CLASS_ARCHIVE): $(PKG_STAMP) $(JARS_STAMP)
-	$(PY) -m gem.lakehouse.spark archive-classes
+	$(PY) -m gem.lakehouse.spark archive-classes > $(CACHE)/archive-classes.log 2>&1 \
+	  || { cat $(CACHE)/archive-classes.log; exit 1; }
+	@echo "class archive: $@ (Spark's log: $(CACHE)/archive-classes.log)"
 
 $(ASSETS_STAMP): $(PKG_STAMP) infra/dq_assets/assets.txt infra/dq_assets/fetch.sh
 	bash infra/dq_assets/fetch.sh $(CACHE)/dq_assets
