@@ -238,9 +238,9 @@ def duck_features(cfg: GemConfig, ds: str, out: str, threads: int) -> dict[str, 
 # --------------------------------------------------------------------------------------------------
 
 
-def _timed(fn: Any, *args: Any) -> tuple[Any, float]:
+def _timed(fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, float]:
     t0 = time.perf_counter()
-    out = fn(*args)
+    out = fn(*args, **kwargs)
     return out, time.perf_counter() - t0
 
 
@@ -331,7 +331,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     full_path = str(root / "full_sequences")
     full_totals, seq_full_s = _timed(spark_full_sequences, spark, cfg, last, full_path)
-    feats_full, feat_full_s = _timed(build_features.run, StageContext(cfg, spark), last, True)
+    feats_full, feat_full_s = _timed(build_features.run, StageContext(cfg, spark), last, full=True)
     print(f"full recompute {last}: sequences {seq_full_s:.1f}s ({full_totals['rows']:,} users), "
           f"features {feat_full_s:.1f}s", flush=True)
 

@@ -7,10 +7,15 @@ cores that fixed cost is much of a small day's time (the demo, 60k impressions a
 when each DAG task was its own `python -m jobs...` process: validate_events 5 s here, 31 s as a task,
 of which about 6 s start the JVM, 5 s import Great Expectations and 7.5 s run the first, cold query).
 The bulk path calls each stage's own entry point (`Stage.entry` in jobs.<module>, through
-`run_stage`, which the DAG's tasks call too) day by day, in registry order, against one
-`StageContext`, so it writes the same partitions and publishes the same completion records as the
-daily runs, through the same `StageCommit` checks; only the process and the Spark session are
-shared. Use it to load a history (a first backfill, an import) before the daily DAG takes over; runs
+`run_stage`, which the DAG's tasks call too) against one `StageContext`, so it writes the same
+partitions and publishes the same completion records as the daily runs, through the same
+`StageCommit` checks; only the process and the Spark session are shared. A stage declared with
+`ranges` (the Spark stages from ingest to the examples' validation) runs ONCE for the whole range,
+`entry(ctx, first, through=last)`: one Spark pass and one commit per table whatever the number of
+days, one record per day. Consecutive ranged stages run stage by stage (each over every day before
+the next starts); the other stages run day by day, in registry order, as the DAG would: e.g. the
+generator for every day, then ingest..validate_examples once each, then mix, pretrain, precompute,
+distill day after day (pretraining carries its model from day to day). Use it to load a history (a first backfill, an import) before the daily DAG takes over; runs
 through Airflow (`gem run`, `airflow dags test`) stay the way to process one day.
 
 A stage with nothing ready (a mixture before any training day, a `--ready-on` day before the first
@@ -24,6 +29,7 @@ import importlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from itertools import groupby
 
 from gem.config import GemConfig
 from gem.days import day_range
@@ -42,10 +48,12 @@ class StageRun:
     state: str  # "success" | "skipped"
     seconds: float
     summary: str = ""  # the stage's own summary line (StageResult.summary) when it published a record
+    through: str | None = None  # a ranged run's last run day (and `ds` its first processed day)
 
     def line(self) -> str:
         """As the DAG runs print theirs: day, task, state, seconds."""
-        return f"  {self.run_day}  {self.stage:<20} {self.state:<14} {self.seconds:>8.0f}s"
+        days = self.run_day if self.through is None else f"{self.run_day}..{self.through}"
+        return f"  {days}  {self.stage:<20} {self.state:<14} {self.seconds:>8.0f}s"
 
 
 def entry_point(stage: Stage) -> Callable[[StageContext, str], StageResult]:
@@ -91,16 +99,39 @@ def run_stage(ctx: StageContext, stage: Stage, run_day: str,
     return StageRun(run_day, stage.name, ds, "success" if ran else "skipped", time.monotonic() - started, summary)
 
 
+def run_stage_over(ctx: StageContext, stage: Stage, run_days: list[str],
+                   entry: Callable[..., StageResult] | None = None) -> StageRun:
+    """One run of a stage declared with `ranges` for the run days `run_days` (consecutive): the days
+    it processes (`stage.ds` of each run day that has one) in one call, `entry(ctx, first, through=last)`."""
+    started = time.monotonic()
+    days = [d for d in (stage.ds(ctx.cfg, r) for r in run_days) if d is not None]
+    for ds in days:
+        backfill_hold.require_not_held(ctx.cfg, stage.name, ds, stage.needed(ctx.cfg, ds))
+    result = (entry or entry_point(stage))(ctx, days[0], through=days[-1] if len(days) > 1 else None) if days else None
+    ran = result is not None and (result.published or bool(result.details))
+    summary = result.summary() if result is not None and result.published else ""
+    return StageRun(run_days[0], stage.name, days[0] if days else None, "success" if ran else "skipped",
+                    time.monotonic() - started, summary, through=run_days[-1] if len(run_days) > 1 else None)
+
+
 def run_range(cfg: GemConfig, start: str, end: str, through_stage: str | None = None,
-              ctx: StageContext | None = None) -> Iterator[StageRun]:
-    """Run the stages (up to `through_stage`) for run days start..end, day by day; yields each
-    stage's run as it finishes. The Spark session opens on the first Spark stage and stays open."""
+              ctx: StageContext | None = None, day_by_day: bool = False) -> Iterator[StageRun]:
+    """Run the stages (up to `through_stage`) for run days start..end; yields each stage's run as it
+    finishes. Consecutive stages declared with `ranges` run once each over the range (unless
+    `day_by_day`: every stage once per day, the daily runs' order); the others day by day. The Spark
+    session opens on the first Spark stage and stays open."""
     days = checked_days(cfg, start, end)
     ctx = ctx or StageContext(cfg)
     plan = [(stage, entry_point(stage)) for stage in stages_through(through_stage)]
-    for run_day in days:
-        for stage, entry in plan:
-            yield run_stage(ctx, stage, run_day, entry)
+    for ranged, group in groupby(plan, key=lambda step: step[0].ranges and not day_by_day):
+        steps = list(group)
+        if ranged:
+            for stage, entry in steps:
+                yield run_stage_over(ctx, stage, days, entry)
+            continue
+        for run_day in days:
+            for stage, entry in steps:
+                yield run_stage(ctx, stage, run_day, entry)
 
 
 def main(argv: list[str] | None = None) -> int:

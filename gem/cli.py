@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from gem.config import add_config_arg
@@ -32,16 +33,33 @@ def job_parser(description: str | None) -> argparse.ArgumentParser:
     return parser
 
 
+def add_through_arg(parser: argparse.ArgumentParser) -> None:
+    """`--through D2`: the job runs the days --ds..D2 in one commit, one record per day (stages
+    declared with `ranges`, e.g. a first backfill of a history)."""
+    parser.add_argument("--through", type=iso_day, default=None,
+                        help="run the days --ds..--through in one commit (one record per day), e.g. a backfill")
+
+
 def examples_parser(description: str | None) -> argparse.ArgumentParser:
-    """`--ds D` (the impression day) or `--ready-on R` (the day whose attribution window closes on R)."""
+    """`--ds D` (the impression day, `--through D2` for the days D..D2) or `--ready-on R` (the day
+    whose attribution window closes on R). Parse with `parse_examples_args`."""
     parser = argparse.ArgumentParser(description=description)
     day = parser.add_mutually_exclusive_group(required=True)
     day.add_argument("--ds", type=iso_day, help="impression day, YYYY-MM-DD")
     day.add_argument(
         "--ready-on", type=iso_day, help="run day R: process ds = R - attribution_window_days (the DAG's form)"
     )
+    add_through_arg(parser)
     add_config_arg(parser)
     return parser
+
+
+def parse_examples_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """An `examples_parser`'s arguments; exits 2 when --through comes without --ds (--ready-on names one day)."""
+    args = parser.parse_args(argv)
+    if args.through is not None and args.ds is None:
+        parser.error("--through goes with --ds (impression days); --ready-on names one day")
+    return args
 
 
 def resolve_examples_day(cfg: "GemConfig", args: argparse.Namespace) -> str | None:

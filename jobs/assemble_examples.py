@@ -1,30 +1,40 @@
-"""Assemble silver.training_examples for the impressions of one day, once their window has closed.
+"""Assemble silver.training_examples for the impressions of one day (or of a range of days), once their window has closed.
 
-    python -m jobs.assemble_examples --ds D          # the impressions that arrived on D
-    python -m jobs.assemble_examples --ready-on R    # the day whose window closes on R: D = R - window
+    python -m jobs.assemble_examples --ds D               # the impressions that arrived on D
+    python -m jobs.assemble_examples --ready-on R         # the day whose window closes on R: D = R - window
+    python -m jobs.assemble_examples --ds A --through B   # the impression days A..B in one pass
 
 Runs once bronze is validated through D + attribution_window_days (the DAG runs it with
 --ready-on; a day before start_ds + window has nothing ready and exits 99, which Airflow shows as
 skipped). Definitions of every link and label: schemas/examples.py.
 
-Which bronze days (arrival ds) it reads, with W = attribution_window_days:
+Which bronze days (arrival ds) the run of day D reads, with W = attribution_window_days:
   conversions [D, D+W]: every conversion that can label an impression of D (it must arrive by D+W),
       and the ones arriving on D, which this run classifies (attributed or quarantined);
   clicks [D-2W, D+W]: a conversion arriving on X in [D, D+W] that is not rejected as late happened
       on X-W or later, so its last click within the window happened on X-2W >= D-2W or later;
   impressions [D-2W-1, D+W]: a click's impression is at most click_window_minutes (<= 1 day)
       before it; only the impressions whose (user, ad, surface) has a click are kept;
-  clipped below at start_ds. Those ranges are sufficient for the exact rule, so the same function
-  classifies a conversion identically in every run that sees it.
+  clipped below at start_ds (gem.lakehouse.stages.examples_bronze_days). A range A..B reads the
+  union, [A-2W-1, B+W].
+
+One decision, whichever run makes it. Each decision belongs to one day: an impression's labels to
+its arrival day, a conversion's outcome and a click's quarantine to theirs. It is made on the
+bronze that day's own run reads, from `first_read_day` on (earlier impressions and clicks do not
+compete), so a range run, which reads more, decides exactly as the daily runs do. For events that
+arrive on time this cut changes nothing (the ranges above are sufficient for the exact rule); it
+matters only for a click or conversion that arrived more than about 2W days after it happened.
 
 Flow (pure transforms; thin I/O around them):
-  gate: validate_events for every bronze day read, validate_silver for D (sequences, features);
-  link_clicks(clicks, impressions) -> each click's impression;
+  gate: validate_events for every bronze day read, validate_silver for each day (sequences,
+      features) and for the event days of late impressions;
+  link_clicks(clicks, impressions) -> each click's candidate impressions;
   attribute_conversions(conversions, linked clicks) -> each conversion's click, impression, reason;
-  assemble(impressions of D, linked clicks, attributed conversions, features) -> examples of D;
-  commit (gem.lakehouse.commit.StageCommit): withdraw (assemble_examples, D); replace examples ds=D; replace attribution quarantine
-  ds=D (the conversions that arrived on D and count nowhere); replace click quarantine ds=D (the
-  clicks that arrived on D and link to no impression); publish the record LAST with
+  assemble(impressions of the days, linked clicks, attributed conversions, features) -> examples;
+  commit (gem.lakehouse.commit.StageCommit): withdraw the days' records; replace examples, the
+  attribution quarantine (the conversions that arrived on the days and count nowhere) and the click
+  quarantine (the clicks that arrived on the days and link to no impression) of the days, one Delta
+  commit each; publish one record per day LAST, with
   rows_in = impressions(D) + conversions(D) + clicks(D)
           = examples + attributed + linked clicks + quarantined (conversions and clicks, by reason).
 """
@@ -33,16 +43,18 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from gem.cli import examples_parser, resolve_examples_day, shift_day
+from gem.cli import examples_parser, parse_examples_args, resolve_examples_day
 from gem.config import GemConfig, load_config
-from gem.lakehouse.commit import ReconciliationError, StageCommit, StageContext, StageResult
+from gem.days import day_range
+from gem.lakehouse.commit import DayCounts, ReconciliationError, StageCommit, StageContext, StageResult
 from gem.lakehouse.stages import examples_bronze_days
 from gem.orchestration import NOTHING_READY_EXIT  # exit code: nothing ready yet, the task is skipped
 from schemas.events import BRONZE_AD_EVENTS
 from schemas.examples import (
     AD_FEATURE_PREFIX,
+    CLICK_REASONS,
     LABEL_COLUMNS,
     SILVER_ATTRIBUTION_QUARANTINE,
     SILVER_CLICK_QUARANTINE,
@@ -58,17 +70,27 @@ if TYPE_CHECKING:
 STAGE = "assemble_examples"
 VALIDATE_SILVER_STAGE = "validate_silver"
 VALIDATE_EVENTS_STAGE = "validate_events"
+NO_IMPRESSION = CLICK_REASONS[0]  # "no_impression_in_click_window"
 
 
 # --------------------------------------------------------------------------------------------------
 # Which bronze days a run reads.
 
 
-def bronze_window(cfg: GemConfig, ds: str) -> tuple[str, str]:
-    """(first, last) arrival day read for the examples of ds: [max(ds-2W-1, start_ds), ds+W]
-    (the registry's day rule, gem.lakehouse.stages.examples_bronze_days)."""
-    days = examples_bronze_days(cfg, ds)
-    return days[0], days[-1]
+def bronze_window(cfg: GemConfig, ds: str, through: str | None = None) -> tuple[str, str]:
+    """(first, last) arrival day read for the examples of ds..through: [max(ds-2W-1, start_ds),
+    through+W] (the union of the registry's day rule, gem.lakehouse.stages.examples_bronze_days)."""
+    return examples_bronze_days(cfg, ds)[0], examples_bronze_days(cfg, through or ds)[-1]
+
+
+def first_read_day(ds: SparkColumn, window_days: int) -> SparkColumn:
+    """The first arrival day the run of day `ds` reads, ds-2W-1 (examples_bronze_days; its clip at
+    start_ds is the read's own): the decisions that belong to ds see no earlier impression or click.
+
+    Example (W 7): 2026-01-20 -> 2026-01-05."""
+    from pyspark.sql import functions as F
+
+    return F.date_sub(ds, 2 * window_days + 1)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -76,15 +98,17 @@ def bronze_window(cfg: GemConfig, ds: str) -> tuple[str, str]:
 
 
 def link_clicks(clicks: DataFrame, impressions: DataFrame, click_window_minutes: int) -> DataFrame:
-    """Each click -> the impression it belongs to (schemas/examples.py), or none.
+    """Each click -> the impressions it may belong to (schemas/examples.py); `linked_impression`
+    picks the one it links to.
 
     clicks, impressions: bronze.ad_events rows (event_id, user_id, ad_id, surface, event_time, ds).
-    Returns one row per click: click_id, user_id, ad_id, click_time, click_ds, impression_id,
-    impression_ds (both null when no impression qualifies). Ties on impression_time break by the
-    larger impression_id, so the link is deterministic.
+    Returns one row per click: click_id, user_id, ad_id, click_time, click_ds, candidates: the
+    user's impressions of the ad on the surface at most click_window_minutes before the click that
+    arrived by the click's arrival day, each struct(impression_time, impression_id, impression_ds)
+    (empty: none).
 
     Example: impressions i1 at 10:00:00 and i2 at 10:00:05 of (u1, a7, reels), a click at 10:00:20
-    -> {"click_id": "c1", "impression_id": "i2", ...}; a click at 11:30 with a 60-minute window -> none.
+    -> {"click_id": "c1", "candidates": [i1, i2], ...}; a click at 11:30 with a 60-minute window -> [].
     """
     from pyspark.sql import functions as F
 
@@ -104,14 +128,28 @@ def link_clicks(clicks: DataFrame, impressions: DataFrame, click_window_minutes:
         & (F.col("impression_time") <= F.col("click_time")) & (F.col("impression_time") >= earliest)
         & (F.col("impression_ds") <= F.col("click_ds"))
     )
-    # max() of a struct compares field by field: the latest impression, then the larger id. A click
-    # without a match keeps one row whose struct fields are all null.
-    latest = F.max(F.struct("impression_time", "impression_id", "impression_ds")).alias("_imp")
-    linked = c.join(i, on, "left").groupBy("click_id", "user_id", "ad_id", "click_time", "click_ds").agg(latest)
-    return linked.select(
-        "click_id", "user_id", "ad_id", "click_time", "click_ds",
-        F.col("_imp.impression_id").alias("impression_id"), F.col("_imp.impression_ds").alias("impression_ds"),
-    )
+    # A click without a match keeps one row of nulls, which collect_list skips.
+    candidate = F.when(F.col("impression_id").isNotNull(), F.struct("impression_time", "impression_id", "impression_ds"))
+    return c.join(i, on, "left").groupBy("click_id", "user_id", "ad_id", "click_time", "click_ds").agg(
+        F.collect_list(candidate).alias("candidates"))
+
+
+def linked_impression(candidates: SparkColumn, arrived_since: SparkColumn) -> SparkColumn:
+    """The candidate (link_clicks) a click links to among the impressions that arrived on
+    `arrived_since` or later: the latest, ties on impression_time broken by the larger
+    impression_id (a struct compares field by field), so the link is deterministic; null when none."""
+    from pyspark.sql import functions as F
+
+    return F.array_max(F.filter(candidates, lambda c: c["impression_ds"] >= arrived_since))
+
+
+def click_reason(window_days: int) -> SparkColumn:
+    """A link_clicks row's reason for the click quarantine, as the run of its arrival day sees it:
+    no_impression_in_click_window when no candidate arrived since that run's first_read_day; else null."""
+    from pyspark.sql import functions as F
+
+    link = linked_impression(F.col("candidates"), first_read_day(F.col("click_ds"), window_days))
+    return F.when(link.isNull(), F.lit(NO_IMPRESSION))
 
 
 def attribute_conversions(conversions: DataFrame, linked_clicks: DataFrame, window_days: int) -> DataFrame:
@@ -120,7 +158,9 @@ def attribute_conversions(conversions: DataFrame, linked_clicks: DataFrame, wind
     conversions: bronze.ad_events rows of event_type conversion; linked_clicks: link_clicks output.
     Returns one row per conversion: conversion_id, conversion_time, conversion_type, user_id, ad_id,
     ds (its arrival day), click_id, impression_id, impression_ds, reason (null = attributed to
-    impression_id). Reasons, first matching wins: schemas.examples.ATTRIBUTION_REASONS.
+    impression_id). Reasons, first matching wins: schemas.examples.ATTRIBUTION_REASONS. Clicks and
+    impressions count from the first_read_day of the conversion's arrival day on (which cuts only
+    what a conversion rejected as late could find).
 
     Example (window 7): click c1 on 2026-01-03 of impression i1 (ds 2026-01-03), a lead on
     2026-01-09 arriving 2026-01-10 -> {"click_id": "c1", "impression_id": "i1", "reason": None};
@@ -134,19 +174,20 @@ def attribute_conversions(conversions: DataFrame, linked_clicks: DataFrame, wind
     )
     k = linked_clicks.select(
         F.col("user_id").alias("k_user"), F.col("ad_id").alias("k_ad"), "click_id", "click_time", "click_ds",
-        "impression_id", "impression_ds",
+        "candidates",
     )
+    seen_since = first_read_day(F.col("ds"), window_days)
     on = (
         (F.col("user_id") == F.col("k_user")) & (F.col("ad_id") == F.col("k_ad"))
         & (F.col("click_time") <= F.col("conversion_time"))
         & (F.datediff(F.to_date("conversion_time"), F.to_date("click_time")) <= window_days)
-        & (F.col("click_ds") <= F.col("ds"))
+        & (F.col("click_ds") <= F.col("ds")) & (F.col("click_ds") >= seen_since)
     )
-    last = F.max(F.struct("click_time", "click_id", "impression_id", "impression_ds")).alias("_click")
+    last = F.max(F.struct("click_time", "click_id", "candidates")).alias("_click")
     keys = ["conversion_id", "conversion_time", "conversion_type", "user_id", "ad_id", "ds"]
     found = conv.join(k, on, "left").groupBy(*keys).agg(last).select(
-        *keys, "_click.click_id", "_click.impression_id", "_click.impression_ds"
-    )
+        *keys, "_click.click_id", linked_impression(F.col("_click.candidates"), seen_since).alias("_imp")
+    ).select(*keys, "click_id", "_imp.impression_id", "_imp.impression_ds")
     reason = (
         F.when(F.datediff("ds", F.to_date("conversion_time")) > window_days, F.lit("arrived_after_window"))
         .when(F.col("click_id").isNull(), F.lit("no_click_in_window"))
@@ -156,23 +197,35 @@ def attribute_conversions(conversions: DataFrame, linked_clicks: DataFrame, wind
     return found.withColumn("reason", reason)
 
 
-def _labels(linked_clicks: DataFrame, attributed: DataFrame, ds: str, arrived_by: str) -> DataFrame:
-    """impression_id -> label columns and attributed_conversions, for impressions of ds with any label."""
+def _between(col: str, first_day: str, last_day: str) -> SparkColumn:
     from pyspark.sql import functions as F
 
-    day = F.lit(ds).cast("date")
-    click_labels = (
-        linked_clicks.where((F.col("impression_ds") == day) & (F.col("click_ds") <= F.lit(arrived_by).cast("date")))
-        .select("impression_id", F.lit(1).alias("_click"), F.lit(None).cast("string").alias("conversion_type"))
-    )
-    conversion_labels = attributed.where(F.col("impression_ds") == day).select(
-        "impression_id", F.lit(0).alias("_click"), "conversion_type"
+    return F.col(col).between(F.lit(first_day).cast("date"), F.lit(last_day).cast("date"))
+
+
+def _labels(linked_clicks: DataFrame, attributed: DataFrame, first_day: str, last_day: str,
+            window_days: int) -> DataFrame:
+    """(impression_id, ds) -> label columns and attributed_conversions, for the impressions that
+    arrived on first_day..last_day with any label. A click labels the candidate it links to as the
+    run of that impression's day sees them, if it arrived by the impression's ds + window."""
+    from pyspark.sql import functions as F
+
+    candidates = linked_clicks.select("click_ds", "candidates", F.explode("candidates").alias("c"))
+    impression_ds = F.col("c.impression_ds")
+    links_here = linked_impression(F.col("candidates"), first_read_day(impression_ds, window_days)) == F.col("c")
+    click_labels = candidates.where(
+        _between("c.impression_ds", first_day, last_day)
+        & (F.col("click_ds") <= F.date_add(impression_ds, window_days)) & links_here
+    ).select(F.col("c.impression_id").alias("impression_id"), impression_ds.alias("ds"),
+             F.lit(1).alias("_click"), F.lit(None).cast("string").alias("conversion_type"))
+    conversion_labels = attributed.where(_between("impression_ds", first_day, last_day)).select(
+        "impression_id", F.col("impression_ds").alias("ds"), F.lit(0).alias("_click"), "conversion_type"
     )
     per_type = [
         F.max(F.when(F.col("conversion_type") == t, 1).otherwise(0)).alias(col)
         for t, col in LABEL_COLUMNS.items() if t != "click"
     ]
-    return click_labels.unionByName(conversion_labels).groupBy("impression_id").agg(
+    return click_labels.unionByName(conversion_labels).groupBy("impression_id", "ds").agg(
         F.max("_click").alias(LABEL_COLUMNS["click"]),
         *per_type,
         F.count("conversion_type").cast("int").alias("attributed_conversions"),
@@ -194,17 +247,19 @@ def assemble(
     attributed: DataFrame,
     user_features: DataFrame,
     ad_features: DataFrame,
-    ds: str,
+    first_day: str,
+    last_day: str,
     window_days: int,
 ) -> DataFrame:
-    """Impressions that arrived on ds (bronze rows) -> silver.training_examples rows of ds.
+    """Impressions that arrived on first_day..last_day (bronze rows) -> silver.training_examples rows,
+    each in its arrival day's partition.
 
     attributed: attribute_conversions rows with reason null. Features: silver.user_features /
     silver.ad_features rows; each impression joins the rows of features_ds = its event day.
     """
     from pyspark.sql import functions as F
 
-    labels = _labels(linked_clicks, attributed, ds, shift_day(ds, window_days))
+    labels = _labels(linked_clicks, attributed, first_day, last_day, window_days)
     base = impressions.select(
         F.col("ds"), "surface", F.col("event_id").alias("impression_id"),
         F.col("event_time").alias("impression_time"), "user_id", "ad_id", "advertiser_id", "campaign_id",
@@ -215,7 +270,7 @@ def assemble(
     user = _prefixed_features(user_features, "user_id", USER_FEATURE_PREFIX)
     ad = _prefixed_features(ad_features, "ad_id", AD_FEATURE_PREFIX)
     joined = (
-        base.join(labels, "impression_id", "left")
+        base.join(labels, ["impression_id", "ds"], "left")
         .join(user, (F.col("user_id") == F.col("user_key")) & (F.col("features_ds") == F.col("user_features_ds")), "left")
         .join(ad, (F.col("ad_id") == F.col("ad_key")) & (F.col("features_ds") == F.col("ad_features_ds")), "left")
     )
@@ -232,124 +287,163 @@ def assemble(
     return joined.select(*out)
 
 
+def orphan_clicks(linked_clicks: DataFrame, first_day: str, last_day: str, window_days: int) -> DataFrame:
+    """The clicks that arrived on first_day..last_day and link to no impression -> silver.click_quarantine rows."""
+    from pyspark.sql import functions as F
+
+    return linked_clicks.where(_between("click_ds", first_day, last_day)).select(
+        F.col("click_ds").alias("ds"), click_reason(window_days).alias("reason"),
+        "click_id", "click_time", "user_id", "ad_id",
+    ).where(F.col("reason").isNotNull())
+
+
+def census(impressions: DataFrame, examples: DataFrame, outcomes: DataFrame, linked_clicks: DataFrame,
+           first_day: str, last_day: str, window_days: int) -> DataFrame:
+    """What each day's record counts, in one aggregation: (ds, kind, reason, n) for kind impression
+    (arrived), example (written), conversion and click (arrived; reason null: attributed / linked)."""
+    from pyspark.sql import functions as F
+
+    none = F.lit(None).cast("string").alias("reason")
+    parts = [
+        impressions.select("ds", F.lit("impression").alias("kind"), none),
+        examples.select("ds", F.lit("example").alias("kind"), none),
+        outcomes.where(_between("ds", first_day, last_day)).select("ds", F.lit("conversion").alias("kind"), "reason"),
+        linked_clicks.where(_between("click_ds", first_day, last_day)).select(
+            F.col("click_ds").alias("ds"), F.lit("click").alias("kind"), click_reason(window_days).alias("reason")),
+    ]
+    tally = parts[0]
+    for part in parts[1:]:
+        tally = tally.unionByName(part)
+    return tally.groupBy("ds", "kind", "reason").agg(F.count(F.lit(1)).alias("n"))
+
+
+def day_counts(rows: list[dict[str, Any]], days: tuple[str, ...]) -> tuple[dict[str, DayCounts], dict[str, dict[str, int]]]:
+    """census rows -> each day's record counts, and its figures (examples, conversions_in,
+    attributed, clicks_in, orphan_clicks); a day without rows counts zeros.
+
+    Example: rows {ds 2026-01-03: 5 impressions, 5 examples, conversions 3 attributed + 1
+    no_click_in_window, clicks 4 linked + 1 no_impression_in_click_window} -> DayCounts(rows_in=14,
+    rows_written=12, quarantined_by_reason={"no_click_in_window": 1, "no_impression_in_click_window": 1}).
+    """
+    n: dict[str, dict[tuple[str, str | None], int]] = {day: {} for day in days}
+    for r in rows:
+        n[r["ds"].isoformat()][(r["kind"], r["reason"])] = int(r["n"])
+    counts, figures = {}, {}
+    for day, got in n.items():
+        arrived = {kind: sum(c for (k, _), c in got.items() if k == kind) for kind in ("conversion", "click")}
+        figures[day] = {
+            "examples": got.get(("example", None), 0),
+            "conversions_in": arrived["conversion"],
+            "attributed": got.get(("conversion", None), 0),
+            "clicks_in": arrived["click"],
+            "orphan_clicks": got.get(("click", NO_IMPRESSION), 0),
+        }
+        counts[day] = DayCounts(
+            rows_in=got.get(("impression", None), 0) + arrived["conversion"] + arrived["click"],
+            rows_written=figures[day]["examples"] + figures[day]["attributed"] + got.get(("click", None), 0),
+            quarantined_by_reason=dict(sorted((reason, c) for (kind, reason), c in got.items()
+                                              if kind in ("conversion", "click") and reason is not None)),
+        )
+    return counts, figures
+
+
 # --------------------------------------------------------------------------------------------------
 # Thin I/O.
 
 
-def check_day(cfg: GemConfig, ds: str) -> tuple[str, str]:
-    """The bronze window (first, last arrival day) the examples of ds read; ds must be a pipeline day."""
+def check_days(cfg: GemConfig, ds: str, through: str | None = None) -> tuple[str, str]:
+    """The bronze window (first, last arrival day) the examples of ds..through read; ds must be a pipeline day."""
     if ds < cfg.start_ds:
         raise ValueError(f"{STAGE} ds={ds} is before the pipeline's start_ds={cfg.start_ds}")
-    return bronze_window(cfg, ds)
+    return bronze_window(cfg, ds, through)
 
 
-def require_feature_days(commit: StageCommit, day_impressions: DataFrame) -> list[str]:
-    """The features_ds values the impressions of ds join (their event days; earlier than ds only for
-    impressions that arrived late), each validated. Days before start_ds have no features: the
-    counters of such an impression are 0, as for an entity without history."""
+def require_feature_days(commit: StageCommit, impressions: DataFrame) -> list[str]:
+    """The features_ds values the impressions of the commit's days join (their event days; earlier
+    than their arrival day only for impressions that arrived late), each validated. Days before
+    start_ds have no features: the counters of such an impression are 0, as for an entity without
+    history."""
     from pyspark.sql import functions as F
 
-    rows = day_impressions.select(F.to_date("event_time").alias("d")).distinct().collect()
+    rows = impressions.select(F.to_date("event_time").alias("d")).distinct().collect()
     days = sorted(d for d in (r["d"].isoformat() for r in rows) if d >= commit.cfg.start_ds)
     for d in days:
-        if d != commit.ds:  # ds itself is a declared need, checked when the commit began
+        if d not in commit.days:  # the commit's own days are declared needs, checked when it began
             commit.also_needs(VALIDATE_SILVER_STAGE, d)
     return days
 
 
-def orphan_clicks(linked_clicks: DataFrame, ds: str) -> DataFrame:
-    """The clicks that arrived on ds and link to no impression -> silver.click_quarantine rows."""
-    from pyspark.sql import functions as F
-
-    day = F.lit(ds).cast("date")
-    return linked_clicks.where((F.col("click_ds") == day) & F.col("impression_id").isNull()).select(
-        day.alias("ds"), F.lit("no_impression_in_click_window").alias("reason"),
-        "click_id", "click_time", "user_id", "ad_id",
-    )
-
-
-def run(ctx: StageContext, ds: str) -> StageResult:
-    """Assemble impression day ds; details: examples, conversions_in and clicks_in (arrived on ds),
-    attributed, orphan_clicks."""
+def run(ctx: StageContext, ds: str, through: str | None = None) -> StageResult:
+    """Assemble impression day ds (or the days ds..through in one pass, one commit per table and one
+    record per day, exactly as if assembled one by one); details: examples, conversions_in and
+    clicks_in (arrived on the days), attributed, orphan_clicks (totals), days (the same per day)."""
     from pyspark.sql import functions as F
 
     from gem.lakehouse import tables
 
-    t0, cfg = time.time(), ctx.cfg
-    first, last = check_day(cfg, ds)
+    t0, cfg, window = time.time(), ctx.cfg, ctx.cfg.attribution_window_days
+    first, last = check_days(cfg, ds, through)
     spark = ctx.spark_for(STAGE, ds)
-    commit = StageCommit.begin(ctx, STAGE, ds)
-    day = F.lit(ds).cast("date")
+    commit = StageCommit.begin(ctx, STAGE, ds, through)
+    first_day, last_day = commit.days[0], commit.days[-1]
 
     # Each input at the version its validation saw (refused if rewritten since, naming the rerun).
-    bronze_version = commit.validated_version(BRONZE_AD_EVENTS, VALIDATE_EVENTS_STAGE, examples_bronze_days(cfg, ds))
-    bronze = tables.read_table(spark, cfg, BRONZE_AD_EVENTS, version=bronze_version).where(
-        F.col("ds").between(F.lit(first).cast("date"), F.lit(last).cast("date"))
-    )
+    bronze_version = commit.validated_version(BRONZE_AD_EVENTS, VALIDATE_EVENTS_STAGE, day_range(first, last))
+    bronze = tables.read_table(spark, cfg, BRONZE_AD_EVENTS, version=bronze_version).where(_between("ds", first, last))
     narrow = bronze.select("event_id", "event_type", "user_id", "ad_id", "surface", "event_time", "ds", "conversion_type")
     clicks = narrow.where(F.col("event_type") == "click")
     clicked_keys = clicks.select("user_id", "ad_id", "surface").distinct()
     impressions = narrow.where(F.col("event_type") == "impression").join(
         clicked_keys, ["user_id", "ad_id", "surface"], "left_semi"
     )
-    conversions = narrow.where((F.col("event_type") == "conversion") & (F.col("ds") >= day))
+    conversions = narrow.where((F.col("event_type") == "conversion") & (F.col("ds") >= F.lit(first_day).cast("date")))
 
-    # Checkpointed: both are used twice, and the commits below must not re-trigger their plans.
+    # Checkpointed: both are used several times, and the commits below must not re-trigger their plans.
     linked = link_clicks(clicks, impressions, cfg.click_window_minutes).localCheckpoint(eager=True)
-    outcomes = attribute_conversions(conversions, linked, cfg.attribution_window_days).localCheckpoint(eager=True)
+    outcomes = attribute_conversions(conversions, linked, window).localCheckpoint(eager=True)
     attributed = outcomes.where(F.col("reason").isNull())
 
-    day_impressions = bronze.where((F.col("ds") == day) & (F.col("event_type") == "impression"))
-    feature_days = require_feature_days(commit, day_impressions)
+    days_impressions = bronze.where(_between("ds", first_day, last_day) & (F.col("event_type") == "impression"))
+    feature_days = require_feature_days(commit, days_impressions)
     in_days = F.col("ds").isin([F.lit(d).cast("date") for d in feature_days]) if feature_days else F.lit(False)
-    validated_days = feature_days or [ds]
+    validated_days = feature_days or list(commit.days)
     user_features, ad_features = (
         tables.read_table(spark, cfg, schema, version=commit.validated_version(
             schema, VALIDATE_SILVER_STAGE, validated_days)).where(in_days)
         for schema in (SILVER_USER_FEATURES, SILVER_AD_FEATURES))
     examples = assemble(
-        day_impressions, linked, attributed, user_features, ad_features, ds, cfg.attribution_window_days
+        days_impressions, linked, attributed, user_features, ad_features, first_day, last_day, window
     ).localCheckpoint(eager=True)
 
-    arrived_today = outcomes.where(F.col("ds") == day)
-    quarantine = arrived_today.where(F.col("reason").isNotNull()).select(*SILVER_ATTRIBUTION_QUARANTINE.column_names)
-    quarantined = {r["reason"]: int(r["n"]) for r in quarantine.groupBy("reason").agg(F.count("*").alias("n")).collect()}
-    conversions_in = arrived_today.count()
-    attributed_today = conversions_in - sum(quarantined.values())
-    n_examples = examples.count()
-    n_impressions = day_impressions.count()
-    clicks_in = linked.where(F.col("click_ds") == day).count()
-    orphans = orphan_clicks(linked, ds)
-    n_orphans = orphans.count()
-    if n_orphans:
-        quarantined["no_impression_in_click_window"] = n_orphans
+    quarantine = outcomes.where(_between("ds", first_day, last_day) & F.col("reason").isNotNull()).select(
+        *SILVER_ATTRIBUTION_QUARANTINE.column_names)
+    orphans = orphan_clicks(linked, first_day, last_day, window)
+    rows = census(days_impressions, examples, outcomes, linked, first_day, last_day, window).collect()
+    per_day, figures = day_counts([r.asDict() for r in rows], commit.days)
 
     commit.replace(examples, SILVER_TRAINING_EXAMPLES)
     commit.replace(quarantine, SILVER_ATTRIBUTION_QUARANTINE)
     commit.replace(orphans, SILVER_CLICK_QUARANTINE)
-    # Reconciled with the commits: the examples' commit wrote one row per impression of ds, the
-    # quarantine's the conversions counted by reason.
+    # Reconciled with the commits: the examples' commit wrote one row per impression of the days,
+    # the quarantines' the conversions and clicks counted by reason (checked by publish).
+    n_examples = sum(f["examples"] for f in figures.values())
     if commit.committed_rows[SILVER_TRAINING_EXAMPLES.name] != n_examples:
         raise ReconciliationError(f"{STAGE} ds={ds}: the examples' commit wrote "
                                   f"{commit.committed_rows[SILVER_TRAINING_EXAMPLES.name]} rows, counted {n_examples}")
-    commit.publish(
-        rows_in=n_impressions + conversions_in + clicks_in,
-        rows_written=n_examples + attributed_today + clicks_in - n_orphans,
-        quarantined_by_reason=quarantined,
-        quarantine_table=(SILVER_ATTRIBUTION_QUARANTINE, SILVER_CLICK_QUARANTINE),
-    )
-    return commit.result(t0, examples=n_examples, conversions_in=conversions_in, attributed=attributed_today,
-                         clicks_in=clicks_in, orphan_clicks=n_orphans)
+    commit.publish(per_day=per_day, quarantine_table=(SILVER_ATTRIBUTION_QUARANTINE, SILVER_CLICK_QUARANTINE))
+    totals = {name: sum(f[name] for f in figures.values()) for name in next(iter(figures.values()))}
+    return commit.result(t0, **totals, days=figures)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = examples_parser(__doc__.splitlines()[0]).parse_args(argv)
+    parser = examples_parser(__doc__.splitlines()[0])
+    args = parse_examples_args(parser, argv)
     cfg = load_config(args.config)
     ds = resolve_examples_day(cfg, args)
     if ds is None:
         print(f"{STAGE}: no impression day's window closes on {args.ready_on} (start_ds={cfg.start_ds}); nothing to do")
         return NOTHING_READY_EXIT
-    result = run(StageContext(cfg), ds)
+    result = run(StageContext(cfg), ds, args.through)
     details = result.details
     print(f"{result.summary()} (examples={details['examples']}, conversions arrived={details['conversions_in']}, "
           f"attributed={details['attributed']}, clicks arrived={details['clicks_in']}, "

@@ -1,6 +1,6 @@
-"""Build one day of silver.user_features and silver.ad_features: counters as of the end of ds-1.
+"""Build silver.user_features and silver.ad_features of ds (or ds..through): counters as of the end of ds-1.
 
-`python -m jobs.build_features --ds YYYY-MM-DD [--full] [--config FILE]`
+`python -m jobs.build_features --ds YYYY-MM-DD [--through YYYY-MM-DD] [--full] [--config FILE]`
 
 Semantics (schemas/features.py): partition ds=D counts impressions, clicks and conversions per
 user and per ad over EVENT-TIME windows [D-w 00:00 UTC, D 00:00 UTC) for w in 1, 7, 28, overall
@@ -29,10 +29,15 @@ Two ways to the same rows (tests/spark/test_build_features.py checks they agree 
   * full (`--full`, or no completion record for D-1: the first day, a lone backfill, a rebuild after
     bronze changed): rewrites the daily counts of every arrival day in the window from bronze, then
     sums them.
+  * a range (`--through`, always full): rewrites the daily counts of every arrival day any of its
+    days reads, [max(ds-28, start_ds), through-1], then sums them for all its days at once: each
+    daily-count row (arrival A, event day E) counts for the target days [A+1, E+28] (`window_counters`).
+    The daily full build is the one-day range of the same code.
 
 Commit (gem.lakehouse.commit.StageCommit): the registry's needs (bronze of the window validated) checked;
-withdraw the (build_features, D) record; write the daily counts; replace both partitions ds=D
-(each computed by its write); publish the record LAST. A rerun rewrites the same rows.
+withdraw the (build_features, D) record (every day's, for a range); write the daily counts; replace both
+partitions ds=D (ds..through: one commit per table, each computed by its write); publish the record of
+each day LAST, its rows counted from the commit's log. A rerun rewrites the same rows.
 """
 
 from __future__ import annotations
@@ -43,9 +48,10 @@ from functools import reduce
 from operator import add
 from typing import TYPE_CHECKING
 
-from gem.cli import job_parser, shift_day
+from gem.cli import add_through_arg, job_parser, shift_day
 from gem.config import GemConfig, load_config
-from gem.lakehouse.commit import StageCommit, StageContext, StageResult
+from gem.days import day_range
+from gem.lakehouse.commit import DayCounts, StageCommit, StageContext, StageResult
 from gem.lakehouse.stages import feature_window_days
 from schemas.events import BRONZE_AD_EVENTS
 from schemas.features import (
@@ -79,20 +85,22 @@ NO_INPUT_COUNT = "one row per user (ad) with an event in the window; no separate
 # Which bronze days a build reads.
 
 
-def bronze_days(cfg: GemConfig, ds: str) -> list[str]:
-    """Arrival days the build of `ds` reads, oldest first: [max(ds-28, start_ds), ds-1] (the
-    registry's day rule, so the declared needs and writes are these days).
+def bronze_days(cfg: GemConfig, ds: str, through: str | None = None) -> list[str]:
+    """Arrival days the build of `ds` (or of every day of ds..through) reads, oldest first:
+    [max(ds-28, start_ds), through-1] (the union of the registry's day rule over the days, so the
+    declared needs and writes are these days).
 
-    Example: start_ds 2026-01-01, ds 2026-01-03 -> ["2026-01-01", "2026-01-02"]; ds = start_ds -> [].
+    Example: start_ds 2026-01-01, ds 2026-01-03 -> ["2026-01-01", "2026-01-02"]; ds = start_ds -> [];
+    ds = start_ds, through 2026-01-03 -> ["2026-01-01", "2026-01-02"].
     """
-    return feature_window_days(cfg, ds)
+    return sorted({a for day in day_range(ds, through or ds) for a in feature_window_days(cfg, day)})
 
 
 # --------------------------------------------------------------------------------------------------
 # Pure transforms.
 
 
-def _day(ds: str, days_before: int) -> SparkColumn:
+def _day(ds: str, days_before: int = 0) -> SparkColumn:
     from pyspark.sql import functions as F
 
     return F.lit(shift_day(ds, -days_before)).cast("date")
@@ -156,35 +164,53 @@ def _spread(daily: DataFrame, key: str, factors: dict[int, SparkColumn], extra: 
     )
 
 
-def _summed(rows: DataFrame, key: str, extra_aggs: tuple[SparkColumn, ...] = ()) -> DataFrame:
-    """Sum the per-surface counters per entity.
+def _summed(rows: DataFrame, keys: tuple[str, ...], extra_aggs: tuple[SparkColumn, ...] = ()) -> DataFrame:
+    """Sum the per-surface counters per `keys` (the entity first), on rows the caller has already
+    repartitioned by the entity.
 
-    Why repartition first: the group-by then finds its input clustered by the entity and skips a
-    partial aggregation that, with one or two rows per user, only copies the rows (measured 2x)."""
+    Why repartition by the entity first: the group-by then finds its input clustered and needs no
+    shuffle of its own; for one day, it skips a partial aggregation that, with one or two rows per
+    user, only copies the rows (measured 2x); for a range, the shuffle moves each daily-count row
+    once, before it is spread over its target days."""
     from pyspark.sql import functions as F
 
     sums = [F.sum(n).cast("long").alias(n) for n in _per_surface_names()]
-    return rows.repartition(key).groupBy(key).agg(*sums, *extra_aggs)
+    return rows.groupBy(*keys).agg(*sums, *extra_aggs)
 
 
-def window_counters(daily: DataFrame, key: str, ds: str) -> DataFrame:
-    """daily counts of the arrival days in [max(ds-28, start_ds), ds-1] -> one row per entity with
-    an event in the 28-day window: the 54 per-surface counters (and, for ads, `_latest`)."""
+def window_counters(daily: DataFrame, key: str, first: str, last: str | None = None) -> DataFrame:
+    """daily counts of the arrival days in [max(first-28, start_ds), last-1] -> one row per target
+    day D in [first, last] (last defaults to first) and entity with an event in D's 28-day window:
+    ds=D, the 54 per-surface counters (and, for ads, `_latest`).
+
+    A daily-count row (arrival A, event day E; A >= E, see daily_counts) counts for the days D with
+    A <= D-1 (known by the end of D-1) and E >= D-28, i.e. D in [A+1, E+28], in the w-day window
+    when E >= D-w. Example: a click of E=01-03 that arrived on A=01-05 counts for D=01-06 .. 01-31:
+    in clicks_7d for D <= 01-10, in clicks_1d never (D-1 = E would need D=01-04 < A+1).
+    """
     from pyspark.sql import functions as F
 
-    in_window = daily.where((F.col("event_day") >= _day(ds, LONGEST_WINDOW_DAYS)) & (F.col("event_day") < _day(ds, 0)))
-    factors = {w: (F.col("event_day") >= _day(ds, w)).cast("long") for w in WINDOW_DAYS}
-    if key != "ad_id":
-        return _summed(_spread(in_window, key, factors), key)
-    latest = F.struct("latest_event_time", "latest_event_id", *AD_METADATA_COLUMNS).alias("_latest")
-    spread = _spread(in_window.select("*", latest), key, factors, extra=("_latest",))
-    return _summed(spread, key, (F.max("_latest").alias("_latest"),))
+    start = F.greatest(F.date_add("ds", 1), _day(first))
+    stop = F.least(F.date_add("event_day", LONGEST_WINDOW_DAYS), _day(last or first))
+    rows = daily.where(start <= stop)
+    if key == "ad_id":
+        latest = F.struct("latest_event_time", "latest_event_id", *AD_METADATA_COLUMNS).alias("_latest")
+        rows = rows.select("*", latest)
+    # Explode after the shuffle: each row travels once, and its target days stay in its partition.
+    targets = rows.repartition(key).select("*", F.explode(F.sequence(start, stop)).alias("_target"))
+    factors = {w: (F.col("event_day") >= F.date_sub("_target", w)).cast("long") for w in WINDOW_DAYS}
+    if key == "ad_id":
+        spread = _spread(targets, key, factors, extra=("_target", "_latest"))
+        summed = _summed(spread, (key, "_target"), (F.max("_latest").alias("_latest"),))
+    else:
+        summed = _summed(_spread(targets, key, factors, extra=("_target",)), (key, "_target"))
+    return summed.withColumnRenamed("_target", "ds")
 
 
 def advance_user_counters(previous: DataFrame, daily: DataFrame, ds: str) -> DataFrame:
     """silver.user_features rows of ds-1 + user daily counts of the arrival days in
-    [max(ds-29, start_ds), ds-1] -> the 54 per-surface counters of ds, one row per user with an
-    event in the 28-day window (the rule is in the module docstring).
+    [max(ds-29, start_ds), ds-1] -> ds and the 54 per-surface counters of ds, one row per user with
+    an event in the 28-day window (the rule is in the module docstring).
 
     Example, 7-day window, ds=2026-01-10: u1 had reels_clicks_7d 3 on 2026-01-09; 1 click arrived on
     2026-01-09 (event_day 01-09: entering), and 2 of the 3 happened on 2026-01-02 (leaving) -> 3 + 1 - 2 = 2.
@@ -205,9 +231,9 @@ def advance_user_counters(previous: DataFrame, daily: DataFrame, ds: str) -> Dat
     carried = previous.select(
         "user_id", *[F.lit(0).cast("long").alias(n) if n in replaced else F.col(n) for n in _per_surface_names()]
     )
-    summed = _summed(carried.unionByName(_spread(changes, "user_id", factors)), "user_id")
+    summed = _summed(carried.unionByName(_spread(changes, "user_id", factors)).repartition("user_id"), ("user_id",))
     in_28_days = [F.col(counter_name(m, LONGEST_WINDOW_DAYS, s)) for s in SURFACES for m in COUNT_METRICS.values()]
-    return summed.where(reduce(add, in_28_days) > 0)
+    return summed.where(reduce(add, in_28_days) > 0).withColumn("ds", _day(ds))
 
 
 def _rate(rate: str, window_days: int, surface: str | None) -> SparkColumn:
@@ -235,9 +261,9 @@ def _all_rates() -> list[SparkColumn]:
     return [_rate(r, w, s) for w in WINDOW_DAYS for s in SCOPES for r in RATE_METRICS]
 
 
-def feature_rows(per_surface: DataFrame, schema: TableSchema, ds: str) -> DataFrame:
-    """Per-surface counters (window_counters / advance_user_counters) -> rows of `schema` for ds:
-    the all-surfaces counters, the rates, and for ads the latest attributes.
+def feature_rows(per_surface: DataFrame, schema: TableSchema) -> DataFrame:
+    """Per-surface counters of some days (window_counters / advance_user_counters) -> rows of
+    `schema`: the all-surfaces counters, the rates, and for ads the latest attributes.
 
     Example: u1 with 4 impressions and 1 click on reels on ds-1 ->
         {"ds": ds, "user_id": "u1", "impressions_1d": 4, "clicks_1d": 1, "ctr_1d": 0.25,
@@ -247,7 +273,7 @@ def feature_rows(per_surface: DataFrame, schema: TableSchema, ds: str) -> DataFr
 
     counted = per_surface.select("*", *_all_surface_counts())
     metadata = [F.col(f"_latest.{c}").alias(c) for c in AD_METADATA_COLUMNS] if "_latest" in per_surface.columns else []
-    rows = counted.select("*", *metadata, *_all_rates()).withColumn("ds", F.lit(ds).cast("date"))
+    rows = counted.select("*", *metadata, *_all_rates())
     return rows.select(*schema.column_names)
 
 
@@ -276,9 +302,26 @@ def _write_daily_counts(spark: SparkSession, commit: StageCommit, days: list[str
         commit.replace(daily_counts(bronze, key), schema, days)
 
 
-def run(ctx: StageContext, ds: str, full: bool = False) -> StageResult:
-    """Build ds; incremental when build_features has completed ds-1 and `full` is False. Details:
-    users, ads (rows written), incremental, daily_count_days (the arrival days whose counts it wrote)."""
+def _rows_per_day(commit: StageCommit, schemas: tuple[TableSchema, ...]) -> dict[str, int]:
+    """day -> rows of `schemas` in its partition, as the commits of this run wrote them: the row
+    counts of the log's add actions, so counting needs no second scan (the commit's metrics give
+    only the total; publish checks the days' sum against it)."""
+    from gem.data.delta_log import logged_files
+    from gem.lakehouse import tables
+
+    per_day = dict.fromkeys(commit.days, 0)
+    for schema in schemas:
+        for f in logged_files(tables.table_path(commit.cfg, schema), commit.table_versions[schema.name]):
+            if f.partition["ds"] in per_day:
+                per_day[f.partition["ds"]] += f.rows
+    return per_day
+
+
+def run(ctx: StageContext, ds: str, through: str | None = None, *, full: bool = False) -> StageResult:
+    """Build ds (or every day of ds..through, in one commit per table and one record per day, with
+    the rows the days' own runs write); incremental when it builds one day, build_features has
+    completed ds-1 and `full` is False. Details: users, ads (rows written, over all days),
+    incremental, daily_count_days (the arrival days whose counts it wrote)."""
     from pyspark.sql import functions as F
 
     from gem.lakehouse import completions, tables
@@ -286,48 +329,53 @@ def run(ctx: StageContext, ds: str, full: bool = False) -> StageResult:
     t0, cfg = time.time(), ctx.cfg
     if ds < cfg.start_ds:
         raise ValueError(f"{STAGE} ds={ds} is before the pipeline's start_ds={cfg.start_ds}")
+    last = through or ds
     spark = ctx.spark_for(STAGE, ds)
     last_day = shift_day(ds, -1)
-    incremental = not full and ds > cfg.start_ds and completions.completion(cfg, STAGE, last_day) is not None
-    window = bronze_days(cfg, ds)
+    incremental = (not full and last == ds and ds > cfg.start_ds
+                   and completions.completion(cfg, STAGE, last_day) is not None)
+    window = bronze_days(cfg, ds, through)
     rewritten = [last_day] if incremental else window
-    commit = StageCommit.begin(ctx, STAGE, ds)
+    commit = StageCommit.begin(ctx, STAGE, ds, through)
     if incremental:  # it advances ds-1's counters: that record's versions are inputs too
         commit.also_needs(STAGE, last_day)
     if rewritten:
         _write_daily_counts(spark, commit, rewritten)
+    written = (SILVER_USER_FEATURES, SILVER_AD_FEATURES)
     if window:
         # Incremental reads one more arrival day: the rows leaving the 28-day window arrived on ds-29 or later.
         first = max(shift_day(ds, -LONGEST_WINDOW_DAYS - 1), cfg.start_ds) if incremental else window[0]
-        user_daily = _arrived(spark, cfg, SILVER_USER_DAILY_COUNTS, first, last_day)
-        ad_daily = _arrived(spark, cfg, SILVER_AD_DAILY_COUNTS, window[0], last_day)
+        user_daily = _arrived(spark, cfg, SILVER_USER_DAILY_COUNTS, first, window[-1])
+        ad_daily = _arrived(spark, cfg, SILVER_AD_DAILY_COUNTS, window[0], window[-1])
         if incremental:
             previous = tables.read_table(spark, cfg, SILVER_USER_FEATURES).where(F.col("ds") == _day(ds, 1))
             users = advance_user_counters(previous, user_daily, ds)
         else:
-            users = window_counters(user_daily, "user_id", ds)
-        ads = window_counters(ad_daily, "ad_id", ds)
-    else:  # the first day: nothing known yet, empty partitions
-        users = spark.createDataFrame([], SILVER_USER_FEATURES.spark_schema())
-        ads = spark.createDataFrame([], SILVER_AD_FEATURES.spark_schema())
-    for schema, rows in ((SILVER_USER_FEATURES, users), (SILVER_AD_FEATURES, ads)):
-        # Each table is computed once, by its Delta write; row counts from the commit's metrics.
-        commit.replace(feature_rows(rows, schema, ds) if window else rows, schema)
-    commit.publish(None, written_tables=(SILVER_USER_FEATURES, SILVER_AD_FEATURES),
-                            no_input_count=NO_INPUT_COUNT)
-    n_users, n_ads = (commit.committed_rows[s.name] for s in (SILVER_USER_FEATURES, SILVER_AD_FEATURES))
+            users = window_counters(user_daily, "user_id", ds, last)
+        ads = window_counters(ad_daily, "ad_id", ds, last)
+        outputs = [feature_rows(users, SILVER_USER_FEATURES), feature_rows(ads, SILVER_AD_FEATURES)]
+    else:  # only ds = through = start_ds: nothing known yet, empty partitions
+        outputs = [spark.createDataFrame([], schema.spark_schema()) for schema in written]
+    for schema, rows in zip(written, outputs, strict=True):
+        # Each table is computed once, by its Delta write; row counts from the commit's metrics and log.
+        commit.replace(rows, schema)
+    per_day = {day: DayCounts(None, n) for day, n in _rows_per_day(commit, written).items()}
+    commit.publish(per_day=per_day, written_tables=written, no_input_count=NO_INPUT_COUNT)
+    n_users, n_ads = (commit.committed_rows[s.name] for s in written)
     return commit.result(t0, users=n_users, ads=n_ads, incremental=incremental, daily_count_days=rewritten)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = job_parser(__doc__.splitlines()[0])
+    add_through_arg(parser)
     parser.add_argument(
         "--full", action="store_true",
-        help="rebuild the daily counts of the whole window from bronze and sum them (default: advance from ds-1)",
+        help="rebuild the daily counts of the whole window from bronze and sum them (default: advance from "
+             "ds-1; a range is always built in full)",
     )
     args = parser.parse_args(argv)
     cfg = load_config(args.config)
-    result = run(StageContext(cfg), args.ds, full=args.full)
+    result = run(StageContext(cfg), args.ds, args.through, full=args.full)
     details = result.details
     mode = "incremental" if details["incremental"] else "full"
     print(f"{result.summary()} ({mode}: users={details['users']} ads={details['ads']})")

@@ -1,24 +1,38 @@
-"""Build one day of silver.user_sequences from bronze.ad_events: each active user's capped sequences.
+"""Build silver.user_sequences from bronze.ad_events: each active user's capped sequences, for one
+day or a range of days in one pass.
 
-`python -m jobs.build_sequences --ds YYYY-MM-DD [--config FILE]`
+`python -m jobs.build_sequences --ds YYYY-MM-DD [--through YYYY-MM-DD] [--config FILE]`
 
 Layout (schemas/sequences.py): partition ds=D holds ONLY users with events in bronze ds=D, with
 their full capped sequences as of the end of D. A user's snapshot for day D is their row with the
 greatest ds <= D; users without events on D keep their earlier row and are not rewritten.
 
-Flow (the transform is pure; I/O is the thin shell around it):
-  gate: completion of validate_events for D, and of build_sequences for D-1 unless D == start_ds;
-  bronze ds=D --> the users present on D --> each one's latest previous row (greatest ds < D),
-  looked up in the last compaction C < D plus the daily partitions (C, D), not the whole history;
-  merge_sequences(previous, day events, caps): per type, old sequence + new events (dedup on
-  event_id), sorted by (event_time, event_id), last `cap` kept;
-  commit (gem.lakehouse.commit.StageCommit): withdraw the (build_sequences, D) record; replace silver ds=D;
-  on a compaction day (every `sequence_compaction_days` from start_ds) also write every user's
-  snapshot as of D to silver.user_sequences_compacted ds=D; publish the record LAST, naming both
-  versions (a reader uses a compaction only when the record of its day names it).
+Flow for the days F..L (one day: F = L; the pure transforms are `advance_sequences` and
+`compaction_snapshots`, the I/O is the thin shell around them):
+  gate: completion of validate_events for every day, and of build_sequences for F-1 unless F == start_ds;
+  bronze ds in F..L --> the users present --> each one's latest previous row (greatest ds < F),
+  looked up in the last compaction C < F plus the daily partitions (C, F), not the whole history;
+  advance_sequences(previous, events, caps): for each (user, day D with events), per type, the
+  previous sequence + the new events arrived by D (dedup on event_id), sorted by (event_time,
+  event_id), last `cap` kept; each day computed on its own, so a range is one pass;
+  commit (gem.lakehouse.commit.StageCommit): withdraw the records of F..L; replace silver ds in F..L;
+  for each compaction day inside F..L (every `sequence_compaction_days` from start_ds) write every
+  user's snapshot as of that day to silver.user_sequences_compacted, computed from the new rows and
+  the history before F (never read back from our own commit); publish one record per day LAST,
+  naming both versions (a reader uses a compaction only when the record of its day names it).
 
-A rerun reads only rows with ds < D (and a compaction before D), so it rewrites ds=D, and the
-compaction of D, with identical contents.
+A range writes what the daily runs of its days write, with the same records, with one exception:
+an event_id arriving again on a later day (a repeat further apart than ingest's dedup lookback).
+The daily merge drops the copy only while the earlier one still sits in the capped sequence (of
+that type) of the day before, and counts it again once the earlier one has aged out of the cap; a
+range drops a copy whose earlier one arrived inside the range always (one count), and one whose
+earlier copy arrived before the range when that copy is in the sequence before the range. The
+sequences agree whenever the copies are identical (a repeat sorts where its aged-out original did,
+out of the cap); the counts n_* can differ by the repeats the daily runs count again. The rows
+(one per user and day with events) and the records' counts never differ.
+
+A rerun reads only rows with ds < F (and a compaction before F), so it rewrites ds in F..L, and
+their compactions, with identical contents.
 """
 
 from __future__ import annotations
@@ -27,9 +41,9 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from gem.cli import job_parser, shift_day
+from gem.cli import add_through_arg, job_parser, shift_day
 from gem.config import GemConfig, SequenceCaps, load_config
-from gem.lakehouse.commit import StageCommit, StageContext, StageResult
+from gem.lakehouse.commit import DayCounts, StageCommit, StageContext, StageResult
 from schemas.events import BRONZE_AD_EVENTS
 from schemas.sequences import (
     SEQUENCE_COLUMNS,
@@ -81,74 +95,149 @@ def _cap(caps: SequenceCaps, event_type: str) -> int:
     return int(getattr(caps, event_type))
 
 
-def day_sequences(day_events: "DataFrame") -> "DataFrame":
-    """bronze rows of one ds -> one row per user: (user_id, ds, new_impressions, new_clicks,
-    new_conversions, day_last_event_time), the new_* arrays unsorted structs shaped as in
-    schemas/sequences.py. A repeated event_id within the day counts once."""
+def range_events(events: DataFrame) -> DataFrame:
+    """bronze rows of one or more ds -> one row per user: (user_id, new_impressions, new_clicks,
+    new_conversions), each an array of struct(e: the sequence element shaped as in
+    schemas/sequences.py, arrival: its ds), in event order.
+
+    An event_id counts once within a day (any type), and once per type over the days: the copy
+    that arrived first is kept. Example: "e1" arriving on 01-02 and again on 01-09 -> one element
+    with arrival 01-02."""
     from pyspark.sql import functions as F
 
-    events = day_events.dropDuplicates(["event_id"])
-    new_arrays = [
-        # collect_list skips nulls, so each list holds only its own event type.
-        F.collect_list(
-            F.when(F.col("event_type") == event_type, F.struct(*[F.col(f) for f in fields]))
-        ).alias(f"new_{SEQUENCE_COLUMNS[event_type][0]}")
-        for event_type, fields in SEQUENCE_FIELDS.items()
-    ]
-    return events.groupBy("user_id", "ds").agg(*new_arrays, F.max("event_time").alias("day_last_event_time"))
+    once_a_day = events.dropDuplicates(["ds", "event_id"])
+    tagged = once_a_day.select("user_id", "event_type", "event_id", "ds", *[
+        # Null for the other types: collect_list below skips nulls, so each list holds its own type.
+        F.when(F.col("event_type") == event_type,
+               F.struct(F.struct(*fields).alias("e"), F.col("ds").alias("arrival"))).alias(f"new_{seq}")
+        for event_type, fields in SEQUENCE_FIELDS.items() for seq in [SEQUENCE_COLUMNS[event_type][0]]])
+    new = [f"new_{seq}" for seq, _ in SEQUENCE_COLUMNS.values()]
+    first_copy = tagged.groupBy("user_id", "event_type", "event_id").agg(*[F.min_by(c, "ds").alias(c) for c in new])
+    return first_copy.groupBy("user_id").agg(*[F.sort_array(F.collect_list(c)).alias(c) for c in new])
 
 
-def _merged_sequence(
-    old: "SparkColumn", new: "SparkColumn", cap: int, empty_type: str
-) -> tuple["SparkColumn", "SparkColumn"]:
-    """(old capped sequence or null, today's events) -> (new capped sequence, number of events added).
+def active_days(events: DataFrame) -> DataFrame:
+    """bronze rows of one or more ds -> one row per (user, ds with events): (user_id, ds,
+    last_event_time: the latest event_time of the user's events arrived in these days up to ds,
+    next_ds: the user's next day with events, null after the last)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
 
-    Today's events whose event_id already sits in the old sequence are dropped (a replay must not
-    count twice). Sorting the union by (event_time, event_id) puts late events in place, and the
-    last `cap` of that order equal the last `cap` of the user's whole history, because the old
-    sequence already holds that history's last `cap`.
+    days = events.groupBy("user_id", "ds").agg(F.max("event_time").alias("day_last_event_time"))
+    in_order = Window.partitionBy("user_id").orderBy("ds")
+    so_far = in_order.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    return days.select("user_id", "ds", F.max("day_last_event_time").over(so_far).alias("last_event_time"),
+                       F.lead("ds").over(in_order).alias("next_ds"))
+
+
+def _unseen(new: SparkColumn, old: SparkColumn) -> SparkColumn:
+    """The new (element, arrival) structs whose event_id is not in the old sequence: a replay of an
+    event already kept must not count twice."""
+    from pyspark.sql import functions as F
+
+    return F.filter(new, lambda x: ~F.exists(old, lambda o: o["event_id"] == x["e"]["event_id"]))
+
+
+def _last(sequence: SparkColumn, cap: int) -> SparkColumn:
+    """The last `cap` elements of an array (all of a shorter one)."""
+    from pyspark.sql import functions as F
+
+    return F.slice(sequence, F.greatest(F.size(sequence) - F.lit(cap) + F.lit(1), F.lit(1)), F.lit(cap))
+
+
+def advance_sequences(previous: DataFrame, events: DataFrame, caps: SequenceCaps) -> DataFrame:
+    """Each (user, ds) of `events` -> the user's silver.user_sequences row as of the end of ds, plus
+    next_ds (the user's next day with events in `events`, null on their last).
+
+    previous: silver.user_sequences rows, at most one per user (their latest before the first ds of
+        `events`); users not in events are ignored.
+    events: bronze.ad_events rows of one or more consecutive ds.
+
+    Per user and type: old = the previous capped sequence, new = the events of these days
+    (`range_events`) less those already in old. The sequence as of ds is then the last `cap` of
+    sort(old + the new events arrived by ds), the count old count + those events, computed for
+    each day on its own, with no state carried from day to day (one pass, however many days).
+    That equals the daily merge iterated: sorting puts late events in place (order is
+    (event_time, event_id)), and the last `cap` of the whole history are among old's (which holds
+    the last `cap` of the history before) and the new events' last `cap`.
+    Example, cap 2: old [a@1, b@5]; c@3 arrives on 01-02, d@9 on 01-03 -> 01-02: [c@3, b@5] (c is
+    late: placed before b), 01-03: [b@5, d@9].
     """
     from pyspark.sql import functions as F
 
-    old = F.coalesce(old, F.array().cast(empty_type))
-    fresh = F.filter(new, lambda x: ~F.exists(old, lambda o: o["event_id"] == x["event_id"]))
-    merged = F.sort_array(F.concat(old, fresh))
-    start = F.greatest(F.size(merged) - F.lit(cap) + F.lit(1), F.lit(1))
-    return F.slice(merged, start, F.lit(cap)), F.size(fresh)
-
-
-def merge_sequences(previous: "DataFrame", day_events: "DataFrame", caps: SequenceCaps) -> "DataFrame":
-    """Each user with events in `day_events` -> their silver.user_sequences row as of the end of its ds.
-
-    previous: silver.user_sequences rows, at most one per user (their latest before ds); users not in
-        day_events are ignored.
-    day_events: bronze.ad_events rows of one ds.
-    Returns rows with SILVER_USER_SEQUENCES columns, one per distinct user_id of day_events.
-    """
-    from pyspark.sql import functions as F
-
-    today = day_sequences(day_events)
     prior = previous.select(
         "user_id",
         *[F.col(seq).alias(f"old_{seq}") for seq, _ in SEQUENCE_COLUMNS.values()],
         *[F.col(n).alias(f"old_{n}") for _, n in SEQUENCE_COLUMNS.values()],
         F.col("last_event_time").alias("old_last_event_time"),
     )
-    joined = today.join(prior, "user_id", "left")
+    old = {seq: F.coalesce(F.col(f"old_{seq}"), F.array().cast(SILVER_USER_SEQUENCES.column(seq).sql_type))
+           for seq, _ in SEQUENCE_COLUMNS.values()}
+    users = range_events(events).join(prior, "user_id", "left").select(
+        "user_id",
+        *[old[seq].alias(f"old_{seq}") for seq, _ in SEQUENCE_COLUMNS.values()],
+        *[F.coalesce(F.col(f"old_{n}"), F.lit(0)).alias(f"old_{n}") for _, n in SEQUENCE_COLUMNS.values()],
+        "old_last_event_time",
+        *[_unseen(F.col(f"new_{seq}"), old[seq]).alias(f"new_{seq}") for seq, _ in SEQUENCE_COLUMNS.values()],
+    )
+    # One row per (user, active day) carrying the user's events: each day is computed on its own.
+    days = users.join(active_days(events).withColumnRenamed("last_event_time", "days_last_event_time"), "user_id")
+    by_then = days.select("*", *[
+        F.filter(f"new_{seq}", lambda x: x["arrival"] <= F.col("ds")).alias(f"by_then_{seq}")
+        for seq, _ in SEQUENCE_COLUMNS.values()])
 
-    out: list["SparkColumn"] = [F.col("ds"), F.col("user_id")]
-    counts: list["SparkColumn"] = []
+    out = []
     for event_type, (seq, n) in SEQUENCE_COLUMNS.items():
-        empty_type = SILVER_USER_SEQUENCES.column(seq).sql_type
-        capped, added = _merged_sequence(F.col(f"old_{seq}"), F.col(f"new_{seq}"), _cap(caps, event_type), empty_type)
-        out.append(capped.alias(seq))
-        counts.append((F.coalesce(F.col(f"old_{n}"), F.lit(0)) + added).cast("long").alias(n))
+        cap, arrived = _cap(caps, event_type), F.col(f"by_then_{seq}")
+        newest = F.transform(_last(arrived, cap), lambda x: x["e"])
+        out += [_last(F.sort_array(F.concat(F.col(f"old_{seq}"), newest)), cap).alias(seq),
+                (F.col(f"old_{n}") + F.size(arrived)).cast("long").alias(n)]
     # greatest() skips nulls: a user seen for the first time has no old_last_event_time.
-    last = F.greatest(F.col("old_last_event_time"), F.col("day_last_event_time")).alias("last_event_time")
-    return joined.select(*out, *counts, last).select(*SILVER_USER_SEQUENCES.column_names)
+    last = F.greatest(F.col("old_last_event_time"), F.col("days_last_event_time")).alias("last_event_time")
+    rows = by_then.select("user_id", "ds", *out, last, "next_ds")
+    return rows.select(*SILVER_USER_SEQUENCES.column_names, "next_ds")
 
 
-def latest_rows(history: "DataFrame") -> "DataFrame":
+def merge_sequences(previous: DataFrame, events: DataFrame, caps: SequenceCaps) -> DataFrame:
+    """`advance_sequences` as silver.user_sequences rows: one per (user, ds) of events."""
+    return advance_sequences(previous, events, caps).select(*SILVER_USER_SEQUENCES.column_names)
+
+
+def _compaction_days_between(cfg: GemConfig, first: SparkColumn, last: SparkColumn) -> SparkColumn:
+    """The compaction days first..last (dates, both inclusive) as an array<date>, by arithmetic on the
+    schedule (start_ds + j*k - 1), so a row costs its own compactions, not a scan of them all.
+    Example: start 2026-01-01, k=7, 2026-01-05..2026-01-20 -> [2026-01-07, 2026-01-14]."""
+    from pyspark.sql import functions as F
+
+    k, start = cfg.sequence_compaction_days, F.lit(cfg.start_ds).cast("date")
+    # Compaction j (from 0) is start + j*k + k-1: the first at or after `first`, the last at or before `last`.
+    j_first = F.floor(F.datediff(first, start) / k)
+    j_last = F.floor((F.datediff(last, start) + 1) / k) - 1
+    days = F.transform(F.sequence(j_first, j_last), lambda j: F.date_add(start, (j * k + k - 1).cast("int")))
+    return F.when(j_first <= j_last, days).otherwise(F.array().cast("array<date>"))
+
+
+def compaction_snapshots(cfg: GemConfig, rows: DataFrame, before: DataFrame, first: str, last: str) -> DataFrame:
+    """Every user's snapshot as of each compaction day first..last: silver.user_sequences_compacted rows.
+
+    rows: `advance_sequences` rows of a range of days holding first..last (with next_ds).
+    before: each user's latest silver row before that range (every user), with next_ds: the user's
+        first day in `rows` (null when none).
+    A row is the user's snapshot for the compaction days from its ds to the day before its next_ds
+    (to `last` when null). Example, k=2 from 01-01: a row of 01-01 with next_ds 01-05 -> the snapshot
+    of 01-02 and 01-04.
+    """
+    from pyspark.sql import functions as F
+
+    lo, hi = F.lit(first).cast("date"), F.lit(last).cast("date")
+    candidates = rows.unionByName(before)
+    until = F.least(F.coalesce(F.date_sub(F.col("next_ds"), 1), hi), hi)
+    covered = _compaction_days_between(cfg, F.greatest(F.col("ds"), lo), until)
+    state = [c for c in SILVER_USER_SEQUENCES_COMPACTED.column_names if c != "ds"]
+    return candidates.select(F.explode(covered).alias("ds"), *state).select(*SILVER_USER_SEQUENCES_COMPACTED.column_names)
+
+
+def latest_rows(history: DataFrame) -> DataFrame:
     """silver rows (any days) -> each user's row with the greatest ds: the snapshots as of the last day.
 
     The max(ds) per user is found from the two narrow columns (user_id, ds); the wide rows are then
@@ -161,7 +250,7 @@ def latest_rows(history: "DataFrame") -> "DataFrame":
     return history.join(F.broadcast(latest), ["user_id", "ds"], "inner")
 
 
-def latest_previous_rows(history: "DataFrame", users: "DataFrame", ds: str) -> "DataFrame":
+def latest_previous_rows(history: DataFrame, users: DataFrame, ds: str) -> DataFrame:
     """silver rows, users (user_id) -> for each of those users, their row with the greatest ds < `ds`."""
     from pyspark.sql import functions as F
 
@@ -173,7 +262,7 @@ def latest_previous_rows(history: "DataFrame", users: "DataFrame", ds: str) -> "
 # Thin I/O.
 
 
-def history_through(spark: "SparkSession", cfg: GemConfig, last_day: str, base_ds: str | None) -> "DataFrame":
+def history_through(spark: SparkSession, cfg: GemConfig, last_day: str, base_ds: str | None) -> DataFrame:
     """Rows whose latest per user is each user's snapshot as of the end of `last_day`: the compaction
     of base_ds (a day <= last_day, used when its record exists) plus the daily partitions
     (base_ds, last_day]; without one, every daily partition <= last_day.
@@ -201,68 +290,86 @@ def has_compaction(cfg: GemConfig, ds: str) -> bool:
     return record is not None and SILVER_USER_SEQUENCES_COMPACTED.name in record["table_versions"]
 
 
-def _previous_rows(spark: "SparkSession", cfg: GemConfig, ds: str, users: "DataFrame") -> "DataFrame":
+def _no_rows(spark: SparkSession) -> DataFrame:
+    return spark.createDataFrame([], SILVER_USER_SEQUENCES.spark_schema())
+
+
+def _history_before(spark: SparkSession, cfg: GemConfig, first: str) -> DataFrame:
+    """Rows whose latest per user is each user's snapshot as of the end of the day before `first`
+    (empty while the table does not exist)."""
     from delta.tables import DeltaTable
 
     from gem.lakehouse import tables
 
-    path = tables.table_path(cfg, SILVER_USER_SEQUENCES)
-    # The first day starts fresh, whatever an earlier experiment left in the table.
-    if ds == cfg.start_ds or not DeltaTable.isDeltaTable(spark, path):
-        return spark.createDataFrame([], SILVER_USER_SEQUENCES.spark_schema())
-    history = history_through(spark, cfg, shift_day(ds, -1), last_compaction_before(cfg, ds))
-    return latest_previous_rows(history, users, ds)
+    if not DeltaTable.isDeltaTable(spark, tables.table_path(cfg, SILVER_USER_SEQUENCES)):
+        return _no_rows(spark)
+    return history_through(spark, cfg, shift_day(first, -1), last_compaction_before(cfg, first))
 
 
-def compact(spark: "SparkSession", commit: StageCommit) -> int:
-    """Write every user's snapshot as of the end of ds to silver.user_sequences_compacted ds, in the
-    day's commit; -> rows written (from the commit's metrics)."""
+def compact(commit: StageCommit, rows: DataFrame, history: DataFrame) -> int | None:
+    """Write every user's snapshot as of the end of each compaction day of the commit's days to
+    silver.user_sequences_compacted, from this run's rows and the history before its first day
+    (never from the table being replaced), in one commit; -> rows written (None: no compaction
+    day in the range).
+    """
     from pyspark.sql import functions as F
 
-    cfg, ds = commit.cfg, commit.ds
-    # The previous compaction plus the days since: never this day's own compaction (being replaced).
-    history = history_through(spark, cfg, ds, last_compaction_before(cfg, ds))
-    snapshots = latest_rows(history).withColumn("ds", F.lit(ds).cast("date"))
-    commit.replace(snapshots.select(*SILVER_USER_SEQUENCES_COMPACTED.column_names), SILVER_USER_SEQUENCES_COMPACTED)
+    cfg = commit.cfg
+    days = [d for d in commit.days if is_compaction_day(cfg, d)]
+    if not days:
+        return None
+    first_active = rows.groupBy("user_id").agg(F.min("ds").alias("next_ds"))
+    before = latest_rows(history).join(first_active, "user_id", "left")
+    snapshots = compaction_snapshots(cfg, rows, before, days[0], days[-1])
+    commit.replace(snapshots, SILVER_USER_SEQUENCES_COMPACTED, days=days)
     return commit.committed_rows[SILVER_USER_SEQUENCES_COMPACTED.name]
 
 
-def run(ctx: StageContext, ds: str) -> StageResult:
-    """Advance the sequences of ds's active users; details: users, compacted_users (None when ds is
-    not a compaction day), compaction_seconds."""
+def run(ctx: StageContext, ds: str, through: str | None = None) -> StageResult:
+    """Advance the sequences of the active users of ds (or of each day ds..through, in one pass and
+    one commit per table, one record per day, as the daily runs would: the module docstring names
+    the one exception, repeated event ids); details: users (rows written), compacted_users (None
+    when no day is a compaction day), compaction_seconds."""
     from pyspark.sql import functions as F
 
     from gem.lakehouse import tables
 
     t0, cfg = time.time(), ctx.cfg
     spark = ctx.spark_for(STAGE, ds)
-    commit = StageCommit.begin(ctx, STAGE, ds)
+    commit = StageCommit.begin(ctx, STAGE, ds, through)
+    first, last = commit.days[0], commit.days[-1]
 
-    bronze_version = commit.validated_version(BRONZE_AD_EVENTS, "validate_events", [ds])  # as validated
-    day_events = tables.read_table(spark, cfg, BRONZE_AD_EVENTS, version=bronze_version).where(
-        F.col("ds") == F.lit(ds).cast("date"))
-    users = day_events.select("user_id").distinct()
-    previous = _previous_rows(spark, cfg, ds, users)
-    # A local checkpoint, not persist(): the plan reads this very table (ds < D), and a cached plan
-    # over it would be recomputed when our own commit below invalidates it.
-    rows = merge_sequences(previous, day_events, cfg.sequence_caps).localCheckpoint(eager=True)
-    rows_in = users.count()
+    bronze_version = commit.validated_version(BRONZE_AD_EVENTS, "validate_events", list(commit.days))  # as validated
+    events = tables.read_table(spark, cfg, BRONZE_AD_EVENTS, version=bronze_version).where(
+        F.col("ds").between(F.lit(first).cast("date"), F.lit(last).cast("date")))
+    users = events.select("user_id").distinct()
+    history = _history_before(spark, cfg, first)
+    # The first day starts fresh, whatever an earlier experiment left in the table.
+    previous = _no_rows(spark) if first == cfg.start_ds else latest_previous_rows(history, users, first)
+    # A local checkpoint, not persist(): the plan reads this very table (ds < first), and a cached
+    # plan over it would be recomputed when our own commit below invalidates it.
+    rows = advance_sequences(previous, events, cfg.sequence_caps).localCheckpoint(eager=True)
+    # One row per (active user, day): rows in (users with events in bronze that day) = rows written.
+    users_in = {str(d): n for d, n in events.groupBy("ds").agg(F.countDistinct("user_id")).collect()}
+    users_out = {str(d): n for d, n in rows.groupBy("ds").count().collect()}
+    per_day = {d: DayCounts(users_in.get(d, 0), users_out.get(d, 0)) for d in commit.days}
 
-    commit.replace(rows, SILVER_USER_SEQUENCES)
-    compacted, t1 = None, time.time()
-    if is_compaction_day(cfg, ds):
-        compacted = compact(spark, commit)
-    # One row per active user: rows in (users with events on ds) = rows written, checked against the commit.
+    commit.replace(rows.select(*SILVER_USER_SEQUENCES.column_names), SILVER_USER_SEQUENCES)
+    t1 = time.time()
+    compacted = compact(commit, rows, history)
     compaction_seconds = time.time() - t1
-    record = commit.publish(rows_in, written_tables=(SILVER_USER_SEQUENCES,))
-    return commit.result(t0, users=record["rows_written"], compacted_users=compacted,
+    # Reconciled per day, and in total against the commit's own count.
+    commit.publish(per_day=per_day, written_tables=(SILVER_USER_SEQUENCES,))
+    return commit.result(t0, users=sum(c.rows_written for c in per_day.values()), compacted_users=compacted,
                          compaction_seconds=compaction_seconds)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = job_parser(__doc__.splitlines()[0]).parse_args(argv)
+    parser = job_parser(__doc__.splitlines()[0])
+    add_through_arg(parser)
+    args = parser.parse_args(argv)
     cfg = load_config(args.config)
-    result = run(StageContext(cfg), args.ds)
+    result = run(StageContext(cfg), args.ds, args.through)
     details = result.details
     compaction = (f"; compacted {details['compacted_users']} users in {details['compaction_seconds']:.1f}s"
                   if details["compacted_users"] is not None else "")

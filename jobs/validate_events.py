@@ -24,11 +24,11 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from gem.cli import job_parser
+from gem.cli import add_through_arg, job_parser
 from gem.config import GemConfig, load_config
-from gem.lakehouse.commit import StageCommit, StageContext, StageResult
+from gem.lakehouse.commit import DayCounts, StageCommit, StageContext, StageResult
 from gem.lakehouse.completions import MissingInputError
-from gem.lakehouse.tables import latest_version, read_table, table_path
+from gem.lakehouse.tables import read_table, table_path
 from gem.quality.bronze import ROWS_VALIDATED, event_statistics, event_statistics_expectations, statistics_frame
 from gem.quality.docs_assets import MissingDocsAssetsError
 from gem.quality.runner import (
@@ -57,33 +57,31 @@ def _recorded_version(ingest_record: dict[str, Any], table: str) -> int | None:
     return None if version is None else int(version)
 
 
-def _events_version(spark: SparkSession, cfg: GemConfig, ingest_record: dict[str, Any]) -> int:
-    """The bronze.ad_events version ingest committed for the ds (latest if it recorded none)."""
-    recorded = _recorded_version(ingest_record, BRONZE_AD_EVENTS.name)
-    return recorded if recorded is not None else latest_version(table_path(cfg, BRONZE_AD_EVENTS))
+def _days(df: DataFrame, days: Sequence[str]) -> DataFrame:
+    return df.where(f"ds BETWEEN DATE'{days[0]}' AND DATE'{days[-1]}'")
 
 
-def _day(df: DataFrame, ds: str) -> DataFrame:
-    return df.where(f"ds = DATE'{ds}'")
-
-
-def _quarantine_rows(spark: SparkSession, cfg: GemConfig, ds: str, ingest_record: dict[str, Any]) -> int:
-    """Rows of bronze.quarantine for the ds, at the version ingest recorded; 0 while the table
-    does not exist yet."""
+def _quarantine_rows(spark: SparkSession, cfg: GemConfig, commit: StageCommit,
+                     ingest_records: dict[str, dict[str, Any]]) -> dict[str, int]:
+    """day -> rows of bronze.quarantine, read at the version ingest recorded (for a range: the one
+    version `validated_version` pins for all its days); no rows while the table does not exist."""
     from delta.tables import DeltaTable
 
+    days = sorted(ingest_records)
     if not DeltaTable.isDeltaTable(spark, table_path(cfg, BRONZE_QUARANTINE)):
-        return 0
-    version = _recorded_version(ingest_record, BRONZE_QUARANTINE.name)
-    return _day(read_table(spark, cfg, BRONZE_QUARANTINE, version=version), ds).count()
+        return {}
+    recorded = all(_recorded_version(r, BRONZE_QUARANTINE.name) is not None for r in ingest_records.values())
+    version = commit.validated_version(BRONZE_QUARANTINE, INGEST_STAGE, days) if recorded else None
+    counts = _days(read_table(spark, cfg, BRONZE_QUARANTINE, version=version), days).groupBy("ds").count().collect()
+    return {str(r["ds"]): int(r["count"]) for r in counts}
 
 
 def _summary(
-    ds: str, run_id: str, rows: int, version: int, reports: Sequence[ValidationReport], index: str
+    label: str, run_id: str, rows: int, version: int, reports: Sequence[ValidationReport], index: str
 ) -> dict[str, Any]:
     return {
         "stage": STAGE,
-        "ds": ds,
+        "ds": label,
         "run_id": run_id,
         "rows_validated": rows,
         "events_version": version,
@@ -96,37 +94,47 @@ def _summary(
     }
 
 
-def run(ctx: StageContext, ds: str) -> StageResult:
-    """Validate bronze.ad_events for `ds`; details: the summary (suites, warnings, Data Docs index). Raises MissingInputError without
-    ingest's record, DataQualityError (after Data Docs are built) on a failed critical expectation."""
+def run(ctx: StageContext, ds: str, through: str | None = None) -> StageResult:
+    """Validate bronze.ad_events for `ds` (or the days ds..through: one Spark pass and one suite
+    run over a statistics frame with a row per day, one record per day); details: the summary
+    (suites, warnings, Data Docs index). Raises MissingInputError without ingest's record,
+    DataQualityError (after Data Docs are built) on a failed critical expectation, naming the
+    values that failed (no day of the range is then published)."""
     dt.date.fromisoformat(ds)
     t0, cfg = time.time(), ctx.cfg
     spark = ctx.spark_for(STAGE, ds)
     # Withdrawn first: a rerun that fails must not leave an earlier "validated" record standing.
-    commit = StageCommit.begin(ctx, STAGE, ds)
-    ingest_record = commit.record(INGEST_STAGE, ds)
-    version = _events_version(spark, cfg, ingest_record)
-    events = _day(read_table(spark, cfg, BRONZE_AD_EVENTS, version=version), ds)
-    statistics = event_statistics(events, ingest_record, _quarantine_rows(spark, cfg, ds, ingest_record), cfg)
+    commit = StageCommit.begin(ctx, STAGE, ds, through)
+    days = list(commit.days)
+    ingest_records = {day: commit.record(INGEST_STAGE, day) for day in days}
+    # One version for every day: each day's files there are the ones its ingest committed (else
+    # StaleInputError names the ingest to rerun).
+    version = commit.validated_version(BRONZE_AD_EVENTS, INGEST_STAGE, days)
+    events = _days(read_table(spark, cfg, BRONZE_AD_EVENTS, version=version), days)
+    statistics = event_statistics(events, ingest_records, _quarantine_rows(spark, cfg, commit, ingest_records), cfg)
+    label = ds if len(days) == 1 else f"{days[0]}..{days[-1]}"
     reports = [
         validate(
             cfg,
             statistics_frame(statistics),
             STATISTICS_SUITE,
             event_statistics_expectations(cfg),
-            ds,
+            label,
             raise_on_critical=False,
         ),
     ]
     # Each validation's checkpoint already rendered its pages and the index: no full rebuild.
     index = build_data_docs(cfg, rebuild=False)
-    rows = int(statistics[ROWS_VALIDATED] or 0)
-    summary = _summary(ds, commit.run_id, rows, version, reports, str(index))
+    rows = {day: int(statistics[day][ROWS_VALIDATED] or 0) for day in days}
+    summary = _summary(label, commit.run_id, sum(rows.values()), version, reports, str(index))
     raise_for_critical(reports)
     validated = {BRONZE_AD_EVENTS.name: version}
-    if (quarantine_version := _recorded_version(ingest_record, BRONZE_QUARANTINE.name)) is not None:
-        validated[BRONZE_QUARANTINE.name] = quarantine_version
-    commit.publish(None, rows, no_input_count=VALIDATION_WRITES_NOTHING, validated=validated)
+    if all((quarantine_version := _recorded_version(r, BRONZE_QUARANTINE.name)) is not None
+           for r in ingest_records.values()):
+        validated[BRONZE_QUARANTINE.name] = (quarantine_version if len(days) == 1
+                                             else commit.validated_version(BRONZE_QUARANTINE, INGEST_STAGE, days))
+    commit.publish(no_input_count=VALIDATION_WRITES_NOTHING, validated=validated,
+                   per_day={day: DayCounts(None, n) for day, n in rows.items()})
     return commit.result(t0, **summary)
 
 
@@ -140,10 +148,12 @@ def _print_summary(summary: dict[str, Any]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = job_parser("Validate one day of bronze.ad_events (Great Expectations).").parse_args(argv)
+    parser = job_parser("Validate one day of bronze.ad_events (Great Expectations).")
+    add_through_arg(parser)
+    args = parser.parse_args(argv)
     cfg = load_config(args.config)
     try:
-        summary = run(StageContext(cfg), args.ds).details
+        summary = run(StageContext(cfg), args.ds, args.through).details
     except DataQualityError as e:
         print(f"{STAGE} ds={args.ds} FAILED: {e}", file=sys.stderr)
         print(f"Data Docs: {docs_site_dir(cfg) / 'index.html'}", file=sys.stderr)

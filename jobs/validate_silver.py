@@ -3,9 +3,10 @@
     python -m jobs.validate_silver --ds D                 # user_sequences, user_features, ad_features of D
     python -m jobs.validate_silver --examples --ds D      # training_examples of D
     python -m jobs.validate_silver --examples --ready-on R  # ... of D = R - attribution_window_days
+    python -m jobs.validate_silver [--examples] --ds A --through B  # the days A..B, each suite run once
 
-Suites: gem/quality/silver.py. Each batch is the ds partition at the Delta version its build
-recorded, and the record names those versions (readers read them). All suites of a run are validated and the Data Docs refreshed before a failed critical
+Suites: gem/quality/silver.py. Each batch is the run's ds partitions at one Delta version where every
+day holds the files its build recorded, and each day's record names that version (readers read it). All suites of a run are validated and the Data Docs refreshed before a failed critical
 expectation fails the job; otherwise the stage's completion record is published last:
 `validate_silver` (sequences and features of D) or `validate_examples` (examples of D).
 """
@@ -18,9 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gem.cli import examples_parser, iso_day, resolve_examples_day
-from gem.config import GemConfig, load_config
-from gem.lakehouse.commit import StageCommit, StageContext, StageResult
+from gem.cli import examples_parser, iso_day, parse_examples_args, resolve_examples_day
+from gem.config import load_config
+from gem.lakehouse.commit import DayCounts, StageCommit, StageContext, StageResult
 from gem.orchestration import NOTHING_READY_EXIT  # exit code: nothing ready yet, the task is skipped
 
 if TYPE_CHECKING:
@@ -36,37 +37,47 @@ EXAMPLES_STAGE = "validate_examples"
 @dataclass
 class Batch:
     suite_name: str
-    df: Any  # a Spark DataFrame, or a one-row pandas statistics frame
+    df: Any  # a Spark DataFrame, or a pandas statistics frame (a row per day)
     expectations: list[Expectation]
 
 
-def _partition(spark: SparkSession, cfg: GemConfig, schema: TableSchema, ds: str, record: dict[str, Any]) -> DataFrame:
-    """The ds partition of `schema` at the version the producing stage recorded."""
+def _validated_days(spark: SparkSession, commit: StageCommit, schema: TableSchema, producer: str) -> tuple[DataFrame, int]:
+    """The commit's days of `schema`, read at the one version where each day holds the files its
+    producing stage recorded (StaleInputError, naming the rerun, when a day changed since); -> (rows, version)."""
     from gem.lakehouse import tables
 
-    version = (record.get("table_versions") or {}).get(schema.name)
-    return tables.read_table(spark, cfg, schema, version=version).where(f"ds = DATE'{ds}'")
+    days = list(commit.days)
+    version = commit.validated_version(schema, producer, days)
+    rows = tables.read_table(spark, commit.cfg, schema, version=version)
+    return rows.where(f"ds BETWEEN DATE'{days[0]}' AND DATE'{days[-1]}'"), version
 
 
-def _validate_and_publish(commit: StageCommit, spark: SparkSession, batches: list[Batch],
-                          validated: dict[str, int], rows: int, started: float) -> StageResult:
+def _label(commit: StageCommit) -> str:
+    return commit.ds if len(commit.days) == 1 else f"{commit.days[0]}..{commit.days[-1]}"
+
+
+def _validate_and_publish(commit: StageCommit, batches: list[Batch], validated: dict[str, int],
+                          rows: dict[str, int], started: float) -> StageResult:
+    """One run of each suite over the batch of every day; a failed critical rule fails the run (no day
+    is published), else one record per day with that day's rows validated."""
     from gem.quality.runner import build_data_docs, raise_for_critical, validate
     from jobs.validate_events import VALIDATION_WRITES_NOTHING
 
     cfg = commit.cfg
     # Cached: each of a suite's query expectations runs a count and a collect over the batch, so
     # uncached every rule re-reads the partition (the demo's 60k examples: 40 s uncached, 26 s cached).
-    reports = [validate(cfg, b.df, b.suite_name, b.expectations, commit.ds, raise_on_critical=False, cache=True)
+    reports = [validate(cfg, b.df, b.suite_name, b.expectations, _label(commit), raise_on_critical=False, cache=True)
                for b in batches]
     build_data_docs(cfg, rebuild=False)
     raise_for_critical(reports)
-    commit.publish(None, rows, no_input_count=VALIDATION_WRITES_NOTHING, validated=validated)
+    commit.publish(no_input_count=VALIDATION_WRITES_NOTHING, validated=validated,
+                   per_day={day: DayCounts(None, rows.get(day, 0)) for day in commit.days})
     return commit.result(started, reports=reports)
 
 
-def run_tables(ctx: StageContext, ds: str) -> StageResult:
-    """Sequences and features of ds; needs build_sequences' and build_features' records. Details:
-    the validation reports."""
+def run_tables(ctx: StageContext, ds: str, through: str | None = None) -> StageResult:
+    """Sequences and features of ds (or of the days ds..through, each suite run once over them);
+    needs build_sequences' and build_features' records. Details: the validation reports."""
     from gem.quality import silver as qs
     from gem.quality.bronze import statistics_frame
     from schemas.features import SILVER_AD_FEATURES, SILVER_USER_FEATURES
@@ -74,39 +85,41 @@ def run_tables(ctx: StageContext, ds: str) -> StageResult:
 
     t0, cfg, spark = time.time(), ctx.cfg, ctx.spark_for(SILVER_STAGE, ds)
     # Withdrawn first: a failing rerun must not leave an old "validated" record standing.
-    commit = StageCommit.begin(ctx, SILVER_STAGE, ds)
-    sequences_record, features_record = commit.record("build_sequences", ds), commit.record("build_features", ds)
-    sequences = _partition(spark, cfg, SILVER_USER_SEQUENCES, ds, sequences_record)
+    commit = StageCommit.begin(ctx, SILVER_STAGE, ds, through)
+    days = list(commit.days)
+    sequences, sequences_version = _validated_days(spark, commit, SILVER_USER_SEQUENCES, "build_sequences")
+    user_features, user_version = _validated_days(spark, commit, SILVER_USER_FEATURES, "build_features")
+    ad_features, ad_version = _validated_days(spark, commit, SILVER_AD_FEATURES, "build_features")
     batches = [
         Batch(f"{SILVER_USER_SEQUENCES.name}.rules", sequences, qs.sequence_expectations(cfg)),
         Batch(f"{SILVER_USER_SEQUENCES.name}.cap_margin",
-              statistics_frame(qs.sequence_margin_statistics(sequences, ds)), qs.sequence_margin_expectations(cfg)),
-        Batch(f"{SILVER_USER_FEATURES.name}.rules", _partition(spark, cfg, SILVER_USER_FEATURES, ds, features_record),
-              qs.feature_expectations(cfg, "user_id")),
-        Batch(f"{SILVER_AD_FEATURES.name}.rules", _partition(spark, cfg, SILVER_AD_FEATURES, ds, features_record),
-              qs.feature_expectations(cfg, "ad_id")),
+              statistics_frame(qs.sequence_margin_statistics(sequences, days)), qs.sequence_margin_expectations(cfg)),
+        Batch(f"{SILVER_USER_FEATURES.name}.rules", user_features, qs.feature_expectations(cfg, "user_id")),
+        Batch(f"{SILVER_AD_FEATURES.name}.rules", ad_features, qs.feature_expectations(cfg, "ad_id")),
     ]
-    validated = {t: int(sequences_record["table_versions"][t]) for t in (SILVER_USER_SEQUENCES.name,)}
-    validated |= {t: int(features_record["table_versions"][t]) for t in (SILVER_USER_FEATURES.name, SILVER_AD_FEATURES.name)}
-    rows = int(sequences_record["rows_written"]) + int(features_record["rows_written"])
-    return _validate_and_publish(commit, spark, batches, validated, rows, t0)
+    validated = {SILVER_USER_SEQUENCES.name: sequences_version, SILVER_USER_FEATURES.name: user_version,
+                 SILVER_AD_FEATURES.name: ad_version}
+    rows = {day: int(commit.record("build_sequences", day)["rows_written"])
+            + int(commit.record("build_features", day)["rows_written"]) for day in days}
+    return _validate_and_publish(commit, batches, validated, rows, t0)
 
 
-def run_examples(ctx: StageContext, ds: str) -> StageResult:
-    """Training examples of ds; needs assemble_examples' record. Details: the validation reports."""
+def run_examples(ctx: StageContext, ds: str, through: str | None = None) -> StageResult:
+    """Training examples of ds (or of the days ds..through, one suite run over them); needs
+    assemble_examples' record. Details: the validation reports."""
     from gem.lakehouse import tables
     from gem.quality import silver as qs
     from schemas.examples import SILVER_TRAINING_EXAMPLES
     from schemas.sequences import SILVER_USER_SEQUENCES
 
     t0, cfg, spark = time.time(), ctx.cfg, ctx.spark_for(EXAMPLES_STAGE, ds)
-    commit = StageCommit.begin(ctx, EXAMPLES_STAGE, ds)
-    record = commit.record("assemble_examples", ds)
-    examples = _partition(spark, cfg, SILVER_TRAINING_EXAMPLES, ds, record)
+    commit = StageCommit.begin(ctx, EXAMPLES_STAGE, ds, through)
+    examples, version = _validated_days(spark, commit, SILVER_TRAINING_EXAMPLES, "assemble_examples")
     batch = qs.with_snapshot_checks(examples, tables.read_table(spark, cfg, SILVER_USER_SEQUENCES), cfg)
     batches = [Batch(f"{SILVER_TRAINING_EXAMPLES.name}.rules", batch, qs.example_expectations(cfg))]
-    validated = {SILVER_TRAINING_EXAMPLES.name: int(record["table_versions"][SILVER_TRAINING_EXAMPLES.name])}
-    return _validate_and_publish(commit, spark, batches, validated, examples.count(), t0)
+    rows = {str(r["ds"]): int(r["count"])
+            for r in examples.groupBy("ds").count().collect()}
+    return _validate_and_publish(commit, batches, {SILVER_TRAINING_EXAMPLES.name: version}, rows, t0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -116,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = examples_parser(__doc__.splitlines()[0])
     parser.add_argument("--examples", action="store_true", help="validate silver.training_examples")
-    args = parser.parse_args(argv)
+    args = parse_examples_args(parser, argv)
     cfg = load_config(args.config)
     if args.examples:
         stage, ds, runner = EXAMPLES_STAGE, resolve_examples_day(cfg, args), run_examples
@@ -128,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("--ready-on goes with --examples; sequences and features take --ds")
         stage, ds, runner = SILVER_STAGE, iso_day(args.ds), run_tables
     try:
-        reports = runner(StageContext(cfg), ds).details["reports"]
+        reports = runner(StageContext(cfg), ds, args.through).details["reports"]
     except DataQualityError as e:
         print(f"{stage} ds={ds} FAILED: {e}\nData Docs: {docs_site_dir(cfg) / 'index.html'}", file=sys.stderr)
         return 1

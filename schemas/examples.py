@@ -26,6 +26,11 @@ Linking, by event time (jobs/assemble_examples.py holds the one implementation):
   A conversion labels the impression its click links to iff it ARRIVED by that impression's
   ds + attribution_window_days (so with a 7-day window a conversion arriving on D+7 counts for
   an impression of D, one arriving on D+8 counts nowhere).
+  Each decision belongs to one day (an impression's labels to its arrival day, a conversion's
+  outcome and a click's quarantine to theirs) and sees only impressions and clicks that arrived on
+  or after that day - 2 * attribution_window_days - 1, the first day that day's own run reads; so a
+  run over a range of days decides every event exactly as the runs of its days one by one would
+  (it changes nothing for events that arrive on time; only very late ones meet the cut).
 
 Every conversion is accounted for exactly once, by the assembly whose ds is the conversion's arrival
 day: it is either attributed (to an impression of ds - window .. ds) or written to

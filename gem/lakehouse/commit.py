@@ -325,13 +325,14 @@ class StageCommit:
             raise UndeclaredWriteError(
                 f"{self.stage.name} ds={self.ds} may replace {schema.name} ds in {declared[0]}..{declared[-1]}; "
                 f"asked for {days or 'no day'}")
-        if days != day_range(days[0], days[-1]):
-            raise UndeclaredWriteError(f"{schema.name}: one replace covers consecutive days, got {days}")
-        return days, days[0] if len(days) == 1 else (days[0], days[-1])
+        if len(days) == 1:
+            return days, days[0]
+        # Consecutive days as a closed range; others (e.g. a range's compaction days) as a set.
+        return days, (days[0], days[-1]) if days == day_range(days[0], days[-1]) else days
 
     def replace(self, df: DataFrame, schema: TableSchema, days: list[str] | None = None) -> int:
-        """Replace the declared partitions (all of the day's, or `days` among them) of `schema` with
-        `df` in one Delta commit; -> the version that commit created."""
+        """Replace the declared partitions (all of the commit's days', or `days` among them, consecutive
+        or not) of `schema` with `df` in one Delta commit; -> the version that commit created."""
         _, ds_where = self._declared_where(schema, days)
         committed = tables.replace_partition(df, self.cfg, schema, {"ds": ds_where}, self.user_metadata)
         self.table_versions[schema.name] = committed.version

@@ -145,10 +145,13 @@ def _verify_schema(table: Any, path: str, schema: TableSchema) -> None:
 def predicate(where: Mapping[str, Any]) -> str:
     """{"ds": "2026-01-02"} -> "ds = '2026-01-02'"; a (first, last) pair is a closed range:
     {"ds": ("2026-01-01", "2026-01-28")} -> "ds >= '2026-01-01' AND ds <= '2026-01-28'" (Delta's
-    replaceWhere check fails to analyze BETWEEN)."""
+    replaceWhere check fails to analyze BETWEEN); a list is a set of values:
+    {"ds": ["2026-01-07", "2026-01-14"]} -> "ds IN ('2026-01-07', '2026-01-14')"."""
     terms = []
     for col, val in where.items():
-        if isinstance(val, tuple):
+        if isinstance(val, list):
+            terms.append(f"{col} IN ({', '.join(repr(str(v)) for v in val)})")
+        elif isinstance(val, tuple):
             first, last = val
             terms.append(f"{col} >= '{first}' AND {col} <= '{last}'")
         elif isinstance(val, (dt.date, str)):

@@ -1,11 +1,11 @@
-"""The bronze statistics suite: bounds from `cfg.quality` on a one-row statistics frame of one day of
+"""The bronze statistics suite: bounds from `cfg.quality` on a statistics frame with one row per day of
 events (per-surface CTR, null rates, duplicate and quarantine rates from the ingest completion
 record, reconciliation of bronze counts with that record).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gem.config import GemConfig
@@ -70,24 +70,26 @@ def event_statistics_expectations(cfg: GemConfig) -> list[Expectation]:
     return out
 
 
-def _event_aggregates(events: DataFrame, cfg: GemConfig) -> dict[str, int]:
-    """One Spark pass: row count, impressions and clicks per surface, scoped null counts."""
+def _event_aggregates(events: DataFrame, cfg: GemConfig, days: Sequence[str]) -> dict[str, dict[str, int]]:
+    """One Spark pass over the days' events, grouped by ds: day -> row count, impressions and clicks
+    per surface, scoped null counts (all 0 for a day without rows)."""
     from pyspark.sql import functions as F
 
     def count_where(cond: Any) -> Any:
         return F.sum(F.when(cond, 1).otherwise(0))
 
-    exprs = [F.count(F.lit(1)).alias("rows")]
+    exprs = {"rows": F.count(F.lit(1))}
     for s in cfg.surfaces:
         on_surface = F.col("surface") == s
-        exprs.append(count_where(on_surface & (F.col("event_type") == IMPRESSION)).alias(f"impressions:{s}"))
-        exprs.append(count_where(on_surface & (F.col("event_type") == CLICK)).alias(f"clicks:{s}"))
+        exprs[f"impressions:{s}"] = count_where(on_surface & (F.col("event_type") == IMPRESSION))
+        exprs[f"clicks:{s}"] = count_where(on_surface & (F.col("event_type") == CLICK))
     for c in nullable_event_columns():
         scope = F.expr(cfg.quality.null_rate_scopes.get(c, "true"))
-        exprs.append(count_where(scope).alias(f"scoped:{c}"))
-        exprs.append(count_where(scope & F.col(c).isNull()).alias(f"nulls:{c}"))
-    row = events.agg(*exprs).collect()[0].asDict()
-    return {k: int(v or 0) for k, v in row.items()}
+        exprs[f"scoped:{c}"] = count_where(scope)
+        exprs[f"nulls:{c}"] = count_where(scope & F.col(c).isNull())
+    grouped = events.groupBy("ds").agg(*[e.alias(n) for n, e in exprs.items()])
+    found = {str(r["ds"]): r.asDict() for r in grouped.collect()}
+    return {day: {n: int(found.get(day, {}).get(n) or 0) for n in exprs} for day in days}
 
 
 def _ratio(numerator: int, denominator: int) -> float | None:
@@ -97,16 +99,24 @@ def _ratio(numerator: int, denominator: int) -> float | None:
 
 def event_statistics(
     events: DataFrame,
-    ingest_record: Mapping[str, Any],
-    quarantine_rows: int,
+    ingest_records: Mapping[str, Mapping[str, Any]],
+    quarantine_rows: Mapping[str, int],
     cfg: GemConfig,
-) -> dict[str, int | float | None]:
-    """The statistics `event_statistics_expectations` bound, for one ds of bronze.ad_events.
+) -> dict[str, dict[str, int | float | None]]:
+    """The statistics `event_statistics_expectations` bound, per day of bronze.ad_events, in one
+    Spark pass over `events` (the rows of those days).
 
-    `ingest_record` is ingest_events' completion record for the ds, `quarantine_rows` the ds's row
-    count in bronze.quarantine. A rate with nothing to divide by (e.g. a surface without
-    impressions) is None, which GX reports as missing rather than passing as 0."""
-    agg = _event_aggregates(events, cfg)
+    `ingest_records`: day -> ingest_events' completion record of that day (the days validated);
+    `quarantine_rows`: day -> its row count in bronze.quarantine. A rate with nothing to divide by
+    (e.g. a surface without impressions) is None, which GX reports as missing rather than passing as 0.
+    """
+    aggregates = _event_aggregates(events, cfg, sorted(ingest_records))
+    return {day: _day_statistics(aggregates[day], record, quarantine_rows.get(day, 0), cfg)
+            for day, record in sorted(ingest_records.items())}
+
+
+def _day_statistics(agg: Mapping[str, int], ingest_record: Mapping[str, Any], quarantine_rows: int,
+                    cfg: GemConfig) -> dict[str, int | float | None]:
     rows_in = int(ingest_record["rows_in"])
     by_reason = ingest_record.get("quarantined_by_reason") or {}
     values: dict[str, int | float | None] = {ROWS_VALIDATED: agg["rows"]}
@@ -121,24 +131,27 @@ def event_statistics(
     return values
 
 
-def statistics_frame(statistics: Mapping[str, int | float | None]) -> pd.DataFrame:
-    """A one-row pandas DataFrame, one column per statistic (integers as int64, the rest as
-    float64 with None as NaN). Pandas, not Spark: GX validates it in a fraction of the time."""
+def statistics_frame(statistics: Mapping[str, Mapping[str, int | float | None]]) -> pd.DataFrame:
+    """day -> statistics as a pandas DataFrame with one row per day (oldest first): `ds`, then one
+    column per statistic (integers as int64, the rest as float64 with None as NaN), so one suite run
+    bounds every day of a range. Pandas, not Spark: GX validates it in a fraction of the time."""
     import pandas as pd
 
-    return pd.DataFrame(
-        {
-            name: pd.Series([value], dtype="int64" if isinstance(value, int) else "float64")
-            for name, value in statistics.items()
-        }
-    )
+    days = sorted(statistics)
+    names = list(statistics[days[0]]) if days else []
+
+    def column(name: str) -> pd.Series:
+        values = [statistics[day][name] for day in days]
+        return pd.Series(values, dtype="int64" if all(isinstance(v, int) for v in values) else "float64")
+
+    return pd.DataFrame({"ds": pd.Series(days, dtype="string"), **{name: column(name) for name in names}})
 
 
 def event_statistics_frame(
     events: DataFrame,
-    ingest_record: Mapping[str, Any],
-    quarantine_rows: int,
+    ingest_records: Mapping[str, Mapping[str, Any]],
+    quarantine_rows: Mapping[str, int],
     cfg: GemConfig,
 ) -> pd.DataFrame:
-    """`event_statistics` as the one-row frame the statistics suite validates."""
-    return statistics_frame(event_statistics(events, ingest_record, quarantine_rows, cfg))
+    """`event_statistics` as the frame the statistics suite validates, one row per day."""
+    return statistics_frame(event_statistics(events, ingest_records, quarantine_rows, cfg))

@@ -1,14 +1,15 @@
 """Data-quality suites for the silver tables: sequences, features, training examples.
 
-Each suite is a list of GX expectations over ONE ds partition of its table (the batch). Rules that
-span columns or rows are `UnexpectedRowsExpectation` queries returning the offending rows (Spark
-SQL, `{batch}` is the partition), so several per-column rules fold into one query and one Spark
+Each suite is a list of GX expectations over the ds partitions of its table one run validates (the
+batch: one day, or a range of days at once, so every per-day rule groups by ds). Rules that span
+columns or rows are `UnexpectedRowsExpectation` queries returning the offending rows with their ds
+(Spark SQL, `{batch}` is the batch), so several per-column rules fold into one query and one Spark
 job. Critical rules break a table's contract (the job fails, no completion record); warnings are
 reported in the Data Docs only.
 
   silver.user_sequences: each sequence within its cap and as long as min(count, cap); elements
       strictly ordered by (event_time, event_id); last_event_time not before any element; one row
-      per user. Warning: the cap margin (schemas/examples.py), as a one-row statistic.
+      per user. Warning: the cap margin (schemas/examples.py), as a statistic per day.
   silver.user_features / silver.ad_features: one row per entity; windows nested (1d <= 7d <= 28d);
       per-surface counts add up to the all-surfaces count; clicks_28d <= impressions_28d for at
       least `quality.min_clicks_within_impressions` of rows (window-edge clicks, see schemas/features.py).
@@ -21,6 +22,7 @@ reported in the Data Docs only.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from gem.config import GemConfig
@@ -52,7 +54,8 @@ def _groups_breaking(rule: str, query: str, critical: bool = True) -> Expectatio
 
 
 def _unique(rule: str, key: str) -> Expectation:
-    return _groups_breaking(rule, f"SELECT {key}, count(*) AS n FROM {{batch}} GROUP BY {key} HAVING count(*) > 1")
+    """One row per `key` within each day of the batch (a batch may hold a range of days)."""
+    return _groups_breaking(rule, f"SELECT ds, {key}, count(*) AS n FROM {{batch}} GROUP BY ds, {key} HAVING count(*) > 1")
 
 
 def _any_of(terms: list[str]) -> str:
@@ -75,15 +78,15 @@ def sequence_expectations(cfg: GemConfig) -> list[Expectation]:
     pairs = "zip_with(slice({s}, 1, greatest(size({s}) - 1, 0)), slice({s}, 2, greatest(size({s}) - 1, 0)), (a, b) -> a < b)"
     return [
         _rows_breaking("sequences_within_caps", _any_of([f"size({s}) > {cap}" for s, cap in caps.items()]),
-                       select="user_id"),
+                       select="ds, user_id"),
         _rows_breaking("sequence_length_is_min_count_cap",
                        _any_of([f"size({s}) <> least({counts[s]}, {cap})" for s, cap in caps.items()]),
-                       select="user_id"),
+                       select="ds, user_id"),
         _rows_breaking("sequences_strictly_ordered",
-                       _any_of([f"NOT forall({pairs.format(s=s)}, x -> x)" for s in caps]), select="user_id"),
+                       _any_of([f"NOT forall({pairs.format(s=s)}, x -> x)" for s in caps]), select="ds, user_id"),
         _rows_breaking("last_event_time_is_latest",
                        _any_of([f"exists({s}, e -> e.event_time > last_event_time)" for s in caps]),
-                       select="user_id"),
+                       select="ds, user_id"),
         _unique("one_row_per_user", "user_id"),
     ]
 
@@ -92,18 +95,20 @@ def day_events_column(seq: str) -> str:
     return f"max_user_day_events__{seq}"
 
 
-def sequence_margin_statistics(rows: DataFrame, ds: str) -> dict[str, int]:
-    """For each sequence: the most elements one user has with event_time on ds (the day's events
-    that sit after any impression of that day in its snapshot). One Spark pass over the partition."""
+def sequence_margin_statistics(rows: DataFrame, days: Sequence[str]) -> dict[str, dict[str, int]]:
+    """day -> for each sequence: the most elements one user has with event_time on that day (the
+    day's events that sit after any impression of that day in its snapshot); 0 for a day without
+    rows. One Spark pass over the days' partitions."""
     from pyspark.sql import functions as F
 
-    day_start = F.lit(f"{ds} 00:00:00").cast("timestamp")
+    day_start = F.col("ds").cast("timestamp")  # midnight UTC: the session time zone (gem.lakehouse.spark)
+    names = [day_events_column(seq) for seq, _ in SEQUENCE_COLUMNS.values()]
     exprs = [
-        F.max(F.size(F.filter(F.col(seq), lambda e: e["event_time"] >= day_start))).alias(day_events_column(seq))
-        for seq, _ in SEQUENCE_COLUMNS.values()
+        F.max(F.size(F.filter(F.col(seq), lambda e: e["event_time"] >= day_start))).alias(name)
+        for (seq, _), name in zip(SEQUENCE_COLUMNS.values(), names, strict=True)
     ]
-    row = rows.agg(*exprs).collect()[0].asDict()
-    return {k: int(v or 0) for k, v in row.items()}
+    found = {str(r["ds"]): r.asDict() for r in rows.groupBy("ds").agg(*exprs).collect()}
+    return {day: {n: int(found.get(day, {}).get(n) or 0) for n in names} for day in days}
 
 
 def sequence_margin_expectations(cfg: GemConfig) -> list[Expectation]:
@@ -120,6 +125,7 @@ def sequence_margin_expectations(cfg: GemConfig) -> list[Expectation]:
 
 
 def feature_expectations(cfg: GemConfig, key: str) -> list[Expectation]:
+    impressions, clicks = (counter_name(m, max(WINDOW_DAYS)) for m in ("impressions", "clicks"))
     nested, added_up = [], []
     for metric in COUNT_METRICS.values():
         short, mid, long_ = (counter_name(metric, w) for w in WINDOW_DAYS)
@@ -129,16 +135,13 @@ def feature_expectations(cfg: GemConfig, key: str) -> list[Expectation]:
             added_up.append(f"{counter_name(metric, w)} <> {per_surface}")
     return [
         _unique(f"one_row_per_{key}", key),
-        _rows_breaking("windows_nested", _any_of(nested), select=key),
-        _rows_breaking("surfaces_add_up", _any_of(added_up), select=key),
-        gx_expectations().ExpectColumnPairValuesAToBeGreaterThanB(
-            column_A=counter_name("impressions", max(WINDOW_DAYS)),
-            column_B=counter_name("clicks", max(WINDOW_DAYS)),
-            or_equal=True,
-            mostly=cfg.quality.min_clicks_within_impressions,
-            meta=rule_meta("clicks_within_impressions", True),
-            severity=expectation_severity(True),
-        ),
+        _rows_breaking("windows_nested", _any_of(nested), select=f"ds, {key}"),
+        _rows_breaking("surfaces_add_up", _any_of(added_up), select=f"ds, {key}"),
+        # Per day, at least `min_clicks_within_impressions` of the rows have clicks <= impressions.
+        _groups_breaking("clicks_within_impressions",
+                         f"SELECT ds, count_if({clicks} > {impressions}) AS clicks_above_impressions, count(*) AS rows "
+                         f"FROM {{batch}} GROUP BY ds "
+                         f"HAVING count_if({clicks} <= {impressions}) < {cfg.quality.min_clicks_within_impressions} * count(*)"),
     ]
 
 
@@ -195,8 +198,8 @@ def example_expectations(cfg: GemConfig) -> list[Expectation]:
         col, bounds = LABEL_COLUMNS[label_type], cfg.quality.label_rates[label_type]
         out.append(_groups_breaking(
             f"label_rate:{label_type}",
-            f"SELECT surface, avg({col}) AS rate, count(*) AS examples FROM {{batch}} "
-            f"WHERE surface IN ({surfaces}) GROUP BY surface "
+            f"SELECT ds, surface, avg({col}) AS rate, count(*) AS examples FROM {{batch}} "
+            f"WHERE surface IN ({surfaces}) GROUP BY ds, surface "
             f"HAVING avg({col}) < {bounds.min} OR avg({col}) > {bounds.max}",
         ))
     click = LABEL_COLUMNS["click"]
@@ -215,7 +218,7 @@ def example_expectations(cfg: GemConfig) -> list[Expectation]:
         _rows_breaking("sequence_prefix_cut_by_cap", "prefix_cut", critical=False, select=snapshot_key),
         # Loud: a day where more than the allowed share was cut (raise sequence_caps).
         _groups_breaking("sequence_prefix_cut_rate",
-                         "SELECT count_if(prefix_cut) AS cut_examples, count(*) AS examples FROM {batch} "
-                         f"HAVING count_if(prefix_cut) > {rate} * count(*)"),
+                         "SELECT ds, count_if(prefix_cut) AS cut_examples, count(*) AS examples FROM {batch} "
+                         f"GROUP BY ds HAVING count_if(prefix_cut) > {rate} * count(*)"),
     ]
     return out

@@ -1,24 +1,28 @@
 """silver.training_examples: click and conversion links, the attribution window's edge, quarantine
 reasons and reconciliation, point-in-time features, late-materialized sequences cut strictly before
 the impression, agreement with a plain Python implementation of the rules on random traffic,
-idempotent reruns and gated inputs."""
+idempotent reruns, gated inputs, and ranges of days assembled in one run equal to the daily runs."""
 
 from __future__ import annotations
 
 import datetime as dt
 import random
+import shutil
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gem.cli import day_range, shift_day
+from gem.config import GemConfig
 from gem.data.sequences import cut_before
 from gem.lakehouse import completions, tables
 from gem.lakehouse.commit import StageContext
 from jobs import assemble_examples, build_features, build_sequences
 from schemas.events import BRONZE_AD_EVENTS
 from schemas.examples import (
+    ATTRIBUTION_REASONS,
     LABEL_COLUMNS,
     SILVER_ATTRIBUTION_QUARANTINE,
     SILVER_CLICK_QUARANTINE,
@@ -28,7 +32,7 @@ from schemas.features import SILVER_AD_FEATURES, SILVER_USER_FEATURES
 from schemas.ops import COMPLETIONS
 from schemas.sequences import SEQUENCE_COLUMNS, SILVER_USER_SEQUENCES
 from tests.landing_lines import bronze_event
-from tests.support import PYTHON, REPO, make_config, stand_in_records, subprocess_env
+from tests.support import PYTHON, REPO, lakehouse_rows, make_config, stand_in_records, subprocess_env
 
 W = 2  # attribution window (days) of these tests
 S = "2026-01-01"  # start_ds
@@ -89,6 +93,36 @@ def _planted() -> list[dict[str, Any]]:
     ]
 
 
+W1 = 1  # the range tests' window: each day's reads (D-3 .. D+1) overlap its neighbours'
+RANGES = ((S, shift_day(S, 2)), (shift_day(S, 3), shift_day(S, 4)))  # the first starts at start_ds
+RANGE_DAYS = day_range(RANGES[0][0], RANGES[-1][1])
+
+
+def _range_edges() -> list[dict[str, Any]]:
+    """Decisions a range run could get wrong by seeing further back than the daily run of the day
+    that owns them (the run of D reads from D-3 with W1 = 1), and late impressions."""
+    s1, s2, s4 = (shift_day(S, n) for n in (1, 2, 4))
+    return [
+        # A conversion 3 days late (arrived_after_window): its click on S is before what the run of
+        # its arrival day S+4 reads, so the quarantine names no click.
+        _ev("x-imp", S, "impression", _at(S, 9.9), "u_range_x", "a_range_x"),
+        _ev("x-clk", S, "click", _at(S, 10), "u_range_x", "a_range_x"),
+        _ev("x-conv", s4, "conversion", _at(s1, 10), "u_range_x", "a_range_x"),
+        # A click 3 days late whose only impression arrived on S: a click linking no impression.
+        _ev("y-imp", S, "impression", _at(S, 23.8), "u_range_y", "a_range_y"),
+        _ev("y-clk", s4, "click", _at(s1, 0.2), "u_range_y", "a_range_y"),
+        # A late impression (event day S, arrived S+4: features of S, outside the second range) that
+        # its late click labels, though an impression that arrived on S is newer.
+        _ev("z-new", S, "impression", _at(S, 23.7), "u_range_z", "a_range_z"),
+        _ev("z-late", s4, "impression", _at(S, 23.5), "u_range_z", "a_range_z"),
+        _ev("z-clk", s4, "click", _at(s1, 0.1), "u_range_z", "a_range_z"),
+        # Late impressions: event day S+1 inside the first range; one before start_ds (no features).
+        _ev("w-imp", s2, "impression", _at(s1, 12), "u_range_w", "a_range_w"),
+        _ev("w-clk", s2, "click", _at(s1, 12.1), "u_range_w", "a_range_w"),
+        _ev("v-imp", s1, "impression", _at(shift_day(S, -1), 22), "u_range_v", "a_range_v"),
+    ]
+
+
 def _random_traffic(seed: int = 11) -> list[dict[str, Any]]:
     """Impressions on every day; clicks seconds to 90 minutes later (some outside the click window),
     a few clicks with no impression; conversions 0-3 days after clicks; arrivals 0-2 days late."""
@@ -124,12 +158,14 @@ def _append_records(spark, cfg, records: list[dict[str, Any]]) -> None:
 
 
 @pytest.fixture(scope="module")
-def assembled(spark, tmp_path_factory):
-    """Bronze S..LAST planted + random traffic, validate records for all of it; sequences built for
-    S..D, features for the assembled days (silver validation records stand in for validate_silver,
-    whose suites are tested in test_quality_silver); examples assembled for every ready day."""
-    cfg = make_config(tmp_path_factory.mktemp("examples"), start_ds=S, attribution_window_days=W)
-    events = _planted() + _random_traffic()
+def inputs(spark, tmp_path_factory) -> tuple[Path, list[dict[str, Any]]]:
+    """A lakehouse of everything assemble_examples reads, none of which depends on the window:
+    bronze S..LAST planted (_planted, _range_edges) + random traffic, validate records for all of
+    it; sequences built for S..D, features for the assembled days (silver validation records stand
+    in for validate_silver, whose suites are tested in test_quality_silver). -> (its root, to copy;
+    the events)."""
+    cfg = make_config(tmp_path_factory.mktemp("inputs"), start_ds=S)
+    events = _planted() + _range_edges() + _random_traffic()
     path = tables.ensure_table(spark, cfg, BRONZE_AD_EVENTS)
     spark.createDataFrame(events, BRONZE_AD_EVENTS.spark_schema()).write.format("delta").mode("append").save(path)
     bronze = {BRONZE_AD_EVENTS.name: tables.latest_version(path)}  # what the validation stand-ins validated
@@ -142,8 +178,22 @@ def assembled(spark, tmp_path_factory):
         silver += stand_in_records("validate_silver", [day], table_versions={
             t: built.table_versions[t] for t in (SILVER_USER_FEATURES.name, SILVER_AD_FEATURES.name)})
     _append_records(spark, cfg, silver)
+    return Path(cfg.lakehouse_uri), events
+
+
+def _lakehouse(inputs, tmp_path_factory, window_days: int) -> GemConfig:
+    """A config over a fresh copy of the inputs' lakehouse, with attribution_window_days = window_days."""
+    cfg = make_config(tmp_path_factory.mktemp("lakehouse"), start_ds=S, attribution_window_days=window_days)
+    shutil.copytree(inputs[0], cfg.lakehouse_uri)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def assembled(spark, inputs, tmp_path_factory):
+    """The inputs with window W; examples assembled for every ready day, one run per day."""
+    cfg = _lakehouse(inputs, tmp_path_factory, W)
     results = {day: assemble_examples.run(StageContext(cfg, spark), day) for day in ASSEMBLED}
-    return cfg, events, results
+    return cfg, inputs[1], results
 
 
 def _examples(spark, cfg, ds: str | None = None) -> dict[str, dict[str, Any]]:
@@ -355,3 +405,53 @@ def test_cli_ready_on_before_any_window_closes_exits_99(tmp_path):
     )
     assert proc.returncode == assemble_examples.NOTHING_READY_EXIT, proc.stderr
     assert "nothing to do" in proc.stdout
+
+
+# --------------------------------------------------------------------------------------------------
+# A range of days in one run equals the daily runs.
+
+@pytest.fixture(scope="module")
+def range_and_daily(spark, inputs, tmp_path_factory):
+    """Two copies of the inputs with window W1: RANGE_DAYS assembled one run per day in the first,
+    one run per range of RANGES in the second."""
+    daily, ranged = (_lakehouse(inputs, tmp_path_factory, W1) for _ in range(2))
+    for day in RANGE_DAYS:
+        assemble_examples.run(StageContext(daily, spark), day)
+    results = [assemble_examples.run(StageContext(ranged, spark), first, last) for first, last in RANGES]
+    return daily, ranged, results
+
+
+def test_range_run_equals_daily_runs(range_and_daily):
+    daily, ranged, results = range_and_daily
+    assert [len(r.records) for r in results] == [len(day_range(*r)) for r in RANGES]
+    for table in (SILVER_TRAINING_EXAMPLES, SILVER_ATTRIBUTION_QUARANTINE, SILVER_CLICK_QUARANTINE):
+        rows = lakehouse_rows(daily, table.name)
+        assert rows and lakehouse_rows(ranged, table.name) == rows, table.name
+    for day in RANGE_DAYS:
+        one, many = (completions.completion(cfg, "assemble_examples", day) for cfg in (daily, ranged))
+        counts = ("rows_in", "rows_written", "rows_quarantined", "quarantined_by_reason", "reconciliation")
+        assert {k: many[k] for k in counts} == {k: one[k] for k in counts}, day
+
+
+def test_range_covers_the_edge_cases(spark, range_and_daily):
+    _, ranged, results = range_and_daily
+    ex = _examples(spark, ranged)
+    q = _quarantine(spark, ranged)
+    orphans = {r.click_id: r.ds.isoformat() for r in tables.read_table(spark, ranged, SILVER_CLICK_QUARANTINE).collect()}
+    s4 = shift_day(S, 4)
+    assert (q["x-conv"]["reason"], q["x-conv"]["click_id"], q["x-conv"]["ds"].isoformat()) == ("arrived_after_window", None, s4)
+    assert orphans["y-clk"] == s4
+    assert (ex["z-late"]["label_click"], ex["z-late"]["features_ds"].isoformat()) == (1, S)
+    assert ex["z-new"]["label_click"] == 0
+    assert (ex["w-imp"]["features_ds"].isoformat(), ex["w-imp"]["ds"].isoformat()) == (shift_day(S, 1), shift_day(S, 2))
+    assert ex["v-imp"]["user_impressions_28d"] == 0
+    # Every reason occurs, and labels of every kind: the equality above is not over empty tables.
+    assert {r["reason"] for r in q.values()} == set(ATTRIBUTION_REASONS)
+    assert sum(r["attributed_conversions"] for r in ex.values()) > 5
+    assert sum(r.details["orphan_clicks"] for r in results) > 1
+
+
+def test_cli_through_goes_with_ds():
+    with pytest.raises(SystemExit) as exit_info:
+        assemble_examples.main(["--ready-on", S, "--through", shift_day(S, 1)])
+    assert exit_info.value.code == 2

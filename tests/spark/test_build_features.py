@@ -1,6 +1,7 @@
 """silver.user_features / silver.ad_features: point in time (nothing from ds, nothing that arrived on
 ds), event-time window edges, hand-checked CTR/CVR and per-surface split, agreement with a plain
-Python recount on generated-like data, idempotent reruns, gated inputs."""
+Python recount on generated-like data, idempotent reruns, gated inputs, ranges (`--through`) equal to
+their days built one by one."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ from typing import Any
 import pytest
 
 from gem.cli import shift_day
+from gem.days import day_range
 from gem.lakehouse import completions, tables
 from gem.lakehouse.commit import StageContext
 from jobs import build_features
+from schemas import TABLES
 from schemas.events import BRONZE_AD_EVENTS
 from schemas.features import (
     AD_METADATA_COLUMNS,
@@ -29,7 +32,7 @@ from schemas.features import (
 from schemas.ops import COMPLETIONS
 from schemas.tasks import SURFACES
 from tests.landing_lines import bronze_event
-from tests.support import PYTHON, REPO, make_config, stand_in_records, subprocess_env
+from tests.support import PYTHON, REPO, lakehouse_rows, make_config, stand_in_records, subprocess_env
 
 START = "2026-01-01"
 D = "2026-01-10"  # the feature day under test: counters as of the end of 2026-01-09
@@ -359,3 +362,83 @@ def test_incremental_equals_full_recompute_and_a_plain_recount(chain):
 def test_incremental_rerun_is_identical(chain):
     _, _, _, incremental, _, rerun_rows, _, _ = chain
     assert rerun_rows == incremental[CHAIN_DAYS[2]]
+
+
+# --------------------------------------------------------------------------------------------------
+# A range (`--through`) == its days built one by one, and == a plain recount over a whole month.
+
+# One range from start_ds (its first day empty); one later, whose window reaches back to start_ds:
+# the chain's events leave the 7- and 28-day windows on its second day (without 29 daily runs).
+RANGES = [(START, "2026-01-02"), ("2026-01-30", "2026-01-31")]
+MONTH = (START, RANGES[-1][-1])
+FEATURE_TABLES = ("silver.user_daily_counts", "silver.ad_daily_counts", SILVER_USER_FEATURES.name, SILVER_AD_FEATURES.name)
+
+
+def _record_counts(record: dict[str, Any]) -> tuple[Any, ...]:
+    return record["rows_in"], record["rows_written"], record["quarantined_by_reason"]
+
+
+@pytest.fixture(scope="module")
+def ranged(spark, tmp_path_factory):
+    """Two lakehouses on the chain's bronze up to the last range day (late arrivals of 1-3 days; a
+    click arriving just after its day left the 28-day window): one builds each of RANGES in one run,
+    the other their days one by one (each range's first day in full, its second incrementally)."""
+    root = tmp_path_factory.mktemp("features_ranges")
+    one_by_one, ranged = (make_config(root / name, start_ds=START) for name in ("daily", "range"))
+    events = [e for e in _chain_events() if e["ds"].isoformat() <= MONTH[-1]]  # the last day's arrivals: never read
+    for cfg in (one_by_one, ranged):
+        _load_bronze(spark, cfg, events, days=sorted({e["ds"].isoformat() for e in events}))
+    days = [d for first, through in RANGES for d in day_range(first, through)]
+    daily = {d: build_features.run(StageContext(one_by_one, spark), d) for d in days}
+    results = [build_features.run(StageContext(ranged, spark), first, through) for first, through in RANGES]
+    return one_by_one, ranged, events, daily, results
+
+
+def test_a_range_equals_its_days_built_one_by_one(spark, ranged):
+    """Equal tables (daily counts and features), equal per-day records, one commit per table per range."""
+    from deltalake import DeltaTable
+
+    one_by_one, cfg, _, daily, results = ranged
+    assert [r.details["incremental"] for r in daily.values()] == [False, True, False, True]
+    for name in FEATURE_TABLES:
+        assert lakehouse_rows(cfg, name) == lakehouse_rows(one_by_one, name), name
+    records = {d: completions.completion(cfg, "build_features", d) for d in daily}
+    assert {d: _record_counts(r) for d, r in records.items()} == {d: _record_counts(r.record) for d, r in daily.items()}
+    assert records[START]["rows_written"] == 0 and all(r["rows_written"] for d, r in records.items() if d != START)
+    for result, (first, through) in zip(results, RANGES, strict=True):
+        assert [r["ds"] for r in result.records] == day_range(first, through) and not result.details["incremental"]
+        assert result.details["daily_count_days"] == build_features.bronze_days(cfg, first, through)
+        for name in FEATURE_TABLES:
+            writes = [c for c in DeltaTable(tables.table_path(cfg, TABLES[name])).history()
+                      if result.records[0]["run_id"] in (c.get("userMetadata") or "")]
+            assert len(writes) == 1, name
+    # The planted edges were crossed inside the second range: c_edge's 28-day impression and 7-day click.
+    edge = {d: _partition(spark, cfg, SILVER_USER_FEATURES, "user_id", d)["c_edge"] for d in RANGES[-1]}
+    assert (edge[RANGES[-1][0]]["impressions_28d"], edge[RANGES[-1][0]]["clicks_7d"]) == (1, 1)
+    assert [edge[RANGES[-1][1]][c] for c in ("impressions_28d", "clicks_7d", "clicks_28d")] == [0, 0, 1]
+
+
+@pytest.mark.slow  # a third lakehouse and a 31-day range on top of the `ranged` fixture (~25 s on 2 idle cores)
+def test_a_month_in_one_range_equals_the_daily_runs_and_a_plain_recount(spark, ranged, tmp_path):
+    """01-01..01-31 in one run, in a lakehouse of its own (every window edge inside the range): each
+    day's rows are those of a plain recount, and the days the daily runs built are theirs, records included."""
+    one_by_one, _, events, daily, _ = ranged
+    cfg = make_config(tmp_path, start_ds=START)
+    _load_bronze(spark, cfg, events, days=sorted({e["ds"].isoformat() for e in events}))
+    result = build_features.run(StageContext(cfg, spark), *MONTH)
+    assert [r["ds"] for r in result.records] == day_range(*MONTH)
+    for name in FEATURE_TABLES[:2]:  # the same arrival days, 01-01..01-30
+        assert lakehouse_rows(cfg, name) == lakehouse_rows(one_by_one, name), name
+    for d, run in daily.items():
+        assert _record_counts(completions.completion(cfg, "build_features", d)) == _record_counts(run.record)
+        for table, key in ((SILVER_USER_FEATURES, "user_id"), (SILVER_AD_FEATURES, "ad_id")):
+            assert _partition(spark, cfg, table, key, d) == _partition(spark, one_by_one, table, key, d), (d, table)
+    for table, key in ((SILVER_USER_FEATURES, "user_id"), (SILVER_AD_FEATURES, "ad_id")):
+        rows = tables.read_table(spark, cfg, table).collect()
+        for d in day_range(*MONTH):
+            got = {r[key]: r.asDict() for r in rows if r["ds"].isoformat() == d}
+            known = {e[key] for e in events if e["ds"].isoformat() < d and _at(shift_day(d, -28)) <= e["event_time"] < _at(d)}
+            assert set(got) == known, (d, table.name)
+            for entity, row in got.items():
+                expected = _reference_row([e for e in events if e[key] == entity], d)
+                assert _rounded({c: row[c] for c in expected}) == _rounded(expected), (d, entity)

@@ -25,14 +25,17 @@ from schemas.sequences import (
     SILVER_USER_SEQUENCES_COMPACTED,
 )
 from tests.landing_lines import bronze_event
-from tests.support import PYTHON, REPO, STAND_IN, make_config, subprocess_env
+from tests.support import PYTHON, REPO, STAND_IN, lakehouse_rows, make_config, subprocess_env
 
 START = "2026-01-01"
 DAYS = [shift_day(START, i) for i in range(5)]
 CAPS = {"impression": 4, "click": 2, "conversion": 2}
 HEAVY_USER = "u0"  # many events every day: its sequences overflow every cap
 LATE_USER = "u6"  # a conversion arriving on day 2 that happened between its two day-1 conversions
-USERS = [f"u{i}" for i in range(7)]
+# Its day-1 click arrives again on day 4, after two newer clicks pushed it out of the capped sequence
+# (a repeat further apart than ingest's dedup lookback): the daily merge counts the copy again.
+REPEAT_USER = "u7"
+USERS = [f"u{i}" for i in range(8)]
 COMPACTION_DAYS = 2  # compactions on DAYS[1] and DAYS[3]: the 5-day chain reads through both
 
 
@@ -70,6 +73,10 @@ def _random_days(seed: int = 11) -> dict[str, list[dict[str, Any]]]:
     days[DAYS[1]].append(_event("c2", DAYS[1], LATE_USER, "conversion", t0 + dt.timedelta(hours=2)))
     # The heavy user's conversion that happened on day 1 arrives on day 4, older than all it kept.
     days[DAYS[3]].append(_event("late-conv", DAYS[3], HEAVY_USER, "conversion", t0 + dt.timedelta(minutes=30)))
+    repeated = _event("r1", DAYS[0], REPEAT_USER, "click", t0)
+    days[DAYS[0]].append(repeated)
+    days[DAYS[1]] += [_event(f"r{i}", DAYS[1], REPEAT_USER, "click", t0 + dt.timedelta(hours=i)) for i in (2, 3)]
+    days[DAYS[3]].append({**repeated, "ds": dt.date.fromisoformat(DAYS[3])})
     return days
 
 
@@ -115,6 +122,12 @@ def _snapshot_on(silver: dict[tuple[str, str], Any], user: str, ds: str) -> Any:
     return silver[(max(days), user)] if days else None
 
 
+def _user_snapshots(spark, cfg, table, user: str) -> dict[str, dict[str, Any]]:
+    """ds -> the user's row of `table` (silver or its compaction), as `_snapshot_of` shapes it."""
+    rows = tables.read_table(spark, cfg, table).where(f"user_id = '{user}'").collect()
+    return {r["ds"].isoformat(): _snapshot_of(r) for r in rows}
+
+
 @pytest.fixture(scope="module")
 def built(spark, tmp_path_factory):
     """Five days loaded into bronze and built incrementally, one build per day."""
@@ -126,6 +139,42 @@ def built(spark, tmp_path_factory):
         _load_bronze_day(spark, cfg, ds, days[ds])
         results[ds] = build_sequences.run(StageContext(cfg, spark), ds)
     return cfg, days, results
+
+
+@pytest.mark.parametrize(("ranges", "repeat_counted_again"), [
+    # From start_ds through the first compaction, then a range starting later: its previous rows come
+    # from the compaction of DAYS[1] (u5's only row) and the daily partition after it. The repeated
+    # click's first copy arrived before the second range and had left the cap: counted again, as daily.
+    pytest.param([(0, 2), (3, 4)], True, id="two-ranges"),
+    # Everything at once: two compaction days in the range; the repeated click's first copy arrived
+    # inside the range, so the range counts it once (the documented difference from the daily runs).
+    pytest.param([(0, 4)], False, id="one-range"),
+])
+def test_a_range_writes_what_the_daily_runs_write(spark, built, tmp_path, ranges, repeat_counted_again):
+    """The days built as ranges (`run(ctx, ds, through)`, one call each) leave the same sequences,
+    compactions and per-day records as the daily chain of `built`: users active on some days only,
+    late events, a user seen only before the range; REPEAT_USER's click count is the one exception."""
+    cfg_daily, days, _ = built
+    cfg = make_config(tmp_path, start_ds=START, sequence_caps=CAPS, sequence_compaction_days=COMPACTION_DAYS)
+    for ds in DAYS:
+        _load_bronze_day(spark, cfg, ds, days[ds])
+    for first, last in ranges:
+        result = build_sequences.run(StageContext(cfg, spark), DAYS[first], DAYS[last])
+        assert [str(r["ds"]) for r in result.records] == DAYS[first : last + 1]
+
+    for table in (SILVER_USER_SEQUENCES, SILVER_USER_SEQUENCES_COMPACTED):
+        others = [[row for row in lakehouse_rows(c, table.name) if repr(REPEAT_USER) not in row] for c in (cfg, cfg_daily)]
+        assert others[0] == others[1] != [], table.name
+        ranged, daily = (_user_snapshots(spark, c, table, REPEAT_USER) for c in (cfg, cfg_daily))
+        for ds, row in daily.items():
+            if ds >= DAYS[3] and not repeat_counted_again:
+                row = {**row, "n_clicks": row["n_clicks"] - 1}  # the repeat arrived on DAYS[3]
+            assert ranged[ds] == row, (table.name, ds)
+        assert set(ranged) == set(daily) and daily, table.name
+    for ds in DAYS:
+        counts = [{k: record[k] for k in ("rows_in", "rows_written", "quarantined_by_reason", "reconciliation")}
+                  for record in (completions.completion(c, "build_sequences", ds) for c in (cfg, cfg_daily))]
+        assert counts[0] == counts[1], ds
 
 
 def test_incremental_build_equals_full_recompute_every_user_every_day(spark, built):

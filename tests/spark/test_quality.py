@@ -257,7 +257,7 @@ def test_statistics_fail_on_ctr_and_quarantine_rate_but_only_warn_on_nulls(spark
     rows = clean_day(cfg.surfaces, clicks={too_clicky: IMPRESSIONS_PER_SURFACE})  # CTR 1.0
     rows[-1] = {**rows[-1], "user_attrs": None}
     quarantined = {"duplicate_event_id": 1, "malformed_json": len(rows)}  # about half of rows_in
-    stats = event_statistics_frame(frame(spark, rows), ingest_record(len(rows), quarantined), len(rows) + 1, cfg)
+    stats = event_statistics_frame(frame(spark, rows), {DS: ingest_record(len(rows), quarantined)}, {DS: len(rows) + 1}, cfg)
 
     with pytest.raises(DataQualityError, match=re.escape(f"surface_ctr:{too_clicky}")) as failure:
         validate(cfg, stats, STATISTICS_SUITE, event_statistics_expectations(cfg), DS)

@@ -95,8 +95,8 @@ def test_cap_margin_is_measured_and_only_warns(spark, cfg):
     # Cap 3 with margin 0.5: at most 1 event of the day per user. u_busy has 2 on D (one the day before).
     rows = [_sequence_row("u_busy", [_element(-1, "b0"), _element(1, "b1"), _element(2, "b2")]),
             _sequence_row("u_calm", [_element(3, "k1")])]
-    stats = qs.sequence_margin_statistics(_sequences(spark, rows), D)
-    assert stats[qs.day_events_column("impressions")] == 2 and stats[qs.day_events_column("clicks")] == 0
+    stats = qs.sequence_margin_statistics(_sequences(spark, rows), [D])
+    assert stats[D][qs.day_events_column("impressions")] == 2 and stats[D][qs.day_events_column("clicks")] == 0
     report = validate(cfg, statistics_frame(stats), "test.margin", qs.sequence_margin_expectations(cfg), D,
                       raise_on_critical=False)
     assert not report.failed_critical

@@ -19,6 +19,8 @@ def test_every_stage_has_an_entry_point_taking_ctx_and_ds():
     for stage in STAGES:
         params = list(inspect.signature(entry_point(stage)).parameters)
         assert params[:2] == ["ctx", "ds"], (stage.name, params)
+        # A stage declared with ranges runs a range in one call: entry(ctx, first, through=last).
+        assert ("through" in params) == stage.ranges, (stage.name, params)
 
 
 def test_stages_through_stops_at_the_named_stage_and_refuses_an_unknown_one():
