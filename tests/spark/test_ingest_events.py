@@ -198,6 +198,11 @@ def test_generated_days_reconcile_exactly_with_the_planted_dirty_rows(spark, tmp
         assert len(expected["quarantine"]) == 8, expected  # every kind planted (null/empty id share a reason)
 
 
+def _counts(record) -> tuple:
+    """What a range run's record of a day must share with the daily run's."""
+    return record["rows_in"], record["rows_written"], record["quarantined_by_reason"]
+
+
 def _range_landing(cfg) -> list[str]:
     """Three landing days: dirty rows on the first, an event replayed from the first on the second
     and third, so dedup across the range's own days is exercised."""
@@ -227,8 +232,7 @@ def test_a_range_commit_equals_ingesting_the_days_one_by_one(spark, tmp_path):
 
     assert contents(ranged) == contents(one_by_one)
     records = [completions.completion(ranged, "ingest_events", d) for d in days]
-    counts = lambda r: (r["rows_in"], r["rows_written"], r["quarantined_by_reason"])  # noqa: E731
-    assert [counts(r) for r in records] == [counts(r.record) for r in daily]
+    assert [_counts(r) for r in records] == [_counts(r.record) for r in daily]
     assert records[1]["quarantined_by_reason"] == {"duplicate_event_id": 1}  # the replay of a day-1 event
     assert [r["ds"] for r in result.records] == days and len({r["run_id"] for r in records}) == 1
     for schema in (BRONZE_AD_EVENTS, BRONZE_QUARANTINE):  # one commit per table for the three days
@@ -297,3 +301,70 @@ def test_duplicates_ingested_out_of_order_are_caught_within_the_lookback(spark, 
     assert [(r.detail, r.raw_line) for r in rows] == [(f"already in bronze ds={day2}", shared)]
     assert ingest_events.run(StageContext(cfg, spark), day2).quarantined_by_reason == {}  # a rerun keeps it
     assert ingest_events.run(StageContext(cfg, spark), day4).quarantined_by_reason == {}  # not caught
+
+
+def _edge_case_lakehouse(spark, cfg) -> list[str]:
+    """Five landing days, D1 and D5 already ingested, for a range D2..D4 between them (lookback 1
+    day): copies of bronze events from both sides of the range, a chain of copies one lookback apart
+    (D2, D3, D4: D3's duplicates D2's; D4's is good, as D3's was not), a repeat within a day across
+    two files, a damaged file, a misnamed file and dirty lines (whose time rules read their own day)."""
+    import gzip
+
+    days = [DAY, "2026-01-02", "2026-01-03", "2026-01-04", "2026-01-05"]
+
+    def at(i: int, minute: int = 1) -> int:  # epoch ms on day i
+        return 1767225600000 + i * 86_400_000 + 60_000 * minute
+
+    def landing(i: int, lines: list[str], name: str = "part-0") -> None:
+        fresh = [line(f"n{i}-{name}-{k}", event_time=at(i, k)) for k in range(3)]
+        write_day(cfg.landing_root, days[i], lines + fresh, name=name)
+
+    landing(0, [line("b1", event_time=at(0))])
+    landing(1, [line("b1", event_time=at(0)), line("c1", event_time=at(1)), line("w1", event_time=at(1))])
+    landing(1, [line("w1", event_time=at(1))], name="part-1")
+    whole = gzip.compress(("\n".join(line(f"cut-{i}", event_time=at(1)) for i in range(200)) + "\n").encode())
+    (partition_dir(cfg.landing_root, days[1]) / "truncated.json.gz").write_bytes(whole[: len(whole) // 2])
+    landing(2, [line("c1", event_time=at(1)), *all_dirty_lines()])
+    (partition_dir(cfg.landing_root, days[2]) / "extra.jsonl.gz").write_bytes(
+        gzip.compress((line("x-1", event_time=at(2)) + "\n").encode()))
+    landing(3, [line("c1", event_time=at(1)), line("a5", event_time=at(3))])
+    landing(4, [line("a5", event_time=at(3))])
+    for d in (days[0], days[4]):
+        ingest_events.run(StageContext(cfg, spark), d)
+    return days
+
+
+def test_a_range_with_every_edge_case_equals_the_days_one_by_one(spark, tmp_path):
+    """Duplicates inside the range, against bronze on both sides and along a chain of copies, a
+    damaged and a misnamed file on single days, dirty lines on a later day: one range run writes
+    the tables, records and per-file counts that the daily runs, in order, write."""
+    import shutil
+
+    from tests.support import lakehouse_rows
+
+    settings = {"ingest": {"dedup_lookback_days": 1}}
+    one_by_one, ranged = make_config(tmp_path / "daily", **settings), make_config(tmp_path / "range", **settings)
+    days = _edge_case_lakehouse(spark, one_by_one)
+    shutil.copytree(tmp_path / "daily", tmp_path / "range")  # the same landing days and bronze
+    inner = days[1:4]
+    daily = [ingest_events.run(StageContext(one_by_one, spark), d) for d in inner]
+    result = ingest_events.run(StageContext(ranged, spark), inner[0], inner[-1])
+
+    for schema in (BRONZE_AD_EVENTS, BRONZE_QUARANTINE):
+        assert lakehouse_rows(ranged, schema.name) == lakehouse_rows(one_by_one, schema.name), schema.name
+    assert [_counts(completions.completion(ranged, "ingest_events", d)) for d in inner] == [
+        _counts(completions.completion(one_by_one, "ingest_events", d)) for d in inner]
+    assert result.details["files"] == {d: r.details["files"][d] for d, r in zip(inner, daily)}
+
+    duplicates = {(str(r.ds), json.loads(r.raw_line)["event_id"], r.detail)
+                  for r in tables.read_table(spark, ranged, BRONZE_QUARANTINE).collect()
+                  if r.reason == "duplicate_event_id"}
+    assert duplicates == {
+        (days[1], "b1", f"already in bronze ds={days[0]}"),
+        (days[1], "w1", "repeated within this ds"),
+        (days[2], "c1", f"already in bronze ds={days[1]}"),  # D4's copy is good: D3's was a duplicate
+        (days[3], "a5", f"already in bronze ds={days[4]}"),
+    }
+    files = result.details["files"]
+    assert files[days[1]]["truncated.json.gz"]["written"] == 0
+    assert files[days[2]]["extra.jsonl.gz"]["quarantined"] == {"unexpected_file_name": 1}
