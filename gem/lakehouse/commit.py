@@ -186,8 +186,11 @@ class StageCommit:
         # A later day waits while a backfill rewrites a day it reads (gem.lakehouse.backfill_hold).
         backfill_hold.require_not_held(ctx.cfg, name, days[-1], [k for day in days for k in stage.needed(ctx.cfg, day)])
         records: dict[tuple[str, str], dict[str, Any]] = {}
+        # A range reads every record once (a day's needs would otherwise read the log per need).
+        known = staleness.all_records(ctx.cfg) if len(days) > 1 else None
         for day in days:
-            records |= completions.require_stage_inputs(ctx.cfg, name, day, made_here={(name, d) for d in days})
+            records |= completions.require_stage_inputs(ctx.cfg, name, day, made_here={(name, d) for d in days},
+                                                        known=known)
         versions = {input_key(s, table, day): int(v) for (s, day), record in records.items()
                     for table, v in sorted((record.get("table_versions") or {}).items())}
         staleness.require_fresh(ctx.cfg, name, ds, list(records))
@@ -200,8 +203,7 @@ class StageCommit:
             for held in leases:
                 held.release()
             raise
-        for day in days:
-            completions.clear_completion(ctx.cfg, name, day)
+        completions.clear_completions(ctx.cfg, name, days, known)
         return cls(ctx.cfg, stage, ds, run_id, records, versions, days, leases=leases)
 
     @classmethod
@@ -325,10 +327,8 @@ class StageCommit:
             raise UndeclaredWriteError(
                 f"{self.stage.name} ds={self.ds} may replace {schema.name} ds in {declared[0]}..{declared[-1]}; "
                 f"asked for {days or 'no day'}")
-        if len(days) == 1:
-            return days, days[0]
         # Consecutive days as a closed range; others (e.g. a range's compaction days) as a set.
-        return days, (days[0], days[-1]) if days == day_range(days[0], days[-1]) else days
+        return days, tables.days_value(days)
 
     def replace(self, df: DataFrame, schema: TableSchema, days: list[str] | None = None) -> int:
         """Replace the declared partitions (all of the commit's days', or `days` among them, consecutive
@@ -468,13 +468,16 @@ class StageCommit:
             versions = {k: int(v) for k, v in validated.items()}
         reconciliation = CHECKED if rows_in is not None else no_input_count
         days = per_day or {self.ds: DayCounts(rows_in, int(rows_written), by_reason)}
-        for day, c in days.items():  # one record per day, each reconciled on its own counts
-            self.published = completions.publish_completion(
-                self.cfg, self.stage.name, day, self.run_id,
+        rows = [  # one record per day, each reconciled on its own counts, all in one commit
+            completions.completion_row(
+                self.stage.name, day, self.run_id,
                 rows_in=c.rows_in, rows_written=int(c.rows_written), quarantined_by_reason=c.quarantined_by_reason,
                 table_versions=versions, input_versions=self.input_versions, reconciliation=reconciliation,
             )
-            self.published_records.append(self.published)
+            for day, c in sorted(days.items())
+        ]
+        self.published_records.extend(completions.publish_rows(self.cfg, self.stage.name, self.run_id, rows))
+        self.published = self.published_records[-1]
         for held in self.leases:
             held.release()
         return self.published

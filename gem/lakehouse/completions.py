@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Set
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping, Sequence, Set
+from typing import TYPE_CHECKING, Any
 
 from gem.config import GemConfig
-from gem.lakehouse.tables import commit_properties, ensure_table, table_path
+from gem.lakehouse.tables import commit_properties, days_value, ensure_table, predicate, table_path
 from schemas.ops import COMPLETIONS
 
 if TYPE_CHECKING:
@@ -42,17 +42,79 @@ def new_run_id(stage: str, ds: str) -> str:
 # costs milliseconds and no Spark job, and stages without a JVM (training) publish the same way.
 
 
-def _completion_where(stage: str, ds: str) -> str:
-    return f"stage = '{stage}' AND ds = '{ds}'"
-
-
 def clear_completion(cfg: GemConfig, stage: str, ds: str) -> None:
     """Withdraw a (stage, ds) record before rewriting its outputs, so a crash mid-rerun leaves none."""
+    clear_completions(cfg, stage, [ds])
+
+
+def clear_completions(cfg: GemConfig, stage: str, days: Sequence[str],
+                      known: Mapping[tuple[str, str], Any] | None = None) -> None:
+    """Withdraw the records of `stage` for `days` (sorted) in one commit; none when no day has one
+    (`known`: every record, when the caller has read them; else they are looked up)."""
     from deltalake import DeltaTable
 
-    if completion(cfg, stage, ds) is None:  # a read is far cheaper than a no-op DELETE commit
-        return
-    DeltaTable(table_path(cfg, COMPLETIONS)).delete(_completion_where(stage, ds))
+    # A read is far cheaper than a no-op DELETE commit.
+    if known is not None:
+        held = any((stage, d) in known for d in days)
+    else:
+        held = any(completion(cfg, stage, d) is not None for d in days)
+    if held:
+        DeltaTable(table_path(cfg, COMPLETIONS)).delete(_completions_where(stage, days))
+
+
+def _completions_where(stage: str, days: Sequence[str]) -> str:
+    return predicate({"stage": stage, "ds": days_value(days)})
+
+
+def completion_row(
+    stage: str,
+    ds: str,
+    run_id: str,
+    rows_in: int | None,
+    rows_written: int,
+    quarantined_by_reason: Mapping[str, int],
+    table_versions: Mapping[str, int],
+    input_versions: Mapping[str, int] | None = None,
+    reconciliation: str = "checked",
+) -> dict[str, Any]:
+    """The (stage, ds) record as a row of the completions table; RuntimeError when rows_in is given
+    and does not reconcile (rows_in None means the stage has no separate input count:
+    `reconciliation` says why)."""
+    rows_quarantined = int(sum(quarantined_by_reason.values()))
+    if rows_in is not None and rows_in != rows_written + rows_quarantined:
+        raise RuntimeError(
+            f"{stage} ds={ds}: counts do not reconcile: in={rows_in} != written={rows_written} "
+            f"+ quarantined={rows_quarantined} ({dict(quarantined_by_reason)})"
+        )
+    return {
+        "stage": stage,
+        "ds": dt.date.fromisoformat(ds),
+        "run_id": run_id,
+        "rows_in": None if rows_in is None else int(rows_in),
+        "rows_written": int(rows_written),
+        "rows_quarantined": rows_quarantined,
+        "quarantined_by_reason": sorted((k, int(v)) for k, v in quarantined_by_reason.items()),
+        "table_versions": sorted((k, int(v)) for k, v in table_versions.items()),
+        "input_versions": sorted((k, int(v)) for k, v in (input_versions or {}).items()),
+        "reconciliation": reconciliation,
+        "completed_at": dt.datetime.now(dt.timezone.utc),
+    }
+
+
+def publish_rows(cfg: GemConfig, stage: str, run_id: str, rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Write `completion_row`s of `stage` (days ascending) in one commit, replacing any earlier
+    records of those days; -> the records as `completion` returns them."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    days = [row["ds"].isoformat() for row in rows]
+    path = ensure_table(None, cfg, COMPLETIONS)
+    table = pa.Table.from_pylist(list(rows), schema=COMPLETIONS.arrow_schema())
+    write_deltalake(path, table, mode="overwrite", predicate=_completions_where(stage, days),
+                    partition_by=list(COMPLETIONS.partition_by), commit_properties=commit_properties(run_id))
+    return [dict(row) | {"ds": day, "quarantined_by_reason": dict(row["quarantined_by_reason"]),
+                         "table_versions": dict(row["table_versions"]), "input_versions": dict(row["input_versions"])}
+            for day, row in zip(days, rows, strict=True)]
 
 
 def publish_completion(
@@ -69,35 +131,10 @@ def publish_completion(
 ) -> dict[str, Any]:
     """Write the (stage, ds) record in one commit (replacing any earlier one); -> the record.
     Stages publish through gem.lakehouse.commit.StageCommit, which fills in the versions and the
-    reconciliation; rows_in None means the stage has no separate input count (`reconciliation` says why)."""
-    import pyarrow as pa
-    from deltalake import write_deltalake
-
-    rows_quarantined = int(sum(quarantined_by_reason.values()))
-    if rows_in is not None and rows_in != rows_written + rows_quarantined:
-        raise RuntimeError(
-            f"{stage} ds={ds}: counts do not reconcile: in={rows_in} != written={rows_written} "
-            f"+ quarantined={rows_quarantined} ({dict(quarantined_by_reason)})"
-        )
-    row = {
-        "stage": stage,
-        "ds": dt.date.fromisoformat(ds),
-        "run_id": run_id,
-        "rows_in": None if rows_in is None else int(rows_in),
-        "rows_written": int(rows_written),
-        "rows_quarantined": rows_quarantined,
-        "quarantined_by_reason": sorted((k, int(v)) for k, v in quarantined_by_reason.items()),
-        "table_versions": sorted((k, int(v)) for k, v in table_versions.items()),
-        "input_versions": sorted((k, int(v)) for k, v in (input_versions or {}).items()),
-        "reconciliation": reconciliation,
-        "completed_at": dt.datetime.now(dt.timezone.utc),
-    }
-    path = ensure_table(None, cfg, COMPLETIONS)
-    table = pa.Table.from_pylist([row], schema=COMPLETIONS.arrow_schema())
-    write_deltalake(path, table, mode="overwrite", predicate=_completion_where(stage, ds),
-                    partition_by=list(COMPLETIONS.partition_by), commit_properties=commit_properties(run_id))
-    return row | {"ds": ds, "quarantined_by_reason": dict(row["quarantined_by_reason"]),
-                  "table_versions": dict(row["table_versions"]), "input_versions": dict(row["input_versions"])}
+    reconciliation (several days' records at once: `publish_rows`)."""
+    row = completion_row(stage, ds, run_id, rows_in, rows_written, quarantined_by_reason, table_versions,
+                         input_versions, reconciliation)
+    return publish_rows(cfg, stage, run_id, [row])[0]
 
 
 def completion(cfg: GemConfig, stage: str, ds: str) -> dict[str, Any] | None:
@@ -118,12 +155,15 @@ def completion(cfg: GemConfig, stage: str, ds: str) -> dict[str, Any] | None:
 
 
 def require_stage_inputs(cfg: GemConfig, stage: str, ds: str,
-                         made_here: Set[tuple[str, str]] = frozenset()) -> dict[tuple[str, str], dict[str, Any]]:
+                         made_here: Set[tuple[str, str]] = frozenset(),
+                         known: Mapping[tuple[str, str], dict[str, Any]] | None = None,
+                         ) -> dict[tuple[str, str], dict[str, Any]]:
     """The completion records the registry says `stage` needs for ds, by (stage, day); raises
     MissingInputError naming every missing one and the command to run first. A landing need
     (stages.LANDING) is met by the partition's `_SUCCESS` marker: its record names no versions and
     carries the producer's manifest. Needs in `made_here` (a range commit's own days) count as met
-    and are not returned."""
+    and are not returned. `known`: every record by (stage, day), when the caller has read them all
+    (gem.lakehouse.staleness.all_records); else each is read from the log."""
     from gem.lakehouse import landing, stages
 
     found: dict[tuple[str, str], Any] = {}
@@ -136,7 +176,7 @@ def require_stage_inputs(cfg: GemConfig, stage: str, ds: str,
             record = None if manifest is None else {"stage": stages.LANDING, "ds": day, "table_versions": {},
                                                     "manifest": manifest}
         else:
-            record = completion(cfg, needed_stage, day)
+            record = completion(cfg, needed_stage, day) if known is None else known.get((needed_stage, day))
         found[(needed_stage, day)] = record
         return record
 

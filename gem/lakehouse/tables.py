@@ -12,8 +12,9 @@ retention longer than the attribution window plus the training horizon.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from gem.config import GemConfig
 from schemas.table import TableSchema
@@ -159,6 +160,15 @@ def predicate(where: Mapping[str, Any]) -> str:
         else:
             terms.append(f"{col} = {val!r}")
     return " AND ".join(terms)
+
+
+def days_value(days: Sequence[str]) -> str | tuple[str, str] | list[str]:
+    """How `predicate` matches the days (sorted): one day, a closed range of consecutive days, or a set."""
+    from gem.days import day_range
+
+    if len(days) == 1:
+        return days[0]
+    return (days[0], days[-1]) if list(days) == day_range(days[0], days[-1]) else list(days)
 
 
 @dataclass(frozen=True)
