@@ -117,24 +117,13 @@ def publish_rows(cfg: GemConfig, stage: str, run_id: str, rows: Sequence[Mapping
             for day, row in zip(days, rows, strict=True)]
 
 
-def publish_completion(
-    cfg: GemConfig,
-    stage: str,
-    ds: str,
-    run_id: str,
-    rows_in: int | None,
-    rows_written: int,
-    quarantined_by_reason: Mapping[str, int],
-    table_versions: Mapping[str, int],
-    input_versions: Mapping[str, int] | None = None,
-    reconciliation: str = "checked",
-) -> dict[str, Any]:
-    """Write the (stage, ds) record in one commit (replacing any earlier one); -> the record.
-    Stages publish through gem.lakehouse.commit.StageCommit, which fills in the versions and the
-    reconciliation (several days' records at once: `publish_rows`)."""
-    row = completion_row(stage, ds, run_id, rows_in, rows_written, quarantined_by_reason, table_versions,
-                         input_versions, reconciliation)
-    return publish_rows(cfg, stage, run_id, [row])[0]
+def publish_completion(cfg: GemConfig, stage: str, ds: str, run_id: str, *counts: Any, **versions: Any) -> dict[str, Any]:
+    """Write the (stage, ds) record in one commit (replacing any earlier one); -> the record. The
+    counts and versions are `completion_row`'s (rows_in, rows_written, quarantined_by_reason,
+    table_versions, input_versions, reconciliation). Stages publish through
+    gem.lakehouse.commit.StageCommit, which fills in the versions and the reconciliation (several
+    days' records at once: `publish_rows`)."""
+    return publish_rows(cfg, stage, run_id, [completion_row(stage, ds, run_id, *counts, **versions)])[0]
 
 
 def completion(cfg: GemConfig, stage: str, ds: str) -> dict[str, Any] | None:
