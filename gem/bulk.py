@@ -87,27 +87,24 @@ def run_stage(ctx: StageContext, stage: Stage, run_day: str,
     """One stage's run of `run_day` through its own entry point (the day it processes: `stage.ds`);
     "skipped" when nothing was ready. The DAG's tasks (gem.orchestration.run_stage_task) and the bulk
     path both run stages this way."""
-    started = time.monotonic()
-    ds = stage.ds(ctx.cfg, run_day)
-    if ds is not None:  # held by a running backfill: refused before the entry opens Spark (StageCommit.begin checks too)
-        backfill_hold.require_not_held(ctx.cfg, stage.name, ds, stage.needed(ctx.cfg, ds))
-    result = (entry or entry_point(stage))(ctx, ds) if ds is not None else None
-    # A source publishes no record (its _SUCCESS marker is its completion) but details of
-    # what it wrote; a stage with nothing ready returns neither.
-    ran = result is not None and (result.published or bool(result.details))
-    summary = result.summary() if result is not None and result.published else ""
-    return StageRun(run_day, stage.name, ds, "success" if ran else "skipped", time.monotonic() - started, summary)
+    return run_stage_over(ctx, stage, [run_day], entry)
 
 
 def run_stage_over(ctx: StageContext, stage: Stage, run_days: list[str],
                    entry: Callable[..., StageResult] | None = None) -> StageRun:
-    """One run of a stage declared with `ranges` for the run days `run_days` (consecutive): the days
-    it processes (`stage.ds` of each run day that has one) in one call, `entry(ctx, first, through=last)`."""
+    """One run of a stage for the consecutive run days `run_days`: the days it processes (`stage.ds`
+    of each run day that has one) in one call, `entry(ctx, first, through=last)` for several (stages
+    declared with `ranges`), `entry(ctx, ds)` for one; "skipped" when nothing was ready."""
     started = time.monotonic()
     days = [d for d in (stage.ds(ctx.cfg, r) for r in run_days) if d is not None]
+    # Held by a running backfill: refused before the entry opens Spark (StageCommit.begin checks too).
     for ds in days:
         backfill_hold.require_not_held(ctx.cfg, stage.name, ds, stage.needed(ctx.cfg, ds))
-    result = (entry or entry_point(stage))(ctx, days[0], through=days[-1] if len(days) > 1 else None) if days else None
+    run = entry or entry_point(stage)
+    through = {"through": days[-1]} if len(days) > 1 else {}
+    result = run(ctx, days[0], **through) if days else None
+    # A source publishes no record (its _SUCCESS marker is its completion) but details of
+    # what it wrote; a stage with nothing ready returns neither.
     ran = result is not None and (result.published or bool(result.details))
     summary = result.summary() if result is not None and result.published else ""
     return StageRun(run_days[0], stage.name, days[0] if days else None, "success" if ran else "skipped",

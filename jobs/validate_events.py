@@ -62,18 +62,19 @@ def _days(df: DataFrame, days: Sequence[str]) -> DataFrame:
 
 
 def _quarantine_rows(spark: SparkSession, cfg: GemConfig, commit: StageCommit,
-                     ingest_records: dict[str, dict[str, Any]]) -> dict[str, int]:
-    """day -> rows of bronze.quarantine, read at the version ingest recorded (for a range: the one
-    version `validated_version` pins for all its days); no rows while the table does not exist."""
+                     ingest_records: dict[str, dict[str, Any]]) -> tuple[dict[str, int], int | None]:
+    """(day -> rows of bronze.quarantine, the version read): the one version `validated_version`
+    pins for all the days when every ingest record names one (else the latest, and None); no rows
+    while the table does not exist."""
     from delta.tables import DeltaTable
 
     days = sorted(ingest_records)
     if not DeltaTable.isDeltaTable(spark, table_path(cfg, BRONZE_QUARANTINE)):
-        return {}
+        return {}, None
     recorded = all(_recorded_version(r, BRONZE_QUARANTINE.name) is not None for r in ingest_records.values())
     version = commit.validated_version(BRONZE_QUARANTINE, INGEST_STAGE, days) if recorded else None
     counts = _days(read_table(spark, cfg, BRONZE_QUARANTINE, version=version), days).groupBy("ds").count().collect()
-    return {str(r["ds"]): int(r["count"]) for r in counts}
+    return {str(r["ds"]): int(r["count"]) for r in counts}, version
 
 
 def _summary(
@@ -111,7 +112,8 @@ def run(ctx: StageContext, ds: str, through: str | None = None) -> StageResult:
     # StaleInputError names the ingest to rerun).
     version = commit.validated_version(BRONZE_AD_EVENTS, INGEST_STAGE, days)
     events = _days(read_table(spark, cfg, BRONZE_AD_EVENTS, version=version), days)
-    statistics = event_statistics(events, ingest_records, _quarantine_rows(spark, cfg, commit, ingest_records), cfg)
+    quarantine_rows, quarantine_version = _quarantine_rows(spark, cfg, commit, ingest_records)
+    statistics = event_statistics(events, ingest_records, quarantine_rows, cfg)
     label = ds if len(days) == 1 else f"{days[0]}..{days[-1]}"
     reports = [
         validate(
@@ -129,10 +131,8 @@ def run(ctx: StageContext, ds: str, through: str | None = None) -> StageResult:
     summary = _summary(label, commit.run_id, sum(rows.values()), version, reports, str(index))
     raise_for_critical(reports)
     validated = {BRONZE_AD_EVENTS.name: version}
-    if all((quarantine_version := _recorded_version(r, BRONZE_QUARANTINE.name)) is not None
-           for r in ingest_records.values()):
-        validated[BRONZE_QUARANTINE.name] = (quarantine_version if len(days) == 1
-                                             else commit.validated_version(BRONZE_QUARANTINE, INGEST_STAGE, days))
+    if quarantine_version is not None:
+        validated[BRONZE_QUARANTINE.name] = quarantine_version
     commit.publish(no_input_count=VALIDATION_WRITES_NOTHING, validated=validated,
                    per_day={day: DayCounts(None, n) for day, n in rows.items()})
     return commit.result(t0, **summary)
