@@ -490,7 +490,7 @@ def run(ctx: StageContext, ds: str, through: str | None = None) -> StageResult:
             per_day[day] = DayCounts(rows_written + sum(by_reason.values()), rows_written, dict(sorted(by_reason.items())))
         # The typed rows GX scans ~50 times and the bronze write reads: cache them compactly.
         good = good_rows(classified).persist(StorageLevel.MEMORY_AND_DISK)
-        label = ds if len(commit.days) == 1 else f"{commit.days[0]}..{commit.days[-1]}"
+        label = commit.label
         # The key is checked per arrival day, as a daily run's batch checks it: an id repeated
         # further apart than the dedup lookback is kept on both days, by choice (module docstring).
         per_day_key = replace(BRONZE_AD_EVENTS, key=("ds", *BRONZE_AD_EVENTS.key))

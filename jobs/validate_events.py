@@ -114,7 +114,7 @@ def run(ctx: StageContext, ds: str, through: str | None = None) -> StageResult:
     events = _days(read_table(spark, cfg, BRONZE_AD_EVENTS, version=version), days)
     quarantine_rows, quarantine_version = _quarantine_rows(spark, cfg, commit, ingest_records)
     statistics = event_statistics(events, ingest_records, quarantine_rows, cfg)
-    label = ds if len(days) == 1 else f"{days[0]}..{days[-1]}"
+    label = commit.label
     reports = [
         validate(
             cfg,

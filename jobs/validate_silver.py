@@ -52,10 +52,6 @@ def _validated_days(spark: SparkSession, commit: StageCommit, schema: TableSchem
     return rows.where(f"ds BETWEEN DATE'{days[0]}' AND DATE'{days[-1]}'"), version
 
 
-def _label(commit: StageCommit) -> str:
-    return commit.ds if len(commit.days) == 1 else f"{commit.days[0]}..{commit.days[-1]}"
-
-
 def _validate_and_publish(commit: StageCommit, batches: list[Batch], validated: dict[str, int],
                           rows: dict[str, int], started: float) -> StageResult:
     """One run of each suite over the batch of every day; a failed critical rule fails the run (no day
@@ -66,7 +62,7 @@ def _validate_and_publish(commit: StageCommit, batches: list[Batch], validated: 
     cfg = commit.cfg
     # Cached: each of a suite's query expectations runs a count and a collect over the batch, so
     # uncached every rule re-reads the partition (the demo's 60k examples: 40 s uncached, 26 s cached).
-    reports = [validate(cfg, b.df, b.suite_name, b.expectations, _label(commit), raise_on_critical=False, cache=True)
+    reports = [validate(cfg, b.df, b.suite_name, b.expectations, commit.label, raise_on_critical=False, cache=True)
                for b in batches]
     build_data_docs(cfg, rebuild=False)
     raise_for_critical(reports)

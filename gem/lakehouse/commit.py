@@ -213,6 +213,11 @@ class StageCommit:
         beginning process checked the inputs and holds the day's lease."""
         return cls(cfg, stages.stage(name), ds, run_id, {}, {}, (ds,), joined=True)
 
+    @property
+    def label(self) -> str:
+        """The days this commit covers as a batch label: "2026-01-03", or "2026-01-01..2026-01-03"."""
+        return self.ds if len(self.days) == 1 else f"{self.days[0]}..{self.days[-1]}"
+
     # --- what the stage read --------------------------------------------------------------------
 
     def record(self, stage_name: str, day: str) -> dict[str, Any]:
