@@ -11,12 +11,14 @@ JARS_STAMP := $(CACHE)/jars/.complete
 ASSETS_STAMP := $(CACHE)/dq_assets/.complete
 # The JVM class archive local Spark sessions start from (gem/lakehouse/spark.py: about 7 s less per job).
 CLASS_ARCHIVE := $(CACHE)/spark-classes.jsa
+# Hadoop's local file system without a forked chmod per file written (infra/spark/localfs).
+LOCAL_FS_JAR := $(CACHE)/gem-localfs.jar
 # Optional: PyTorch's CPU wheel index, to install the small CPU-only torch build (see README).
 TORCH_INDEX_URL ?=
 
 .PHONY: setup demo test test-slow test-all bench clean-data
 
-setup: $(PKG_STAMP) $(JARS_STAMP) $(ASSETS_STAMP) $(CLASS_ARCHIVE)
+setup: $(PKG_STAMP) $(JARS_STAMP) $(ASSETS_STAMP) $(LOCAL_FS_JAR) $(CLASS_ARCHIVE)
 
 $(PKG_STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	@command -v $(PYTHON_BOOT) >/dev/null || { echo "need $(PYTHON_BOOT) on PATH"; exit 1; }
@@ -38,8 +40,16 @@ $(JARS_STAMP): infra/delta-jars/pom.xml
 	  -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/$(CACHE)/jars.tmp
 	mv $(CACHE)/jars.tmp $(CACHE)/jars && touch $@
 
-# Spark's own start-up warnings go to a log (shown only if archiving fails).
-$(CLASS_ARCHIVE): $(PKG_STAMP) $(JARS_STAMP)
+# Compiled against the Hadoop API jar Maven fetched; javac comes with the JDK Spark runs on.
+$(LOCAL_FS_JAR): infra/spark/localfs/gem/hadoop/NioLocalFileSystem.java $(JARS_STAMP)
+	@command -v javac >/dev/null || { echo "need a JDK (javac) to build $@"; exit 1; }
+	rm -rf $(CACHE)/localfs.tmp && mkdir -p $(CACHE)/localfs.tmp
+	javac --release 17 -cp "$$(ls $(CACHE)/jars/hadoop-client-api-*.jar | head -1)" -d $(CACHE)/localfs.tmp $<
+	jar cf $@.tmp -C $(CACHE)/localfs.tmp . && mv $@.tmp $@ && rm -rf $(CACHE)/localfs.tmp
+
+# Spark's own start-up warnings go to a log (shown only if archiving fails). Made with the local
+# file system jar on the class path: an archive is used only by JVMs started with its class path.
+$(CLASS_ARCHIVE): $(PKG_STAMP) $(JARS_STAMP) $(LOCAL_FS_JAR)
 	$(PY) -m gem.lakehouse.spark archive-classes > $(CACHE)/archive-classes.log 2>&1 \
 	  || { cat $(CACHE)/archive-classes.log; exit 1; }
 	@echo "class archive: $@ (Spark's log: $(CACHE)/archive-classes.log)"

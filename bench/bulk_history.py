@@ -1,6 +1,6 @@
 """A long history through the bulk path: landing to validated training examples, days x events.
 
-    python -m bench.bulk_history [--days 1000] [--ratings 560000] [--compare-days 8] [--seed 0]
+    python -m bench.bulk_history [--days 1000] [--ratings 560000] [--compare-days 8] [--seed 0] [--workdir DIR]
 
 What a new user importing a real history pays (MovieLens-1M is 1M ratings over 1,038 days). The
 bench writes a MovieLens-1M-format folder of synthetic ratings (6,040 users, 3,706 movies, every day
@@ -100,11 +100,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ratings", type=int, default=560_000, help="about 1.8 events each")
     parser.add_argument("--compare-days", type=int, default=8, help="days of the side-by-side arms (0: none)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workdir", type=Path, default=None,
+                        help="an empty folder to write into and keep (the lakehouse, for inspection); default: a "
+                             "temporary folder, removed at the end")
     args = parser.parse_args(argv)
     last = shift_day(START_DS, args.days - 1)
+    if args.workdir is not None and args.workdir.exists() and any(args.workdir.iterdir()):
+        parser.error(f"--workdir {args.workdir} is not empty")
 
     with tempfile.TemporaryDirectory(prefix="gem-bulk-history-") as tmp:
-        root = Path(tmp)
+        root = args.workdir.resolve() if args.workdir is not None else Path(tmp)
         started = time.monotonic()
         write_movielens(root / "ml-1m", args.days, args.ratings, args.seed)
         cfg = _config(root, "full")

@@ -267,8 +267,16 @@ def assemble(
         # build_sequences wrote a row for this user in ds: the impression itself arrived on ds.
         F.col("ds").alias("sequence_ds"), F.to_date("event_time").alias("features_ds"),
     )
-    user = _prefixed_features(user_features, "user_id", USER_FEATURE_PREFIX)
-    ad = _prefixed_features(ad_features, "ad_id", AD_FEATURE_PREFIX)
+    # Only the feature rows an impression joins, picked where they are scanned by a broadcast of the
+    # impressions' (entity, day) keys, before the joins shuffle them: a range's feature tables hold
+    # a row per entity and day of a 28-day window (1,000 MovieLens days: 7.9M rows of 54 counters
+    # for 560k impressions).
+    user, ad = (
+        _prefixed_features(features, key, prefix).join(F.broadcast(base.select(
+            F.col(key).alias(f"{prefix}key"), F.col("features_ds").alias(f"{prefix}features_ds")).distinct()),
+            [f"{prefix}key", f"{prefix}features_ds"], "left_semi")
+        for features, key, prefix in ((user_features, "user_id", USER_FEATURE_PREFIX),
+                                      (ad_features, "ad_id", AD_FEATURE_PREFIX)))
     joined = (
         base.join(labels, ["impression_id", "ds"], "left")
         .join(user, (F.col("user_id") == F.col("user_key")) & (F.col("features_ds") == F.col("user_features_ds")), "left")

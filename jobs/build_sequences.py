@@ -17,8 +17,8 @@ Flow for the days F..L (one day: F = L; the pure transforms are `advance_sequenc
   event_id), last `cap` kept; each day computed on its own, so a range is one pass;
   commit (gem.lakehouse.commit.StageCommit): withdraw the records of F..L; replace silver ds in F..L;
   for each compaction day inside F..L (every `sequence_compaction_days` from start_ds) write every
-  user's snapshot as of that day to silver.user_sequences_compacted, computed from the new rows and
-  the history before F (never read back from our own commit); publish one record per day LAST,
+  user's snapshot as of that day to silver.user_sequences_compacted, computed from the new rows (read
+  back at the version our commit wrote) and the history before F; publish one record per day LAST,
   naming both versions (a reader uses a compaction only when the record of its day names it).
 
 A range writes what the daily runs of its days write, with the same records, with one exception:
@@ -37,6 +37,7 @@ their compactions, with identical contents.
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from typing import TYPE_CHECKING
@@ -145,16 +146,27 @@ def _last(sequence: SparkColumn, cap: int) -> SparkColumn:
     return F.slice(sequence, F.greatest(F.size(sequence) - F.lit(cap) + F.lit(1), F.lit(1)), F.lit(cap))
 
 
-def advance_sequences(previous: DataFrame, events: DataFrame, caps: SequenceCaps) -> DataFrame:
+def _merged(old: SparkColumn, arrived: SparkColumn, cap: int) -> SparkColumn:
+    """The last `cap` of sort(old + the elements of `arrived`): old a capped sequence, arrived
+    (element, arrival) structs in element order. Only arrived's last `cap` can reach the result."""
+    from pyspark.sql import functions as F
+
+    newest = F.transform(_last(arrived, cap), lambda x: x["e"])
+    return _last(F.sort_array(F.concat(old, newest)), cap)
+
+
+def advance_sequences(previous: DataFrame, events: DataFrame, caps: SequenceCaps, block_days: int = 1) -> DataFrame:
     """Each (user, ds) of `events` -> the user's silver.user_sequences row as of the end of ds, plus
     next_ds (the user's next day with events in `events`, null on their last).
 
     previous: silver.user_sequences rows, at most one per user (their latest before the first ds of
         `events`); users not in events are ignored.
     events: bronze.ad_events rows of one or more consecutive ds.
+    block_days: the days are grouped into blocks of this many (by ds since the epoch) for the work
+        of a range; any value gives the same rows.
 
     Per user and type: old = the previous capped sequence, new = the events of these days
-    (`range_events`) less those already in old. The sequence as of ds is then the last `cap` of
+    (`range_events`) less those already in old. The sequence as of ds is the last `cap` of
     sort(old + the new events arrived by ds), the count old count + those events, computed for
     each day on its own, with no state carried from day to day (one pass, however many days).
     That equals the daily merge iterated: sorting puts late events in place (order is
@@ -162,6 +174,13 @@ def advance_sequences(previous: DataFrame, events: DataFrame, caps: SequenceCaps
     the last `cap` of the history before) and the new events' last `cap`.
     Example, cap 2: old [a@1, b@5]; c@3 arrives on 01-02, d@9 on 01-03 -> 01-02: [c@3, b@5] (c is
     late: placed before b), 01-03: [b@5, d@9].
+
+    Computed in two steps so a long range costs about 2 sqrt(days) passes over each user's new
+    events, not one per active day (1,000 days of a user with thousands of events, each day's row
+    carrying them all, ran a 4 GB driver out of memory): per (user, block with events) the sequence
+    as of the block's start (the same merge, over the events arrived before it) and the events
+    arriving within the block; per (user, day) the merge of those two. The last `cap` of a sorted
+    union is the last `cap` of (the last `cap` of one part + the other), so the rows are the same.
     """
     from pyspark.sql import functions as F
 
@@ -180,22 +199,49 @@ def advance_sequences(previous: DataFrame, events: DataFrame, caps: SequenceCaps
         "old_last_event_time",
         *[_unseen(F.col(f"new_{seq}"), old[seq]).alias(f"new_{seq}") for seq, _ in SEQUENCE_COLUMNS.values()],
     )
-    # One row per (user, active day) carrying the user's events: each day is computed on its own.
-    days = users.join(active_days(events).withColumnRenamed("last_event_time", "days_last_event_time"), "user_id")
-    by_then = days.select("*", *[
-        F.filter(f"new_{seq}", lambda x: x["arrival"] <= F.col("ds")).alias(f"by_then_{seq}")
+    k = max(int(block_days), 1)
+    days = active_days(events).withColumnRenamed("last_event_time", "days_last_event_time") \
+        .withColumn("block", F.floor(F.unix_date("ds") / k))
+    # One row per (user, block with events): the state at the block's start and the block's arrivals.
+    block_start, block_end = (F.date_from_unix_date((F.col("block") * k + j).cast("int")) for j in (0, k))
+    blocks = users.join(days.select("user_id", "block").distinct(), "user_id").select(
+        "user_id", "block", "old_last_event_time", *[
+            col
+            for event_type, (seq, n) in SEQUENCE_COLUMNS.items()
+            for before in [F.filter(f"new_{seq}", lambda x: x["arrival"] < block_start)]
+            for col in (
+                _merged(F.col(f"old_{seq}"), before, _cap(caps, event_type)).alias(f"start_{seq}"),
+                (F.col(f"old_{n}") + F.size(before)).alias(f"start_{n}"),
+                F.filter(f"new_{seq}", lambda x: (x["arrival"] >= block_start) & (x["arrival"] < block_end))
+                .alias(f"block_{seq}"),
+            )
+        ])
+    # One row per (user, active day), carrying only its block's arrivals: each day on its own.
+    by_then = days.join(blocks, ["user_id", "block"]).select("*", *[
+        F.filter(f"block_{seq}", lambda x: x["arrival"] <= F.col("ds")).alias(f"by_then_{seq}")
         for seq, _ in SEQUENCE_COLUMNS.values()])
 
     out = []
     for event_type, (seq, n) in SEQUENCE_COLUMNS.items():
-        cap, arrived = _cap(caps, event_type), F.col(f"by_then_{seq}")
-        newest = F.transform(_last(arrived, cap), lambda x: x["e"])
-        out += [_last(F.sort_array(F.concat(F.col(f"old_{seq}"), newest)), cap).alias(seq),
-                (F.col(f"old_{n}") + F.size(arrived)).cast("long").alias(n)]
+        arrived = F.col(f"by_then_{seq}")
+        out += [_merged(F.col(f"start_{seq}"), arrived, _cap(caps, event_type)).alias(seq),
+                (F.col(f"start_{n}") + F.size(arrived)).cast("long").alias(n)]
     # greatest() skips nulls: a user seen for the first time has no old_last_event_time.
     last = F.greatest(F.col("old_last_event_time"), F.col("days_last_event_time")).alias("last_event_time")
     rows = by_then.select("user_id", "ds", *out, last, "next_ds")
     return rows.select(*SILVER_USER_SEQUENCES.column_names, "next_ds")
+
+
+def with_next_ds(rows: DataFrame) -> DataFrame:
+    """silver rows of a range of days -> the same rows with next_ds (the user's next ds among them,
+    null on their last), found from the two key columns and joined back by broadcast: the wide rows
+    are never shuffled."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    keys = rows.select("user_id", "ds")
+    nexts = keys.select("user_id", "ds", F.lead("ds").over(Window.partitionBy("user_id").orderBy("ds")).alias("next_ds"))
+    return rows.join(F.broadcast(nexts), ["user_id", "ds"])
 
 
 def merge_sequences(previous: DataFrame, events: DataFrame, caps: SequenceCaps) -> DataFrame:
@@ -308,9 +354,9 @@ def _history_before(spark: SparkSession, cfg: GemConfig, first: str) -> DataFram
 
 def compact(commit: StageCommit, rows: DataFrame, history: DataFrame) -> int | None:
     """Write every user's snapshot as of the end of each compaction day of the commit's days to
-    silver.user_sequences_compacted, from this run's rows and the history before its first day
-    (never from the table being replaced), in one commit; -> rows written (None: no compaction
-    day in the range).
+    silver.user_sequences_compacted, from this run's rows (`with_next_ds` of the partitions it
+    wrote, at the version it wrote) and the history before its first day, in one commit; -> rows
+    written (None: no compaction day in the range).
     """
     from pyspark.sql import functions as F
 
@@ -346,17 +392,20 @@ def run(ctx: StageContext, ds: str, through: str | None = None) -> StageResult:
     history = _history_before(spark, cfg, first)
     # The first day starts fresh, whatever an earlier experiment left in the table.
     previous = _no_rows(spark) if first == cfg.start_ds else latest_previous_rows(history, users, first)
-    # A local checkpoint, not persist(): the plan reads this very table (ds < first), and a cached
-    # plan over it would be recomputed when our own commit below invalidates it.
-    rows = advance_sequences(previous, events, cfg.sequence_caps).localCheckpoint(eager=True)
+    block_days = math.isqrt(len(commit.days) - 1) + 1  # ceil(sqrt(days)): about 2 sqrt(days) passes a user
+    rows = advance_sequences(previous, events, cfg.sequence_caps, block_days)
+    # Written straight from the plan, then read back at the version written for the counts and the
+    # compaction: held in memory for reuse instead, a long range's rows (1,000 MovieLens days: GBs
+    # of arrays) ran a 4 GB driver out of heap in the write.
+    version = commit.replace(rows.select(*SILVER_USER_SEQUENCES.column_names), SILVER_USER_SEQUENCES)
+    written = tables.read_table(spark, cfg, SILVER_USER_SEQUENCES, version=version).where(
+        F.col("ds").between(F.lit(first).cast("date"), F.lit(last).cast("date")))
     # One row per (active user, day): rows in (users with events in bronze that day) = rows written.
     users_in = {str(d): n for d, n in events.groupBy("ds").agg(F.countDistinct("user_id")).collect()}
-    users_out = {str(d): n for d, n in rows.groupBy("ds").count().collect()}
+    users_out = {str(d): n for d, n in written.groupBy("ds").count().collect()}
     per_day = {d: DayCounts(users_in.get(d, 0), users_out.get(d, 0)) for d in commit.days}
-
-    commit.replace(rows.select(*SILVER_USER_SEQUENCES.column_names), SILVER_USER_SEQUENCES)
     t1 = time.time()
-    compacted = compact(commit, rows, history)
+    compacted = compact(commit, with_next_ds(written), history)
     compaction_seconds = time.time() - t1
     # Reconciled per day, and in total against the commit's own count.
     commit.publish(per_day=per_day, written_tables=(SILVER_USER_SEQUENCES,))

@@ -86,18 +86,25 @@ def run_tables(ctx: StageContext, ds: str, through: str | None = None) -> StageR
     sequences, sequences_version = _validated_days(spark, commit, SILVER_USER_SEQUENCES, "build_sequences")
     user_features, user_version = _validated_days(spark, commit, SILVER_USER_FEATURES, "build_features")
     ad_features, ad_version = _validated_days(spark, commit, SILVER_AD_FEATURES, "build_features")
-    batches = [
-        Batch(f"{SILVER_USER_SEQUENCES.name}.rules", sequences, qs.sequence_expectations(cfg)),
-        Batch(f"{SILVER_USER_SEQUENCES.name}.cap_margin",
-              statistics_frame(qs.sequence_margin_statistics(sequences, days)), qs.sequence_margin_expectations(cfg)),
-        Batch(f"{SILVER_USER_FEATURES.name}.rules", user_features, qs.feature_expectations(cfg, "user_id")),
-        Batch(f"{SILVER_AD_FEATURES.name}.rules", ad_features, qs.feature_expectations(cfg, "ad_id")),
-    ]
     validated = {SILVER_USER_SEQUENCES.name: sequences_version, SILVER_USER_FEATURES.name: user_version,
                  SILVER_AD_FEATURES.name: ad_version}
     rows = {day: int(commit.record("build_sequences", day)["rows_written"])
             + int(commit.record("build_features", day)["rows_written"]) for day in days}
-    return _validate_and_publish(commit, batches, validated, rows, t0)
+    # Persisted here, not by validate(): the margin statistics read it too (one pass over the arrays).
+    sequence_checks = qs.sequence_checks(sequences, cfg).persist()
+    try:
+        batches = [
+            Batch(f"{SILVER_USER_SEQUENCES.name}.rules", sequence_checks, qs.sequence_expectations(cfg)),
+            Batch(f"{SILVER_USER_SEQUENCES.name}.cap_margin",
+                  statistics_frame(qs.sequence_margin_statistics(sequence_checks, days)), qs.sequence_margin_expectations(cfg)),
+            Batch(f"{SILVER_USER_FEATURES.name}.rules", qs.feature_checks(user_features, "user_id"),
+                  qs.feature_expectations(cfg, "user_id")),
+            Batch(f"{SILVER_AD_FEATURES.name}.rules", qs.feature_checks(ad_features, "ad_id"),
+                  qs.feature_expectations(cfg, "ad_id")),
+        ]
+        return _validate_and_publish(commit, batches, validated, rows, t0)
+    finally:
+        sequence_checks.unpersist()
 
 
 def run_examples(ctx: StageContext, ds: str, through: str | None = None) -> StageResult:

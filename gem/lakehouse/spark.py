@@ -22,6 +22,9 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+CLASS_PATH = "spark.driver.extraClassPath"
+LOCAL_FS_IMPL = "spark.hadoop.fs.file.impl"
+NIO_LOCAL_FS = "gem.hadoop.NioLocalFileSystem"  # infra/spark/localfs
 _DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
@@ -72,6 +75,10 @@ def get_spark(cfg: GemConfig, app_name: str = "gem") -> "SparkSession":
         .config("spark.sql.sources.partitionOverwriteMode", "static")
     )
     conf = {**_DELTA_CONF, **cfg.spark.conf}
+    if os.path.isfile(cfg.spark.local_fs_jar):
+        # On the JVM's own class path: Hadoop looks a file system class up there, not in spark.jars.
+        conf.setdefault(CLASS_PATH, cfg.spark.local_fs_jar)
+        conf.setdefault(LOCAL_FS_IMPL, NIO_LOCAL_FS)
     if os.path.isfile(cfg.spark.class_archive):
         conf[JAVA_OPTIONS] = f"{conf.get(JAVA_OPTIONS, '')} -XX:SharedArchiveFile={cfg.spark.class_archive}".strip()
     for k, v in conf.items():

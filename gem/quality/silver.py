@@ -4,8 +4,10 @@ Each suite is a list of GX expectations over the ds partitions of its table one 
 batch: one day, or a range of days at once, so every per-day rule groups by ds). Rules that span
 columns or rows are `UnexpectedRowsExpectation` queries returning the offending rows with their ds
 (Spark SQL, `{batch}` is the batch), so several per-column rules fold into one query and one Spark
-job. Critical rules break a table's contract (the job fails, no completion record); warnings are
-reported in the Data Docs only.
+job. The sequences and features suites validate a narrow batch computed in one pass over the table
+(`sequence_checks`, `feature_checks`: the keys and a boolean per rule), not the wide rows. Critical
+rules break a table's contract (the job fails, no completion record); warnings are reported in the
+Data Docs only.
 
   silver.user_sequences: each sequence within its cap and as long as min(count, cap); elements
       strictly ordered by (event_time, event_id); last_event_time not before any element; one row
@@ -37,10 +39,12 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 
-def _rows_breaking(rule: str, where: str, critical: bool = True, select: str = "*") -> Expectation:
-    """An expectation that no row of the batch matches `where`."""
+def _rows_breaking(rule: str, where: str, critical: bool = True, select: str = "*", flagged: bool = False) -> Expectation:
+    """An expectation that no row of the batch matches `where`. flagged: the batch carries `where`
+    already computed as a boolean column named `rule` (its one pass over wide rows:
+    `sequence_checks`, `feature_checks`) and the query reads that column."""
     return gx_expectations().UnexpectedRowsExpectation(
-        unexpected_rows_query=f"SELECT {select} FROM {{batch}} WHERE {where}",
+        unexpected_rows_query=f"SELECT {select} FROM {{batch}} WHERE {rule if flagged else where}",
         description=f"No row with: {where}",
         meta=rule_meta(rule, critical),
         severity=expectation_severity(critical),
@@ -71,43 +75,56 @@ def _caps(cfg: GemConfig) -> dict[str, int]:
     return {seq: int(getattr(cfg.sequence_caps, t)) for t, (seq, _) in SEQUENCE_COLUMNS.items()}
 
 
-def sequence_expectations(cfg: GemConfig) -> list[Expectation]:
+def _sequence_rules(cfg: GemConfig) -> dict[str, str]:
+    """rule -> the SQL condition (over a silver.user_sequences row) of a row that breaks it."""
     caps = _caps(cfg)
     counts = {seq: n for seq, n in SEQUENCE_COLUMNS.values()}
     # Consecutive pairs (a, b) of a sequence; structs compare field by field: (event_time, event_id, ...).
     pairs = "zip_with(slice({s}, 1, greatest(size({s}) - 1, 0)), slice({s}, 2, greatest(size({s}) - 1, 0)), (a, b) -> a < b)"
-    return [
-        _rows_breaking("sequences_within_caps", _any_of([f"size({s}) > {cap}" for s, cap in caps.items()]),
-                       select="ds, user_id"),
-        _rows_breaking("sequence_length_is_min_count_cap",
-                       _any_of([f"size({s}) <> least({counts[s]}, {cap})" for s, cap in caps.items()]),
-                       select="ds, user_id"),
-        _rows_breaking("sequences_strictly_ordered",
-                       _any_of([f"NOT forall({pairs.format(s=s)}, x -> x)" for s in caps]), select="ds, user_id"),
-        _rows_breaking("last_event_time_is_latest",
-                       _any_of([f"exists({s}, e -> e.event_time > last_event_time)" for s in caps]),
-                       select="ds, user_id"),
-        _unique("one_row_per_user", "user_id"),
-    ]
+    return {
+        "sequences_within_caps": _any_of([f"size({s}) > {cap}" for s, cap in caps.items()]),
+        "sequence_length_is_min_count_cap": _any_of([f"size({s}) <> least({counts[s]}, {cap})" for s, cap in caps.items()]),
+        "sequences_strictly_ordered": _any_of([f"NOT forall({pairs.format(s=s)}, x -> x)" for s in caps]),
+        "last_event_time_is_latest": _any_of([f"exists({s}, e -> e.event_time > last_event_time)" for s in caps]),
+    }
 
 
 def day_events_column(seq: str) -> str:
     return f"max_user_day_events__{seq}"
 
 
-def sequence_margin_statistics(rows: DataFrame, days: Sequence[str]) -> dict[str, dict[str, int]]:
-    """day -> for each sequence: the most elements one user has with event_time on that day (the
-    day's events that sit after any impression of that day in its snapshot); 0 for a day without
-    rows. One Spark pass over the days' partitions."""
+def sequence_checks(sequences: DataFrame, cfg: GemConfig) -> DataFrame:
+    """The batch the sequences suite validates, from ONE pass over `sequences` (silver.user_sequences
+    rows): ds, user_id, a boolean per rule (named by the rule: the row breaks it) and, per sequence,
+    the row's elements with event_time on its ds (`day_events_column`, for the cap margin). A range
+    of days is hundreds of thousands of rows of arrays: cached whole it does not fit a 4 GB driver
+    (200 MovieLens days failed), and each rule's query rescanning it decodes every array again;
+    these few columns cache in kilobytes per day."""
     from pyspark.sql import functions as F
 
     day_start = F.col("ds").cast("timestamp")  # midnight UTC: the session time zone (gem.lakehouse.spark)
+    return sequences.select(
+        "ds", "user_id",
+        *[F.expr(where).alias(rule) for rule, where in _sequence_rules(cfg).items()],
+        *[F.size(F.filter(F.col(seq), lambda e: e["event_time"] >= day_start)).alias(day_events_column(seq))
+          for seq, _ in SEQUENCE_COLUMNS.values()],
+    )
+
+
+def sequence_expectations(cfg: GemConfig) -> list[Expectation]:
+    """The sequences suite, over a batch of `sequence_checks(...)`."""
+    return [*(_rows_breaking(rule, where, select="ds, user_id", flagged=True) for rule, where in _sequence_rules(cfg).items()),
+            _unique("one_row_per_user", "user_id")]
+
+
+def sequence_margin_statistics(checks: DataFrame, days: Sequence[str]) -> dict[str, dict[str, int]]:
+    """day -> for each sequence: the most elements one user has with event_time on that day (the
+    day's events that sit after any impression of that day in its snapshot); 0 for a day without
+    rows. `checks` is `sequence_checks(...)`: one aggregation over its few columns."""
+    from pyspark.sql import functions as F
+
     names = [day_events_column(seq) for seq, _ in SEQUENCE_COLUMNS.values()]
-    exprs = [
-        F.max(F.size(F.filter(F.col(seq), lambda e: e["event_time"] >= day_start))).alias(name)
-        for (seq, _), name in zip(SEQUENCE_COLUMNS.values(), names, strict=True)
-    ]
-    found = {str(r["ds"]): r.asDict() for r in rows.groupBy("ds").agg(*exprs).collect()}
+    found = {str(r["ds"]): r.asDict() for r in checks.groupBy("ds").agg(*[F.max(n).alias(n) for n in names]).collect()}
     return {day: {n: int(found.get(day, {}).get(n) or 0) for n in names} for day in days}
 
 
@@ -124,8 +141,8 @@ def sequence_margin_expectations(cfg: GemConfig) -> list[Expectation]:
 # silver.user_features / silver.ad_features
 
 
-def feature_expectations(cfg: GemConfig, key: str) -> list[Expectation]:
-    impressions, clicks = (counter_name(m, max(WINDOW_DAYS)) for m in ("impressions", "clicks"))
+def _feature_rules() -> dict[str, str]:
+    """rule -> the SQL condition (over a features row) of a row that breaks it."""
     nested, added_up = [], []
     for metric in COUNT_METRICS.values():
         short, mid, long_ = (counter_name(metric, w) for w in WINDOW_DAYS)
@@ -133,15 +150,36 @@ def feature_expectations(cfg: GemConfig, key: str) -> list[Expectation]:
         for w in WINDOW_DAYS:
             per_surface = " + ".join(counter_name(metric, w, s) for s in SURFACES)
             added_up.append(f"{counter_name(metric, w)} <> {per_surface}")
+    return {"windows_nested": _any_of(nested), "surfaces_add_up": _any_of(added_up)}
+
+
+CLICKS_ABOVE_IMPRESSIONS = "clicks_above_impressions"
+
+
+def feature_checks(features: DataFrame, key: str) -> DataFrame:
+    """The batch the features suite validates, from one pass over `features` (silver.user_features
+    or silver.ad_features rows, entity column `key`): ds, key, a boolean per rule and
+    CLICKS_ABOVE_IMPRESSIONS (the 28-day clicks exceed the impressions). Sixty counters a row over a
+    range of days cache heavy; these few columns do not (see `sequence_checks`)."""
+    from pyspark.sql import functions as F
+
+    impressions, clicks = (counter_name(m, max(WINDOW_DAYS)) for m in ("impressions", "clicks"))
+    return features.select(
+        "ds", key, *[F.expr(where).alias(rule) for rule, where in _feature_rules().items()],
+        (F.col(clicks) > F.col(impressions)).alias(CLICKS_ABOVE_IMPRESSIONS),
+    )
+
+
+def feature_expectations(cfg: GemConfig, key: str) -> list[Expectation]:
+    """The features suite, over a batch of `feature_checks(..., key)`."""
     return [
         _unique(f"one_row_per_{key}", key),
-        _rows_breaking("windows_nested", _any_of(nested), select=f"ds, {key}"),
-        _rows_breaking("surfaces_add_up", _any_of(added_up), select=f"ds, {key}"),
+        *(_rows_breaking(rule, where, select=f"ds, {key}", flagged=True) for rule, where in _feature_rules().items()),
         # Per day, at least `min_clicks_within_impressions` of the rows have clicks <= impressions.
         _groups_breaking("clicks_within_impressions",
-                         f"SELECT ds, count_if({clicks} > {impressions}) AS clicks_above_impressions, count(*) AS rows "
+                         f"SELECT ds, count_if({CLICKS_ABOVE_IMPRESSIONS}) AS {CLICKS_ABOVE_IMPRESSIONS}, count(*) AS rows "
                          f"FROM {{batch}} GROUP BY ds "
-                         f"HAVING count_if({clicks} <= {impressions}) < {cfg.quality.min_clicks_within_impressions} * count(*)"),
+                         f"HAVING count_if(NOT {CLICKS_ABOVE_IMPRESSIONS}) < {cfg.quality.min_clicks_within_impressions} * count(*)"),
     ]
 
 
@@ -168,25 +206,36 @@ def snapshot_days(examples: DataFrame) -> list[str]:
     return sorted(str(r["sequence_ds"]) for r in examples.select("sequence_ds").distinct().collect())
 
 
+# The examples columns the suite's rules read: the batch keeps only these (the ~120 feature columns
+# of a range of days would dominate the cached batch and no rule reads them).
+EXAMPLE_RULE_COLUMNS = ("ds", "surface", "impression_id", "impression_time", "user_id", "sequence_ds", "features_ds",
+                        "attributed_conversions", *LABEL_COLUMNS.values())
+
+
 def with_snapshot_checks(examples: DataFrame, sequences: DataFrame, cfg: GemConfig) -> DataFrame:
-    """`examples` with the two columns the snapshot rules read, from one join with their snapshot
-    rows in `sequences` (silver.user_sequences): `snapshot_found` (the (user_id, sequence_ds) row
-    exists) and `prefix_cut` (the cap cut the prefix the model reads). `sequences` is read only at
-    `snapshot_days(examples)`: a static partition filter, so a validation reads the day or two its
-    examples point at, not every day of the pipeline's history (the demo's 4th day: 25-28 s with
-    the filter, 49-50 s without). The batch is validated cached, so the join and the per-element
-    scans run once, not once per rule (the demo's 60k examples: about 7 s less per day)."""
+    """`examples`' EXAMPLE_RULE_COLUMNS with the two columns the snapshot rules read, from their
+    snapshot rows in `sequences` (silver.user_sequences): `snapshot_found` (the (user_id,
+    sequence_ds) row exists) and `prefix_cut` (the cap cut the prefix the model reads).
+
+    `sequences` is read only at `snapshot_days(examples)`: a static partition filter, so a
+    validation reads the day or two its examples point at, not every day of the pipeline's history
+    (the demo's 4th day: 25-28 s with the filter, 49-50 s without). The snapshot rows stream past
+    the examples' keys, broadcast (four narrow columns), so the arrays are never shuffled: a range
+    of days reads GBs of them. The batch is validated cached, so the join and the per-element scans
+    run once, not once per rule (the demo's 60k examples: about 7 s less per day)."""
     from pyspark.sql import functions as F
 
     days = [F.lit(d).cast("date") for d in snapshot_days(examples)]
     columns = [c for pair in SEQUENCE_COLUMNS.values() for c in pair]
     s = sequences.where(F.col("ds").isin(days) if days else F.lit(False)).select("ds", "user_id", *columns).alias("s")
-    b = examples.alias("b")
-    joined = b.join(s, (F.col("s.ds") == F.col("b.sequence_ds")) & (F.col("s.user_id") == F.col("b.user_id")), "left")
-    return joined.select(
-        "b.*",
-        F.col("s.user_id").isNotNull().alias("snapshot_found"),
-        F.coalesce(F.expr(_prefix_cut(cfg)), F.lit(False)).alias("prefix_cut"),
+    b = examples.select("impression_id", "user_id", "sequence_ds", "impression_time").alias("b")
+    matched = s.join(F.broadcast(b), (F.col("s.ds") == F.col("b.sequence_ds")) & (F.col("s.user_id") == F.col("b.user_id")))
+    checks = matched.select(F.col("b.impression_id").alias("impression_id"), F.lit(True).alias("snapshot_found"),
+                            F.coalesce(F.expr(_prefix_cut(cfg)), F.lit(False)).alias("prefix_cut"))
+    return examples.select(*EXAMPLE_RULE_COLUMNS).join(checks, "impression_id", "left").select(
+        *EXAMPLE_RULE_COLUMNS,
+        F.coalesce("snapshot_found", F.lit(False)).alias("snapshot_found"),
+        F.coalesce("prefix_cut", F.lit(False)).alias("prefix_cut"),
     )
 
 

@@ -177,6 +177,24 @@ def test_a_range_writes_what_the_daily_runs_write(spark, built, tmp_path, ranges
         assert counts[0] == counts[1], ds
 
 
+def test_the_block_size_of_a_range_does_not_change_its_rows(spark, built):
+    """advance_sequences over the five days from no previous rows: blocks of 2 or 4 days (the range's
+    two-step merge, blocks cut mid-range) give the rows of blocks of one day (each day merged alone),
+    late events and the heavy user's overflowing caps included."""
+    cfg, days, _ = built
+    events = spark.createDataFrame([e for ds in DAYS for e in days[ds]], BRONZE_AD_EVENTS.spark_schema())
+    empty = spark.createDataFrame([], SILVER_USER_SEQUENCES.spark_schema())
+
+    def rows(block_days: int) -> list[Any]:
+        out = build_sequences.advance_sequences(empty, events, cfg.sequence_caps, block_days)
+        return sorted(out.collect(), key=lambda r: (r["ds"], r["user_id"]))
+
+    one_day = rows(1)
+    assert len(one_day) > len(DAYS)
+    for block_days in (2, 4):
+        assert rows(block_days) == one_day, block_days
+
+
 def test_incremental_build_equals_full_recompute_every_user_every_day(spark, built):
     cfg, days, _ = built
     silver = _silver_rows(spark, cfg)

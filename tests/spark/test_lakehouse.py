@@ -161,3 +161,30 @@ def test_local_sessions_start_from_the_class_archive_made_at_set_up(spark):
     args = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
     assert f"-XX:SharedArchiveFile={archive}" in args
     assert "sharing" in jvm.java.lang.System.getProperty("java.vm.info")
+
+
+def test_local_sessions_set_file_modes_without_a_chmod_process(spark, tmp_path):
+    """`make setup` builds infra/spark/localfs; local sessions use it for file:// paths, and its
+    setPermission (java.nio, not a forked chmod) sets the modes Hadoop asks for."""
+    import os
+    import stat
+
+    from gem.config import load_config
+    from gem.lakehouse.spark import NIO_LOCAL_FS
+
+    jar = load_config(environ={}).spark.local_fs_jar
+    assert Path(jar).is_file(), f"no local file system jar at {jar}: `make setup` builds it"
+    jvm = spark.sparkContext._jvm
+    fs = jvm.org.apache.hadoop.fs.FileSystem.get(jvm.java.net.URI("file:///"), spark.sparkContext._jsc.hadoopConfiguration())
+    assert fs.getClass().getName() == NIO_LOCAL_FS
+    target = tmp_path / "f"
+    target.write_text("x")
+    for mode in (0o600, 0o754):
+        fs.setPermission(jvm.org.apache.hadoop.fs.Path(str(target)), jvm.org.apache.hadoop.fs.permission.FsPermission(mode))
+        assert stat.S_IMODE(os.stat(target).st_mode) == mode
+    # A Delta write through it: data files with Hadoop's default mode (0666 less its umask 022).
+    path = str(tmp_path / "t")
+    spark.range(3).selectExpr("id", "id % 2 AS p").write.format("delta").partitionBy("p").save(path)
+    files = [f for f in (tmp_path / "t" / "p=0").iterdir() if f.suffix == ".parquet"]
+    assert files and all(stat.S_IMODE(os.stat(f).st_mode) == 0o644 for f in files)
+    assert spark.read.format("delta").load(path).count() == 3

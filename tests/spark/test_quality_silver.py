@@ -63,7 +63,7 @@ def _sequences(spark, rows):
 def test_clean_sequences_pass(spark, cfg):
     rows = [_sequence_row("u1", [_element(1, "e1"), _element(2, "e2")]),
             _sequence_row("u2", [_element(1, "e3"), _element(1, "e4"), _element(5, "e5")], n_impressions=9)]
-    report = validate(cfg, _sequences(spark, rows), "test.sequences", qs.sequence_expectations(cfg), D,
+    report = validate(cfg, qs.sequence_checks(_sequences(spark, rows), cfg), "test.sequences", qs.sequence_expectations(cfg), D,
                       raise_on_critical=False)
     assert report.success, [o.describe() for o in report.outcomes if not o.success]
 
@@ -79,14 +79,14 @@ def test_clean_sequences_pass(spark, cfg):
 ])
 def test_each_broken_sequence_rule_fails_alone(spark, cfg, row, rule):
     rows = [_sequence_row("u_ok", [_element(1, "ok")]), row]
-    report = validate(cfg, _sequences(spark, rows), "test.sequences", qs.sequence_expectations(cfg), D,
+    report = validate(cfg, qs.sequence_checks(_sequences(spark, rows), cfg), "test.sequences", qs.sequence_expectations(cfg), D,
                       raise_on_critical=False)
     assert _failed(report) == set(rule.split(","))
 
 
 def test_duplicate_user_fails(spark, cfg):
     rows = [_sequence_row("u_dup", [_element(1, "d1")]), _sequence_row("u_dup", [_element(2, "d2")])]
-    report = validate(cfg, _sequences(spark, rows), "test.sequences", qs.sequence_expectations(cfg), D,
+    report = validate(cfg, qs.sequence_checks(_sequences(spark, rows), cfg), "test.sequences", qs.sequence_expectations(cfg), D,
                       raise_on_critical=False)
     assert _failed(report) == {"one_row_per_user"}
 
@@ -95,7 +95,7 @@ def test_cap_margin_is_measured_and_only_warns(spark, cfg):
     # Cap 3 with margin 0.5: at most 1 event of the day per user. u_busy has 2 on D (one the day before).
     rows = [_sequence_row("u_busy", [_element(-1, "b0"), _element(1, "b1"), _element(2, "b2")]),
             _sequence_row("u_calm", [_element(3, "k1")])]
-    stats = qs.sequence_margin_statistics(_sequences(spark, rows), [D])
+    stats = qs.sequence_margin_statistics(qs.sequence_checks(_sequences(spark, rows), cfg), [D])
     assert stats[D][qs.day_events_column("impressions")] == 2 and stats[D][qs.day_events_column("clicks")] == 0
     report = validate(cfg, statistics_frame(stats), "test.margin", qs.sequence_margin_expectations(cfg), D,
                       raise_on_critical=False)
@@ -135,10 +135,10 @@ def _consistent(**by_window: int) -> dict[str, int]:
 ])
 def test_each_broken_feature_rule_fails_alone(spark, cfg, bad, rule):
     good = [_feature_row("u_ok", **_consistent(impressions_1d=1, impressions_7d=2, impressions_28d=4, clicks_28d=1))]
-    report = validate(cfg, _features(spark, good), "test.features", qs.feature_expectations(cfg, "user_id"), D,
+    report = validate(cfg, qs.feature_checks(_features(spark, good), "user_id"), "test.features", qs.feature_expectations(cfg, "user_id"), D,
                       raise_on_critical=False)
     assert report.success
-    report = validate(cfg, _features(spark, good + [bad]), "test.features", qs.feature_expectations(cfg, "user_id"),
+    report = validate(cfg, qs.feature_checks(_features(spark, good + [bad]), "user_id"), "test.features", qs.feature_expectations(cfg, "user_id"),
                       D, raise_on_critical=False)
     assert _failed(report) == {rule}
 
