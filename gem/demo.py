@@ -19,7 +19,6 @@ import datetime as dt
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from gem.airflow_runs import airflow_env, airflow_home, init_db, run_log
 from gem.config import REPO_ROOT, GemConfig, load_config
@@ -196,31 +195,21 @@ def model_metrics(cfg: GemConfig) -> str | None:
 def student_metrics(cfg: GemConfig) -> str | None:
     """The latest distillation run's students beside the FM's logged predictions of the same held-out
     examples, per task, from gold.metrics (None when no distill run has written any)."""
-    from gem.data.delta_log import read_table
-    from gem.distill.run import FM_ARCH, student_arch
+    from gem.run_report import student_results
 
-    path = GOLD_METRICS.path(cfg.lakehouse_uri)
-    if not Path(path, "_delta_log").is_dir():
+    found = student_results(cfg)
+    if found is None:
         return None
-    arch = student_arch(cfg.student.variant)
-    rows = [r for r in read_table(path).to_pylist() if r["arch"] in (arch, FM_ARCH)]
-    if not rows:
-        return None
-    run_id = max(rows, key=lambda r: r["created_at"])["run_id"]
-    by_task: dict[str, dict[str, Any]] = {}
-    for r in rows:
-        if r["run_id"] == run_id and r["ne"] is not None:
-            by_task.setdefault(r["task"], {})[r["arch"]] = r
+    run_id, arch, rows = found
+
     def fmt(v: float | None) -> str:
         return "    n/a" if v is None else f"{v:7.4f}"
 
     lines = [f"  run {run_id}: {arch} per surface, trained on the FM's logged predictions"
              + (" and history codes" if cfg.student.uses("history_codes") else ""),
              f"    {'task':<28} {'examples':>9} {'NE':>7} {'AUC':>7} {'FM NE':>7} {'FM AUC':>7}"]
-    for task, pair in sorted(by_task.items()):
-        student, fm = pair.get(arch, {}), pair.get(FM_ARCH, {})
-        lines.append(f"    {task:<28} {student.get('examples', 0):>9,} {fmt(student.get('ne'))} "
-                     f"{fmt(student.get('auc'))} {fmt(fm.get('ne'))} {fmt(fm.get('auc'))}")
+    lines += [f"    {r['task']:<28} {r['examples']:>9,} {fmt(r['NE'])} {fmt(r['AUC'])} {fmt(r['FM NE'])} "
+              f"{fmt(r['FM AUC'])}" for r in rows]
     return "\n".join(lines)
 
 

@@ -10,7 +10,9 @@ what the stages committed, with no Spark (Delta tables are read through their lo
 - held-out NE / AUC / calibration per task of each pretraining run in the window (gold.metrics),
   the generator's Bayes floor beside NE where the landing manifest records one;
 - the training loss of D's promoted model, step by step (kept in its checkpoint);
-- precompute's figures for the window (gold.precompute_stats).
+- precompute's figures for the window (gold.precompute_stats);
+- the students of the newest distillation run in the window beside the FM's logged predictions
+  (gold.metrics).
 
 A part whose stage has not run (yet) says so instead of failing, so the report of any day renders;
 a day with no completion record at all is an error (nothing ran: check the day and the config).
@@ -192,6 +194,48 @@ def _latest_runs(rows: list[dict[str, Any]], arch: str) -> list[dict[str, Any]]:
     return [r for r in rows if r["run_id"] in keep]
 
 
+def student_results(cfg: GemConfig, days: Sequence[str] | None = None) -> tuple[str, str, list[dict[str, Any]]] | None:
+    """The newest distillation run (of `days`, when given) from gold.metrics -> (run_id, student
+    arch, per task: task, examples, NE, AUC, FM NE, FM AUC: the student beside the FM's logged
+    predictions of the same held-out examples); None when no distill run wrote any."""
+    from gem.distill.run import FM_ARCH, student_arch
+
+    arch = student_arch(cfg.student.variant)
+    rows = [r for r in _read(cfg, GOLD_METRICS)
+            if r["arch"] in (arch, FM_ARCH) and (days is None or r["ds"].isoformat() in days)]
+    if not rows:
+        return None
+    run_id = max(rows, key=lambda r: r["created_at"])["run_id"]
+    by_task: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        if r["run_id"] == run_id and r["ne"] is not None:
+            by_task.setdefault(r["task"], {})[r["arch"]] = r
+    out = []
+    for task, pair in sorted(by_task.items()):
+        student, fm = pair.get(arch, {}), pair.get(FM_ARCH, {})
+        out.append({"task": task, "examples": student.get("examples", 0), "NE": student.get("ne"),
+                    "AUC": student.get("auc"), "FM NE": fm.get("ne"), "FM AUC": fm.get("auc")})
+    return run_id, arch, out
+
+
+def _students_figure(rows: list[dict[str, Any]]) -> Figure:
+    """Held-out NE per task: each student beside the FM's logged predictions."""
+    tasks = [r["task"] for r in rows]
+    y = np.arange(len(tasks))
+    fig = Figure(figsize=(7.0, 0.3 * len(tasks) + 1.4))
+    ax = fig.add_subplot()
+    for offset, key, color in ((-0.2, "NE", "#4c72b0"), (0.2, "FM NE", "#dd8452")):
+        ax.barh(y + offset, np.array([r[key] for r in rows], dtype=float), height=0.4, color=color,
+                label="student" if key == "NE" else "FM (logged predictions)")
+    ax.axvline(1.0, color="grey", linewidth=0.8)
+    ax.set_yticks(y, tasks, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("held-out NE (1 = the base rate)")
+    ax.legend(fontsize=7, loc="lower right")
+    ax.grid(axis="x", alpha=0.3)
+    return fig
+
+
 def _loss_figure(losses: Sequence[float]) -> Figure:
     fig = Figure(figsize=(7.0, 3.4))
     ax = fig.add_subplot()
@@ -314,6 +358,18 @@ def build(cfg: GemConfig, ds: str, window_days: int = WINDOW_DAYS) -> Report:
                    for r in stats], formats={"hit rate": "{:.1%}", "wasted": "{:.1%}"})
     else:
         sec.paragraph("Precompute has not run in the window.")
+
+    sec = report.section("Students", intro=(
+        "The newest distillation run in the window: each surface's student, trained on the FM's logged "
+        "predictions, scored on the held-out day beside those predictions (gold.metrics)."))
+    students = student_results(cfg, days)
+    if students:
+        run_id, arch, rows = students
+        sec.paragraph(f"{run_id}: {arch}, {len(rows)} tasks scored.")
+        sec.table(rows, formats={"NE": "{:.4f}", "AUC": "{:.4f}", "FM NE": "{:.4f}", "FM AUC": "{:.4f}"})
+        sec.figure(_students_figure(rows), "students", caption="held-out NE per task: student and FM")
+    else:
+        sec.paragraph("No distillation run wrote gold.metrics in the window.")
     return report
 
 

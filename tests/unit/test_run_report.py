@@ -84,7 +84,7 @@ def test_the_report_renders_with_every_figure(lake):
     page = render(index)
     assert page.title == f"GEM run report, ds={lake['days'][2]}"
     for section in ("Rows per stage and day", "Quarantine by reason", "Data quality", "Held-out metrics",
-                    "Training loss", "Precompute"):
+                    "Training loss", "Precompute", "Students"):
         assert section in page.text
     assert [img.src for img in page.images] == ["img/rows_per_stage.png", "img/quarantine.png",
                                                 "img/held_out_metrics.png", "img/training_loss.png"]
@@ -123,7 +123,7 @@ def test_metrics_loss_and_precompute_are_the_stored_figures(lake):
     cfg, day = lake["cfg"], lake["days"][2]
     text = render(lake["index"]).text
     rows = read_table(GOLD_METRICS.path(cfg.lakehouse_uri)).to_pylist()
-    scored = [r for r in rows if r["ne"] is not None]
+    scored = [r for r in rows if r["ne"] is not None and r["arch"] == cfg.model.arch]
     assert scored
     for r in scored:
         assert f"{day}\t{r['task']}\t{r['examples']}\t{r['ne']:.4f}\t" in text
@@ -137,6 +137,7 @@ def test_a_day_before_training_says_what_has_not_run(lake):
     text = render(build(cfg, day).write(report_dir(cfg, day))).text
     assert f"No model of kunlun was promoted for ds={day}." in text
     assert "Precompute has not run in the window." in text
+    assert "No distillation run wrote gold.metrics in the window." in text
     assert f"No suite was validated for ds={day}." in text
 
 
@@ -151,3 +152,31 @@ def test_gem_report_prints_the_path_and_refuses_a_day_nothing_ran(lake, tmp_path
     refused = CliRunner().invoke(app, ["report", "--ds", "2026-02-01", "--config", str(config)])
     assert refused.exit_code == 1
     assert "no stage has a completion record for ds=2026-02-01" in refused.output
+
+
+def test_students_show_beside_the_fms_logged_predictions(tmp_path: Path) -> None:
+    """The distill tests' lakehouse (a seeded model promoted for day 2, precompute on days 2 and 3,
+    the real distill job on day 3): the report of day 3 lists each scored task's student NE and AUC
+    beside the FM's logged ones, as gold.metrics stores them, with the figure loaded."""
+    from gem.distill.run import FM_ARCH, student_arch
+    from jobs import distill, precompute
+    from tests.precompute_lakehouse import promote_model, publish_training_records
+
+    cfg = precompute_config(tmp_path)
+    _, days = build_days(cfg, 3, users=60)
+    promote_model(cfg, days[1])
+    publish_training_records(cfg, days[2])
+    for day in days[1:]:
+        assert precompute.run(StageContext(cfg), day).published
+    assert distill.run(StageContext(cfg), days[2]).published
+    page = render(build(cfg, days[2]).write(report_dir(cfg, days[2])))
+    assert "img/students.png" in [img.src for img in page.images]
+    assert all(img.loaded for img in page.images), page.images
+    arch = student_arch(cfg.student.variant)
+    rows = [r for r in read_table(GOLD_METRICS.path(cfg.lakehouse_uri)).to_pylist() if r["ne"] is not None]
+    fm = {r["task"]: r for r in rows if r["arch"] == FM_ARCH}
+    students = [r for r in rows if r["arch"] == arch]
+    assert students
+    for r in students:
+        assert (f"{r['task']}\t{r['examples']}\t{r['ne']:.4f}\t{r['auc']:.4f}\t{fm[r['task']]['ne']:.4f}\t"
+                in page.text), r["task"]
