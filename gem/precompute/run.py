@@ -97,11 +97,27 @@ def impressions_on(files: list[Any], ds: str) -> pa.Table:
     return speculative.day_impressions(read_logged(today, {}, ["user_id", "impressions"]), ds)
 
 
-def start_workers(folder: Any, count: int) -> list[subprocess.Popen]:
-    """`count` worker processes on this host (gem.precompute.worker), joining the run in `folder`."""
+def start_workers(count: int) -> list[subprocess.Popen]:
+    """`count` worker processes on this host (gem.precompute.worker), started before the day is
+    planned: each imports torch and the lakehouse readers (about as long as the plan takes) while
+    this process plans, then waits on its stdin for the run's folder (hand_over)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
-    return [subprocess.Popen([sys.executable, "-m", "gem.precompute.worker", "--run-folder", str(folder),
-                              "--index", str(i)], cwd=REPO_ROOT, env=env) for i in range(1, count + 1)]
+    return [subprocess.Popen([sys.executable, "-m", "gem.precompute.worker", "--run-folder", "-",
+                              "--index", str(i)], cwd=REPO_ROOT, env=env, stdin=subprocess.PIPE, text=True)
+            for i in range(1, count + 1)]
+
+
+def hand_over(helpers: list[subprocess.Popen], folder: Path | None) -> None:
+    """Tell the waiting helpers the run's folder to join; None: there is no run, they exit (waited for)."""
+    for p in helpers:
+        try:
+            p.stdin.write(f"{folder}\n" if folder is not None else "")  # a line: fits the pipe's buffer
+            p.stdin.close()
+        except BrokenPipeError:  # it died before it was told: its exit status says so
+            pass
+    if folder is None:
+        for p in helpers:
+            p.wait()
 
 
 def run(ctx: StageContext, ds: str, workers: int | None = None) -> StageResult:
@@ -111,9 +127,13 @@ def run(ctx: StageContext, ds: str, workers: int | None = None) -> StageResult:
     if completions.completion(cfg, "mix", ds) is None:
         print(f"precompute ds={ds}: pretraining had no mixture for {ds} and skipped; nothing to precompute yet")
         return StageResult(STAGE, ds, 0.0)
-    commit, plan, folder = begin_day(ctx, ds)
     count = workers or cfg.precompute.workers
-    helpers = start_workers(folder, count - 1)
+    helpers = start_workers(count - 1)
+    folder = None
+    try:
+        commit, plan, folder = begin_day(ctx, ds)
+    finally:
+        hand_over(helpers, folder)
     mine = work(folder, index=0)
     failed = [p.args for p in helpers if p.wait() != 0]
     if failed:  # their shards were finished by the others (work returns only when all are done)

@@ -2,6 +2,7 @@
 
     python -m gem.precompute.worker --ds D [--config FILE]      # join the run of D in progress
     python -m gem.precompute.worker --run-folder DIR            # the same, naming the run's folder
+    python -m gem.precompute.worker --run-folder -              # the folder read from stdin (jobs.precompute's helpers)
 
 Workers are plain processes, not Spark executors: the stage is a torch stage (GPU pool, no JVM),
 a process loads the model once and keeps it for all the shards it claims, and the coordination
@@ -28,6 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 import pyarrow as pa
@@ -274,6 +276,18 @@ def work(folder: Path, index: int = 0, poll_s: float | None = None) -> WorkerRep
     return WorkerReport(worker_name(), done, users, time.time() - t0)
 
 
+def folder_from(stream: TextIO) -> Path | None:
+    """The run's folder, a line on `stream` (None when it closes empty: there is no run to join).
+    What a shard needs beyond this module (the checkpoint reader, deltalake) is imported first, so
+    a helper started before the day is planned spends the wait on it."""
+    import deltalake  # noqa: F401
+
+    import gem.train.checkpoint  # noqa: F401
+
+    line = stream.readline().strip()
+    return Path(line) if line else None
+
+
 def main(argv: list[str] | None = None) -> int:
     from gem.cli import iso_day
     from gem.config import add_config_arg, load_config
@@ -281,13 +295,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_config_arg(parser)
     parser.add_argument("--ds", type=iso_day, default=None, help="join the run of this day in progress")
-    parser.add_argument("--run-folder", default=None, help="the run's folder (instead of --ds)")
+    parser.add_argument("--run-folder", default=None, help="the run's folder (instead of --ds); - reads it from stdin")
     parser.add_argument("--index", type=int, default=int(os.environ.get("RANK", "0")),
                         help="spreads workers' first claims (default: the torchrun rank, else 0)")
     args = parser.parse_args(argv)
     if (args.ds is None) == (args.run_folder is None):
         parser.error("give exactly one of --ds and --run-folder")
-    folder = Path(args.run_folder) if args.run_folder else current_run_folder(load_config(args.config), args.ds)
+    if args.run_folder == "-":
+        folder = folder_from(sys.stdin)
+        if folder is None:
+            print(f"[{worker_name()}] no run to join (stdin closed empty)")
+            return 0
+    elif args.run_folder:
+        folder = Path(args.run_folder)
+    else:
+        folder = current_run_folder(load_config(args.config), args.ds)
     report = work(folder, args.index)
     print(f"[{report.worker}] shards {report.shards}: {report.users} users in {report.seconds:.1f}s")
     return 0

@@ -31,6 +31,7 @@ from gem.lakehouse import completions, tables
 from gem.lakehouse.commit import StageContext
 from gem.precompute.model import PrecomputeModel, PromotedModelMissing, user_batch
 from gem.precompute.read import user_embeddings
+from gem.precompute import run as precompute_run
 from gem.precompute.run import begin_day, finish_day, run
 from gem.precompute.shards import ShardBoard, shard_of
 from schemas.examples import SILVER_TRAINING_EXAMPLES
@@ -284,6 +285,9 @@ def test_one_and_two_workers_write_identical_tables(tmp_path: Path) -> None:
     assert all(one.values())
     workers = [board.done(s)["worker"] for s in range(plan.shards)]
     assert workers == [f"{socket.gethostname()}:{p.pid}" for p in (first, second) for _ in second_half]
+    # The job's own way: a helper started before the plan, handed the run's folder on its stdin.
+    run(StageContext(cfg), days[1], workers=2)
+    assert {s.name: contents(cfg, s) for s in PRECOMPUTE_TABLES} == one
 
 
 def _wait_for(condition: Any, what: str, timeout_s: float = 120.0) -> None:
@@ -318,14 +322,21 @@ def test_a_worker_killed_mid_shard_leaves_it_to_the_survivor(tmp_path: Path) -> 
     assert {s.name: contents(cfg, s) for s in PRECOMPUTE_TABLES} == killed
 
 
-def test_a_missing_promoted_model_fails_clearly_and_a_day_without_mixture_skips(tmp_path: Path) -> None:
+def test_a_missing_promoted_model_fails_clearly_and_a_day_without_mixture_skips(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
     cfg = precompute_config(tmp_path)
     _, days = build_days(cfg, 2)
     skipped = run(StageContext(cfg), days[1])  # pretraining skipped: no mixture for the day
     assert not skipped.published and completions.completion(cfg, "precompute", days[1]) is None
     publish_training_records(cfg, days[1])  # pretraining ran, but promoted nothing
+    helpers: list[subprocess.Popen] = []
+    start = precompute_run.start_workers
+    monkeypatch.setattr(precompute_run, "start_workers", lambda count: helpers.extend(start(count)) or helpers)
     with pytest.raises(PromotedModelMissing, match=r"no kunlun model is promoted for 2026-01-02 or an earlier day"):
-        run(StageContext(cfg), days[1])
+        run(StageContext(cfg), days[1], workers=2)
+    # The helper started before the plan failed was told there is no run, and exited cleanly.
+    assert len(helpers) == 1 and helpers[0].returncode == 0
+    assert "no run to join" in capfd.readouterr().out
     assert completions.completion(cfg, "precompute", days[1]) is None
 
 
