@@ -68,7 +68,7 @@ def shard_task(task: torch.nn.Module, embedding_lr: float, device: torch.device 
     ("sgd" | "rowwise_adagrad") fused into the backward at `embedding_lr`; its state is
     `model.fused_optimizer`. The caller's optimizer covers the dense parameters (`dense_parameters`)."""
     from torchrec.distributed.embedding import EmbeddingCollectionSharder
-    from torchrec.distributed.model_parallel import DefaultDataParallelWrapper, DistributedModelParallel
+    from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
     device = device or torch.device("cpu")
@@ -77,12 +77,29 @@ def shard_task(task: torch.nn.Module, embedding_lr: float, device: torch.device 
                                 {"lr": embedding_lr})
     world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
     plan = sharding_plan(task, world, device.type)
-    # Not a static graph: a batch can leave parts of the model without gradient (e.g. an event type
-    # with no history in any example), which DMP's default static-graph DDP rejects mid-training.
-    wrapper = DefaultDataParallelWrapper(static_graph=False, find_unused_parameters=True)
     model = DistributedModelParallel(task, device=device, plan=plan, sharders=[EmbeddingCollectionSharder()],
-                                     data_parallel_wrapper=wrapper)
+                                     data_parallel_wrapper=dense_data_parallel(world))
     return model, plan
+
+
+def dense_data_parallel(world: int) -> Any:
+    """DMP's wrapper of the dense (unsharded) modules: DDP across `world` ranks, none on one rank.
+
+    On one rank DDP averages nothing, yet each step it copies gradients into its buckets, runs the
+    all-reduce and (with find_unused_parameters) walks the autograd graph. Not a static graph: a
+    batch can leave parts of the model without gradient (e.g. an event type with no history in any
+    example), which DMP's default static-graph DDP rejects mid-training. Parameter and state names
+    are the same either way (DMP names them by the unwrapped module)."""
+    from torchrec.distributed.model_parallel import DataParallelWrapper, DefaultDataParallelWrapper
+
+    if world > 1:
+        return DefaultDataParallelWrapper(static_graph=False, find_unused_parameters=True)
+
+    class OneRank(DataParallelWrapper):
+        def wrap(self, dmp: Any, env: Any, device: torch.device) -> None:
+            pass  # the dense modules stay as they are
+
+    return OneRank()
 
 
 def dense_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
