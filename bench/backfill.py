@@ -44,12 +44,14 @@ def world_config(root: Path, events_per_day: int = 4000, users: int = 400, ads: 
     mixture, 4 training steps, one precompute worker."""
     import yaml
 
+    from tests.support import C1_JVM_CONF
+
     root.mkdir(parents=True, exist_ok=True)
     path = root / "gem.yaml"
     path.write_text(yaml.safe_dump({
         "lakehouse_uri": str(root / "lakehouse"), "start_ds": START_DS, "attribution_window_days": 0,
         "spark": {"master": "local[2]", "shuffle_partitions": 2, "driver_memory": "2g",
-                  "conf": {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}},
+                  "conf": C1_JVM_CONF},
         "generator": {"users": users, "ads": ads, "advertisers": max(1, ads // 5), "events_per_day": events_per_day,
                       "chunk_impressions": 2000},
         "mix": {"train_days": 1, "validation_days": 0},

@@ -60,6 +60,13 @@ def stand_in_records(stage: str, days: list[str], rows_written: dict[str, int] |
              "table_versions": dict(table_versions or {}), "input_versions": {}, "reconciliation": STAND_IN,
              "completed_at": now} for d in days]
 
+# C1 only: a short-lived job JVM warms faster. C1's default code cache (48 MB) is too small for a
+# JVM that runs a whole day's stages (`airflow dags test` runs a day's tasks in one process): it
+# filled on the third daily run of test_backfill_beside_daily ("CodeCache is full", then a failed
+# Delta write), so these JVMs get the tiered default's 240 MB.
+C1_JVM_CONF = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"}
+
+
 def make_config(tmp_path: Path, **overrides) -> GemConfig:
     """A config whose lakehouse and landing live under tmp_path; small generator defaults."""
     base = {
@@ -67,7 +74,7 @@ def make_config(tmp_path: Path, **overrides) -> GemConfig:
         # Jobs a test starts as subprocesses get short-lived JVMs: C1 only, as in the demo (the
         # in-process tests share the session fixture's JVM, which this does not touch).
         "spark": {"master": "local[2]", "shuffle_partitions": 2, "driver_memory": "2g",
-                  "conf": {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}},
+                  "conf": C1_JVM_CONF},
         "generator": {"users": 500, "ads": 100, "advertisers": 20, "events_per_day": 5000, "chunk_impressions": 2000},
     }
     for k, v in overrides.items():

@@ -23,7 +23,7 @@ import yaml
 from gem.data.delta_log import read_table
 from gem.orchestration import REPO_ROOT, manual_logical_date
 from schemas.metrics import GOLD_METRICS
-from tests.support import airflow_test_env, query_db
+from tests.support import C1_JVM_CONF, airflow_test_env, query_db
 
 pytestmark = pytest.mark.slow
 
@@ -43,12 +43,15 @@ def task_log_lines(ds: str) -> dict[str, str]:
 
 
 # Day 1 has no training day before its held-out day: the mix has nothing ready and is skipped, and
-# pretraining, which needs its manifest, is skipped with it, and so is precompute. Day 2 runs every task.
+# pretraining, which needs its manifest, is skipped with it, and so is precompute. Day 2 runs every
+# other task; distill needs precompute on its day and the day before, so it skips on both days.
 # The landing sensor (no command of its own) passes at once: generate_events wrote the marker.
 EXPECTED_STATES = {
     DAYS[0]: {task: "success" for task in task_log_lines(DAYS[0])}
-    | {"wait_for_landing": "success", "mix": "skipped", "pretrain": "skipped", "precompute": "skipped"},
-    DAYS[1]: {task: "success" for task in task_log_lines(DAYS[1])} | {"wait_for_landing": "success"},
+    | {"wait_for_landing": "success", "mix": "skipped", "pretrain": "skipped", "precompute": "skipped",
+       "distill": "skipped"},
+    DAYS[1]: {task: "success" for task in task_log_lines(DAYS[1])}
+    | {"wait_for_landing": "success", "distill": "skipped"},
 }
 RUN_TIMEOUT_S = 1800
 
@@ -73,7 +76,7 @@ def _config(tmp: Path) -> Path:
         "attribution_window_days": 0,
         # As the demo: C1 only in the short-lived job JVMs (they start and warm faster).
         "spark": {"master": "local[2]", "shuffle_partitions": 2, "driver_memory": "2g",
-                  "conf": {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}},
+                  "conf": C1_JVM_CONF},
         "generator": {
             "users": 300,
             "ads": 60,

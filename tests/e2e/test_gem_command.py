@@ -14,7 +14,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import yaml
 
 from gem.orchestration import LANDING_POKE_ENV, LANDING_TIMEOUT_ENV, REPO_ROOT, read_task_failures

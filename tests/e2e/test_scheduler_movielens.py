@@ -37,7 +37,7 @@ from gem.data.delta_log import read_table
 from gem.lakehouse.landing import SUCCESS_MARKER, partition_dir
 from gem.orchestration import LANDING_POKE_ENV, REPO_ROOT
 from schemas.metrics import GOLD_METRICS
-from tests.support import DAG_OUTLETS, airflow_test_env, query_db
+from tests.support import C1_JVM_CONF, DAG_OUTLETS, airflow_test_env, query_db
 
 # The scheduler's run of both days counts against the first test's timeout: about 15 minutes a day
 # was measured on 2 cores shared with other work (load 10), so beyond pytest's 30-minute default.
@@ -117,7 +117,7 @@ def _config(tmp: Path) -> Path:
         "lakehouse_uri": str(tmp / "lakehouse"),
         "start_ds": DAYS[0],
         "spark": {"master": "local[2]", "shuffle_partitions": 2, "driver_memory": "2g",
-                  "conf": {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}},
+                  "conf": C1_JVM_CONF},
         "mix": {"train_days": 1, "validation_days": 0},  # day 1 trains, day 2 is held out
         "loader": {"batch_size": 128, "num_workers": 0},
         "train": {"steps": TRAIN_STEPS, "checkpoint_every": 2},

@@ -16,7 +16,7 @@ from gem.lakehouse.commit import StageContext
 from gem.orchestration import NOTHING_READY_EXIT
 from schemas import TABLES
 from schemas.ops import COMPLETIONS
-from tests.support import PYTHON, lakehouse_rows
+from tests.support import C1_JVM_CONF, PYTHON, lakehouse_rows
 
 pytestmark = pytest.mark.slow  # 16 job processes, each with its own JVM (788 s on 2 cores)
 
@@ -33,7 +33,7 @@ def _config(root: Path) -> Path:
     path.write_text(yaml.safe_dump({
         "lakehouse_uri": str(root / "lakehouse"), "start_ds": DAYS[0], "attribution_window_days": 0,
         "spark": {"master": "local[2]", "shuffle_partitions": 2, "driver_memory": "2g",
-                  "conf": {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}},
+                  "conf": C1_JVM_CONF},
         "generator": {"users": 500, "ads": 100, "advertisers": 20, "events_per_day": 5000, "chunk_impressions": 2000},
     }))
     return path

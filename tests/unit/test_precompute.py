@@ -29,9 +29,9 @@ from gem.data.loader import EXAMPLE_COLUMNS, example_batch
 from gem.days import shift_day
 from gem.lakehouse import completions, tables
 from gem.lakehouse.commit import StageContext
+from gem.precompute import run as precompute_run
 from gem.precompute.model import PrecomputeModel, PromotedModelMissing, user_batch
 from gem.precompute.read import user_embeddings
-from gem.precompute import run as precompute_run
 from gem.precompute.run import begin_day, finish_day, run
 from gem.precompute.shards import ShardBoard, shard_of
 from schemas.examples import SILVER_TRAINING_EXAMPLES
