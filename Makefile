@@ -16,7 +16,7 @@ LOCAL_FS_JAR := $(CACHE)/gem-localfs.jar
 # Optional: PyTorch's CPU wheel index, to install the small CPU-only torch build (see README).
 TORCH_INDEX_URL ?=
 
-.PHONY: setup demo test test-slow test-all bench clean-data
+.PHONY: setup browser demo test test-slow test-all bench clean-data
 
 setup: $(PKG_STAMP) $(JARS_STAMP) $(ASSETS_STAMP) $(LOCAL_FS_JAR) $(CLASS_ARCHIVE)
 
@@ -63,13 +63,17 @@ demo: setup
 # `make test`: every test not marked slow (under 25 minutes on 2 cores; CI runs it). `make test-slow`:
 # the slow tier (end-to-end Airflow runs with the real scheduler, the learning claims, crash and
 # concurrency tests with real processes; about 50 minutes on 2 cores). `make test-all`: both.
-test: setup
+# Chromium for the browser tests of the HTML reports (installed when missing and root can: infra/chromium.sh).
+browser:
+	@bash infra/chromium.sh
+
+test: setup browser
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
-test-slow: setup
+test-slow: setup browser
 	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)
 
-test-all: setup
+test-all: setup browser
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: setup

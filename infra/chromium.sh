@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Headless Chromium for the browser tests (tests/browser.py opens the HTML reports in it): Debian's
+# package, installed when missing and this user can install it (root with apt-get, as on CI's fresh
+# Debian machines). Otherwise it says so and goes on: the browser tests then skip (fail under CI=true).
+set -euo pipefail
+for name in chromium chromium-browser google-chrome google-chrome-stable; do
+  command -v "$name" >/dev/null && exit 0
+done
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "installing Debian's chromium for the browser tests (once)"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
+else
+  echo "no Chromium on PATH and no root apt-get to install it: the browser tests will skip" \
+       "(install Debian's chromium package to run them)"
+fi
