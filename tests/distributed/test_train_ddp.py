@@ -39,7 +39,8 @@ class RankStream:
 def _worker(rank: int, init_file: str, out: str) -> None:
     torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     try:
-        trainer = Trainer(tiny_task(), RankStream(rank), TrainConfig(steps=STEPS, lr=1e-2, checkpoint_every=STEPS),
+        # train.lr, not the optimizer's own: the trainer sets each step's rate (gem.train.lr_schedule).
+        trainer = Trainer(tiny_task(), RankStream(rank), TrainConfig(steps=STEPS, lr=LR, checkpoint_every=STEPS),
                           Path(out) / "ckpt")
         trainer.optimizer = torch.optim.SGD(trainer.task.parameters(), lr=LR)
         trainer.fit()
