@@ -39,6 +39,7 @@ from schemas.metrics import GOLD_METRICS
 from schemas.precompute import GOLD_PRECOMPUTE_STATS
 
 WINDOW_DAYS = 7  # the days a report looks back over, D included
+RECORDED_STAGES = tuple(s for s in STAGES if s.records)  # a source (generate_events) publishes no record
 
 
 class NothingRanError(ValueError):
@@ -67,7 +68,7 @@ def _read(cfg: GemConfig, schema: Any) -> list[dict[str, Any]]:
 def _stage_rows(records: dict[tuple[str, str], dict[str, Any]], days: Sequence[str]) -> list[dict[str, object]]:
     """One row per registry stage: rows written per day ('-' where no record)."""
     rows = []
-    for stage in STAGES:
+    for stage in RECORDED_STAGES:
         row: dict[str, object] = {"stage": stage.name}
         for day in days:
             record = records.get((stage.name, day))
@@ -81,7 +82,7 @@ def _rows_figure(records: dict[tuple[str, str], dict[str, Any]], days: Sequence[
     ax = fig.add_subplot()
     x = np.arange(len(days))
     top = 1.0
-    for stage in STAGES:
+    for stage in RECORDED_STAGES:
         counts = np.array([records[(stage.name, d)]["rows_written"] if (stage.name, d) in records else np.nan
                            for d in days], dtype=float)
         if not np.isnan(counts).all():
@@ -287,7 +288,7 @@ def build(cfg: GemConfig, ds: str, window_days: int = WINDOW_DAYS) -> Report:
         "record for the day (not run yet, skipped, or nothing to do)."))
     sec.table(_stage_rows(records, days), columns=["stage", *days])
     sec.figure(_rows_figure(records, days), "rows_per_stage", caption="rows written per stage and day (symlog scale)")
-    missing = [s.name for s in STAGES if (s.name, ds) not in records]
+    missing = [s.name for s in RECORDED_STAGES if (s.name, ds) not in records]
     if missing:
         sec.paragraph(f"No record for ds={ds}: {', '.join(missing)}.")
 

@@ -135,6 +135,9 @@ class Stage:
         (`--ds D1 --through D2`, e.g. a backfill of bronze from landing).
     entry: the job module's function `entry(ctx, ds) -> StageResult` its command line calls, which
         the bulk path (gem.bulk) calls in-process.
+    records: the stage publishes a completion record per day (False for a source: generate_events
+        marks its landing partitions with `_SUCCESS` instead), so status listings and the run report
+        show it only when it does.
     """
 
     name: str
@@ -149,6 +152,7 @@ class Stage:
     pool: str | None = None
     ranges: bool = False
     entry: str = "run"
+    records: bool = True
     doc: str = ""
 
     def ds(self, cfg: GemConfig, run_day: str) -> str | None:
@@ -187,7 +191,7 @@ LANDING = "landing"
 STAGES: tuple[Stage, ...] = (
     # skippable: with `source: landing` the generator has nothing to do (exit 99) and the landing
     # files come from an export or the MovieLens import.
-    Stage("generate_events", "generate_events", spark=False, skippable=True,
+    Stage("generate_events", "generate_events", spark=False, skippable=True, records=False,
           doc="the synthetic world's gzipped JSON-lines landing files of ds (a source, not a table); "
               "skipped unless the config's source is `synthetic`"),
     Stage("ingest_events", "ingest_events", after=("generate_events",), needs=(Need(LANDING),), ranges=True,
