@@ -48,7 +48,7 @@ import yaml
 from bench.backfill import NOT_COMPARED, START_DS, world_config
 from gem.days import day_range, shift_day
 from gem.faults import ENV_VAR as CRASH_ENV
-from gem.lakehouse.stages import STAGES, command
+from gem.lakehouse.stages import RECORDED_STAGES, STAGES, command
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Pretraining in the drill: enough steps and checkpoints that kills land between steps and saves.
@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     names = [s.name for s in STAGES]
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kills", type=int, default=20, help="kill points per stage, spread over its run")
-    parser.add_argument("--stages", default=",".join(n for n in names if n != "generate_events"),
+    parser.add_argument("--stages", default=",".join(s.name for s in RECORDED_STAGES),
                         help="comma-separated stages to drill (default: every stage that writes or checks a table)")
     parser.add_argument("--days", type=int, default=4, help="the day under test is the last of this many")
     parser.add_argument("--root", default=None, help="working folder (default: a temporary one, removed)")

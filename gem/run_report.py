@@ -32,14 +32,13 @@ from matplotlib.figure import Figure
 
 from gem.config import GemConfig
 from gem.days import day_range, shift_day
-from gem.lakehouse.stages import STAGES, held_out_day
+from gem.lakehouse.stages import RECORDED_STAGES, held_out_day
 from gem.lakehouse.staleness import all_records
 from gem.report import Link, Report
 from schemas.metrics import GOLD_METRICS
 from schemas.precompute import GOLD_PRECOMPUTE_STATS
 
 WINDOW_DAYS = 7  # the days a report looks back over, D included
-RECORDED_STAGES = tuple(s for s in STAGES if s.records)  # a source (generate_events) publishes no record
 
 
 class NothingRanError(ValueError):

@@ -41,7 +41,7 @@ def grid(cfg: GemConfig, days: list[str]) -> tuple[list[str], list[str]]:
 
     ledger = Ledger(all_records(cfg))
     ledger.warm(ledger.records)
-    names = [s.name for s in stages.STAGES if s.records]
+    names = [s.name for s in stages.RECORDED_STAGES]
     width = max(len(n) for n in names)
     lines = [f"{'stage':<{width}}  " + "  ".join(d[5:] for d in days)]  # MM-DD columns
     stale = []

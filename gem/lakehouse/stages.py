@@ -243,6 +243,8 @@ STAGES: tuple[Stage, ...] = (
 )
 
 REGISTRY: Mapping[str, Stage] = {s.name: s for s in STAGES}
+# The stages that publish a completion record per day: all but the source (generate_events).
+RECORDED_STAGES: tuple[Stage, ...] = tuple(s for s in STAGES if s.records)
 
 
 def stage(name: str) -> Stage:
