@@ -14,7 +14,8 @@ its first measurement's world, 6k users with short histories).
     gem.data.length_batching, the same function the loader calls; 1, the default, keeps stream
     order), the model computing each batch in model.kunlun.length_groups groups;
   * new code on the baseline's batches, to split the gain between the model and the batching;
-  * the new arm with train.cpu_bf16 (bf16 autocast: fast on CPUs with native bf16 matmuls).
+  * the new arm in bf16 autocast (train.cpu_precision "bf16"; the demo config's "auto" picks it on
+    CPUs with native bf16 matmuls). The other new arms run in fp32.
 Arms run in alternating subprocesses (the baseline from a `git worktree` of --baseline); each
 reports its mean step time after warm-up (the new arm's batches: a sample stratified over one
 buffer's batches, short to long); the summary is the median over rounds, the ratio, and
@@ -24,13 +25,17 @@ Measured 2026-12-04 on an otherwise idle 2-core host (Xeon with AMX; 3 rounds of
 world), after one host read per batch replaced the per-layer device syncs (JaggedLayout), the heads
 stopped materializing their expert mixtures and the window attention lost two elementwise passes:
 baseline 1725, new 2546 (1.48x), new code on the baseline's batches 2432 (1.41x), new with
-train.cpu_bf16 2563 examples/s (1.49x); padding 51% of the baseline's impression blocks and 91% of
+bf16 autocast (then train.cpu_bf16) 2563 examples/s (1.49x); padding 51% of the baseline's impression blocks and 91% of
 its click blocks, 1.7% of the new arm's sequence FLOPs. The baseline arm alone varied run to run
 (1725 and 1856 that day, 2053 the day before, against new 2463-2585): read the ratio of one run.
 Again 2026-12-05 on another idle 2-core host (AMD EPYC with AVX-512 BF16, no AMX), after fused
 AdamW and no DDP on one rank: baseline 1754, new 2360 (1.35x), new code on the baseline's batches
-2416 (1.38x), new with train.cpu_bf16 3323 examples/s (1.89x; 2676-3348 over the rounds). In
+2416 (1.38x), new with bf16 autocast 3323 examples/s (1.89x; 2676-3348 over the rounds). In
 fp32 the 2x is not reached on either host; bf16 autocast comes close here and not on the AMX host.
+The same AMD host later that day, 3 rounds of 12 steps, with its speed swinging by a fifth from
+minute to minute (the new fp32 arm 2419-2907 over the rounds): baseline 1627, new 2747 (1.69x), new
+code on the baseline's batches 1937 (1.19x), new in bf16 autocast 3022 examples/s (1.86x). The
+demo config's train.cpu_precision "auto" trains in bf16 on that host.
 """
 
 from __future__ import annotations
@@ -138,7 +143,7 @@ def compose(examples: Path, out: Path, new_loader: bool, batch_size: int, count:
 
 
 # ---- one arm (runs inside the tree under test, with that tree's gem) -----------------------------
-def worker(batches_path: Path, steps: int, warmup: int, cpu_bf16: bool = False) -> dict[str, object]:
+def worker(batches_path: Path, steps: int, warmup: int, precision: str | None = None) -> dict[str, object]:
     import torch
 
     from gem.config import load_config
@@ -176,7 +181,9 @@ def worker(batches_path: Path, steps: int, warmup: int, cpu_bf16: bool = False) 
             pass
 
     task = build_task(cfg.model, tuple(raw[0]["tasks"]), SPARSE_FEATURES, len(DENSE_COLUMNS))
-    overrides = {"steps": warmup + steps + 1, "checkpoint_every": 10**6} | ({"cpu_bf16": True} if cpu_bf16 else {})
+    # precision None: the tree's own default (the baseline's predates train.cpu_precision: fp32).
+    overrides = {"steps": warmup + steps + 1, "checkpoint_every": 10**6} | (
+        {"cpu_precision": precision} if precision else {})
     train = cfg.train.__class__(**{**cfg.train.__dict__, **overrides})
     with tempfile.TemporaryDirectory() as run_dir:
         trainer = Trainer(task, Stream(), train, Path(run_dir))
@@ -188,10 +195,10 @@ def worker(batches_path: Path, steps: int, warmup: int, cpu_bf16: bool = False) 
             "padding": {e: round(r, 4) for e, r in result.padding_ratio.items()}, "threads": torch.get_num_threads()}
 
 
-def run_arm(tree: Path, batches: Path, steps: int, warmup: int, cpu_bf16: bool = False) -> dict[str, object]:
+def run_arm(tree: Path, batches: Path, steps: int, warmup: int, precision: str | None = None) -> dict[str, object]:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", str(batches),
-                          "--steps", str(steps), "--warmup", str(warmup), *(["--cpu-bf16"] if cpu_bf16 else [])],
+                          "--steps", str(steps), "--warmup", str(warmup), *(["--precision", precision] if precision else [])],
                          cwd=tree, env=env, capture_output=True, text=True, check=False)
     if out.returncode:
         raise RuntimeError(f"arm in {tree} failed:\n{out.stderr[-3000:]}")
@@ -209,14 +216,16 @@ def main() -> None:
     p.add_argument("--world", choices=sorted(WORLDS), default="demo",
                    help="whose examples: this tree's generator at the demo's volumes, or the baseline's world")
     p.add_argument("--make-examples", type=Path, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--cpu-bf16", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--precision", default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.make_examples:
         make_examples(a.make_examples, a.world)
         return
     if a.worker:
-        print(json.dumps(worker(a.worker, a.steps, a.warmup, a.cpu_bf16)))
+        print(json.dumps(worker(a.worker, a.steps, a.warmup, a.precision)))
         return
+    from gem.train.precision import cpu_autocast
+
     work = Path(tempfile.mkdtemp(prefix="gem-train-bench-"))
     tree = a.baseline_tree
     if tree is None:
@@ -233,13 +242,13 @@ def main() -> None:
         stream, grouped = work / "stream.pt", work / "sorted.pt"
         compose(examples, stream, False, 512, count)
         compose(examples, grouped, True, 512, count)
-        arms = {"baseline": (tree, stream, False), "new": (REPO, grouped, False),
-                "new code, stream-order batches": (REPO, stream, False),
-                "new, train.cpu_bf16": (REPO, grouped, True)}
+        arms = {"baseline": (tree, stream, None), "new": (REPO, grouped, "fp32"),
+                "new code, stream-order batches": (REPO, stream, "fp32"),
+                "new, bf16 autocast": (REPO, grouped, "bf16")}
         results: dict[str, list[dict[str, object]]] = {k: [] for k in arms}
         for r in range(a.rounds):
-            for name, (root, batches, cpu_bf16) in arms.items():
-                results[name].append(run_arm(root, batches, a.steps, a.warmup, cpu_bf16))
+            for name, (root, batches, precision) in arms.items():
+                results[name].append(run_arm(root, batches, a.steps, a.warmup, precision))
                 print(f"round {r + 1} {name}: {results[name][-1]}", flush=True)
         medians = {k: statistics.median(x["examples_per_s"] for x in v) for k, v in results.items()}
         print(f"\nCPU training at the demo size (batch 512, {results['new'][0]['threads']} threads), "
@@ -248,7 +257,9 @@ def main() -> None:
             print(f"  {name:32s} {value:8.0f} examples/s   padding {results[name][0]['padding']}")
         print(f"  speed-up new / baseline: {medians['new'] / medians['baseline']:.2f}x "
               f"(model alone: {medians['new code, stream-order batches'] / medians['baseline']:.2f}x; "
-              f"with train.cpu_bf16: {medians['new, train.cpu_bf16'] / medians['baseline']:.2f}x)")
+              f"in bf16 autocast: {medians['new, bf16 autocast'] / medians['baseline']:.2f}x)")
+        auto = "bf16" if cpu_autocast("auto") else "fp32"
+        print(f"  the demo config's train.cpu_precision \"auto\" trains in {auto} on this CPU")
     finally:
         if a.baseline_tree is None:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], check=False)

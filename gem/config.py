@@ -284,6 +284,7 @@ class LoaderConfig:
 
 EMBEDDING_OPTIMIZERS = ("sgd", "rowwise_adagrad")
 LR_DECAYS = ("constant", "cosine")
+CPU_PRECISIONS = ("fp32", "bf16", "auto")
 
 
 @dataclass(frozen=True)
@@ -308,10 +309,11 @@ class TrainConfig:
     # GPU only: bf16 autocast and torch.compile of the dense body.
     bf16: bool = True
     compile: bool = False
-    # CPU training in bf16 autocast too (matmuls in bf16, the loss and torch's fp32-listed ops in
-    # fp32): fast only on CPUs with native bf16 matmuls (AMX or AVX512-BF16 in /proc/cpuinfo's flags),
-    # slower elsewhere; it changes the numerics, so it is off unless a config turns it on.
-    cpu_bf16: bool = False
+    # CPU training: "fp32"; "bf16" (autocast: matmuls in bf16, the loss and torch's fp32-listed ops
+    # in fp32), fast only on CPUs with native bf16 matmuls (AVX512-BF16 or AMX) and emulated, slower,
+    # elsewhere; "auto" = bf16 where the CPU has them, else fp32 (gem.train.precision). It changes
+    # the numerics, so the default is fp32 and a config opts in (configs/demo.yaml: auto).
+    cpu_precision: str = "fp32"
     # model.embeddings.backend "torchrec" only: the tables' optimizer, fused into the backward
     # (gem/train/sharding.py); the dense part keeps AdamW at `lr`.
     embedding_optimizer: str = "rowwise_adagrad"
@@ -323,6 +325,8 @@ class TrainConfig:
                               f"got {self.embedding_optimizer!r}")
         if self.steps < 1 or self.checkpoint_every < 1:
             raise ConfigError(f"train.steps and train.checkpoint_every must be >= 1, got {self.steps}, {self.checkpoint_every}")
+        if self.cpu_precision not in CPU_PRECISIONS:
+            raise ConfigError(f"train.cpu_precision must be one of {CPU_PRECISIONS}, got {self.cpu_precision!r}")
         if self.lr_decay not in LR_DECAYS:
             raise ConfigError(f"train.lr_decay must be one of {LR_DECAYS}, got {self.lr_decay!r}")
         if self.lr_warmup_steps < 0 or not 0.0 <= self.lr_min_ratio <= 1.0:

@@ -27,6 +27,7 @@ from gem.model.embeddings import PlainEmbeddings
 from gem.model.heads import DomainExpertHeads
 from gem.model.kunlun import Kunlun
 from gem.model.task import GemTrainTask
+from gem.train.trainer import CyclingStream
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -237,26 +238,11 @@ def tiny_model_config(arch: str) -> ModelConfig:
     )
 
 
-class ListStream:
-    """A resumable stream over fixed batches (the real loader's resume is tested in test_loader)."""
+class ListStream(CyclingStream):
+    """A resumable stream over `n` tiny batches (the real loader's resume is tested in test_loader)."""
 
     def __init__(self, n: int = 6) -> None:
-        self.items = [tiny_batch(seed=i) for i in range(n)]
-        self.position = 0
-
-    def batches(self, limit: int | None = None):
-        produced = 0
-        while limit is None or produced < limit:
-            batch = self.items[self.position % len(self.items)]
-            self.position += 1
-            produced += 1
-            yield batch
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"position": self.position}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.position = int(state["position"])
+        super().__init__([tiny_batch(seed=i) for i in range(n)])
 
 
 TINY_TRAIN = TrainConfig(steps=10, lr=3e-3, checkpoint_every=4)

@@ -29,6 +29,7 @@ from gem.model.configs import weights_config
 from gem.progress import Progress
 from gem.train import checkpoint
 from gem.train.lr_schedule import learning_rate
+from gem.train.precision import cpu_autocast
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -41,6 +42,28 @@ class BatchStream(Protocol):
     def batches(self, limit: int | None = None) -> Iterator[Batch]: ...
     def state_dict(self) -> dict[str, Any]: ...
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class CyclingStream:
+    """A BatchStream over a fixed list of batches, cycled in order; resumes at its position (benches
+    and tests; the pipeline reads gem.data.loader's)."""
+
+    def __init__(self, batches: list[Batch]) -> None:
+        self.items, self.position = batches, 0
+
+    def batches(self, limit: int | None = None) -> Iterator[Batch]:
+        produced = 0
+        while limit is None or produced < limit:
+            batch = self.items[self.position % len(self.items)]
+            self.position += 1  # before the yield: a checkpoint taken at this step resumes after it
+            produced += 1
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.position = int(state["position"])
 
 
 @dataclass
@@ -80,9 +103,9 @@ class Trainer:
         # architectures pad each batch to one (B, longest) block per event type.
         self.sequence_padding = getattr(task.body, "sequence_padding", None)
         self.padding_measure = getattr(task.body, "padding_measure", "padded sequence blocks")
-        # bf16 autocast (GPU: train.bf16; CPU: train.cpu_bf16); GPU only: torch.compile of the dense
-        # body in place (parameter names, hence checkpoints, stay the same as uncompiled).
-        self.autocast = cfg.bf16 if self.device.type == "cuda" else (self.device.type == "cpu" and cfg.cpu_bf16)
+        # bf16 autocast (GPU: train.bf16; CPU: train.cpu_precision); GPU only: torch.compile of the
+        # dense body in place (parameter names, hence checkpoints, stay the same as uncompiled).
+        self.autocast = cfg.bf16 if self.device.type == "cuda" else cpu_autocast(cfg.cpu_precision)
         if cfg.compile and self.device.type == "cuda":
             task.body.compile()
         self.owns_process_group = False

@@ -1,0 +1,103 @@
+"""Does CPU bf16 autocast change what the demo's pretraining learns? fp32 against bf16, same seeds.
+
+    python -m bench.cpu_bf16_learning [--seeds 3 --steps 120]
+
+The demo's model and trainer (configs/demo.yaml: small Kunlun, batch 512, the lr schedule, fused
+AdamW; plain-torch tables, as the study's traffic carries only its own sparse features, and the
+tables stay fp32 under autocast with either backend) train `--steps` steps on the generator's traffic at the demo's volumes: days
+1-2 train (day 0 is a cold start, as in the demo), day 3 is held out. Each seed trains twice, in fp32
+and under bf16 autocast (train.cpu_precision), from the same initial weights and the same batches; both
+score the held-out day in fp32, as the pipeline's evaluation does. Printed: per arm the held-out NE
+pooled over the click tasks and over the conversion tasks (mean and 95% interval over seeds), the
+paired difference bf16 - fp32 with its interval, the Bayes floor, and each arm's training examples/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def train_and_score(cfg, train_batches: list, held_out: list, seed: int, steps: int, cpu_precision: str):
+    """-> (Scores on the held-out day, training examples/s) of one arm."""
+    from gem.model.build import build_task
+    from gem.study.runner import base_rates, score
+    from gem.study.traffic import DENSE_DIM, SPARSE
+    from gem.train.trainer import CyclingStream, Trainer
+
+    torch.manual_seed(seed)
+    model = dataclasses.replace(cfg.model, embeddings=dataclasses.replace(cfg.model.embeddings, backend="torch"))
+    task = build_task(model, train_batches[0].tasks, SPARSE, DENSE_DIM)
+    task.heads.init_from_base_rates(base_rates(train_batches))
+    train_cfg = dataclasses.replace(cfg.train, steps=steps, checkpoint_every=10**6, cpu_precision=cpu_precision)
+    with tempfile.TemporaryDirectory() as run_dir:
+        trainer = Trainer(task, CyclingStream(train_batches), train_cfg, Path(run_dir))
+        start = time.perf_counter()
+        result = trainer.fit()
+        seconds = time.perf_counter() - start
+        trainer.close()
+    return score(task, held_out, torch.device("cpu"), False), result.examples / seconds
+
+
+def interval(values: list[float]) -> str:
+    from gem.study.fits import mean_interval
+
+    mean, low, high = mean_interval(values)
+    return f"{mean:.4f} [{low:.4f}, {high:.4f}]"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=120, help="the demo's train.steps")
+    p.add_argument("--traffic-seed", type=int, default=7)
+    a = p.parse_args()
+
+    from gem.config import load_config
+    from gem.study.traffic import batches, simulate
+
+    cfg = load_config(REPO / "configs" / "demo.yaml", environ={})
+    g = cfg.generator
+    lengths = {e: cfg.loader.max_length(e) for e in ("impression", "click", "conversion")}  # the loader's cuts
+    traffic = simulate(days=4, impressions_per_day=g.events_per_day, users=g.users, ads=g.ads,
+                       seed=a.traffic_seed)
+    train_batches = batches(traffic, (1, 2), cfg.loader.batch_size, lengths, seed=a.traffic_seed)
+    train_batches = [b for b in train_batches if b.size == cfg.loader.batch_size]
+    held_out = batches(traffic, (3,), 4096, lengths, shuffle=False)
+    tasks = train_batches[0].tasks
+    groups = {"click": tuple(t for t in tasks if t.endswith("/click")),
+              "conversion": tuple(t for t in tasks if not t.endswith("/click"))}
+    print(f"traffic: {len(train_batches)} training batches of {cfg.loader.batch_size} (days 1-2), "
+          f"{sum(b.size for b in held_out)} held-out examples (day 3); {a.steps} steps per run, "
+          f"{torch.get_num_threads()} threads", flush=True)
+
+    ne: dict[str, dict[str, list[float]]] = {arm: {k: [] for k in groups} for arm in ("fp32", "bf16")}
+    speed: dict[str, list[float]] = {"fp32": [], "bf16": []}
+    for seed in range(a.seeds):
+        for arm in ("fp32", "bf16"):
+            scores, examples_per_s = train_and_score(cfg, train_batches, held_out, seed, a.steps, arm)
+            speed[arm].append(examples_per_s)
+            for k, names in groups.items():
+                ne[arm][k].append(scores.ne(names))
+            print(f"seed {seed} {arm}: click NE {ne[arm]['click'][-1]:.4f}, conversion NE "
+                  f"{ne[arm]['conversion'][-1]:.4f}, {examples_per_s:,.0f} examples/s", flush=True)
+
+    print(f"\nheld-out NE (day 3), mean and 95% interval over {a.seeds} seeds:")
+    for k, names in groups.items():
+        diffs = [b - f for b, f in zip(ne["bf16"][k], ne["fp32"][k], strict=True)]
+        print(f"  {k:10s} fp32 {interval(ne['fp32'][k])}   bf16 {interval(ne['bf16'][k])}   "
+              f"bf16 - fp32 {interval(diffs)}   Bayes floor {traffic.floor(3, names):.4f}")
+    print(f"training examples/s (median over seeds): fp32 {statistics.median(speed['fp32']):,.0f}, "
+          f"bf16 {statistics.median(speed['bf16']):,.0f}")
+
+
+if __name__ == "__main__":
+    main()
