@@ -6,7 +6,7 @@ The demo's model and trainer (configs/demo.yaml: small Kunlun, batch 512, the lr
 AdamW; plain-torch tables, as the study's traffic carries only its own sparse features, and the
 tables stay fp32 under autocast with either backend) train `--steps` steps on the generator's traffic at the demo's volumes: days
 1-2 train (day 0 is a cold start, as in the demo), day 3 is held out. Each seed trains twice, in fp32
-and under bf16 autocast (train.cpu_precision), from the same initial weights and the same batches; both
+and under bf16 autocast (train.cpu_bf16), from the same initial weights and the same batches; both
 score the held-out day in fp32, as the pipeline's evaluation does. Printed: per arm the held-out NE
 pooled over the click tasks and over the conversion tasks (mean and 95% interval over seeds), the
 paired difference bf16 - fp32 with its interval, the Bayes floor, and each arm's training examples/s.
@@ -26,7 +26,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 
 
-def train_and_score(cfg, train_batches: list, held_out: list, seed: int, steps: int, cpu_precision: str):
+def train_and_score(cfg, train_batches: list, held_out: list, seed: int, steps: int, cpu_bf16: bool):
     """-> (Scores on the held-out day, training examples/s) of one arm."""
     from gem.model.build import build_task
     from gem.study.runner import base_rates, score
@@ -37,7 +37,7 @@ def train_and_score(cfg, train_batches: list, held_out: list, seed: int, steps: 
     model = dataclasses.replace(cfg.model, embeddings=dataclasses.replace(cfg.model.embeddings, backend="torch"))
     task = build_task(model, train_batches[0].tasks, SPARSE, DENSE_DIM)
     task.heads.init_from_base_rates(base_rates(train_batches))
-    train_cfg = dataclasses.replace(cfg.train, steps=steps, checkpoint_every=10**6, cpu_precision=cpu_precision)
+    train_cfg = dataclasses.replace(cfg.train, steps=steps, checkpoint_every=10**6, cpu_bf16=cpu_bf16)
     with tempfile.TemporaryDirectory() as run_dir:
         trainer = Trainer(task, CyclingStream(train_batches), train_cfg, Path(run_dir))
         start = time.perf_counter()
@@ -83,7 +83,7 @@ def main() -> None:
     speed: dict[str, list[float]] = {"fp32": [], "bf16": []}
     for seed in range(a.seeds):
         for arm in ("fp32", "bf16"):
-            scores, examples_per_s = train_and_score(cfg, train_batches, held_out, seed, a.steps, arm)
+            scores, examples_per_s = train_and_score(cfg, train_batches, held_out, seed, a.steps, arm == "bf16")
             speed[arm].append(examples_per_s)
             for k, names in groups.items():
                 ne[arm][k].append(scores.ne(names))

@@ -14,28 +14,21 @@ its first measurement's world, 6k users with short histories).
     gem.data.length_batching, the same function the loader calls; 1, the default, keeps stream
     order), the model computing each batch in model.kunlun.length_groups groups;
   * new code on the baseline's batches, to split the gain between the model and the batching;
-  * the new arm in bf16 autocast (train.cpu_precision "bf16"; the demo config's "auto" picks it on
-    CPUs with native bf16 matmuls). The other new arms run in fp32.
+  * the new arm with train.cpu_bf16 (bf16 autocast). The other new arms run in fp32.
 Arms run in alternating subprocesses (the baseline from a `git worktree` of --baseline); each
-reports its mean step time after warm-up (the new arm's batches: a sample stratified over one
-buffer's batches, short to long); the summary is the median over rounds, the ratio, and
+reports its mean step time after warm-up (each arm's batches: the first ones its loader emits); the summary is the median over rounds, the ratio, and
 each arm's padding share (the trainer's padding_ratio: padding / padded block positions for the
 baseline, the padded share of the sequence FLOPs for the jagged layout).
-Measured 2026-12-04 on an otherwise idle 2-core host (Xeon with AMX; 3 rounds of 8 steps, the demo's
-world), after one host read per batch replaced the per-layer device syncs (JaggedLayout), the heads
-stopped materializing their expert mixtures and the window attention lost two elementwise passes:
-baseline 1725, new 2546 (1.48x), new code on the baseline's batches 2432 (1.41x), new with
-bf16 autocast (then train.cpu_bf16) 2563 examples/s (1.49x); padding 51% of the baseline's impression blocks and 91% of
-its click blocks, 1.7% of the new arm's sequence FLOPs. The baseline arm alone varied run to run
-(1725 and 1856 that day, 2053 the day before, against new 2463-2585): read the ratio of one run.
-Again 2026-12-05 on another idle 2-core host (AMD EPYC with AVX-512 BF16, no AMX), after fused
-AdamW and no DDP on one rank: baseline 1754, new 2360 (1.35x), new code on the baseline's batches
-2416 (1.38x), new with bf16 autocast 3323 examples/s (1.89x; 2676-3348 over the rounds). In
-fp32 the 2x is not reached on either host; bf16 autocast comes close here and not on the AMX host.
-The same AMD host later that day, 3 rounds of 12 steps, with its speed swinging by a fifth from
-minute to minute (the new fp32 arm 2419-2907 over the rounds): baseline 1627, new 2747 (1.69x), new
-code on the baseline's batches 1937 (1.19x), new in bf16 autocast 3022 examples/s (1.86x). The
-demo config's train.cpu_precision "auto" trains in bf16 on that host.
+Measured 2026-12-05 on an otherwise idle 2-core host (AMD EPYC with AVX-512 BF16), 3 rounds of 12
+steps, every arm on its loader's first batches: baseline 1881, new 2243 (1.19x), new code on the
+baseline's batches 2401 (1.28x), new with train.cpu_bf16 2452 examples/s (1.30x); padding 51% of the
+baseline's impression blocks and 91% of its click blocks, 1.7% of the new arm's sequence FLOPs.
+This host's speed swung by a fifth from minute to minute (the baseline arm 1844-2059 over the
+rounds): read the ratio of one run. The 2x is not reached, in fp32 or bf16.
+Every figure this docstring gave before that day (new 1.35-1.69x, bf16 1.49-1.89x, on this host and
+a Xeon with AMX) measured the new arms on one batch trained on over and over: with
+loader.length_sort_batches 1, the default since b396a00, the stratified sample of one buffer's
+batches this bench took then was one batch. Those figures overstated the gain.
 """
 
 from __future__ import annotations
@@ -110,12 +103,12 @@ def compose(examples: Path, out: Path, new_loader: bool, batch_size: int, count:
                   for g in length_sorted_batches(lengths[lo:lo + buffer], batch_size, [0, 0, 0, lo, 0])]
     else:
         groups = [rows[lo:lo + batch_size] for lo in range(0, n, batch_size)]
-    groups = [g for g in groups if len(g) == batch_size]
+    # The first `count` full batches in the order the loader emits them (a length-sorted buffer's come
+    # in a seeded order, so they are a sample of it). Until 2026-12-05 the new arm took a sample
+    # stratified over the first buffer: with length_sort_batches 1 (the default since b396a00) that
+    # buffer is one batch, which the arm then trained on `count` times.
+    groups = [g for g in groups if len(g) == batch_size][:count]
     rng = np.random.default_rng(0)
-    if new_loader:  # a sample stratified over the first buffer's batches, short to long, in shuffled order
-        first = sorted(groups[:cut.length_sort_batches], key=lambda g: int(lengths[g].sum()))
-        groups = [first[i] for i in rng.permutation(np.linspace(0, len(first) - 1, count).round().astype(int))]
-    groups = groups[:count]
     dense_dim = len(DENSE_COLUMNS)
     out_batches = []
     for g in groups:
@@ -143,7 +136,7 @@ def compose(examples: Path, out: Path, new_loader: bool, batch_size: int, count:
 
 
 # ---- one arm (runs inside the tree under test, with that tree's gem) -----------------------------
-def worker(batches_path: Path, steps: int, warmup: int, precision: str | None = None) -> dict[str, object]:
+def worker(batches_path: Path, steps: int, warmup: int, cpu_bf16: bool = False) -> dict[str, object]:
     import torch
 
     from gem.config import load_config
@@ -181,9 +174,7 @@ def worker(batches_path: Path, steps: int, warmup: int, precision: str | None = 
             pass
 
     task = build_task(cfg.model, tuple(raw[0]["tasks"]), SPARSE_FEATURES, len(DENSE_COLUMNS))
-    # precision None: the tree's own default (the baseline's predates train.cpu_precision: fp32).
-    overrides = {"steps": warmup + steps + 1, "checkpoint_every": 10**6} | (
-        {"cpu_precision": precision} if precision else {})
+    overrides = {"steps": warmup + steps + 1, "checkpoint_every": 10**6} | ({"cpu_bf16": True} if cpu_bf16 else {})
     train = cfg.train.__class__(**{**cfg.train.__dict__, **overrides})
     with tempfile.TemporaryDirectory() as run_dir:
         trainer = Trainer(task, Stream(), train, Path(run_dir))
@@ -195,10 +186,10 @@ def worker(batches_path: Path, steps: int, warmup: int, precision: str | None = 
             "padding": {e: round(r, 4) for e, r in result.padding_ratio.items()}, "threads": torch.get_num_threads()}
 
 
-def run_arm(tree: Path, batches: Path, steps: int, warmup: int, precision: str | None = None) -> dict[str, object]:
+def run_arm(tree: Path, batches: Path, steps: int, warmup: int, cpu_bf16: bool = False) -> dict[str, object]:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", str(batches),
-                          "--steps", str(steps), "--warmup", str(warmup), *(["--precision", precision] if precision else [])],
+                          "--steps", str(steps), "--warmup", str(warmup), *(["--cpu-bf16"] if cpu_bf16 else [])],
                          cwd=tree, env=env, capture_output=True, text=True, check=False)
     if out.returncode:
         raise RuntimeError(f"arm in {tree} failed:\n{out.stderr[-3000:]}")
@@ -216,16 +207,14 @@ def main() -> None:
     p.add_argument("--world", choices=sorted(WORLDS), default="demo",
                    help="whose examples: this tree's generator at the demo's volumes, or the baseline's world")
     p.add_argument("--make-examples", type=Path, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--precision", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--cpu-bf16", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.make_examples:
         make_examples(a.make_examples, a.world)
         return
     if a.worker:
-        print(json.dumps(worker(a.worker, a.steps, a.warmup, a.precision)))
+        print(json.dumps(worker(a.worker, a.steps, a.warmup, a.cpu_bf16)))
         return
-    from gem.train.precision import cpu_autocast
-
     work = Path(tempfile.mkdtemp(prefix="gem-train-bench-"))
     tree = a.baseline_tree
     if tree is None:
@@ -242,13 +231,13 @@ def main() -> None:
         stream, grouped = work / "stream.pt", work / "sorted.pt"
         compose(examples, stream, False, 512, count)
         compose(examples, grouped, True, 512, count)
-        arms = {"baseline": (tree, stream, None), "new": (REPO, grouped, "fp32"),
-                "new code, stream-order batches": (REPO, stream, "fp32"),
-                "new, bf16 autocast": (REPO, grouped, "bf16")}
+        arms = {"baseline": (tree, stream, False), "new": (REPO, grouped, False),
+                "new code, stream-order batches": (REPO, stream, False),
+                "new, bf16 autocast": (REPO, grouped, True)}
         results: dict[str, list[dict[str, object]]] = {k: [] for k in arms}
         for r in range(a.rounds):
-            for name, (root, batches, precision) in arms.items():
-                results[name].append(run_arm(root, batches, a.steps, a.warmup, precision))
+            for name, (root, batches, cpu_bf16) in arms.items():
+                results[name].append(run_arm(root, batches, a.steps, a.warmup, cpu_bf16))
                 print(f"round {r + 1} {name}: {results[name][-1]}", flush=True)
         medians = {k: statistics.median(x["examples_per_s"] for x in v) for k, v in results.items()}
         print(f"\nCPU training at the demo size (batch 512, {results['new'][0]['threads']} threads), "
@@ -258,8 +247,6 @@ def main() -> None:
         print(f"  speed-up new / baseline: {medians['new'] / medians['baseline']:.2f}x "
               f"(model alone: {medians['new code, stream-order batches'] / medians['baseline']:.2f}x; "
               f"in bf16 autocast: {medians['new, bf16 autocast'] / medians['baseline']:.2f}x)")
-        auto = "bf16" if cpu_autocast("auto") else "fp32"
-        print(f"  the demo config's train.cpu_precision \"auto\" trains in {auto} on this CPU")
     finally:
         if a.baseline_tree is None:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], check=False)

@@ -29,7 +29,6 @@ from gem.model.configs import weights_config
 from gem.progress import Progress
 from gem.train import checkpoint
 from gem.train.lr_schedule import learning_rate
-from gem.train.precision import cpu_autocast
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -103,9 +102,9 @@ class Trainer:
         # architectures pad each batch to one (B, longest) block per event type.
         self.sequence_padding = getattr(task.body, "sequence_padding", None)
         self.padding_measure = getattr(task.body, "padding_measure", "padded sequence blocks")
-        # bf16 autocast (GPU: train.bf16; CPU: train.cpu_precision); GPU only: torch.compile of the
-        # dense body in place (parameter names, hence checkpoints, stay the same as uncompiled).
-        self.autocast = cfg.bf16 if self.device.type == "cuda" else cpu_autocast(cfg.cpu_precision)
+        # bf16 autocast (GPU: train.bf16; CPU: train.cpu_bf16); GPU only: torch.compile of the dense
+        # body in place (parameter names, hence checkpoints, stay the same as uncompiled).
+        self.autocast = cfg.bf16 if self.device.type == "cuda" else (self.device.type == "cpu" and cfg.cpu_bf16)
         if cfg.compile and self.device.type == "cuda":
             task.body.compile()
         self.owns_process_group = False

@@ -17,14 +17,14 @@ from gem.train.trainer import Trainer
 from tests.support import TINY_TRAIN, ListStream, tiny_task, tiny_trainer
 
 
-@pytest.mark.parametrize("cpu_precision", ["fp32", "bf16"])
-def test_killed_and_resumed_run_equals_uninterrupted(tmp_path, cpu_precision):
-    """Bit for bit, in fp32 and under CPU bf16 autocast (train.cpu_precision)."""
-    cfg = dataclasses.replace(TINY_TRAIN, cpu_precision=cpu_precision)
+@pytest.mark.parametrize("cpu_bf16", [False, True], ids=["fp32", "cpu_bf16"])
+def test_killed_and_resumed_run_equals_uninterrupted(tmp_path, cpu_bf16):
+    """Bit for bit, in fp32 and under CPU bf16 autocast (train.cpu_bf16)."""
+    cfg = dataclasses.replace(TINY_TRAIN, cpu_bf16=cpu_bf16)
     full = tiny_trainer(tmp_path / "full", cfg=cfg).fit()
     assert all(math.isfinite(loss) for loss in full.losses)
     first = tiny_trainer(tmp_path / "killed", cfg=cfg)
-    assert first.autocast == (cpu_precision == "bf16")
+    assert first.autocast == cpu_bf16
     first.fit(steps=6)  # "killed" after step 6: the last checkpoint is step 4
     assert sorted(p.name for p in (tmp_path / "killed").iterdir()) == ["step-00000004", "step-00000006"]
     # A restart sees the latest checkpoint (6); drop it to resume from 4, as after a crash at step 7.
