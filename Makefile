@@ -65,7 +65,7 @@ demo: setup
 # concurrency tests with real processes; about 50 minutes on 2 cores). `make test-all`: both.
 # Chromium for the browser tests of the HTML reports (installed when missing and root can: infra/chromium.sh).
 browser:
-	@bash infra/chromium.sh
+	@bash infra/chromium.sh $(PY)
 
 test: setup browser
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)

@@ -4,10 +4,10 @@
 
 The demo's model and trainer (configs/demo.yaml: small Kunlun, batch 512, the lr schedule, fused
 AdamW; plain-torch tables, as the study's traffic carries only its own sparse features, and the
-tables stay fp32 under autocast with either backend) train `--steps` steps on the generator's traffic at the demo's volumes: days
-1-2 train (day 0 is a cold start, as in the demo), day 3 is held out. Each seed trains twice, in fp32
-and under bf16 autocast (train.cpu_bf16), from the same initial weights and the same batches; both
-score the held-out day in fp32, as the pipeline's evaluation does. Printed: per arm the held-out NE
+tables stay fp32 under autocast with either backend) train `--steps` steps on the generator's
+traffic at the demo's volumes: days 1-2 train (day 0 is a cold start, as in the demo), day 3 is
+held out. Each seed trains twice, in fp32 and under bf16 autocast (train.cpu_bf16), from the same
+initial weights and the same batches; both score the held-out day in fp32, as the pipeline's evaluation does. Printed: per arm the held-out NE
 pooled over the click tasks and over the conversion tasks (mean and 95% interval over seeds), the
 paired difference bf16 - fp32 with its interval, the Bayes floor, and each arm's training examples/s.
 """

@@ -161,6 +161,7 @@ def worker(batches_path: Path, steps: int, warmup: int, cpu_bf16: bool = False) 
             impression_times=r["times"]))
     stamps: list[float] = []
 
+    # Not gem.train.trainer.CyclingStream: this worker also runs in the baseline tree, which predates it.
     class Stream:
         def batches(self, limit=None):
             for i in range(limit):

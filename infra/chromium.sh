@@ -2,10 +2,9 @@
 # Headless Chromium for the browser tests (tests/browser.py opens the HTML reports in it): Debian's
 # package, installed when missing and this user can install it (root with apt-get, as on CI's fresh
 # Debian machines). Otherwise it says so and goes on: the browser tests then skip (fail under CI=true).
+# Usage: infra/chromium.sh PYTHON (the project's interpreter: the tests' own lookup decides what counts).
 set -euo pipefail
-for name in chromium chromium-browser google-chrome google-chrome-stable; do
-  command -v "$name" >/dev/null && exit 0
-done
+"${1:-python3}" -c "from tests.browser import find_chromium; raise SystemExit(find_chromium() is None)" && exit 0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   echo "installing Debian's chromium for the browser tests (once)"
   apt-get update -qq

@@ -30,7 +30,7 @@ import pytest
 from websockets.sync.client import connect
 
 # Debian and Ubuntu name the binary chromium (or chromium-browser); Google's build google-chrome.
-_BINARIES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+BINARIES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
 # The page's state as JSON: images are loaded when complete with a decoded width (a missing or
 # corrupt file is complete too, but with naturalWidth 0).
@@ -60,15 +60,20 @@ def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 
+def find_chromium() -> str | None:
+    """The first of BINARIES on PATH (infra/chromium.sh asks too, before installing one)."""
+    return next((path for path in map(shutil.which, BINARIES) if path), None)
+
+
 def chromium_binary() -> str:
     """The Chromium executable; skips the calling test without one, fails it under CI."""
-    for name in _BINARIES:
-        path = shutil.which(name)
-        if path:
-            return path
-    reason = f"no Chromium on PATH (looked for {', '.join(_BINARIES)}); install Debian's chromium package"
+    path = find_chromium()
+    if path:
+        return path
+    reason = f"no Chromium on PATH (looked for {', '.join(BINARIES)}); install Debian's chromium package"
     if in_ci():
-        pytest.fail(f"{reason}: CI must run the browser tests (.ci/run installs it)", pytrace=False)
+        pytest.fail(f"{reason}: CI must run the browser tests (`make test` installs it: infra/chromium.sh)",
+                    pytrace=False)
     pytest.skip(reason)
 
 
