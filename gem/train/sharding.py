@@ -117,13 +117,19 @@ def unsharded_state(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
     torchrec and no collectives (a rank with fewer eval batches cannot stall the others).
     """
     from gem.model.sparse import plain_state_key
+    from gem.train.checkpoint import single_process
 
-    rank = torch.distributed.get_rank()
+    rank, alone = torch.distributed.get_rank(), single_process()
     out: dict[str, torch.Tensor] = {}
     for key, value in model.state_dict().items():
         if hasattr(value, "local_shards"):  # ShardedTensor: a table, gathered on rank 0
             full = torch.empty(value.size(), dtype=value.dtype) if rank == 0 else None
-            value.gather(dst=0, out=full)
+            if alone:  # every shard is local: copied here, not gathered in gloo's threads (single_process says why)
+                for shard in value.local_shards():
+                    full[tuple(slice(o, o + n) for o, n in zip(shard.metadata.shard_offsets,
+                                                                shard.metadata.shard_sizes, strict=True))] = shard.tensor
+            else:
+                value.gather(dst=0, out=full)
             if rank == 0:
                 out[plain_state_key(key)] = full
         else:

@@ -1,7 +1,8 @@
 """Training with the torchrec sparse backend: tables sharded by the explicit plan and trained by the
 fused RowWiseAdagrad, the dense part by AdamW. A killed and resumed run equals an uninterrupted one
 exactly on CPU (losses and final weights, tables included), in one process and over 2 gloo ranks;
-the gathered weights load into a plain-torch task that gives the same outputs."""
+the gathered weights load into a plain-torch task that gives the same outputs. Alone, a run's saves,
+loads and gather take no collective."""
 
 from __future__ import annotations
 
@@ -142,3 +143,31 @@ def test_a_batch_without_any_history_of_one_event_type_still_trains(tmp_path):
     finally:
         trainer.close()
     assert len(losses) == 4 and all(torch.isfinite(torch.tensor(losses)))
+
+
+# What a checkpoint's save or load and the tables' gather would call in a process group.
+GATHERS = ("gather", "gather_object", "all_gather", "all_gather_object", "scatter_object_list", "broadcast",
+           "broadcast_object_list", "barrier")
+
+
+def _recorded(name: str, called: list[str]):
+    """torch.distributed's `name`, noting each call in `called`."""
+    call = getattr(torch.distributed, name)
+
+    def recorded(*args, **kwargs):
+        called.append(name)
+        return call(*args, **kwargs)
+    return recorded
+
+
+def test_a_one_process_run_saves_loads_and_gathers_its_tables_without_collectives(tmp_path, monkeypatch):
+    """Alone, the trainer's one-rank gloo group runs collectives in gloo's threads, where a parallel
+    torch op starts a second OpenMP team that slows every later step (gem.train.checkpoint.single_process):
+    its saves, its resume and its plain state take none."""
+    called: list[str] = []
+    for name in GATHERS:
+        monkeypatch.setattr(torch.distributed, name, _recorded(name, called))
+    _, _, weights = _run(tmp_path / "run", steps=5)  # saves at steps 3 and 5, then gathers the tables
+    _, _, resumed = _run(tmp_path / "run", steps=6, resume=True)  # loads step 5
+    assert called == []
+    assert set(weights) == set(resumed) and any("embeddings" in k for k in weights)
