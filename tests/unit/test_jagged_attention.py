@@ -78,5 +78,13 @@ def test_an_empty_stream_attends_to_nothing():
     rows = torch.zeros(0, dtype=torch.long)
     assert window_attention("gdpa", empty, empty, empty, rows, ACTIVATIONS, 1.0, 1.0, 4).shape == (0, H, DH)
     no_tokens = JaggedLayout.of(torch.zeros(3, dtype=torch.long))
-    pooled = seed_pooling("softmax", torch.randn(3, H, DH), empty, empty, no_tokens, ACTIVATIONS, 1.0, 1.0)
-    assert pooled.shape == (2, H, 3, DH) and not pooled.any()
+    for attention in ("gdpa", "softmax"):
+        pooled = seed_pooling(attention, torch.randn(3, H, DH), empty, empty, no_tokens, ACTIVATIONS, 1.0, 1.0)
+        assert pooled.shape == (2, H, 3, DH) and not pooled.any()
+
+
+def test_seed_pooling_needs_one_activation_per_head():
+    n = int(LENGTHS.sum())
+    seeds, k, v = _leaves((3, H, DH), (n, H, DH), (n, H, DH))
+    with pytest.raises(ValueError, match="1 activations for 2 heads"):
+        seed_pooling("gdpa", seeds, k, v, LAYOUT, ("silu",), 0.5, 1.0)

@@ -35,7 +35,8 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
-def _check(activations: Sequence[str], heads: int) -> None:
+def check_activations(activations: Sequence[str], heads: int) -> None:
+    """One known activation per head, or a ValueError naming the problem."""
     if len(activations) != heads:
         raise ValueError(f"gdpa: {len(activations)} activations for {heads} heads")
     unknown = sorted(set(activations) - set(ACTIVATIONS))
@@ -46,7 +47,7 @@ def _check(activations: Sequence[str], heads: int) -> None:
 def gdpa_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activations: Sequence[str],
                    alpha: float, scale: float, mask: torch.Tensor | None = None) -> torch.Tensor:
     """Head by head, exactly as written in the module docstring."""
-    _check(activations, q.shape[1])
+    check_activations(activations, q.shape[1])
     outs = []
     for h, name in enumerate(activations):
         scores = ACTIVATIONS[name](q[:, h] @ k[:, h].transpose(-1, -2) * alpha) * scale  # (B, Lq, Lk)
@@ -59,7 +60,7 @@ def gdpa_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activation
 
 def activate(scores: torch.Tensor, activations: Sequence[str]) -> torch.Tensor:
     """Each head's activation on scores (N, H, ...): one call per group of heads sharing one."""
-    _check(activations, scores.shape[1])
+    check_activations(activations, scores.shape[1])
     if len(set(activations)) == 1:
         return ACTIVATIONS[activations[0]](scores)
     groups: dict[str, list[int]] = {}

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from gem.model.ops.attention import attend
-from gem.model.ops.gdpa import ACTIVATIONS, activate
+from gem.model.ops.gdpa import ACTIVATIONS, check_activations
 from gem.model.ops.jagged import JaggedLayout
 from gem.model.ops.masks import padding_mask
 
@@ -107,13 +107,21 @@ def seed_pooling(attention: str, seeds: torch.Tensor, k: torch.Tensor, v: torch.
     """seeds (S, H, Dh) read each example's tokens k, v (N, H, Dh) -> (B, H, S, Dh); an example
     without tokens pools to 0 (as a padded row with every key masked). The scores are computed per
     token; the weighted sum of values runs as one (S x L) @ (L x Dh) matmul per example and head on
-    weights padded with zeros (a per-token outer product summed with index_add was measured slower)."""
-    scores = torch.einsum("nhd,shd->nhs", k, seeds) * alpha  # (N, H, S)
+    weights padded with zeros (a per-token outer product summed with index_add was measured slower).
+    GDPA goes head by head, each head's scores one (N, Dh) @ (Dh, S) product under its own
+    activation: measured 2026-12-05 on 2 CPU cores, the demo's training steps 6% faster than all
+    heads in one einsum, the activations applied per group of heads by gathering and scattering
+    them, and one matmul over permuted weights."""
     if attention == "softmax":  # normalised over each example's real tokens; an empty one weighs 0
+        scores = torch.einsum("nhd,shd->nhs", k, seeds) * alpha  # (N, H, S)
         real = padding_mask(layout.lengths, layout.longest)[:, :, None, None]  # (B, L, 1, 1)
         padded = layout.pad(scores).masked_fill(~real, float("-inf"))  # (B, L, H, S)
         weights = torch.softmax(padded, dim=1).nan_to_num(0.0)
-    else:  # padded weights are 0: pad fills with zeros
-        weights = layout.pad(activate(scores, activations) * scale)  # (B, L, H, S)
-    values = layout.pad(v).transpose(1, 2)  # (B, H, L, Dh)
-    return torch.matmul(weights.permute(0, 2, 3, 1), values)  # (B, H, S, L) @ (B, H, L, Dh)
+        values = layout.pad(v).transpose(1, 2)  # (B, H, L, Dh)
+        return torch.matmul(weights.permute(0, 2, 3, 1), values)  # (B, H, S, L) @ (B, H, L, Dh)
+    check_activations(activations, k.shape[1])
+    pooled = []
+    for h, name in enumerate(activations):  # padded weights are 0: pad fills with zeros
+        weights = ACTIVATIONS[name](k[:, h] @ (seeds[:, h].t() * alpha)) * scale  # (N, Dh) @ (Dh, S) -> (N, S)
+        pooled.append(torch.bmm(layout.pad(weights).transpose(1, 2), layout.pad(v[:, h])))  # (B, S, L) @ (B, L, Dh)
+    return torch.stack(pooled, dim=1)  # (B, H, S, Dh)
