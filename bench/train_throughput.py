@@ -25,6 +25,10 @@ baseline's batches 2401 (1.28x), new with train.cpu_bf16 2452 examples/s (1.30x)
 baseline's impression blocks and 91% of its click blocks, 1.7% of the new arm's sequence FLOPs.
 This host's speed swung by a fifth from minute to minute (the baseline arm 1844-2059 over the
 rounds): read the ratio of one run. The 2x is not reached, in fp32 or bf16.
+Measured again that day after HSP's seed pooling went head by head, 7 rounds: baseline 1852, new 2411
+(1.30x), new code on the baseline's batches 2363 (1.28x), bf16 autocast 2774 (1.50x); new / baseline
+within each round 1.17-1.44 (median 1.30x). The summary prints those paired ratios: the arms of a
+round run minutes apart at most, so they see less of the host's drift than the medians do.
 Every figure this docstring gave before that day (new 1.35-1.69x, bf16 1.49-1.89x, on this host and
 a Xeon with AMX) measured the new arms on one batch trained on over and over: with
 loader.length_sort_batches 1, the default since b396a00, the stratified sample of one buffer's
@@ -248,6 +252,11 @@ def main() -> None:
         print(f"  speed-up new / baseline: {medians['new'] / medians['baseline']:.2f}x "
               f"(model alone: {medians['new code, stream-order batches'] / medians['baseline']:.2f}x; "
               f"in bf16 autocast: {medians['new, bf16 autocast'] / medians['baseline']:.2f}x)")
+        # Each round's arms ran minutes apart at most: their ratio sees less of the host's drift.
+        paired = [n["examples_per_s"] / b["examples_per_s"] for n, b in zip(results["new"], results["baseline"],
+                                                                                 strict=True)]
+        print(f"  new / baseline within each round: {', '.join(f'{r:.2f}' for r in paired)} "
+              f"(median {statistics.median(paired):.2f}x)")
     finally:
         if a.baseline_tree is None:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], check=False)
