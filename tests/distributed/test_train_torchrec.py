@@ -48,7 +48,7 @@ def test_sharded_trainer_killed_and_resumed_equals_uninterrupted(tmp_path):
     assert len(full_losses) == 8 and full_losses[-1] < full_losses[0]
     _run(tmp_path / "killed", steps=5)  # checkpoints at 3 and 5; drop 5 as if it crashed at step 4
     shutil.rmtree(tmp_path / "killed" / "step-00000005")
-    resumed, losses, weights = _run(tmp_path / "killed", resume=True)
+    _, losses, weights = _run(tmp_path / "killed", resume=True)
     assert losses == full_losses
     assert set(weights) == set(full_weights)
     for name, tensor in full_weights.items():
