@@ -16,9 +16,10 @@ its first measurement's world, 6k users with short histories).
   * new code on the baseline's batches, to split the gain between the model and the batching;
   * the new arm with train.cpu_bf16 (bf16 autocast). The other new arms run in fp32.
 Arms run in alternating subprocesses (the baseline from a `git worktree` of --baseline); each
-reports its mean step time after warm-up (each arm's batches: the first ones its loader emits); the summary is the median over rounds, the ratio, and
-each arm's padding share (the trainer's padding_ratio: padding / padded block positions for the
-baseline, the padded share of the sequence FLOPs for the jagged layout).
+reports its mean step time after warm-up (each arm's batches: the first ones its loader emits); the
+summary is the median over rounds, the ratio, the ratio within each round, and each arm's padding
+share (the trainer's padding_ratio: padding / padded block positions for the baseline, the padded
+share of the sequence FLOPs for the jagged layout).
 Measured 2026-12-05 on an otherwise idle 2-core host (AMD EPYC with AVX-512 BF16), 3 rounds of 12
 steps, every arm on its loader's first batches: baseline 1881, new 2243 (1.19x), new code on the
 baseline's batches 2401 (1.28x), new with train.cpu_bf16 2452 examples/s (1.30x); padding 51% of the

@@ -90,20 +90,20 @@ def save(root: Path, step: int, state: dict[str, Any], extra: dict[str, Any]) ->
     final = step_dir(root, step)
     if final.exists():
         raise CheckpointError(f"checkpoint {final} already exists; checkpoints are never overwritten")
-    distributed = not single_process()
+    alone = single_process()
     nonce = uuid.uuid4().hex[:8]
-    if distributed:  # every rank must write into the same temporary folder
+    if not alone:  # every rank must write into the same temporary folder
         box = [nonce]
         torch.distributed.broadcast_object_list(box, src=0)
         nonce = box[0]
     tmp = root / f".tmp-{PREFIX}{step:08d}-{nonce}"
     with _single_process_ok():
-        dcp.save(state, checkpoint_id=str(tmp), no_dist=single_process())
+        dcp.save(state, checkpoint_id=str(tmp), no_dist=alone)
     crash_point("checkpoint:shards_written")  # bench.faults kills a save half done here
     if _is_rank0():
         (tmp / EXTRA).write_text(json.dumps({"step": step, **extra}))
         os.rename(tmp, final)  # atomic on one filesystem
-    if distributed:
+    if not alone:
         torch.distributed.barrier()
     return final
 
