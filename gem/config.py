@@ -311,8 +311,10 @@ class TrainConfig:
     # CPU training in bf16 autocast too (matmuls in bf16, the loss and torch's fp32-listed ops in
     # fp32); emulated, so slower, on CPUs without native bf16 matmuls (AMX or AVX512-BF16). Measured
     # 2026-12-05 on an AVX512-BF16 host at the demo size: no faster than fp32 (the demo's 120 steps
-    # 1,524-1,625 examples/s in fp32, 1,533-1,608 in bf16; bench.train_throughput 2243 vs 2452) and
-    # the same held-out NE (bench.cpu_bf16_learning). It changes the numerics: off unless asked.
+    # 1,524-1,625 examples/s in fp32, 1,533-1,608 in bf16; bench.train_throughput 2243 vs 2452; again
+    # after 31714c3, `python -m gem.train` on day 4's mixture, 3 alternating runs each: fp32
+    # 1,634-1,831, bf16 1,572-1,711; bench.train_throughput at 120 steps 1967 vs 1817) and the same
+    # held-out NE (bench.cpu_bf16_learning). It changes the numerics: off unless asked.
     cpu_bf16: bool = False
     # model.embeddings.backend "torchrec" only: the tables' optimizer, fused into the backward
     # (gem/train/sharding.py); the dense part keeps AdamW at `lr`.

@@ -207,9 +207,12 @@ def student_metrics(cfg: GemConfig) -> str | None:
 
     lines = [f"  run {run_id}: {arch} per surface, trained on the FM's logged predictions"
              + (" and history codes" if cfg.student.uses("history_codes") else ""),
-             f"    {'task':<28} {'examples':>9} {'NE':>7} {'AUC':>7} {'FM NE':>7} {'FM AUC':>7}"]
-    lines += [f"    {r['task']:<28} {r['examples']:>9,} {fmt(r['NE'])} {fmt(r['AUC'])} {fmt(r['FM NE'])} "
-              f"{fmt(r['FM AUC'])}" for r in rows]
+             "  each day a student takes at most one pass over its surface's examples of the day before,",
+             "  warm-started from the one promoted the day before (its first day from scratch: where a surface",
+             "  has few steps, it has learned little yet)",
+             f"    {'task':<28} {'examples':>9} {'steps':>5} {'NE':>7} {'AUC':>7} {'FM NE':>7} {'FM AUC':>7}"]
+    lines += [f"    {r['task']:<28} {r['examples']:>9,} {r['steps'] or 0:>5} {fmt(r['NE'])} {fmt(r['AUC'])} "
+              f"{fmt(r['FM NE'])} {fmt(r['FM AUC'])}" for r in rows]
     return "\n".join(lines)
 
 

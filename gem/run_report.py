@@ -196,8 +196,9 @@ def _latest_runs(rows: list[dict[str, Any]], arch: str) -> list[dict[str, Any]]:
 
 def student_results(cfg: GemConfig, days: Sequence[str] | None = None) -> tuple[str, str, list[dict[str, Any]]] | None:
     """The newest distillation run (of `days`, when given) from gold.metrics -> (run_id, student
-    arch, per task: task, examples, NE, AUC, FM NE, FM AUC: the student beside the FM's logged
-    predictions of the same held-out examples); None when no distill run wrote any."""
+    arch, per task: task, examples, steps (the student's training steps that day), NE, AUC, FM NE,
+    FM AUC: the student beside the FM's logged predictions of the same held-out examples); None when
+    no distill run wrote any."""
     from gem.distill.run import FM_ARCH, student_arch
 
     arch = student_arch(cfg.student.variant)
@@ -213,7 +214,8 @@ def student_results(cfg: GemConfig, days: Sequence[str] | None = None) -> tuple[
     out = []
     for task, pair in sorted(by_task.items()):
         student, fm = pair.get(arch, {}), pair.get(FM_ARCH, {})
-        out.append({"task": task, "examples": student.get("examples", 0), "NE": student.get("ne"),
+        out.append({"task": task, "examples": student.get("examples", 0), "steps": student.get("train_steps"),
+                    "NE": student.get("ne"),
                     "AUC": student.get("auc"), "FM NE": fm.get("ne"), "FM AUC": fm.get("auc")})
     return run_id, arch, out
 

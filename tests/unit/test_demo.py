@@ -98,7 +98,7 @@ def test_students_print_beside_the_fm_and_never_as_the_pretraining_run(tmp_path:
     text = demo.student_metrics(cfg)
     assert text is not None and "distill:x" in text
     reels = next(line for line in text.splitlines() if line.split()[0] == "reels/click").split()
-    assert reels[2:] == ["0.9700", "0.6000", "0.9100", "0.6000"]  # student NE, AUC; the FM's NE, AUC
+    assert reels[2:] == ["7", "0.9700", "0.6000", "0.9100", "0.6000"]  # steps, student NE, AUC; the FM's NE, AUC
 
 
 def test_task_seconds_has_a_column_per_day_a_run_processed(tmp_path: Path) -> None:
