@@ -115,6 +115,7 @@ def train_student(cfg: Any, inputs: DistillInputs, surface: str, variant: str, r
     """Train `variant`'s student of `surface` on inputs.train_day, score it and the FM on inputs.eval_day."""
     from gem.data.encode import DENSE_COLUMNS
     from gem.data.loader import SPARSE_FEATURES, ResumableLoader
+    from gem.model.heads import shrunk_base_rates
     from gem.model.student import build_student
     from gem.train.evaluate import evaluate, score
     from gem.train.trainer import Trainer
@@ -129,7 +130,7 @@ def train_student(cfg: Any, inputs: DistillInputs, surface: str, variant: str, r
     eval_manifest = inputs.manifest(surface, tasks, inputs.eval_day, "eval", train_cfg.seed)
     task = build_student(student_cfg, tasks, SPARSE_FEATURES, len(DENSE_COLUMNS), cfg.model.history_codes.code_dim,
                          train_cfg.task_weights)
-    task.init_from_base_rates({s.name: s.positives / s.rows for s in train_manifest.sources if s.rows})
+    task.init_from_base_rates(shrunk_base_rates({s.name: (s.positives, s.rows) for s in train_manifest.sources}))
     signals = inputs.signals(cfg, tasks, [inputs.train_day, inputs.eval_day])
     # At most one pass over the day: a daily student sees each example once. The run's length is
     # its config's, so a learning-rate schedule spans the steps that actually run.

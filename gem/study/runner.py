@@ -18,6 +18,7 @@ from gem.data.batch import Batch
 from gem.model import metrics
 from gem.model.build import build_task
 from gem.model.configs import ModelConfig
+from gem.model.heads import shrunk_base_rates
 from gem.model.task import GemTrainTask
 from gem.study.traffic import DENSE_DIM, SPARSE
 
@@ -62,10 +63,12 @@ class RunResult:
 
 
 def base_rates(batches: list[Batch]) -> dict[str, float]:
-    """Per task, the importance-weighted positive rate of the training examples."""
+    """Per task, the importance-weighted positive rate of the training examples, shrunk toward its
+    label type's pooled rate (gem.model.heads.shrunk_base_rates)."""
     labels = torch.cat([b.labels * b.weights for b in batches]).sum(0)
-    weights = torch.cat([b.weights * b.label_mask for b in batches]).sum(0).clamp_min(1e-12)
-    return dict(zip(batches[0].tasks, (labels / weights).tolist(), strict=True))
+    weights = torch.cat([b.weights * b.label_mask for b in batches]).sum(0)
+    return shrunk_base_rates(dict(zip(batches[0].tasks, zip(labels.tolist(), weights.tolist(), strict=True),
+                                      strict=True)))
 
 
 def train(cfg: ModelConfig, train_batches: list[Batch], lr: float, seed: int, epochs: int,

@@ -94,6 +94,7 @@ def run(ctx: Any, ds: str, run_dir: Path | None = None, steps: int | None = None
     from gem.data.manifest import read_manifest
     from gem.lakehouse.commit import StageCommit, StageResult
     from gem.model.build import build_task
+    from gem.model.heads import shrunk_base_rates
     from gem.train.evaluate import evaluate
     from schemas.metrics import GOLD_METRICS
 
@@ -113,7 +114,7 @@ def run(ctx: Any, ds: str, run_dir: Path | None = None, steps: int | None = None
     loader_cfg = cfg.loader.capped(cfg.model.sequence_lengths())  # cut no longer than the model reads
     stream = ResumableLoader(ExampleStream(train_manifest, tasks, loader_cfg))
     task = build_task(cfg.model, tasks, SPARSE_FEATURES, len(DENSE_COLUMNS), cfg.train.task_weights)
-    task.heads.init_from_base_rates({s.name: s.positives / s.rows for s in train_manifest.sources if s.rows})
+    task.heads.init_from_base_rates(shrunk_base_rates({s.name: (s.positives, s.rows) for s in train_manifest.sources}))
     trainer = Trainer(task, stream, cfg.train, run_dir, config_snapshot=cfg.to_dict())
     previous = promotion.warm_start_for(root, cfg.model.arch, ds)
     if trainer.resume():

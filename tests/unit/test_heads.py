@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gem.model.heads import DomainExpertHeads
+from gem.model.heads import DomainExpertHeads, shrunk_base_rates
 from tests.support import ON_DEVICES
 
 TASKS = ("fb_feed/click", "fb_feed/lead", "reels/click", "stories/app_install", "reels/lead")
@@ -49,3 +49,39 @@ def test_heads_start_at_their_base_rates():
     torch.testing.assert_close(p[:, 0], torch.full((3,), 0.02))
     torch.testing.assert_close(p[:, 4], torch.full((3,), 0.001))
     torch.testing.assert_close(p[:, 1], torch.full((3,), 0.5))
+
+
+def test_a_sparse_task_starts_near_its_label_types_pooled_rate_not_at_zero():
+    """No positive in training must not mean a rate of 0 (the head's 1e-6 floor): one positive on the
+    held-out day then cost ~14 nats. The rate shrinks toward the label type's pooled rate; a
+    data-rich task keeps its own."""
+    counts = {"audience_network/lead": (0.0, 8_000.0), "fb_feed/lead": (9.0, 30_000.0), "reels/lead": (10.0, 18_000.0),
+              "fb_feed/click": (1_900.0, 30_000.0), "audience_network/click": (140.0, 8_000.0),
+              "stories/app_install": (0.0, 12_000.0), "marketplace/app_install": (0.0, 0.0)}
+    rates = shrunk_base_rates(counts)
+    pooled_lead = (19 + 1) / (56_000 + 2)
+    assert rates["audience_network/lead"] == pytest.approx(1 / (8_000 + 1 / pooled_lead))
+    assert pooled_lead / 10 < rates["audience_network/lead"] < pooled_lead
+    assert rates["fb_feed/lead"] == pytest.approx((9 + 1) / (30_000 + 56_002 / 20))
+    assert rates["fb_feed/click"] == pytest.approx(1_900 / 30_000, rel=0.01)
+    assert rates["audience_network/click"] == pytest.approx(140 / 8_000, rel=0.03)
+    # A label type without any positive: about one in (all its examples), not 0.
+    assert rates["stories/app_install"] == pytest.approx(1 / 24_002, rel=1e-6)
+    assert "marketplace/app_install" not in rates  # no examples: nothing to start from
+
+
+def test_the_study_starts_a_task_without_positives_above_the_floor():
+    """gem.study.runner.base_rates (what the study's heads start from) on batches where one task has
+    no positive: its rate is its label type's shrunk rate, not 0."""
+    from gem.data.batch import Batch
+    from gem.study.runner import base_rates
+
+    tasks = ("fb_feed/lead", "reels/lead")
+    labels = torch.zeros(400, 2)
+    labels[:4, 0] = 1.0  # fb_feed/lead: 4 positives in 400; reels/lead: none
+    batch = Batch(dense=torch.zeros(400, 1), sparse={}, sequences={}, labels=labels,
+                  label_mask=torch.ones(400, 2, dtype=torch.bool), weights=torch.ones(400, 2), tasks=tasks,
+                  impression_times=torch.zeros(400, dtype=torch.int64))
+    rates = base_rates([batch])
+    assert rates["reels/lead"] == pytest.approx(1 / (400 + 802 / 5))  # pooled (4 + 1) / (800 + 2)
+    assert rates["fb_feed/lead"] == pytest.approx(5 / (400 + 802 / 5))
