@@ -205,13 +205,14 @@ def student_metrics(cfg: GemConfig) -> str | None:
     def fmt(v: float | None) -> str:
         return "    n/a" if v is None else f"{v:7.4f}"
 
+    width = max((len(r["task"]) for r in rows), default=len("task"))
     lines = [f"  run {run_id}: {arch} per surface, trained on the FM's logged predictions"
              + (" and history codes" if cfg.student.uses("history_codes") else ""),
              "  each day a student takes at most one pass over its surface's examples of the day before,",
              "  warm-started from the one promoted the day before (its first day from scratch: where a surface",
              "  has few steps, it has learned little yet)",
-             f"    {'task':<28} {'examples':>9} {'steps':>5} {'NE':>7} {'AUC':>7} {'FM NE':>7} {'FM AUC':>7}"]
-    lines += [f"    {r['task']:<28} {r['examples']:>9,} {r['steps'] or 0:>5} {fmt(r['NE'])} {fmt(r['AUC'])} "
+             f"    {'task':<{width}} {'examples':>9} {'steps':>5} {'NE':>7} {'AUC':>7} {'FM NE':>7} {'FM AUC':>7}"]
+    lines += [f"    {r['task']:<{width}} {r['examples']:>9,} {r['steps'] or 0:>5} {fmt(r['NE'])} {fmt(r['AUC'])} "
               f"{fmt(r['FM NE'])} {fmt(r['FM AUC'])}" for r in rows]
     return "\n".join(lines)
 
