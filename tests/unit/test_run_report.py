@@ -159,7 +159,7 @@ def test_gem_report_prints_the_path_and_refuses_a_day_nothing_ran(lake, tmp_path
 
 def test_students_show_beside_the_fms_logged_predictions(tmp_path: Path) -> None:
     """The distill tests' lakehouse (a seeded model promoted for day 2, precompute on days 2 and 3,
-    the real distill job on day 3): the report of day 3 lists each scored task's student NE and AUC
+    the real distill job on day 3): the report of day 3 lists each scored task's student steps, NE and AUC
     beside the FM's logged ones, as gold.metrics stores them, with the figure loaded."""
     from gem.distill.run import FM_ARCH, student_arch
     from jobs import distill, precompute
@@ -181,5 +181,5 @@ def test_students_show_beside_the_fms_logged_predictions(tmp_path: Path) -> None
     students = [r for r in rows if r["arch"] == arch]
     assert students
     for r in students:
-        assert (f"{r['task']}\t{r['examples']}\t{r['ne']:.4f}\t{r['auc']:.4f}\t{fm[r['task']]['ne']:.4f}\t"
-                in page.text), r["task"]
+        assert (f"{r['task']}\t{r['examples']}\t{r['train_steps']}\t{r['ne']:.4f}\t{r['auc']:.4f}\t"
+                f"{fm[r['task']]['ne']:.4f}\t" in page.text), r["task"]
