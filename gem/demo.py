@@ -212,7 +212,7 @@ def student_metrics(cfg: GemConfig) -> str | None:
              "  warm-started from the one promoted the day before (its first day from scratch: where a surface",
              "  has few steps, it has learned little yet)",
              f"    {'task':<{width}} {'examples':>9} {'steps':>5} {'NE':>7} {'AUC':>7} {'FM NE':>7} {'FM AUC':>7}"]
-    lines += [f"    {r['task']:<{width}} {r['examples']:>9,} {r['steps'] or 0:>5} {fmt(r['NE'])} {fmt(r['AUC'])} "
+    lines += [f"    {r['task']:<{width}} {r['examples']:>9,} {'n/a' if r['steps'] is None else r['steps']:>5} {fmt(r['NE'])} {fmt(r['AUC'])} "
               f"{fmt(r['FM NE'])} {fmt(r['FM AUC'])}" for r in rows]
     return "\n".join(lines)
 

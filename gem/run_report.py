@@ -215,8 +215,7 @@ def student_results(cfg: GemConfig, days: Sequence[str] | None = None) -> tuple[
     for task, pair in sorted(by_task.items()):
         student, fm = pair.get(arch, {}), pair.get(FM_ARCH, {})
         out.append({"task": task, "examples": student.get("examples", 0), "steps": student.get("train_steps"),
-                    "NE": student.get("ne"),
-                    "AUC": student.get("auc"), "FM NE": fm.get("ne"), "FM AUC": fm.get("auc")})
+                    "NE": student.get("ne"), "AUC": student.get("auc"), "FM NE": fm.get("ne"), "FM AUC": fm.get("auc")})
     return run_id, arch, out
 
 
