@@ -157,8 +157,15 @@ def _demo_train_config():
     return load_config(REPO / "configs" / "demo.yaml", environ={}).train
 
 
-def worker(batches_path: Path, steps: int, warmup: int, checkpoint_every: int, cpu_bf16: bool = False
-           ) -> dict[str, object]:
+def compiled_graphs() -> int:
+    """Graphs torch.compile has compiled in this process so far (dynamo's own counter)."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+def worker(batches_path: Path, steps: int, warmup: int, checkpoint_every: int, cpu_bf16: bool = False,
+           compile_body: bool = False) -> dict[str, object]:
     import torch
 
     from gem.config import load_config
@@ -182,12 +189,15 @@ def worker(batches_path: Path, steps: int, warmup: int, checkpoint_every: int, c
             labels=r["labels"], label_mask=r["label_mask"], weights=r["weights"], tasks=tuple(r["tasks"]),
             impression_times=r["times"]))
     stamps: list[float] = []
+    graphs: list[int] = []  # graphs compiled by the time the measured steps start (train.compile)
 
     # Not gem.train.trainer.CyclingStream: this worker also runs in the baseline tree, which predates it.
     class Stream:
         def batches(self, limit=None):
             for i in range(limit):
                 stamps.append(time.perf_counter())  # the previous step has finished
+                if i == warmup:
+                    graphs.append(compiled_graphs())
                 yield batches[i % len(batches)]
 
         def state_dict(self):
@@ -200,7 +210,7 @@ def worker(batches_path: Path, steps: int, warmup: int, checkpoint_every: int, c
     # Checkpoints every `checkpoint_every` steps, as the demo's training does (each save is timed in its
     # step, and whatever it leaves behind in the later steps).
     overrides = ({"steps": warmup + steps + 1, "checkpoint_every": checkpoint_every}
-                 | ({"cpu_bf16": True} if cpu_bf16 else {}))
+                 | ({"cpu_bf16": True} if cpu_bf16 else {}) | ({"compile": True} if compile_body else {}))
     train = cfg.train.__class__(**{**cfg.train.__dict__, **overrides})
     with tempfile.TemporaryDirectory() as run_dir:
         trainer = Trainer(task, Stream(), train, Path(run_dir))
@@ -214,16 +224,22 @@ def worker(batches_path: Path, steps: int, warmup: int, checkpoint_every: int, c
     around = ({"before_first_save_s": round(statistics.fmean(steps_s[:saved]), 4),
                "after_first_save_s": round(statistics.fmean(steps_s[saved + 1:]), 4)}
               if 0 < saved < len(steps_s) - 1 else {})
+    # Under train.compile the warm-up holds the compilations: its excess over as many measured steps.
     return {"step_s": step_s, "examples_per_s": raw[0]["dense"].shape[0] / step_s, **around,
+            "warmup_excess_s": round(stamps[warmup] - stamps[0] - warmup * step_s, 1),
+            **({"graphs_compiled_while_measured": compiled_graphs() - graphs[0]} if compile_body else {}),
             "padding": {e: round(r, 4) for e, r in result.padding_ratio.items()}, "threads": torch.get_num_threads()}
 
 
 def run_arm(tree: Path, batches: Path, steps: int, warmup: int, checkpoint_every: int,
-            cpu_bf16: bool = False) -> dict[str, object]:
+            cpu_bf16: bool = False, compile_body: bool = False, compile_cache: Path | None = None
+            ) -> dict[str, object]:
     env = {**os.environ, "PYTHONPATH": str(tree)}
+    if compile_cache is not None:  # the bench's own inductor cache: cold in the first round, warm after
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(compile_cache)
     out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", str(batches),
                           "--steps", str(steps), "--warmup", str(warmup), "--checkpoint-every", str(checkpoint_every),
-                          *(["--cpu-bf16"] if cpu_bf16 else [])],
+                          *(["--cpu-bf16"] if cpu_bf16 else []), *(["--compile"] if compile_body else [])],
                          cwd=tree, env=env, capture_output=True, text=True, check=False)
     if out.returncode:
         raise RuntimeError(f"arm in {tree} failed:\n{out.stderr[-3000:]}")
@@ -244,6 +260,7 @@ def main() -> None:
                    help="whose examples: this tree's generator at the demo's volumes, or the baseline's world")
     p.add_argument("--make-examples", type=Path, default=None, help=argparse.SUPPRESS)
     p.add_argument("--cpu-bf16", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.make_examples:
         make_examples(a.make_examples, a.world)
@@ -253,7 +270,7 @@ def main() -> None:
         a.steps = demo.steps if a.steps is None else a.steps
         a.checkpoint_every = demo.checkpoint_every if a.checkpoint_every is None else a.checkpoint_every
     if a.worker:
-        print(json.dumps(worker(a.worker, a.steps, a.warmup, a.checkpoint_every, a.cpu_bf16)))
+        print(json.dumps(worker(a.worker, a.steps, a.warmup, a.checkpoint_every, a.cpu_bf16, a.compile)))
         return
     work = Path(tempfile.mkdtemp(prefix="gem-train-bench-"))
     tree = a.baseline_tree
@@ -271,13 +288,22 @@ def main() -> None:
         stream, grouped = work / "stream.pt", work / "sorted.pt"
         compose(examples, stream, False, 512, count)
         compose(examples, grouped, True, 512, count)
-        arms = {"baseline": (tree, stream, False), "new": (REPO, grouped, False),
-                "new code, stream-order batches": (REPO, stream, False),
-                "new, bf16 autocast": (REPO, grouped, True)}
+        # name: (tree, batches, train.cpu_bf16, train.compile)
+        arms = {"baseline": (tree, stream, False, False), "new": (REPO, grouped, False, False),
+                "new code, stream-order batches": (REPO, stream, False, False),
+                "new, bf16 autocast": (REPO, grouped, True, False),
+                "new, torch.compile": (REPO, grouped, False, True)}
         results: dict[str, list[dict[str, object]]] = {k: [] for k in arms}
         for r in range(a.rounds):
-            for name, (root, batches, cpu_bf16) in arms.items():
-                results[name].append(run_arm(root, batches, a.steps, a.warmup, a.checkpoint_every, cpu_bf16))
+            for name, (root, batches, cpu_bf16, compile_body) in arms.items():
+                # The compiled arm warms up on every batch once: inductor compiles again when a batch's
+                # token counts cross a size its kernels were specialized at (a reduction over more than
+                # 4,096 rows takes another accumulator). It then measures as many steps on the same
+                # batches again (a checkpoint every checkpoint_every steps still); the worker reports
+                # any graph compiled while it measured.
+                warmup = count if compile_body else a.warmup
+                results[name].append(run_arm(root, batches, a.steps, warmup, a.checkpoint_every, cpu_bf16,
+                                             compile_body, work / "inductor-cache"))
                 print(f"round {r + 1} {name}: {results[name][-1]}", flush=True)
         medians = {k: statistics.median(x["examples_per_s"] for x in v) for k, v in results.items()}
         print(f"\nCPU training at the demo size (batch 512, {results['new'][0]['threads']} threads), "
@@ -293,6 +319,17 @@ def main() -> None:
                                                                                  strict=True)]
         print(f"  new / baseline within each round: {', '.join(f'{r:.2f}' for r in paired)} "
               f"(median {statistics.median(paired):.2f}x)")
+        compiled = results["new, torch.compile"]
+        paired = [c["examples_per_s"] / b["examples_per_s"] for c, b in zip(compiled, results["baseline"], strict=True)]
+        print(f"  torch.compile / baseline: {medians['new, torch.compile'] / medians['baseline']:.2f}x, within each "
+              f"round {', '.join(f'{r:.2f}' for r in paired)} (median {statistics.median(paired):.2f}x)")
+        # Compilation is in the compiled arm's warm-up, left out of its mean: the steps after which it
+        # has paid for itself against the eager arm of the same round.
+        for r, (c, e) in enumerate(zip(compiled, results["new"], strict=True), start=1):
+            saved = e["step_s"] - c["step_s"]
+            even = f"{c['warmup_excess_s'] / saved:.0f} steps" if saved > 0 else "never"
+            print(f"  round {r}: compiling took {c['warmup_excess_s']:.0f} s "
+                  f"({'cold' if r == 1 else 'warm'} inductor cache), paid back after {even}")
     finally:
         if a.baseline_tree is None:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], check=False)

@@ -306,8 +306,12 @@ class TrainConfig:
     # Loss weight per task name; a task not listed weighs 1.
     task_weights: dict[str, float] = field(default_factory=dict)
     log_every: int = 10
-    # GPU only: bf16 autocast and torch.compile of the dense body.
+    # GPU only: bf16 autocast.
     bf16: bool = True
+    # torch.compile of the dense body (GPU and CPU; on the CPU inductor's C++ kernels, dynamic shapes).
+    # On the CPU it pays off in long runs only: at the demo size it compiles for about a minute and a
+    # half cold (half a minute from a warm inductor cache) before its first step, then steps faster
+    # (bench.train_throughput's "new, torch.compile" arm), so the demo's 120 steps stay eager.
     compile: bool = False
     # CPU training in bf16 autocast too (matmuls in bf16, the loss and torch's fp32-listed ops in
     # fp32); emulated, so slower, on CPUs without native bf16 matmuls (AMX or AVX512-BF16). Measured

@@ -102,11 +102,13 @@ class Trainer:
         # architectures pad each batch to one (B, longest) block per event type.
         self.sequence_padding = getattr(task.body, "sequence_padding", None)
         self.padding_measure = getattr(task.body, "padding_measure", "padded sequence blocks")
-        # bf16 autocast (GPU: train.bf16; CPU: train.cpu_bf16); GPU only: torch.compile of the dense
-        # body in place (parameter names, hence checkpoints, stay the same as uncompiled).
+        # bf16 autocast (GPU: train.bf16; CPU: train.cpu_bf16). train.compile: torch.compile of the
+        # dense body in place (parameter names, hence checkpoints, stay the same as uncompiled); on the
+        # CPU with dynamic shapes from the start, as every batch brings other token counts (a static
+        # first compile would only be thrown away at the second batch).
         self.autocast = cfg.bf16 if self.device.type == "cuda" else (self.device.type == "cpu" and cfg.cpu_bf16)
-        if cfg.compile and self.device.type == "cuda":
-            task.body.compile()
+        if cfg.compile:
+            task.body.compile(dynamic=True if self.device.type == "cpu" else None)
         self.owns_process_group = False
         if self.sharded:
             from gem.train.sharding import dense_parameters, ensure_process_group, shard_task
