@@ -38,6 +38,13 @@ a checkpoint every 60; until then 12 steps on 15 batches and no save), 3 rounds:
 autocast 1817 examples/s (1.14x). The baseline's steps after its first save were 0%, 19% and 31%
 slower than before it (its one-rank process group runs the save's collectives in gloo's threads;
 fixed in 31714c3); the new arm's 0-6%, within the host's drift. The 2x is not reached.
+Measured 2026-12-05 with a fifth arm, train.compile (torch.compile of the dense body, inductor's
+C++ kernels, dynamic shapes; it warms up on every batch once, then measures 120 steps on them
+again, no graph compiled while it measured), 3 rounds: baseline 1719, new 2278 (1.32x within the
+rounds), torch.compile 2805 examples/s (1.63x of the medians; 1.62, 1.92, 1.72 within the rounds,
+median 1.72x). Compiling took 190 s from a cold inductor cache (paid back against the eager arm
+after 4,512 steps) and 35 s from a warm one (520-593 steps): at the demo's 120 steps it costs more
+than it saves, so the demo trains eager. The 2x is not reached.
 Every figure this docstring gave before that day (new 1.35-1.69x, bf16 1.49-1.89x, on this host and
 a Xeon with AMX) measured the new arms on one batch trained on over and over: with
 loader.length_sort_batches 1, the default since b396a00, the stratified sample of one buffer's

@@ -309,9 +309,10 @@ class TrainConfig:
     # GPU only: bf16 autocast.
     bf16: bool = True
     # torch.compile of the dense body (GPU and CPU; on the CPU inductor's C++ kernels, dynamic shapes).
-    # On the CPU it pays off in long runs only: at the demo size it compiles for about a minute and a
-    # half cold (half a minute from a warm inductor cache) before its first step, then steps faster
-    # (bench.train_throughput's "new, torch.compile" arm), so the demo's 120 steps stay eager.
+    # On the CPU it pays off in long runs only: measured 2026-12-05 at the demo size
+    # (bench.train_throughput), 1.23-1.43x the eager steps' examples/s once compiled, after 190 s of
+    # compiling from a cold inductor cache (35 s warm), paid back after 4,500 steps cold and 520-590
+    # warm; the demo's 120 steps stay eager.
     compile: bool = False
     # CPU training in bf16 autocast too (matmuls in bf16, the loss and torch's fp32-listed ops in
     # fp32); emulated, so slower, on CPUs without native bf16 matmuls (AMX or AVX512-BF16). Measured
