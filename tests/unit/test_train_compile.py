@@ -27,8 +27,19 @@ def test_compiled_body_trains_as_eager_and_its_checkpoints_load_uncompiled(tmp_p
     cfg = dataclasses.replace(TINY_TRAIN, compile=True)
     eager = tiny_trainer(tmp_path / "eager")
     compiled = tiny_trainer(tmp_path / "compiled", cfg=cfg)
-    assert compiled.task.body._compiled_call_impl is not None and eager.task.body._compiled_call_impl is None
+    # Whether torch.compile traced the body's first layer on its last call, written into a tensor (a
+    # Python-side record would itself be guarded on, and recompile the body at every call).
+    traced = {"eager": torch.tensor(-1), "compiled": torch.tensor(-1)}
+
+    def record(flag: torch.Tensor):
+        def hook(module, args) -> None:  # returns None: the layer's inputs stay as they are
+            flag.fill_(int(torch.compiler.is_compiling()))
+        return hook
+
+    for name, trainer in (("eager", eager), ("compiled", compiled)):
+        trainer.task.body.layers[0].register_forward_pre_hook(record(traced[name]))
     want, got = eager.fit(), compiled.fit()
+    assert traced["eager"].item() == 0 and traced["compiled"].item() == 1
     assert len(got.losses) == len(want.losses) == 10
     assert got.losses == pytest.approx(want.losses, rel=1e-4)
     assert got.losses[0] != got.losses[-1]  # it trained
