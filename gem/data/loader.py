@@ -11,7 +11,8 @@ Semantics (each one tested in tests/spark/test_loader.py):
   * Sharding. The files of a pass are shuffled with (seed, k) and dealt round-robin to
     world_size x num_workers shards; each file is read by exactly one shard, and a row lives in one
     file, so across ranks and workers no row is emitted twice in a pass. Rows of a file are
-    shuffled with (seed, k, file).
+    shuffled with (seed, k, file). A rank's shards are served round-robin, by its DataLoader worker
+    processes or (loader.in_process) in the training process in the same order.
   * Length-aware batching (`loader.length_sort_batches` = K > 1). A shard fills a buffer of K
     batches' rows in stream order, orders them by sequence length and cuts them into batches of
     similar lengths, emitted in a seeded shuffled order (gem.data.length_batching): padded
@@ -45,6 +46,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import torch
+from more_itertools import roundrobin
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from gem.config import LoaderConfig
@@ -214,13 +216,17 @@ class ExampleStream(IterableDataset):
 
     def __iter__(self) -> Iterator[Batch]:
         info = get_worker_info()
-        worker = info.id if info is not None else 0
-        local = (worker + self.rotation) % self.num_workers if info is not None else 0
-        shards = [self.rank * self.num_workers + local] if info is not None else [
-            self.rank * self.num_workers + (w + self.rotation) % self.num_workers for w in range(self.num_workers)
-        ]
-        for shard in shards:  # one shard per worker process; all of this rank's shards in-process
-            yield from self._iter_shard(shard, worker)
+        if info is not None:  # one DataLoader worker process: its own shard
+            return self.worker_batches(info.id)
+        # In the training process (loader.in_process, or one shard): the rank's shards round-robin,
+        # an exhausted one dropping out, as DataLoader takes batches from its worker processes; so the
+        # batches, their order and the resume state are the worker processes' own.
+        return roundrobin(*(self.worker_batches(w) for w in range(self.num_workers)))
+
+    def worker_batches(self, worker: int) -> Iterator[Batch]:
+        """The batches worker `worker` serves: its shard of the rank, rotated by where the run resumed."""
+        shard = self.rank * self.num_workers + (worker + self.rotation) % self.num_workers
+        return self._iter_shard(shard, worker)
 
     def _iter_shard(self, shard: int, worker: int) -> Iterator[Batch]:
         files = self.shard_files(self.pass_index, shard)
@@ -352,8 +358,9 @@ def example_batch(table: pa.Table, tasks: tuple[str, ...], mask: np.ndarray, wei
 
 
 class ResumableLoader:
-    """Iterates an ExampleStream through a DataLoader (cfg.num_workers processes) pass after pass,
-    tracking the small state that makes a resumed run continue exactly.
+    """Iterates an ExampleStream through a DataLoader (cfg.num_workers processes, or none with
+    cfg.in_process) pass after pass, tracking the small state that makes a resumed run continue
+    exactly.
 
     state_dict() -> {"pass": k, "cursors": {shard: (file_pos, row_pos, emitted)}, "rotation": r}
     """
@@ -370,7 +377,7 @@ class ResumableLoader:
         self.state = {"pass": int(state["pass"]), "cursors": cursors, "rotation": int(state["rotation"])}
 
     def _loader(self) -> DataLoader:
-        workers = self.stream.cfg.num_workers
+        workers = 0 if self.stream.cfg.in_process else self.stream.cfg.num_workers
         return DataLoader(self.stream, batch_size=None, num_workers=workers,
                           prefetch_factor=2 if workers else None, persistent_workers=False)
 

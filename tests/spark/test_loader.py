@@ -10,6 +10,7 @@ import datetime as dt
 import math
 import random
 import shutil
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +18,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
+from torch.utils.data import DataLoader
 
 from gem.cli import day_range, shift_day
 from gem.config import MixConfig
+from gem.data import loader as loader_module
 from gem.data.delta_log import MissingDataFileError, UnavailableVersionError, logged_files, read_table, table_version
 from gem.data.encode import hash_ids
 from gem.data.loader import ExampleStream, ResumableLoader
@@ -196,6 +199,50 @@ def test_resume_continues_exactly(lake):
     resumed.load_state_dict(state)
     got += [key(b) for b in resumed.batches(limit=23)]
     assert got == reference  # crosses into the second pass too (a pass is ~12 batches here)
+
+
+def test_in_process_loader_serves_the_worker_processes_batches(lake, monkeypatch):
+    """loader.in_process reads the rank's shards in the training process: the same batches in the
+    same order as its DataLoader worker processes, with resume states either can continue from."""
+    cfg, _, _ = lake
+    processes_started = []  # per DataLoader made: its worker processes
+
+    class CountingDataLoader(DataLoader):
+        def __init__(self, *args: Any, num_workers: int = 0, **kwargs: Any) -> None:
+            processes_started.append(num_workers)
+            super().__init__(*args, num_workers=num_workers, **kwargs)
+
+    monkeypatch.setattr(loader_module, "DataLoader", CountingDataLoader)
+
+    def served(batch):
+        return (batch.example_ids, batch.weights.tolist(), batch.meta)
+
+    def continued(batch):  # a resumed DataLoader numbers its workers from the shard that comes next
+        return (batch.example_ids, batch.weights.tolist(), batch.meta["shard"], batch.meta["cursor"])
+
+    processes = ResumableLoader(_stream(cfg, num_workers=2))
+    batches = list(processes.batches(limit=30))
+    in_process = ResumableLoader(_stream(cfg, num_workers=2, in_process=True))
+    assert processes_started and set(processes_started) == {2}
+    processes_started.clear()
+    assert [served(b) for b in in_process.batches(limit=30)] == [served(b) for b in batches]
+    assert processes_started and set(processes_started) == {0}
+    assert in_process.state_dict() == processes.state_dict()
+    # The passes end with one shard exhausted before the other (two batches in a row from one
+    # worker), so the order after a worker drops out is checked too.
+    workers = [b.meta["worker"] for b in batches]
+    assert any(a == b for a, b in pairwise(workers))
+    # A state saved by either continues in the other exactly.
+    reference = [continued(b) for b in batches]
+    first = ResumableLoader(_stream(cfg, num_workers=2))
+    got = [continued(b) for b in first.batches(limit=7)]
+    resumed = ResumableLoader(_stream(cfg, num_workers=2, in_process=True))
+    resumed.load_state_dict(first.state_dict())
+    got += [continued(b) for b in resumed.batches(limit=11)]
+    again = ResumableLoader(_stream(cfg, num_workers=2))
+    again.load_state_dict(resumed.state_dict())
+    got += [continued(b) for b in again.batches(limit=12)]
+    assert got == reference
 
 
 def _example(batch, i: int) -> tuple:
