@@ -253,8 +253,9 @@ class LoaderConfig:
     # True: this rank's num_workers shards are read in the training process itself, served in the
     # order the worker processes would serve them (the same batches and resume state). On a host
     # whose cores torch's own threads already use (CPU training), worker processes only take cores
-    # from them: measured in `make demo` on 2 cores, pretraining 1,686-1,714 -> 2,232 examples/s
-    # (bulk day 3) and 1,354-1,453 -> 1,946 (the Airflow day).
+    # from them: measured 2026-12-05 in `make demo` on 2 cores (2 runs each), pretraining 1,686-1,714
+    # -> 2,074-2,251 examples/s on day 3 and 1,354-1,453 -> 1,889-2,013 on the Airflow day, the
+    # students' distill task 25-27 -> 14-15 s, the printed metrics identical.
     in_process: bool = False
     # Longest sequence prefix per event type handed to the model (the most recent events before the
     # impression). Above the stored cap (sequence_caps) it simply means "all that is stored".
