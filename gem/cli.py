@@ -62,7 +62,7 @@ def parse_examples_args(parser: argparse.ArgumentParser, argv: Sequence[str] | N
     return args
 
 
-def resolve_examples_day(cfg: "GemConfig", args: argparse.Namespace) -> str | None:
+def resolve_examples_day(cfg: GemConfig, args: argparse.Namespace) -> str | None:
     """The impression day to process; None when --ready-on names a day no window has closed on yet."""
     return args.ds if args.ds is not None else ready_on_day(cfg, args.ready_on)
 

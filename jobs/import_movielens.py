@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from gem.config import add_config_arg, load_config
 from gem.sources.movielens_events import import_movielens

@@ -40,4 +40,4 @@ TABLES: dict[str, TableSchema] = {
     )
 }
 
-__all__ = ["TABLES", "Column", "TableSchema", "LANDING_EVENTS", "BRONZE_AD_EVENTS", "BRONZE_QUARANTINE", "COMPLETIONS"]
+__all__ = ["BRONZE_AD_EVENTS", "BRONZE_QUARANTINE", "COMPLETIONS", "LANDING_EVENTS", "TABLES", "Column", "TableSchema"]

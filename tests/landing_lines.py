@@ -10,7 +10,7 @@ from gem.lakehouse.landing import LandingFile, mark_partition_complete
 from schemas.events import LANDING_EVENTS
 
 DAY = "2026-01-01"
-DAY_START_MS = int(dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc).timestamp() * 1000)
+DAY_START_MS = int(dt.datetime(2026, 1, 1, tzinfo=dt.UTC).timestamp() * 1000)
 DAY_MS = 86_400_000
 
 

@@ -12,14 +12,12 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from collections.abc import Mapping, Sequence, Set
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gem.config import GemConfig
 from gem.lakehouse.tables import commit_properties, days_value, ensure_table, predicate, table_path
 from schemas.ops import COMPLETIONS
 
-if TYPE_CHECKING:
-    pass
 
 class MissingInputError(RuntimeError):
     """An input partition a stage needs has not been completed by its producer."""
@@ -97,7 +95,7 @@ def completion_row(
         "table_versions": sorted((k, int(v)) for k, v in table_versions.items()),
         "input_versions": sorted((k, int(v)) for k, v in (input_versions or {}).items()),
         "reconciliation": reconciliation,
-        "completed_at": dt.datetime.now(dt.timezone.utc),
+        "completed_at": dt.datetime.now(dt.UTC),
     }
 
 

@@ -22,9 +22,10 @@ import gzip
 import json
 import os
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 SUCCESS_MARKER = "_SUCCESS"
 DATA_FILE_PATTERN = "*.json.gz"
@@ -83,10 +84,10 @@ class LandingFile:
         else:
             self._tmp.unlink(missing_ok=True)
 
-    def __enter__(self) -> "LandingFile":
+    def __enter__(self) -> LandingFile:
         return self
 
-    def __exit__(self, exc_type: Any, *_: Any) -> None:
+    def __exit__(self, exc_type: Any, *_: object) -> None:
         self.close(commit=exc_type is None)
 
 

@@ -89,7 +89,7 @@ def _holder_gone(holder: dict, path: Path, expiry_s: float, renewed: bool, takin
         except FileNotFoundError:
             return True
     started = dt.datetime.fromisoformat(holder["started_at"])
-    return (dt.datetime.now(dt.timezone.utc) - started).total_seconds() > expiry_s
+    return (dt.datetime.now(dt.UTC) - started).total_seconds() > expiry_s
 
 
 # What `_read_holder` returns for a lease file being written this instant (or whose writer was
@@ -135,7 +135,7 @@ def acquire_path(path: Path, run_id: str, what: str, expiry_s: float = LEASE_EXP
     dead `expiry_s` after its last one, on any host."""
     path.parent.mkdir(parents=True, exist_ok=True)
     body = json.dumps({"run_id": run_id, "host": socket.gethostname(), "pid": os.getpid(),
-                       "started_at": dt.datetime.now(dt.timezone.utc).isoformat()})
+                       "started_at": dt.datetime.now(dt.UTC).isoformat()})
     for _ in range(3):  # a stale lease is removed and the creation tried again
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)

@@ -40,7 +40,7 @@ def delta_jars(cfg: GemConfig) -> list[str]:
     return sorted(glob.glob(os.path.join(cfg.spark.jars_dir, "*.jar")))
 
 
-def get_spark(cfg: GemConfig, app_name: str = "gem") -> "SparkSession":
+def get_spark(cfg: GemConfig, app_name: str = "gem") -> SparkSession:
     from pyspark.sql import SparkSession
 
     if _under_spark_submit():

@@ -66,7 +66,7 @@ def _q(path: str) -> str:
     return f"delta.`{path}`"
 
 
-def ensure_table(spark: "SparkSession | None", cfg: GemConfig, schema: TableSchema) -> str:
+def ensure_table(spark: SparkSession | None, cfg: GemConfig, schema: TableSchema) -> str:
     """Create the table from its schema if absent (with constraints); verify it if present.
 
     Creation goes through Spark SQL when a session is given, else through `deltalake` (stages that
@@ -181,7 +181,7 @@ class Committed:
 
 
 def replace_partition(
-    df: "DataFrame",
+    df: DataFrame,
     cfg: GemConfig,
     schema: TableSchema,
     where: Mapping[str, Any],
@@ -208,7 +208,7 @@ def replace_partition(
     return own_commit(spark, path, user_metadata)
 
 
-def own_commit(spark: "SparkSession", path: str, user_metadata: str) -> Committed:
+def own_commit(spark: SparkSession, path: str, user_metadata: str) -> Committed:
     """The newest commit of `path` carrying `user_metadata`, read through the session's own view of
     the log, which the write has just advanced to at least that commit (a fresh listing of the
     folder by another reader, while another process commits, was measured to miss commits). Without
@@ -232,7 +232,7 @@ def latest_version(path: str) -> int:
     return int(DeltaTable(path).version())
 
 
-def read_table(spark: "SparkSession", cfg: GemConfig, schema: TableSchema, version: int | None = None) -> "DataFrame":
+def read_table(spark: SparkSession, cfg: GemConfig, schema: TableSchema, version: int | None = None) -> DataFrame:
     reader = spark.read.format("delta")
     if version is not None:
         reader = reader.option("versionAsOf", version)

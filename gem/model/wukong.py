@@ -105,7 +105,7 @@ class WukongModel(nn.Module):
     sequence model). Same interface as Kunlun: (sparse, dense, sequences) -> (B, out_dim).
     """
 
-    def __init__(self, cfg: "WukongConfig", sparse_features: tuple[str, ...], dense_dim: int) -> None:
+    def __init__(self, cfg: WukongConfig, sparse_features: tuple[str, ...], dense_dim: int) -> None:
         super().__init__()
         self.cfg, self.sparse_features = cfg, sparse_features
         self.tokens = len(sparse_features) + cfg.dense_tokens + len(cfg.max_len)

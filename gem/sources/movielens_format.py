@@ -12,9 +12,10 @@ A malformed line raises MovieLensFormatError naming the file, the line number an
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 SOURCE_ENCODING = "latin-1"
 UNKNOWN_GENRE = "unknown"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -172,7 +172,7 @@ def test_each_day_file_holds_the_expected_events(fmt: str, imported) -> None:
 def test_partition_day_is_utc_day_of_event_time(fmt: str, imported) -> None:
     _, events, _ = imported[fmt]
     for ds, event in events:
-        utc = datetime.fromtimestamp(event["event_time"] / 1000, tz=timezone.utc)
+        utc = datetime.fromtimestamp(event["event_time"] / 1000, tz=UTC)
         assert ds == utc.date().isoformat(), event["event_id"]
         assert event["event_time"] % 1000 == 0  # seconds scaled to milliseconds
 
