@@ -42,14 +42,19 @@ def write_movielens(folder: Path, days: int, ratings: int, seed: int) -> None:
     each day of the range with at least one rating (then uniform over the days)."""
     rng = random.Random(seed)
     folder.mkdir(parents=True, exist_ok=True)
+
+    def movie(m: int) -> str:
+        genres = "|".join(rng.sample(GENRES, rng.randint(1, 3)))
+        return f"{m}::Movie {m} ({rng.randint(1930, 2000)})::{genres}\n"
+
+    def user(u: int) -> str:
+        return (f"{u}::{rng.choice('FM')}::{rng.choice((1, 18, 25, 35, 45, 50, 56))}::{rng.randint(0, 20)}::"
+                f"{rng.randint(10000, 99999)}\n")
+
     with open(folder / "movies.dat", "w", encoding="latin-1") as f:
-        for m in range(1, MOVIES + 1):
-            genres = "|".join(rng.sample(GENRES, rng.randint(1, 3)))
-            f.write(f"{m}::Movie {m} ({rng.randint(1930, 2000)})::{genres}\n")
+        f.writelines(movie(m) for m in range(1, MOVIES + 1))
     with open(folder / "users.dat", "w", encoding="latin-1") as f:
-        for u in range(1, USERS + 1):
-            f.write(f"{u}::{rng.choice('FM')}::{rng.choice((1, 18, 25, 35, 45, 50, 56))}::{rng.randint(0, 20)}::"
-                    f"{rng.randint(10000, 99999)}\n")
+        f.writelines(user(u) for u in range(1, USERS + 1))
     user_weights = [1.0 / (u ** 0.8) for u in range(1, USERS + 1)]
     movie_weights = [1.0 / (m ** 0.9) for m in range(1, MOVIES + 1)]
     first = calendar.timegm(time.strptime(START_DS, "%Y-%m-%d"))

@@ -10,6 +10,7 @@ take the band form from gem.model.ops.gdpa.BAND_MIN_WINDOWS windows on.
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 
 import torch
@@ -29,6 +30,16 @@ def step_seconds(fn, repeats: int) -> float:
     return (time.perf_counter() - started) / repeats
 
 
+def dense_step(q, k, v, activations, mask, window: int) -> None:
+    """Forward + backward of GDPA over full L x L scores under the sliding-window mask."""
+    gdpa(q, k, v, activations, 0.25, 1 / window, mask).sum().backward()
+
+
+def band_step(q, k, v, activations, lengths, window: int) -> None:
+    """Forward + backward of the band kernel: only the window's scores."""
+    windowed_gdpa(q, k, v, activations, 0.25, 1 / window, lengths, window).sum().backward()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=512)
@@ -43,13 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         q, k, v = (torch.randn(batch, args.heads, length, args.head_dim, requires_grad=True) for _ in range(3))
         lengths = torch.randint(1, length + 1, (batch,))
 
-        def dense() -> None:
-            mask = sliding_window_mask(lengths, length, window)
-            gdpa(q, k, v, activations, 0.25, 1 / window, mask).sum().backward()
-
-        def band() -> None:
-            windowed_gdpa(q, k, v, activations, 0.25, 1 / window, lengths, window).sum().backward()
-
+        mask = sliding_window_mask(lengths, length, window)
+        dense = functools.partial(dense_step, q, k, v, activations, mask, window)
+        band = functools.partial(band_step, q, k, v, activations, lengths, window)
         d, b = step_seconds(dense, args.repeats), step_seconds(band, args.repeats)
         print(f"L={length:>5} window={window:>3} batch={batch:>4}: dense {d * 1e3:8.1f} ms  band {b * 1e3:8.1f} ms  "
               f"dense/band {d / b:5.2f}", flush=True)

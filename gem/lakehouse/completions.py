@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from gem.config import GemConfig
@@ -142,7 +143,7 @@ def completion(cfg: GemConfig, stage: str, ds: str) -> dict[str, Any] | None:
 
 
 def require_stage_inputs(cfg: GemConfig, stage: str, ds: str,
-                         made_here: Set[tuple[str, str]] = frozenset(),
+                         made_here: AbstractSet[tuple[str, str]] = frozenset(),
                          known: Mapping[tuple[str, str], dict[str, Any]] | None = None,
                          ) -> dict[tuple[str, str], dict[str, Any]]:
     """The completion records the registry says `stage` needs for ds, by (stage, day); raises

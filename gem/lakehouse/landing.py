@@ -25,7 +25,7 @@ import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 SUCCESS_MARKER = "_SUCCESS"
 DATA_FILE_PATTERN = "*.json.gz"
@@ -55,7 +55,7 @@ class LandingFile:
         folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / (file_name or f"{name}.json.gz")
         self._tmp = folder / f".{self.path.name}.tmp"
-        self._raw = open(self._tmp, "wb")
+        self._raw = open(self._tmp, "wb")  # noqa: SIM115 (open until close() commits or discards it)
         self._gz = (gzip.GzipFile(filename="", mode="wb", fileobj=self._raw, compresslevel=compresslevel, mtime=0)
                     if self.path.name.endswith(".gz") else None)
         self._out = self._gz or self._raw
@@ -84,10 +84,10 @@ class LandingFile:
         else:
             self._tmp.unlink(missing_ok=True)
 
-    def __enter__(self) -> LandingFile:
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, exc_type: Any, *_: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
         self.close(commit=exc_type is None)
 
 

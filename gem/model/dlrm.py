@@ -14,6 +14,8 @@ architecture's representation is read.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import nn
 
@@ -23,7 +25,7 @@ from gem.model.history import pooled_histories
 
 def mlp(sizes: list[int], relu_last: bool) -> nn.Sequential:
     layers: list[nn.Module] = []
-    for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+    for i, (n_in, n_out) in enumerate(itertools.pairwise(sizes)):
         layers.append(nn.Linear(n_in, n_out))
         if relu_last or i < len(sizes) - 2:
             layers.append(nn.ReLU())

@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -208,7 +209,7 @@ def heads_flops(in_dim: int, tasks: int, surfaces: int, hidden: int, shared_expe
 
 
 def _mlp(sizes: list[int] | tuple[int, ...]) -> int:
-    return sum(_linear(a, b) for a, b in zip(sizes[:-1], sizes[1:], strict=True))
+    return sum(_linear(a, b) for a, b in itertools.pairwise(sizes))
 
 
 def hstu_body_flops(cfg: HSTUConfig, n_sparse: int, dense_dim: int, length: int | None = None) -> dict[str, int]:

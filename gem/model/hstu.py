@@ -79,7 +79,7 @@ class HSTU(nn.Module):
             rows = torch.arange(b, device=dense.device)[:, None].expand_as(keep)
             x[rows[keep], (start[:, None] + cols[None, :])[keep]] = part[keep]
             start = start + length
-        candidate = sparse["ad_id"] + (sparse["surface"] if "surface" in sparse else 0)
+        candidate = sparse["ad_id"] + sparse.get("surface", 0)
         x[torch.arange(b, device=dense.device), start] = candidate
         seq_len = start + 1
         for layer in self.layers:

@@ -73,7 +73,7 @@ class TorchrecEmbeddings(nn.Module):
         from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
         kjt = KeyedJaggedTensor.concat([batch.to_kjt(), batch.sequence_kjt("ad_id")])
-        renamed = [k if k in batch.sparse else sequence_key(k) for k in kjt.keys()]
+        renamed = [k if k in batch.sparse else sequence_key(k) for k in kjt.keys()]  # noqa: SIM118 (a KJT, not a dict)
         per_key = torch.split(kjt.values(), kjt.length_per_key())
         values = torch.cat([torch.remainder(v, self.rows[k]) for k, v in zip(renamed, per_key, strict=True)])
         return KeyedJaggedTensor.from_lengths_sync(keys=renamed, values=values, lengths=kjt.lengths())

@@ -69,8 +69,8 @@ def metrics_table(scores: dict[str, dict[str, float | None]], indent: str = "  "
 
     width = max([28, *(len(name) for name in scores)])
     floor_head = f" {'floor':>7} {'to floor':>8}" if floor is not None else ""
-    lines = [f"{indent}{'task':<{width}} {'examples':>9} {'positives':>9} {'NE':>7}{floor_head} "
-             f"{'AUC':>7} {'calib':>7}"]
+    lines = [(f"{indent}{'task':<{width}} {'examples':>9} {'positives':>9} {'NE':>7}{floor_head} "
+              f"{'AUC':>7} {'calib':>7}")]
     for name, s in scores.items():
         floor_cell = f" {fmt(floor.get(name))} {gap_closed(s['ne'], floor.get(name)):>8}" if floor is not None else ""
         lines.append(f"{indent}{name:<{width}} {s['examples']:>9,} {s['positives']:>9.0f} {fmt(s['ne'])}{floor_cell} "

@@ -60,7 +60,7 @@ def _worker(rank: int, init_file: str, out: str) -> None:
 
         _, rec = _tasks()
         before = {n: t.weight.detach().clone() for n, t in rec.embeddings.collection.embeddings.items()}
-        model, plan = shard_task(rec, embedding_lr=0.5)
+        model, _ = shard_task(rec, embedding_lr=0.5)
         opt = torch.optim.SGD(dense_parameters(model), lr=0.1)
         losses = []
         for step in range(3):
@@ -71,11 +71,10 @@ def _worker(rank: int, init_file: str, out: str) -> None:
             losses.append(float(loss))
         state = model.state_dict()
         owned = {}
-        for name in before:
-            key = f"embeddings.collection.embeddings.{name}.weight"
-            shards = state[key].local_shards()
+        for name, initial in before.items():
+            shards = state[f"embeddings.collection.embeddings.{name}.weight"].local_shards()
             if shards:
-                owned[name] = bool((shards[0].tensor - before[name]).abs().sum() > 0)
+                owned[name] = bool((shards[0].tensor - initial).abs().sum() > 0)
         dense = {k: v for k, v in state.items() if not k.startswith("embeddings.")}
         torch.save({"owned": owned, "dense": dense, "losses": losses}, Path(out) / f"rank{rank}.pt")
     finally:

@@ -401,7 +401,7 @@ def test_cli_ready_on_before_any_window_closes_exits_99(tmp_path):
     cfg_path.write_text(f"lakehouse_uri: {tmp_path / 'lake'}\nstart_ds: '{S}'\nattribution_window_days: {W}\n")
     proc = subprocess.run(
         [PYTHON, "-m", "jobs.assemble_examples", "--ready-on", shift_day(S, W - 1)],
-        cwd=REPO, env=subprocess_env(cfg_path), capture_output=True, text=True, timeout=120,
+        cwd=REPO, env=subprocess_env(cfg_path), capture_output=True, text=True, timeout=120, check=False,
     )
     assert proc.returncode == assemble_examples.NOTHING_READY_EXIT, proc.stderr
     assert "nothing to do" in proc.stdout

@@ -111,7 +111,7 @@ def test_process_killed_after_bronze_commit(spark, tmp_path):
     cfg_file.write_text(json.dumps(cfg.to_dict()))  # JSON is valid YAML
     env = subprocess_env(cfg_file) | {"GEM_CRASH_AT": "ingest_events:after_bronze"}
     proc = subprocess.run(
-        [PYTHON, "-m", "jobs.ingest_events", "--ds", DAY], cwd=REPO, env=env, capture_output=True, text=True
+        [PYTHON, "-m", "jobs.ingest_events", "--ds", DAY], cwd=REPO, env=env, capture_output=True, text=True, check=False
     )
     assert proc.returncode == -9, proc.stderr[-2000:]
     assert completions.completion(cfg, "ingest_events", DAY) is None
@@ -176,7 +176,7 @@ def test_event_seen_on_an_earlier_day_is_a_duplicate(spark, tmp_path):
 def test_cli_rejects_a_malformed_day():
     proc = subprocess.run(
         [PYTHON, "-m", "jobs.ingest_events", "--ds", "2026-13-01"], cwd=REPO, env=subprocess_env(),
-        capture_output=True, text=True,
+        capture_output=True, text=True, check=False,
     )
     assert proc.returncode == 2 and "YYYY-MM-DD" in proc.stderr
 

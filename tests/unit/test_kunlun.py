@@ -121,7 +121,7 @@ def test_gradients_reach_every_input_and_parameter_and_a_step_trains(switches):
 
 
 def test_compskip_and_event_depth():
-    model, cfg = _model()
+    model, _ = _model()
     layers = model.layers
     assert [bool(layer.hsp) for layer in layers] == [True, False, True]  # fresh HSP on GDPA layers only
     assert [sorted(layer.seq) for layer in layers] == [
@@ -244,7 +244,7 @@ def test_compskip_off_pools_on_every_layer_and_costs_what_the_docstring_says():
     assert calls_on == {"impression": [0, 2], "click": [0], "conversion": [0]}  # odd layers reuse the cache
     assert calls_off == {"impression": [0, 1, 2], "click": [0, 1], "conversion": [0]}  # each layer within depth
     # FLOPs: off costs exactly the odd layers' pooling (the counter test holds both counts to torch's).
-    args = dict(n_sparse=8, dense_dim=42, tasks=24, surfaces=6, head_hidden=64, shared_experts=2)
+    args = {"n_sparse": 8, "dense_dim": 42, "tasks": 24, "surfaces": 6, "head_hidden": 64, "shared_experts": 2}
     f_on, f_off = kunlun_flops(cfg_on, **args), kunlun_flops(cfg_off, **args)
     assert f_off["total"] - f_on["total"] == f_off["layer1.pooling"] > 0
     quoted = re.search(r"off costs ([\d,]+) more forward FLOPs", KunlunConfig.__doc__).group(1)

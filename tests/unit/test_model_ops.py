@@ -19,7 +19,7 @@ def test_gdpa_matches_reference_values_and_gradients(activations):
     k = torch.randn(3, 4, 5, 8, dtype=torch.float64, requires_grad=True)
     v = torch.randn(3, 4, 5, 8, dtype=torch.float64, requires_grad=True)
     mask = torch.rand(3, 1, 6, 5) > 0.3
-    args = dict(activations=activations, alpha=8 ** -0.5, scale=1 / 5, mask=mask)
+    args = {"activations": activations, "alpha": 8 ** -0.5, "scale": 1 / 5, "mask": mask}
     fast, ref = gdpa(q, k, v, **args), gdpa_reference(q, k, v, **args)
     assert torch.allclose(fast, ref)
     grads_fast = torch.autograd.grad(fast.square().sum(), (q, k, v))
