@@ -13,6 +13,10 @@ Semantics (each one tested in tests/spark/test_loader.py):
     file, so across ranks and workers no row is emitted twice in a pass. Rows of a file are
     shuffled with (seed, k, file). A rank's shards are served round-robin, by its DataLoader worker
     processes or (loader.in_process) in the training process in the same order.
+  * Interleaving (`loader.interleave_files` = G). A shard reads its files G at a time: a group's
+    drawn rows are shuffled together with (seed, k, the group's files), so a batch mixes the
+    group's files. The example table is partitioned by day and surface, so with G = 1 every batch
+    held one surface of one day and the model trained on surface after surface in runs of batches.
   * Length-aware batching (`loader.length_sort_batches` = K > 1). A shard fills a buffer of K
     batches' rows in stream order, orders them by sequence length and cuts them into batches of
     similar lengths, emitted in a seeded shuffled order (gem.data.length_batching): padded
@@ -49,7 +53,7 @@ import torch
 from more_itertools import roundrobin
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from gem.config import LoaderConfig
+from gem.config import ConfigError, LoaderConfig
 from gem.data.batch import Batch, Jagged, Sparse
 from gem.data.delta_log import LoggedFile, MissingDataFileError, logged_files, read_logged, require_file
 from gem.data.encode import DENSE_COLUMNS, HASHED_IDS, VOCABULARIES, dense_matrix, hash_ids, timestamps_us, vocab_index
@@ -72,8 +76,8 @@ MAX_POSITION = 63  # positions above share one value
 
 @dataclass(frozen=True)
 class Cursor:
-    file_pos: int  # index into the shard's file order of this pass
-    row_pos: int  # index into that file's drawn rows, in their shuffled order
+    file_pos: int  # index into the shard's file groups of this pass (loader.interleave_files per group)
+    row_pos: int  # index into that group's drawn rows, in their shuffled order
     emitted: int = 0  # batches of the buffer that starts at (file_pos, row_pos) already emitted
 
     def as_tuple(self) -> tuple[int, int, int]:
@@ -153,6 +157,14 @@ class ExampleStream(IterableDataset):
         order = np.random.default_rng([self.manifest.seed, pass_index, 0x5EED]).permutation(len(files))
         return [files[i] for i in order[shard :: self.num_shards]]
 
+    def shard_groups(self, pass_index: int, shard: int) -> list[list[str]]:
+        """The shard's files, in its file order, cut into as few groups of at most
+        loader.interleave_files as they need, of sizes differing by at most one (9 files at most 8:
+        5 and 4, not 8 and 1): a group's rows are read as one stream."""
+        files = self.shard_files(pass_index, shard)
+        groups = -(-len(files) // self.cfg.interleave_files)
+        return [list(g) for g in np.array_split(np.array(files, dtype=object), groups)] if files else []
+
     def read_file(self, path: str) -> pa.Table:
         """One example file with its surface partition value restored from the Delta log."""
         logged = self.manifest.example_files.get(path)
@@ -182,6 +194,27 @@ class ExampleStream(IterableDataset):
         shuffle = np.random.default_rng([self.manifest.seed, pass_index,
                                          stable_hash(self.manifest.file_keys[path]) & 0x7FFFFFFF])
         return rows[shuffle.permutation(len(rows))], mask, weights
+
+    def read_group(self, paths: list[str], pass_index: int) -> tuple[pa.Table, np.ndarray, np.ndarray, np.ndarray]:
+        """(the files' rows as one table, rows drawn, mask (rows, T), weights (rows, T)) for a group of
+        files. One file's drawn rows keep their order (draw); a group's are interleaved in an order
+        seeded by (seed, pass, the files' keys), so a batch mixes the group's files (surfaces, days)."""
+        context = f"manifest {self.manifest.mixture_id}"
+        tables, drawn, masks, weights, offset = [], [], [], [], 0
+        for path in paths:
+            require_file(path, context)
+            table = self.read_file(path)
+            rows, mask, weight = self.draw(path, table, pass_index)
+            tables.append(table)
+            drawn.append(rows + offset)
+            masks.append(mask)
+            weights.append(weight)
+            offset += table.num_rows
+        rows = np.concatenate(drawn)
+        if len(paths) > 1:
+            key = stable_hash("\n".join(self.manifest.file_keys[p] for p in paths)) & 0x7FFFFFFF
+            rows = rows[np.random.default_rng([self.manifest.seed, pass_index, key]).permutation(len(rows))]
+        return pa.concat_tables(tables), rows, np.concatenate(masks), np.concatenate(weights)
 
     # ---- sequences --------------------------------------------------------------------------------
     def snapshot(self, ds: str) -> DaySnapshot:
@@ -229,17 +262,13 @@ class ExampleStream(IterableDataset):
         return self._iter_shard(shard, worker)
 
     def _iter_shard(self, shard: int, worker: int) -> Iterator[Batch]:
-        files = self.shard_files(self.pass_index, shard)
+        groups = self.shard_groups(self.pass_index, shard)
         start = Cursor.of(self.cursors.get(shard))
         buffer_rows = self.cfg.batch_size * self.cfg.length_sort_batches
         pending: list[tuple[pa.Table, np.ndarray, np.ndarray]] = []
         pending_rows = 0
-        context = f"manifest {self.manifest.mixture_id}"
-        for fp in range(start.file_pos, len(files)):
-            path = files[fp]
-            require_file(path, context)
-            table = self.read_file(path)
-            rows, mask, weights = self.draw(path, table, self.pass_index)
+        for fp in range(start.file_pos, len(groups)):
+            table, rows, mask, weights = self.read_group(groups[fp], self.pass_index)
             pos = start.row_pos if fp == start.file_pos else 0
             while pos < len(rows):
                 take = rows[pos : pos + buffer_rows - pending_rows]
@@ -250,7 +279,7 @@ class ExampleStream(IterableDataset):
                     yield from self._emit(pending, shard, worker, start, Cursor(fp, pos))
                     pending, pending_rows, start = [], 0, Cursor(fp, pos)
         if pending_rows:
-            yield from self._emit(pending, shard, worker, start, Cursor(len(files), 0))
+            yield from self._emit(pending, shard, worker, start, Cursor(len(groups), 0))
 
     def _emit(self, pending: list[tuple[pa.Table, np.ndarray, np.ndarray]], shard: int, worker: int,
               start: Cursor, end: Cursor) -> Iterator[Batch]:
@@ -362,7 +391,9 @@ class ResumableLoader:
     cfg.in_process) pass after pass, tracking the small state that makes a resumed run continue
     exactly.
 
-    state_dict() -> {"pass": k, "cursors": {shard: (file_pos, row_pos, emitted)}, "rotation": r}
+    state_dict() -> {"pass": k, "cursors": {shard: (file_pos, row_pos, emitted)}, "rotation": r,
+                     "interleave_files": G}  (file_pos counts groups of G files: a state inside a
+                     pass resumes only under the same G)
     """
 
     def __init__(self, stream: ExampleStream) -> None:
@@ -370,9 +401,18 @@ class ResumableLoader:
         self.state: dict[str, Any] = {"pass": 0, "cursors": {}, "rotation": 0}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"pass": self.state["pass"], "cursors": dict(self.state["cursors"]), "rotation": self.state["rotation"]}
+        return {"pass": self.state["pass"], "cursors": dict(self.state["cursors"]), "rotation": self.state["rotation"],
+                "interleave_files": self.stream.cfg.interleave_files}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        # Cursors count groups of files; states written before interleaving read files one by one.
+        # A state at a pass's start (no cursors) points nowhere in it, so any interleaving continues it.
+        saved = int(state.get("interleave_files", 1))
+        if state["cursors"] and saved != self.stream.cfg.interleave_files:
+            raise ConfigError(
+                f"the loader state to resume was saved with loader.interleave_files={saved}, this run has "
+                f"{self.stream.cfg.interleave_files}: its cursors count groups of {saved} files. Resume with "
+                f"GEM__LOADER__INTERLEAVE_FILES={saved}, or start a new run (another run dir)")
         cursors = {int(k): tuple(v) for k, v in state["cursors"].items()}
         self.state = {"pass": int(state["pass"]), "cursors": cursors, "rotation": int(state["rotation"])}
 

@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from gem.cli import day_range, shift_day
-from gem.config import MixConfig
+from gem.config import ConfigError, MixConfig
 from gem.data import loader as loader_module
 from gem.data.delta_log import MissingDataFileError, UnavailableVersionError, logged_files, read_table, table_version
 from gem.data.encode import hash_ids
@@ -183,22 +183,66 @@ def test_no_row_twice_per_pass_across_two_ranks_and_two_workers(lake):
     assert len(single) == len(set(single)) > 100
 
 
-def test_resume_continues_exactly(lake):
+@pytest.mark.parametrize("interleave", [1, 2, 8])
+def test_resume_continues_exactly(lake, interleave):
+    """Files read one by one, in groups (a shard reads 3 or 4 files here: two groups of them with 2),
+    or all at once."""
     cfg, _, _ = lake
 
     def key(batch):
         return (batch.example_ids, batch.weights.tolist(), batch.meta["shard"])
 
-    uninterrupted = ResumableLoader(_stream(cfg, num_workers=2))
+    uninterrupted = ResumableLoader(_stream(cfg, num_workers=2, interleave_files=interleave))
     reference = [key(b) for b in uninterrupted.batches(limit=30)]
-    first = ResumableLoader(_stream(cfg, num_workers=2))
-    got = [key(b) for b in first.batches(limit=7)]
+    for stop in (3, 7):
+        first = ResumableLoader(_stream(cfg, num_workers=2, interleave_files=interleave))
+        got = [key(b) for b in first.batches(limit=stop)]
+        state = first.state_dict()
+        assert set(state) == {"pass", "cursors", "rotation", "interleave_files"}
+        resumed = ResumableLoader(_stream(cfg, num_workers=2, interleave_files=interleave))
+        resumed.load_state_dict(state)
+        got += [key(b) for b in resumed.batches(limit=30 - stop)]
+        assert got == reference, stop  # crosses into the second pass too (a pass is ~12 batches here)
+
+
+def test_a_state_resumes_only_under_its_interleaving(lake):
+    """A cursor counts groups of loader.interleave_files files: under another value it would point
+    elsewhere, so loading it fails and says how to resume. A state without the key (written before
+    interleaving) read files one by one; one at a pass's start (no cursors) continues under any."""
+    cfg, _, _ = lake
+    first = ResumableLoader(_stream(cfg, interleave_files=8))
+    list(first.batches(limit=3))
     state = first.state_dict()
-    assert set(state) == {"pass", "cursors", "rotation"}
-    resumed = ResumableLoader(_stream(cfg, num_workers=2))
-    resumed.load_state_dict(state)
-    got += [key(b) for b in resumed.batches(limit=23)]
-    assert got == reference  # crosses into the second pass too (a pass is ~12 batches here)
+    with pytest.raises(ConfigError, match="GEM__LOADER__INTERLEAVE_FILES=8"):
+        ResumableLoader(_stream(cfg, interleave_files=1)).load_state_dict(state)
+    one_by_one = ResumableLoader(_stream(cfg, interleave_files=1))
+    list(one_by_one.batches(limit=3))
+    older = {k: v for k, v in one_by_one.state_dict().items() if k != "interleave_files"}
+    assert older["cursors"]
+    ResumableLoader(_stream(cfg, interleave_files=1)).load_state_dict(older)
+    with pytest.raises(ConfigError, match="interleave_files=1"):
+        ResumableLoader(_stream(cfg, interleave_files=8)).load_state_dict(older)
+    ResumableLoader(_stream(cfg, interleave_files=8)).load_state_dict({"pass": 1, "cursors": {}, "rotation": 0})
+
+
+def test_interleaved_files_mix_surfaces_and_days_in_a_batch_with_the_same_examples(lake):
+    """The example table is partitioned by (ds, surface): read one file at a time, a batch holds one
+    surface of one day (two where it straddles a file's end); interleaved, the pass's examples are
+    the same (draws, weights, labels, sequences) and a batch mixes the files."""
+    cfg, _, _ = lake
+    stream = _stream(cfg)
+    one_by_one, interleaved = _pass(_stream(cfg, interleave_files=1)), _pass(_stream(cfg, interleave_files=8))
+    assert len(stream.manifest.files) <= 8 and len(set(stream.manifest.file_ds.values())) == 3
+
+    def files(batch):  # the (surface, day) partitions a batch's rows come from
+        days = (batch.impression_times // 86_400_000_000).tolist()
+        return set(zip(batch.sparse["surface"].values.tolist(), days, strict=True))
+
+    assert _by_id(interleaved) == _by_id(one_by_one)
+    assert max(len(files(b)) for b in one_by_one) <= 2
+    assert sum(len(files(b)) == 1 for b in one_by_one) >= len(one_by_one) / 2
+    # 6 partitions, unequal volumes: every full batch of 64 holds at least 4 of them.
+    assert all(len(files(b)) >= 4 for b in interleaved if b.size == cfg.loader.batch_size)
 
 
 def test_in_process_loader_serves_the_worker_processes_batches(lake, monkeypatch):
@@ -255,17 +299,19 @@ def _example(batch, i: int) -> tuple:
             batch.dense[i].tolist(), {f: int(s.values[i]) for f, s in batch.sparse.items()}, seqs)
 
 
+def _by_id(batches) -> dict[str, tuple]:
+    return {iid: _example(b, i) for b in batches for i, iid in enumerate(b.example_ids)}
+
+
 def test_length_sorted_batches_hold_the_stream_passs_examples_with_less_padding(lake):
     """loader.length_sort_batches regroups a pass: the same examples with the same draws, weights,
     labels and sequences, in batches of similar lengths (less padding)."""
     cfg, _, _ = lake
-    stream_pass = _pass(_stream(cfg, length_sort_batches=1))
-    sorted_pass = _pass(_stream(cfg, length_sort_batches=4))
-
-    def by_id(batches):
-        return {iid: _example(b, i) for b in batches for i, iid in enumerate(b.example_ids)}
-
-    assert by_id(sorted_pass) == by_id(stream_pass)
+    # Files one by one: here most histories reach the cap of 8, and a batch mixing the days (the
+    # first day's histories are the short ones) nearly always holds one at the cap, sorted or not.
+    stream_pass = _pass(_stream(cfg, length_sort_batches=1, interleave_files=1))
+    sorted_pass = _pass(_stream(cfg, length_sort_batches=4, interleave_files=1))
+    assert _by_id(sorted_pass) == _by_id(stream_pass)
     assert [b.size for b in sorted_pass].count(cfg.loader.batch_size) >= len(sorted_pass) - 1
 
     def padding(batches):
