@@ -275,11 +275,17 @@ class LoaderConfig:
     length_sort_batches: int = 1
     # A shard reads its files this many at a time (groups of near-equal size), their drawn rows
     # shuffled together, so a batch mixes surfaces and days: the example table is partitioned by
-    # (ds, surface), and one file at a time (1) gave batches of one surface in runs of ~10-30.
-    # Measured 2026-12-05 on the demo's day 3 (trains on day 2, held out day 3), train.seed 0-2:
-    # mean click NE over the 6 surfaces 0.937 / 0.936 / 0.953 with 1, 0.929 / 0.914 / 0.934 with 8
-    # (stories 0.976-0.995 -> 0.922-0.942, audience_network 0.980-0.992 -> 0.891-0.923), though
-    # ig_feed's click calibration went 1.22-1.29 -> 1.43-1.57. Memory: a group's rows at once.
+    # (ds, surface), and one file at a time (1) gave batches of one surface in runs of ~10-30, so
+    # each task's share of the steps followed its volume instead of the loss's equal per-task mean
+    # (gem.model.task). Measured 2026-12-05 on the demo (1 -> 8):
+    #   day 3 (from scratch on day 2), train.seed 0-2: mean click NE over the 6 surfaces 0.937 /
+    #     0.936 / 0.953 -> 0.929 / 0.914 / 0.934; the small surfaces gained (stories 0.976-0.995 ->
+    #     0.922-0.942, audience_network 0.980-0.992 -> 0.891-0.923), the large lost a little (ig_feed
+    #     0.915-0.938 -> 0.926-0.950, its calibration 1.22-1.29 -> 1.43-1.57);
+    #   day 4 (warm-started, days 2-3), the demo's printed table: click NE 0.899-0.932 -> 0.886-0.918,
+    #     no surface worse; the students distilled from day 3's FM, over 3 seeds (gem.distill.transfer):
+    #     KD+LoopFM mean click NE 0.977 -> 0.989 (their FM got worse on the surfaces they learn on).
+    # Memory: a group's rows at once.
     interleave_files: int = 8
 
     def __post_init__(self) -> None:
