@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import torch
-from more_itertools import roundrobin
+from more_itertools import divide, roundrobin
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from gem.config import ConfigError, LoaderConfig
@@ -162,8 +162,7 @@ class ExampleStream(IterableDataset):
         loader.interleave_files as they need, of sizes differing by at most one (9 files at most 8:
         5 and 4, not 8 and 1): a group's rows are read as one stream."""
         files = self.shard_files(pass_index, shard)
-        groups = -(-len(files) // self.cfg.interleave_files)
-        return [list(g) for g in np.array_split(np.array(files, dtype=object), groups)] if files else []
+        return [list(g) for g in divide(-(-len(files) // self.cfg.interleave_files), files)] if files else []
 
     def read_file(self, path: str) -> pa.Table:
         """One example file with its surface partition value restored from the Delta log."""
