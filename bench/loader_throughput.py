@@ -39,6 +39,8 @@ from schemas.examples import LABEL_COLUMNS, SILVER_TRAINING_EXAMPLES
 from schemas.tasks import SURFACES
 
 DAY = "2026-01-10"
+# The synthetic counters stand for a lake older than the longest window: none is scaled.
+COUNTERS_START_DS = "2025-12-01"
 BENCH_SURFACES = SURFACES[:5]
 
 
@@ -165,6 +167,7 @@ def synthetic_manifest(paths: dict[str, Any], rates: dict[str, float]) -> Manife
         sources=tuple(sources), file_ds={f.path: DAY for f in files if f.path in used},
         file_rows={f.path: f.rows for f in files if f.path in used},
         file_surface={f.path: f.partition["surface"] for f in files if f.path in used},
+        counters_start_ds=COUNTERS_START_DS,
     )
 
 

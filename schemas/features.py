@@ -8,6 +8,10 @@ for w in WINDOW_DAYS. An event counts only once it is KNOWN at the end of D-1, i
 (bronze `ds`, the arrival day) on or before D-1. A late event whose event_time is on D-1 but which
 arrived on D does NOT count for ds=D (it counts from ds=D+1 on, while inside the window).
 
+A lake younger than a window: no arrival day before the pipeline's start_ds is read, so the w-day
+window of ds=D holds min(w, D - start_ds) days' events. The counts stay what they are, facts of the
+lake; the model's encoder reads them as full-window estimates (gem.data.encode.dense_matrix).
+
 Rows: one per user (per ad) with at least one event of any type in the 28-day window.
 
 Per-surface counters are plain columns, one per (surface, metric, window), derived from the surface

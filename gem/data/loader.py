@@ -69,7 +69,7 @@ SPARSE_FEATURES: tuple[str, ...] = ("user_id", "ad_id", "advertiser_id", "campai
 # Columns read from an example file (its surface partition value is restored from the log).
 EXAMPLE_COLUMNS: list[str] = [
     "impression_id", "impression_time", "user_id", "ad_id", "advertiser_id", "campaign_id",
-    "objective", "creative_type", "position", "sequence_ds", *LABEL_COLUMNS.values(), *DENSE_COLUMNS,
+    "objective", "creative_type", "position", "sequence_ds", "features_ds", *LABEL_COLUMNS.values(), *DENSE_COLUMNS,
 ]
 MAX_POSITION = 63  # positions above share one value
 
@@ -240,7 +240,7 @@ class ExampleStream(IterableDataset):
                    spans: Spans) -> Batch:
         """One batch of the table's rows; `spans`: where their sequences lie (sequence_spans)."""
         sequences = self.cut_sequences(spans, timestamps_us(table["impression_time"]))
-        return example_batch(table, self.tasks, mask, weights, meta, sequences)
+        return example_batch(table, self.tasks, mask, weights, meta, sequences, self.manifest.counters_start_ds)
 
     @staticmethod
     def sequence_days(table: pa.Table) -> list[str]:
@@ -349,9 +349,10 @@ def cut_sequences(snapshot: Callable[[str], DaySnapshot], spans: Spans, times: n
 
 
 def example_batch(table: pa.Table, tasks: tuple[str, ...], mask: np.ndarray, weights: np.ndarray,
-                  meta: dict[str, Any], sequences: dict[str, Jagged]) -> Batch:
+                  meta: dict[str, Any], sequences: dict[str, Jagged], counters_start_ds: str) -> Batch:
     """One batch of example rows (EXAMPLE_COLUMNS and surface): ids encoded, labels per task, the
-    rows' `sequences` (cut_sequences); mask and weights (n, T) as drawn."""
+    rows' `sequences` (cut_sequences); mask and weights (n, T) as drawn; counters_start_ds: the
+    first day the lake's counters count from (the pipeline's start_ds, gem.data.encode.dense_matrix)."""
     n = table.num_rows
     times = timestamps_us(table["impression_time"])
     task_index = {t: i for i, t in enumerate(tasks)}
@@ -372,7 +373,7 @@ def example_batch(table: pa.Table, tasks: tuple[str, ...], mask: np.ndarray, wei
         on_surface = np.array([s == surface for s in surfaces])
         labels[:, j] = np.where(on_surface, table[LABEL_COLUMNS[label_type]].to_numpy(zero_copy_only=False), 0)
     return Batch(
-        dense=torch.from_numpy(dense_matrix(table)),
+        dense=torch.from_numpy(dense_matrix(table, counters_start_ds)),
         sparse=sparse,
         sequences=sequences,
         labels=torch.from_numpy(labels),

@@ -56,6 +56,9 @@ class Manifest:
     file_ds: dict[str, str]  # file path -> its example day (the sequence snapshot day of its rows)
     file_rows: dict[str, int]
     file_surface: dict[str, str]  # file path -> its surface partition value
+    # The first day the lake's counters count from (the pipeline's start_ds): the encoder scales a
+    # young lake's window counts by it (gem.data.encode.dense_matrix).
+    counters_start_ds: str
     # The examples table's files at the pinned version, as its log lists them (partition values
     # included), and its partition columns' types: what the loader's workers read without deltalake.
     example_files: dict[str, LoggedFile] = field(default_factory=dict)
@@ -125,7 +128,7 @@ def read_manifest(cfg: GemConfig, ds: str, split: str = "train", check_files: bo
         examples_path=first["table_path"], examples_version=int(first["table_version"]),
         sequences_path=first["sequences_path"], sequences_version=int(first["sequences_version"]),
         sources=sources, file_ds=file_ds, file_rows={r["file_path"]: int(r["file_rows"]) for r in rows},
-        file_surface={r["file_path"]: r["surface"] for r in rows},
+        file_surface={r["file_path"]: r["surface"] for r in rows}, counters_start_ds=cfg.start_ds,
         example_files={f: example_files[f] for f in file_ds if f in example_files},
         example_partition_types=partition_types(first["table_path"], int(first["table_version"])),
     )

@@ -24,9 +24,11 @@ from schemas.examples import LABEL_COLUMNS
 
 
 def surface_manifest(examples_path: str, examples_version: int, sequences_path: str, sequences_version: int,
-                     surface: str, tasks: tuple[str, ...], days: list[str], split: str, seed: int) -> Manifest:
+                     surface: str, tasks: tuple[str, ...], days: list[str], split: str, seed: int,
+                     counters_start_ds: str) -> Manifest:
     """Every example of `surface` on `days` (partitions of silver.training_examples at the version
-    given) as one source per task, drawn at rate 1; ValueError when the days hold none."""
+    given) as one source per task, drawn at rate 1; ValueError when the days hold none.
+    counters_start_ds: the pipeline's start_ds (Manifest.counters_start_ds)."""
     files = [f for f in logged_files(examples_path, examples_version)
              if f.partition.get("ds") in days and f.partition.get("surface") == surface]
     if not files:
@@ -43,7 +45,8 @@ def surface_manifest(examples_path: str, examples_version: int, sequences_path: 
         examples_path=examples_path, examples_version=examples_version, sequences_path=sequences_path,
         sequences_version=sequences_version, sources=sources,
         file_ds={f.path: f.partition["ds"] for f in files}, file_rows={f.path: f.rows for f in files},
-        file_surface={f.path: surface for f in files}, example_files={f.path: f for f in files},
+        file_surface={f.path: surface for f in files}, counters_start_ds=counters_start_ds,
+        example_files={f.path: f for f in files},
         example_partition_types=types,
     )
 

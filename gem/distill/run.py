@@ -67,6 +67,7 @@ class DistillInputs:
     codes_version: int
     code_days: tuple[str, ...]
     fm_models: dict[str, leakage.FmModel]
+    counters_start_ds: str  # the pipeline's start_ds (Manifest.counters_start_ds)
 
     # The logged outputs, read on first use and shared by every surface's and arm's signals.
     _logged: dict[tuple[str, ...], LoggedOutputs] = field(default_factory=dict, compare=False, repr=False)
@@ -79,7 +80,8 @@ class DistillInputs:
         return self._logged[key].for_tasks(tasks, cfg.student.history_codes.max_codes)
 
     def manifest(self, surface: str, tasks: tuple[str, ...], day: str, split: str, seed: int) -> Any:
-        return surface_manifest(*self.examples, *self.sequences, surface, tasks, [day], split, seed)
+        return surface_manifest(*self.examples, *self.sequences, surface, tasks, [day], split, seed,
+                                self.counters_start_ds)
 
     def surfaces(self, cfg: Any) -> list[str]:
         """The configured surfaces with examples on both the training and the held-out day."""
@@ -172,7 +174,8 @@ def plan_inputs(commit: StageCommit) -> DistillInputs:
         examples=(tables.table_path(cfg, SILVER_TRAINING_EXAMPLES), examples),
         sequences=(tables.table_path(cfg, SILVER_USER_SEQUENCES), sequences),
         predictions_version=int(versions[GOLD_FM_PREDICTIONS.name]),
-        codes_version=int(versions[GOLD_FM_HISTORY_CODES.name]), code_days=code_days, fm_models=checked)
+        codes_version=int(versions[GOLD_FM_HISTORY_CODES.name]), code_days=code_days, fm_models=checked,
+        counters_start_ds=cfg.start_ds)
 
 
 def ready(cfg: Any, ds: str) -> str | None:

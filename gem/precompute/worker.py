@@ -133,7 +133,8 @@ class ShardWork:
             days = [d.isoformat() for d in part["sequence_ds"].to_pylist()]
             spans = sequence_spans(snapshot, self.loader_cfg, part["user_id"].to_pylist(), days, times)
             ones = np.ones((part.num_rows, len(tasks)), dtype=bool)
-            batch = example_batch(part, tasks, ones, ones.astype(np.float32), {}, cut_sequences(snapshot, spans, times))
+            batch = example_batch(part, tasks, ones, ones.astype(np.float32), {}, cut_sequences(snapshot, spans, times),
+                                  self.plan.cfg.start_ds)
             p, r = self.model.predict(batch)
             probs.append(p.numpy())
             reps.append(r.numpy())
@@ -170,6 +171,7 @@ class ShardWork:
         pairs = speculative.choose_pairs(active, self.plan.popular_ads, self.recent_ads)
         n = len(pairs)
         counters = self.inputs.counters([p.user_id for p in pairs], [p.ad_id for p in pairs])
+        features_day = dt.date.fromisoformat(self.plan.ds)  # the counters of ds: ds+1's are built tomorrow
         requests = {
             "impression_id": pa.array([f"speculative:{p.user_id}:{p.ad_id}" for p in pairs], pa.string()),
             "impression_time": pa.array([self.request_time] * n, pa.timestamp("us", tz="UTC")),
@@ -177,17 +179,17 @@ class ShardWork:
             **{a: counters[a] for a in AD_ATTRIBUTES},
             "position": pa.array([None] * n, pa.float64()),
             "sequence_ds": pa.array([dt.date.fromisoformat(self.plan.ds)] * n, pa.date32()),
+            "features_ds": pa.array([features_day] * n, pa.date32()),
             **{c: pa.array(np.zeros(n, np.int32)) for c in LABEL_COLUMNS.values()},
             **{c: counters[c] for c in DENSE_COLUMNS},
             "surface": pa.array([p.surface for p in pairs], pa.string()),
         }
         probs, _ = self._scored(pa.table(requests), renew)
-        features_day = dt.date.fromisoformat(self.plan.ds)  # the counters of ds: ds+1's are built tomorrow
         return self._stamp({
             "ds": pa.array([dt.date.fromisoformat(self.plan.ds)] * n, pa.date32()),
             "user_id": requests["user_id"], "ad_id": requests["ad_id"], "surface": requests["surface"],
             "reason": pa.array([p.reason for p in pairs], pa.string()),
-            "sequence_ds": requests["sequence_ds"], "features_ds": pa.array([features_day] * n, pa.date32()),
+            "sequence_ds": requests["sequence_ds"], "features_ds": requests["features_ds"],
             "predictions": _map_column(_predictions(probs, self.model.tasks), pa.float64()),
         }, n, shard, GOLD_FM_SPECULATIVE_PAIRS)
 

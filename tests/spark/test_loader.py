@@ -24,7 +24,7 @@ from gem.cli import day_range, shift_day
 from gem.config import ConfigError, MixConfig
 from gem.data import loader as loader_module
 from gem.data.delta_log import MissingDataFileError, UnavailableVersionError, logged_files, read_table, table_version
-from gem.data.encode import hash_ids
+from gem.data.encode import DENSE_COLUMNS, hash_ids
 from gem.data.loader import ExampleStream, ResumableLoader
 from gem.data.manifest import read_manifest
 from gem.data.sampling import row_uniforms
@@ -411,6 +411,25 @@ def test_batch_layout_and_kjt(lake):
     seq = batch.sequence_kjt("ad_id")
     assert seq.keys() == list(SEQUENCE_COLUMNS)
     assert seq["impression"].lengths().tolist() == batch.sequences["impression"].lengths.tolist()
+
+
+def test_a_young_lakes_window_counts_enter_the_batch_as_full_window_estimates(lake):
+    """The lake starts at S, so the counters of S+k read k days: the training days S..S+2 carry 0, 1
+    and 2 days of each 7-day window, and the batch holds log1p(count * 7 / k) (gem.data.encode)."""
+    cfg, _, _ = lake
+    raw = {r["impression_id"]: r for r in read_table(tables.table_path(cfg, SILVER_TRAINING_EXAMPLES)).to_pylist()}
+    j7, j1 = DENSE_COLUMNS.index("user_impressions_7d"), DENSE_COLUMNS.index("user_impressions_1d")
+    scaled_by = {}  # days read -> rows with a non-zero 7-day count
+    for batch in _pass(_stream(cfg)):
+        for i, example_id in enumerate(batch.example_ids):
+            row = raw[example_id]
+            k = (row["features_ds"] - dt.date.fromisoformat(S)).days
+            count = row["user_impressions_7d"]
+            expected = np.log1p(count * 7 / k) if k else np.log1p(count)
+            assert float(batch.dense[i, j7]) == pytest.approx(expected, rel=1e-6), (example_id, k)
+            assert float(batch.dense[i, j1]) == pytest.approx(np.log1p(row["user_impressions_1d"]), rel=1e-6)
+            scaled_by[k] = scaled_by.get(k, 0) + (count > 0)
+    assert sorted(scaled_by) == [0, 1, 2] and scaled_by[1] > 0 and scaled_by[2] > 0
 
 
 def test_draws_are_deterministic_and_differ_by_pass():

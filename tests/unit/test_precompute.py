@@ -139,7 +139,7 @@ def test_predictions_equal_the_models_output(lake: dict[str, Any]) -> None:
         cut = example["impression_time"][0].as_py()
         ones = np.ones((1, len(model.heads.tasks)), dtype=bool)
         batch = example_batch(example, model.heads.tasks, ones, ones.astype(np.float32), {},
-                              sequences_before(cfg, world, example["user_id"][0].as_py(), cut))
+                              sequences_before(cfg, world, example["user_id"][0].as_py(), cut), cfg.start_ds)
         assert timestamps_us(example["impression_time"])[0] == int(cut.timestamp() * 1_000_000)
         with torch.no_grad():
             representation = model.representation(batch)
