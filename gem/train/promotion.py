@@ -70,7 +70,10 @@ def promote(root: Path, arch: str, mix_ds: str, checkpoint: Path, step: int,
     folder = _folder(root, arch)
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".{mix_ds}.json.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps({"arch": arch, "mix_ds": mix_ds, "checkpoint": str(checkpoint), "step": step,
+    # Named relative to the root: a relative `checkpoint` (a run folder given from some working
+    # directory) reads back the same from any other, and a lakehouse moved whole keeps its pointers.
+    named = checkpoint.resolve().relative_to(root.resolve())
+    tmp.write_text(json.dumps({"arch": arch, "mix_ds": mix_ds, "checkpoint": str(named), "step": step,
                                "tasks": list(tasks), "trained_through": trained_through}))
     os.replace(tmp, folder / f"{mix_ds}.json")  # atomic: a reader sees the old file or the new one
     return Promotion(arch, mix_ds, checkpoint, step, tuple(tasks), trained_through)
@@ -84,7 +87,8 @@ def promotions(root: Path, arch: str) -> list[Promotion]:
     found = []
     for path in sorted(folder.glob("*.json")):
         data = json.loads(path.read_text())
-        checkpoint = checked_checkpoint(root, Path(data["checkpoint"]), pointer=path)
+        # Relative to the root; an absolute path (a pointer written before they were relative) as it is.
+        checkpoint = checked_checkpoint(root, root / data["checkpoint"], pointer=path)
         found.append(Promotion(data["arch"], data["mix_ds"], checkpoint, int(data["step"]),
                                tuple(data.get("tasks", ())), data.get("trained_through")))
     return sorted(found, key=lambda p: p.mix_ds)

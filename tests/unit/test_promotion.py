@@ -63,3 +63,18 @@ def test_a_pointer_to_a_folder_outside_the_checkpoint_root_is_refused(tmp_path: 
             promotion.warm_start_for(root, arch, "2026-01-09")
     pointer.unlink()
     assert promotion.warm_start_for(root, arch, "2026-01-05").checkpoint == inside
+
+
+def test_a_pointer_names_its_checkpoint_relative_to_the_root(tmp_path: Path, monkeypatch) -> None:
+    # `python -m gem.train --run-dir lakehouse/_checkpoints/x` from the repository: the promoted model
+    # must be found from any working directory, and after the lakehouse folder is moved whole.
+    root, arch = tmp_path / "lake" / "ckpt", "kunlun"
+    tiny_trainer(root / "run").fit(steps=1)
+    monkeypatch.chdir(tmp_path)
+    relative = Path("lake/ckpt/run") / checkpoint.latest(root / "run").name
+    promotion.promote(root, arch, "2026-01-03", relative, 1)
+    monkeypatch.chdir(root / "run")
+    assert promotion.current(root, arch).checkpoint.resolve() == (tmp_path / relative).resolve()
+    (tmp_path / "lake").rename(tmp_path / "moved")
+    moved = tmp_path / "moved" / "ckpt"
+    assert promotion.current(moved, arch).checkpoint == moved / "run" / relative.name
