@@ -253,6 +253,14 @@ def _loss_figure(losses: Sequence[float]) -> Figure:
     return fig
 
 
+def loss_summary(version: str, losses: Sequence[float]) -> str:
+    """One line on a run's loss: its means over the first and the last tenth of the steps (single
+    steps are noisy at small batches, and a warm-started run's first step says little)."""
+    k = max(1, len(losses) // 10)
+    return (f"{version}: {len(losses)} steps; mean loss {np.mean(losses[:k]):.4f} over the first {k}, "
+            f"{np.mean(losses[-k:]):.4f} over the last {k}.")
+
+
 def promoted_losses(cfg: GemConfig, ds: str) -> tuple[str, list[float]] | None:
     """(model version, every step's loss) of the model promoted for mixture day ds, or None."""
     from gem.train.daily import checkpoint_root
@@ -341,7 +349,7 @@ def build(cfg: GemConfig, ds: str, window_days: int = WINDOW_DAYS) -> Report:
     losses = promoted_losses(cfg, ds)
     if losses:
         version, values = losses
-        sec.paragraph(f"{version}: {len(values)} steps, first loss {values[0]:.4f}, last {values[-1]:.4f}.")
+        sec.paragraph(loss_summary(version, values))
         sec.figure(_loss_figure(values), "training_loss", caption=f"training loss of {version}")
     else:
         sec.paragraph(f"No model of {cfg.model.arch} was promoted for ds={ds}.")

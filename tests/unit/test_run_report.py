@@ -24,7 +24,7 @@ from gem.data.delta_log import read_table
 from gem.lakehouse import completions
 from gem.lakehouse.commit import StageContext
 from gem.lakehouse.stages import STAGES
-from gem.run_report import build, report_dir
+from gem.run_report import build, loss_summary, promoted_losses, report_dir
 from schemas.metrics import GOLD_METRICS
 from schemas.precompute import GOLD_PRECOMPUTE_STATS
 from tests.browser import render
@@ -130,9 +130,18 @@ def test_metrics_loss_and_precompute_are_the_stored_figures(lake):
     assert scored
     for r in scored:
         assert f"{day}\t{r['task']}\t{r['examples']}\t{r['ne']:.4f}\t" in text
-    assert "6 steps, first loss" in text
+    version, losses = promoted_losses(cfg, day)
+    assert len(losses) == 6
+    assert f"{version}: 6 steps; mean loss {losses[0]:.4f} over the first 1, {losses[-1]:.4f} over the last 1." in text
     (stats,) = read_table(GOLD_PRECOMPUTE_STATS.path(cfg.lakehouse_uri), where={"ds": day}).to_pylist()
     assert f"{day}\t{stats['model_version']}\t{stats['refreshed']}\t{stats['users_total']}\t" in text
+
+
+def test_the_loss_line_gives_the_means_of_the_first_and_last_tenth():
+    losses = [1.0, 3.0, *[2.0] * 16, 0.5, 0.25]  # 20 steps: tenths of 2
+    assert loss_summary("kunlun@d:step20", losses) == (
+        "kunlun@d:step20: 20 steps; mean loss 2.0000 over the first 2, 0.3750 over the last 2.")
+    assert loss_summary("v", [0.7]) == "v: 1 steps; mean loss 0.7000 over the first 1, 0.7000 over the last 1."
 
 
 def test_a_day_before_training_says_what_has_not_run(lake):
