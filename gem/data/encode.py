@@ -85,13 +85,14 @@ def dense_matrix(table: pa.Table, counters_start_ds: str) -> np.ndarray:
     """
     out = np.empty((table.num_rows, len(DENSE_COLUMNS)), dtype=np.float32)
     days_read = days_since(table["features_ds"], counters_start_ds)  # (n,)
+    scale = {}  # window -> (n,) its counts' factor, once per batch rather than per column
+    for window in WINDOW_DAYS:
+        read = np.clip(days_read, 0, window)  # (n,) days of the window the counters read
+        scale[window] = np.where(read > 0, window / np.maximum(read, 1), 1.0)  # float64: product and log1p in float64
     for j, name in enumerate(DENSE_COLUMNS):
         values = pc.fill_null(table[name], 0).to_numpy(zero_copy_only=False).astype(np.float32)
         window = _COUNT_WINDOW.get(name)
-        if window is not None:
-            read = np.clip(days_read, 0, window)  # (n,) days of the window the counters read
-            values = np.log1p(np.where(read > 0, values * (window / np.maximum(read, 1)), values))
-        out[:, j] = values
+        out[:, j] = values if window is None else np.log1p(values * scale[window])
     return out
 
 

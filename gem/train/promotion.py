@@ -3,8 +3,8 @@ a new run of a day warm-starts from.
 
 One small JSON file per (architecture, mixture day): `{root}/promoted/{arch}/{mix_ds}.json`, written
 atomically, naming the exact checkpoint folder (not the run folder, whose later checkpoints a
-resumed rerun may add) relative to the root. Keeping one file per day, instead of one moving pointer, gives the rules
-that keep warm starts honest under reruns and backfills:
+resumed rerun may add) relative to the root. Keeping one file per day, instead of one moving
+pointer, gives the rules that keep warm starts honest under reruns and backfills:
 
 - a run of day D warm-starts from the newest promotion of a day before D, never from D's own or a
   later day's model (those trained on D's held-out examples or after them);
