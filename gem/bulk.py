@@ -2,10 +2,9 @@
 
     python -m gem.bulk --start A --end B [--through-stage S] [--config F]     (also `gem bulk`)
 
-A run per day pays a process and a cold JVM per run (and, under an executor, per Spark task); on 2
-cores that fixed cost is much of a small day's time (the demo, 60k impressions a day, 2026-12-02,
-when each DAG task was its own `python -m jobs...` process: validate_events 5 s here, 31 s as a task,
-of which about 6 s start the JVM, 5 s import Great Expectations and 7.5 s run the first, cold query).
+A run per day pays a process and a cold JVM per run (and, under an executor, per Spark task); on a
+few cores that fixed cost (starting the JVM, importing Great Expectations, the first, cold query) is
+much of a small day's time.
 The bulk path calls each stage's own entry point (`Stage.entry` in jobs.<module>, through
 `run_stage`, which the DAG's tasks call too) against one `StageContext`, so it writes the same
 partitions and publishes the same completion records as the daily runs, through the same

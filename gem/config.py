@@ -52,13 +52,12 @@ class SparkConfig:
     jars_dir: str = str(REPO_ROOT / ".cache" / "jars")
     # The JVM's class-data-sharing archive of the classes a Delta job loads, written once at set-up
     # (`python -m gem.lakehouse.spark archive-classes`): a local session maps it instead of loading
-    # and verifying those classes, measured 12.4 s -> 7.2-8.2 s from start to a Delta count on 2 cores.
-    # Absent (or made by another JDK), sessions start as before.
+    # and verifying those classes, so it starts faster. Absent (or made by another JDK), sessions
+    # load the classes themselves.
     class_archive: str = str(REPO_ROOT / ".cache" / "spark-classes.jsa")
     # A jar with Hadoop's local file system setting file modes through java.nio, built once at set-up
     # from infra/spark/localfs (javac): without Hadoop's native library every file a write creates
-    # forks a chmod process, measured 27.4 s -> 7.9 s for a Delta write of 1,000 one-day partitions
-    # from 2 tasks. Absent, sessions use Hadoop's own.
+    # forks a chmod process, which slows writes of many small partitions. Absent, sessions use Hadoop's own.
     local_fs_jar: str = str(REPO_ROOT / ".cache" / "gem-localfs.jar")
 
 
@@ -130,7 +129,7 @@ class IngestConfig:
 
 
 def _default_null_rate_scopes() -> dict[str, str]:
-    # Nullable columns that are null by design on some rows: their null rate is measured only over
+    # Nullable columns that are null by design on some rows: their null rate is computed only over
     # the rows (a Spark SQL predicate) where a value is expected. Other columns: over all rows.
     return {
         "position": "event_type <> 'conversion'",
@@ -171,7 +170,7 @@ class QualityConfig:
     min_sequence_margin: float = 0.5
     # silver.training_examples: the most examples of a day whose sequence prefix (what the model
     # reads) the stored cap cut short, as a share; above it the day fails (raise sequence_caps).
-    # Every cut example is counted either way. The demo's busiest users cut 0.6-0.7% of its days.
+    # Every cut example is counted either way. The demo's busiest users cut well under this.
     max_sequence_cut_rate: float = 0.02
     # silver features: share of rows with clicks_28d <= impressions_28d (a click just inside the
     # window's start can count while its impression, just outside, does not).
@@ -250,12 +249,9 @@ class LoaderConfig:
     # Shards per rank: the pass's files are dealt to them, and each is read by one DataLoader worker
     # process, served round-robin (0: one shard, read in the training process).
     num_workers: int = 2
-    # True: this rank's num_workers shards are read in the training process itself, served in the
-    # order the worker processes would serve them (the same batches and resume state). On a host
-    # whose cores torch's own threads already use (CPU training), worker processes only take cores
-    # from them: measured 2026-12-05 in `make demo` on 2 cores (2 runs each), pretraining 1,686-1,714
-    # -> 2,074-2,251 examples/s on day 3 and 1,354-1,453 -> 1,889-2,013 on the Airflow day, the
-    # students' distill task 25-27 -> 14-15 s, the printed metrics identical.
+    # True: this rank's num_workers shards are read in the training process itself, in the order the
+    # worker processes would serve them (same batches, same resume state). Worker processes read
+    # beside the training; on a CPU-training host they only take cores from torch's own threads.
     in_process: bool = False
     # Longest sequence prefix per event type handed to the model (the most recent events before the
     # impression). Above the stored cap (sequence_caps) it simply means "all that is stored".
@@ -266,26 +262,15 @@ class LoaderConfig:
     snapshot_cache_days: int = 2
     # Length-aware batching: each shard buffers this many batches' rows, sorts them by sequence
     # length and cuts batches of similar lengths, emitted in a seeded order (gem/data/length_batching.py);
-    # exact resume and the draws are unchanged. 1 = batches in stream order. 64 x 512 rows: padding
-    # of all sequence blocks 66% -> 10% on the generator's histories (16: 16%; bench.train_throughput).
-    # Off by default: a batch of similar history lengths is a batch of similar users (history length
-    # follows activity and click propensity), and on the demo's 120 steps that biased the steps enough
-    # to hurt the held-out day: click NE 0.946-0.992 with 64, 0.909-0.964 with 1 (same data, lr 3e-3;
-    # calibration up to 1.65 vs 1.49). Jagged attention removes padding without grouping users.
+    # exact resume and the draws are unchanged. 1 = batches in stream order. It cuts padding, but is off
+    # by default: similar history lengths mean similar users, which biases short runs' steps and costs
+    # held-out NE. Jagged attention removes padding without grouping users.
     length_sort_batches: int = 1
     # A shard reads its files this many at a time (groups of near-equal size), their drawn rows
     # shuffled together, so a batch mixes surfaces and days: the example table is partitioned by
-    # (ds, surface), and one file at a time (1) gave batches of one surface in runs of ~10-30, so
-    # each task's share of the steps followed its volume instead of the loss's equal per-task mean
-    # (gem.model.task). Measured 2026-12-05 on the demo (1 -> 8):
-    #   day 3 (from scratch on day 2), train.seed 0-2: mean click NE over the 6 surfaces 0.937 /
-    #     0.936 / 0.953 -> 0.929 / 0.914 / 0.934; the small surfaces gained (stories 0.976-0.995 ->
-    #     0.922-0.942, audience_network 0.980-0.992 -> 0.891-0.923), the large lost a little (ig_feed
-    #     0.915-0.938 -> 0.926-0.950, its calibration 1.22-1.29 -> 1.43-1.57);
-    #   day 4 (warm-started, days 2-3), the demo's printed table: click NE 0.899-0.932 -> 0.886-0.918,
-    #     no surface worse; the students distilled from day 3's FM, over 3 seeds (gem.distill.transfer):
-    #     KD+LoopFM mean click NE 0.977 -> 0.989 (their FM got worse on the surfaces they learn on).
-    # Memory: a group's rows at once.
+    # (ds, surface), and one file at a time (1) gives runs of single-surface batches, so each task's
+    # share of the steps follows its volume instead of the loss's equal per-task mean (gem.model.task).
+    # Mixing helps the small surfaces' NE. Memory: a group's rows at once.
     interleave_files: int = 8
 
     def __post_init__(self) -> None:
@@ -332,18 +317,12 @@ class TrainConfig:
     # GPU only: bf16 autocast.
     bf16: bool = True
     # torch.compile of the dense body (GPU and CPU; on the CPU inductor's C++ kernels, dynamic shapes).
-    # On the CPU it pays off in long runs only: measured 2026-12-05 at the demo size
-    # (bench.train_throughput), 1.23-1.43x the eager steps' examples/s once compiled, after 190 s of
-    # compiling from a cold inductor cache (35 s warm), paid back after 4,500 steps cold and 520-590
-    # warm; the demo's 120 steps stay eager.
+    # On the CPU the compiled steps are faster but the compile time pays back only in long runs;
+    # the demo's short runs stay eager.
     compile: bool = False
     # CPU training in bf16 autocast too (matmuls in bf16, the loss and torch's fp32-listed ops in
-    # fp32); emulated, so slower, on CPUs without native bf16 matmuls (AMX or AVX512-BF16). Measured
-    # 2026-12-05 on an AVX512-BF16 host at the demo size: no faster than fp32 (the demo's 120 steps
-    # 1,524-1,625 examples/s in fp32, 1,533-1,608 in bf16; bench.train_throughput 2243 vs 2452; again
-    # after 31714c3, `python -m gem.train` on day 4's mixture, 3 alternating runs each: fp32
-    # 1,634-1,831, bf16 1,572-1,711; bench.train_throughput at 120 steps 1967 vs 1817) and the same
-    # held-out NE (bench.cpu_bf16_learning). It changes the numerics: off unless asked.
+    # fp32); emulated, so slower, on CPUs without native bf16 matmuls (AMX or AVX512-BF16). Even with
+    # them it is no faster than fp32 at the demo size, and it changes the numerics: off unless asked.
     cpu_bf16: bool = False
     # model.embeddings.backend "torchrec" only: the tables' optimizer, fused into the backward
     # (gem/train/sharding.py); the dense part keeps AdamW at `lr`.
@@ -382,10 +361,9 @@ class PrecomputeConfig:
     lease_expiry_s: float = 60.0
     batch_size: int = 256
     # Speculative pairs for tomorrow, per user active on ds: the ads of their `recent_ads` most recent
-    # distinct impressions, plus the day's `popular_ads` most impressed ads. On the generator's demo
-    # traffic (bench.precompute, 3 days), where ads are drawn by global popularity, the next day's
-    # hit rate was 11.6% with 8 + 8, 13.6% with 4 + 12, 15.6% with 0 + 16 (16 pairs per user), 24.9%
-    # with 0 + 32: popular ads carry the hits there; users' own ads matter where serving retargets.
+    # distinct impressions, plus the day's `popular_ads` most impressed ads. On the generator's
+    # traffic, where ads are drawn by global popularity, popular ads carry most of the next day's
+    # hits; users' own ads matter where serving retargets.
     recent_ads: int = 4
     popular_ads: int = 12
 
@@ -517,7 +495,7 @@ class GemConfig:
 @dataclass(frozen=True)
 class EnvText:
     """An environment override's raw text, read only once the type of the field it sets is known
-    (parsing it as YAML first turned `GEM__START_DS=2026-01-01` into a date for a str field)."""
+    (parsing it as YAML first would turn `GEM__START_DS=2026-01-01` into a date for a str field)."""
 
     variable: str
     text: str

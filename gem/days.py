@@ -13,6 +13,6 @@ def shift_day(ds: str, days: int) -> str:
 
 
 def day_range(first: str, last: str) -> list[str]:
-    """Every day from first to last inclusive: ("2026-01-30", "2026-02-01") -> 3 days; [] if last < first."""
+    """Every day from first to last inclusive: ("2026-01-29", "2026-01-31") -> 3 days; [] if last < first."""
     start, end = dt.date.fromisoformat(first), dt.date.fromisoformat(last)
     return [(start + dt.timedelta(days=i)).isoformat() for i in range((end - start).days + 1)]

@@ -6,9 +6,8 @@ gem.demo runs this with infra/airflow/airflow_env.sh sourced. The bulk days go t
 gem.bulk.run_range (one line per stage on stdout); each Airflow day is Airflow's own `airflow dags
 test` (airflow.__main__.main, what the `airflow` command runs), called in this process. `dags test`
 runs its tasks in the process that calls it, so their Spark sessions are the bulk days' session:
-the JVM is started and its JIT warmed once. Measured 2026-12-03 on 2 cores: day 4's Spark stages
-took 109 s in a fresh `airflow dags test` process against 72 s for day 3 on the warm bulk JVM
-(ingest_events alone 40 s against 13 s).
+the JVM is started and its JIT warmed once, and the Airflow day's Spark stages run faster than in
+a fresh `airflow dags test` process.
 
 What the parent (gem.demo) reads on stdout: the bulk path's lines, then per Airflow day one line
 `AIRFLOW_DAY <ds> <newest DAG run id before it>` and one line `AIRFLOW_DONE <ds> <ok|failed>`;

@@ -134,8 +134,8 @@ def run_stage_task(stage_name: str, run_day: str, from_stage: str = "") -> str:
 
     In the task's process rather than a `python -m jobs.<module>` child: the Spark stages' sessions
     then belong to the process that runs the task, so where several tasks run in one process
-    (`airflow dags test`, i.e. `gem run` and `make demo`) they share one warm JVM (validate_events:
-    31 s as a child process, 5 s in a warm session; gem/bulk.py), and under an executor each task's
+    (`airflow dags test`, i.e. `gem run` and `make demo`) they share one warm JVM (far faster than
+    a cold child process per task; gem/bulk.py), and under an executor each task's
     process opens its own, as the child did. Nothing ready yet raises AirflowSkipException where
     the stage may skip (`may_skip`), and fails the task elsewhere. A day that reads one a running
     backfill rewrites (gem.lakehouse.backfill_hold) is rescheduled every $GEM_BACKFILL_POKE_S seconds

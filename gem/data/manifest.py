@@ -74,9 +74,9 @@ class Manifest:
         """File path -> what the loader keys its draws and shuffles on: the file's partition folder
         relative to the table and its rank among that folder's files by name (Spark names a write's
         files part-<task index>-<random id>, so the rank is the task's). Keyed on the absolute path,
-        the same data and seed drew different rows in every fresh clone, whose lakehouse sits
-        elsewhere and whose files carry other random ids (measured 2026-12-03: two fresh-clone demos
-        with identical tables trained to click NE 0.9275 and 0.9176 on the same day)."""
+        the same data and seed would draw different rows in every fresh clone, whose lakehouse sits
+        elsewhere and whose files carry other random ids, and identical tables would train to
+        different models."""
         root = self.examples_path.rstrip("/") + "/"
         by_folder: dict[str, list[str]] = {}
         for path in self.files:

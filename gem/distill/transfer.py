@@ -63,7 +63,7 @@ def read_inputs(cfg: Any, ds: str) -> DistillInputs:
 @dataclass
 class SurfaceResult:
     surface: str
-    task: str  # the task TR is measured on
+    task: str  # the task TR is computed on
     runs: dict[str, list[StudentRun]]  # arm -> one run per seed
     fm_ne: float
 

@@ -5,8 +5,8 @@ them (the registry's needs: build_sequences of D reads its own record of D-1, bu
 counter window before D, mix its training days) could build on a day the backfill rewrites after
 the read. Its record would then rest on replaced data (stale, gem.lakehouse.staleness), and retries
 of the stages after it could never succeed, since Airflow does not rerun a task that succeeded
-(measured: day 4's build_features read day 3 between the backfill's rewrites of days 2 and 3, and
-validate_silver of day 4 refused on each of 27 retries). So the backfill holds its range for its
+(e.g. a later day's build_features reads a day between two of the backfill's rewrites, and that
+day's validate_silver then refuses on every retry). So the backfill holds its range for its
 whole duration, and `StageCommit.begin` of such a run raises BackfillInProgressError before it
 reads anything; the DAG's task turns that into a reschedule (gem.orchestration.run_stage_task), so
 the day waits without spending its retries and runs once the backfill has finished.

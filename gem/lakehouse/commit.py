@@ -364,7 +364,7 @@ class StageCommit:
         path = self.ensured[schema.name]
         # Written through a table object: after the write it stands at the version this transaction
         # committed (after any conflict retries). A fresh read of the log while another process
-        # commits to it was measured to miss the commit.
+        # commits to it can miss the commit.
         table = DeltaTable(path)
         metadata = self.part_metadata(part)
         properties = tables.commit_properties(metadata)

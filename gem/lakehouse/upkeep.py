@@ -5,8 +5,7 @@
      ds - ingest.quarantine_retention_days are deleted (a DELETE on the partition column);
   2. OPTIMIZE: every table's small files compacted, partition by partition (dataChange=false: the
      same rows; readers and completion records pinned to older versions still read those). Every
-     write adds files (a day's ingest, a rerun); on the demo's 4 days, measured 2026-12-03:
-     bronze.ad_events 72 files -> 24, silver.training_examples 24 -> 12, in 3.7 s for all tables;
+     write adds files (a day's ingest, a rerun), so a partition's files multiply without it;
   3. VACUUM: every table's files retired more than `retention_days` ago deleted (the tables'
      delta.deletedFileRetentionDuration; deltalake enforces it). That is what makes a deletion
      final: rows removed by step 1, by `gem delete-user` or by a partition rewrite leave the disk

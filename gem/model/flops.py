@@ -1,7 +1,7 @@
 """Forward FLOPs per example, by module, from the config alone (2 FLOPs per multiply-add).
 
 Counts the matrix products (linear layers, attention scores and values, einsums), which is what
-dominates and what MFU is measured against; elementwise work (activations, norms, gating) is left
+dominates and what MFU is computed against; elementwise work (activations, norms, gating) is left
 out, as torch.utils.flop_counter does, so the two can be compared (tests/unit/test_flops.py). Sequence
 lengths are by default each event type's max_len; `kunlun_batch_flops` counts one batch as it runs
 (the real tokens in Kunlun's jagged layout, the padded lengths in its padded one), which is what a

@@ -23,9 +23,9 @@ def shrunk_base_rates(counts: Mapping[str, tuple[float, float]]) -> dict[str, fl
         rate_t = (positives_t + 1) / (examples_t + 1 / pooled),   pooled = (P + 1) / (N + 2)
 
     (P, N: the label type's positives and examples over all tasks). A sparse task's raw rate is
-    mostly noise: with no positive in training it is 0, and its head started at the 1e-6 floor, so
-    one positive on the held-out day cost ~14 nats (the demo's Audience Network leads and app
-    installs: held-out NE 1.50-1.60, calibration 0.003). Data-rich tasks barely move (a click task's
+    mostly noise: with no positive in training it is 0, and its head would start at the 1e-6 floor,
+    so one positive on the held-out day costs ~14 nats and the task's held-out NE lands far above 1.
+    Data-rich tasks barely move (a click task's
     pseudo-count is a few dozen examples). Tasks with no examples are left out."""
     by_label: dict[str, list[float]] = {}
     for task, (positives, examples) in counts.items():
@@ -54,9 +54,9 @@ class DomainExpertHeads(nn.Module):
         self.shared = nn.ModuleList(expert() for _ in range(shared_experts))
         self.gates = nn.Linear(in_dim, len(tasks) * (1 + shared_experts))
         # Zero towers: every task starts at exactly its bias (the base rate, init_from_base_rates) and
-        # its tower learns from its own labels. Random towers gave each task a random initial
+        # its tower learns from its own labels. Random towers give each task a random initial
         # direction over the shared features, which a task with few positives (Audience Network's
-        # clicks: under one per demo batch) never unlearned: held-out AUC 0.22-0.26 in the demo.
+        # clicks: under one per demo batch) never unlearns: its held-out AUC falls below 0.5.
         self.towers = nn.Parameter(torch.zeros(len(tasks), hidden))
         self.bias = nn.Parameter(torch.zeros(len(tasks)))
         self.task_surface = [self.surfaces.index(t.split("/")[0]) for t in tasks]

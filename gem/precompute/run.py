@@ -6,7 +6,7 @@
     workers                    this process and precompute.workers - 1 more claim shards until all
                                are done; each shard commits its rows of the four tables itself
     stats, record              the parts adopted into the record (rows from the commits' metrics;
-                               one prediction per held-out impression checked), the measured use of
+                               one prediction per held-out impression checked), the observed use of
                                yesterday's speculative pairs, gold.precompute_stats, the record last
 
 Skip or fail: the stage skips (nothing published; the job exits 99) when ds has no mixture, i.e.
@@ -211,7 +211,7 @@ def history_code_volume(commit: StageCommit, plan: DayPlan) -> dict[str, Any]:
 
 
 def day_stats(commit: StageCommit, plan: DayPlan) -> dict[str, Any]:
-    """gem.precompute_stats' row of the day: the work done and the measured use of yesterday's pairs."""
+    """gem.precompute_stats' row of the day: the work done and the observed use of yesterday's pairs."""
     from gem.data.delta_log import logged_files, read_logged, read_table
 
     cfg, ds = commit.cfg, commit.ds

@@ -86,7 +86,7 @@ class ShardWork:
         self.loader_cfg = cfg.loader.capped(cfg.model.sequence_lengths())
         self.batch_size = cfg.precompute.batch_size
         self.recent_ads = cfg.precompute.recent_ads
-        # Precomputed rows serve tomorrow: sequences cut at, and time gaps measured to, ds+1 00:00 UTC.
+        # Precomputed rows serve tomorrow: sequences cut at, and time gaps counted to, ds+1 00:00 UTC.
         tomorrow = dt.datetime.fromisoformat(shift_day(self.plan.ds, 1)).replace(tzinfo=dt.UTC)
         self.request_time = tomorrow
         self.request_us = int(tomorrow.timestamp() * 1_000_000)

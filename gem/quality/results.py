@@ -4,7 +4,7 @@
 under `uncommitted/validations/<suite path>/<run name>/<run time>/<batch>.json`, and the Data Docs
 site mirrors that path with `.html`. A run name is the day (`2026-01-03`) or a stage and the day
 (`ingest_events:2026-01-03`). Reading the JSON files directly costs milliseconds and no GX import
-(about 5 s), which is what a report listing a day's suites needs.
+(seconds), which is what a report listing a day's suites needs.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class SuiteResult:
     evaluated: int  # expectations evaluated
     failed_critical: int  # unsuccessful expectations that fail the day (unmarked ones count, as in runner)
     failed_warning: int  # unsuccessful expectations that only warn
-    run_time: str  # GX's run-time folder name, e.g. 20261202T180452.229045Z
+    run_time: str  # GX's run-time folder name, e.g. 20260103T180452.229045Z
     docs_page: Path | None  # its Data Docs page, None when the site has none (docs not built)
 
 

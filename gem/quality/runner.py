@@ -142,8 +142,8 @@ def project_lock(cfg: GemConfig) -> Iterator[None]:
     """Hold the GX project for one process at a time (an exclusive flock on a file beside it).
 
     GX's file stores are not safe for concurrent writers: a process that loaded the project before
-    another saved the same suite's validation definition fails on its own save (measured with a
-    backfill's day 1 and the next daily run ingesting at once: CheckpointRelatedResourcesFreshnessError
+    another saved the same suite's validation definition fails on its own save (e.g. a backfill and
+    a daily run ingesting at once: CheckpointRelatedResourcesFreshnessError
     "ValidationDefinition 'bronze.ad_events.schema' has changed since it has last been saved"), and
     both rewrite the Data Docs index. Validations are seconds long, so runs simply queue here."""
     import fcntl
@@ -251,8 +251,8 @@ def _checkpoint(
 @contextmanager
 def _cached(df: Any, cache: bool) -> Iterator[Any]:
     """Optionally cache `df` for the ~1.5 Spark jobs per expectation GX runs on it, releasing it
-    afterwards unless the caller had cached it already. Off by default: measured on 1M bronze rows
-    read from Parquet, column-pruned rescans are as fast as a cache that holds every column."""
+    afterwards unless the caller had cached it already. Off by default: on Parquet input,
+    column-pruned rescans are as fast as a cache that holds every column."""
     if not cache or _is_pandas(df) or df.is_cached:
         yield df
         return

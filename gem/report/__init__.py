@@ -2,7 +2,7 @@
 
     from gem.report import Report
     report = Report(title="GEM quality study", subtitle="preset small, 3 seeds")
-    report.meta(key="commit", value="af6e102")
+    report.meta(key="commit", value="<commit>")
     sec = report.section("Matched compute", intro="...")
     sec.table(rows, formats={"ne": "{:.4f}"}); sec.figure(fig, name="ne"); sec.claim(name, "reproduced", detail)
     report.write(out_dir)  # -> out_dir/index.html, out_dir/img/ne.png

@@ -5,7 +5,7 @@ Figures are rendered to PNG bytes when they are added (and closed then), so a re
 many figures never keeps their matplotlib objects alive.
 
     report = Report(title="GEM quality study", subtitle="preset small, 3 seeds")
-    report.meta(key="commit", value="af6e102")
+    report.meta(key="commit", value="<commit>")
     sec = report.section("Matched compute", intro="...")
     sec.table(rows, formats={"ne": "{:.4f}"})
     sec.figure(fig, name="ne_by_arch")

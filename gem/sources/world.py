@@ -342,7 +342,7 @@ def build_world(cfg: GemConfig) -> World:
         np.float32
     )
 
-    # Drawn last, so the static world above is the same as before these parts were added.
+    # Drawn last, so the static world above does not depend on them.
     user_bias = (USER_BIAS_STD * rng.standard_normal(g.users)).astype(np.float32)
     user_intent = (INTENT_STD * rng.standard_normal((g.users, len(CONVERSION_TYPES)))).astype(np.float32)
     user_drift_start = (INTEREST_DRIFT_STD * rng.standard_normal((g.users, dim)) / np.sqrt(dim)).astype(np.float32)

@@ -68,7 +68,7 @@ def run_study(preset_name: str, out_dir: Path, workers: int | None = None, job_l
               help="JSON lines of finished jobs: those it holds are not run again, new ones are appended "
                    "(a study over several runs, e.g. short GPU leases)")
 def main(preset: str, config_path: str | None, workers: int | None, job_log: Path | None) -> None:
-    """Train the architectures on the generator's traffic and report the measured claims."""
+    """Train the architectures on the generator's traffic and report the claims' verdicts."""
     cfg = load_config(config_path)
     path = run_study(preset, study_dir(cfg.lakehouse_uri, preset), workers, job_log)
     click.echo(f"report: {path}")

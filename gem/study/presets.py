@@ -49,7 +49,7 @@ class StudyPreset:
     backend: str = "torch"
     eval_batch_size: int = 4096
     # CPU threads for torch: the models' many small kernels run fastest on one thread, and a
-    # shared machine's oversubscribed threads were measured 20x slower (27 s vs 1.3 s a smoke run).
+    # shared machine's oversubscribed threads are far slower.
     threads: int = 1
     workers: int = 1  # processes running jobs side by side (`--workers` overrides)
 
@@ -73,11 +73,9 @@ PRESETS: dict[str, StudyPreset] = {
         name="small", traffic=TrafficPreset(users=1_000, ads=100, impressions_per_day=30_000, train_days=2),
         targets=_geometric(5e5, 1.6e7, 5), baseline_targets=(0, 2, 4), matched=2, lrs=(1e-3, 4e-3), seeds=3,
         epochs=1, batch_size=512, transfer_tasks=2),
-    # One H200 within part of a 10-minute call (tests and benches beside it). Its first run
-    # (2026-12-04, targets up to 2e8 FLOPs/example, batch 2048, 340 steps a run) took 63 s per Kunlun
-    # run with eight processes sharing the GPU: about 20 minutes in all. Now 5 sizes over 1.5 decades
-    # up to 6.4e7, batch 4096 (about 100 steps a run); bench.study_sharing measured eight processes
-    # at 5.4x one (kunlun), 4.3x (dlrm), 1.7x (interformer, which fills the GPU with four).
+    # One H200 within part of a 10-minute call (tests and benches beside it): 5 sizes over 1.5 decades
+    # up to 6.4e7 FLOPs/example, batch 4096 (about 100 steps a run), eight processes sharing the GPU
+    # (bench.study_sharing times the sharing against one process).
     "gpu": StudyPreset(
         name="gpu", traffic=TrafficPreset(users=20_000, ads=2_000, impressions_per_day=300_000, train_days=3),
         targets=_geometric(2e6, 6.4e7, 5), baseline_targets=(0, 2, 4), matched=2, lrs=(1e-3, 2e-3, 4e-3),

@@ -53,9 +53,9 @@ def single_process() -> bool:
     need one). Its checkpoints and unsharded state then run no collective. A gloo group runs them in
     its worker threads, where a torch op that goes parallel starts a second OpenMP team; with more
     OpenMP threads than cores libgomp throttles every thread's spin-wait, so each later parallel
-    region waits on a wake-up. Measured 2026-12-05 on 2 cores: after the first checkpoint save (or a
-    warm start's load) the demo's training steps ran 35% slower for the rest of the process, and
-    after the tables' gather its held-out forward 40% slower."""
+    region waits on a wake-up: after the first checkpoint save (or a warm start's load) every later
+    training step is slower for the rest of the process, and after the tables' gather so is the
+    held-out forward."""
     return not (torch.distributed.is_available() and torch.distributed.is_initialized()) or \
         torch.distributed.get_world_size() == 1
 

@@ -1,7 +1,7 @@
 """An explicit torchrec sharding plan for the embedding tables, and the sharded train task.
 
-Why explicit: left to itself the planner's CPU plan chose a kernel whose fused optimizer update was
-skipped (tables did not train). Here every table is placed TABLE_WISE with the FUSED kernel, whose
+Why explicit: left to itself the planner's CPU plan picks a kernel whose fused optimizer update is
+skipped (tables do not train). Here every table is placed TABLE_WISE with the FUSED kernel, whose
 optimizer runs inside the backward (apply_optimizer_in_backward), on CPU (gloo) and GPU (NCCL)
 alike. DistributedModelParallel then shards the EmbeddingCollection and wraps the dense rest in
 DDP. torchrec is imported only here and in gem.model.sparse.

@@ -82,9 +82,8 @@ def gdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activations: Sequenc
     return torch.matmul(scores * scale, v)
 
 
-# At L <= 2 * window the blocked form scores as many pairs as the dense one and was measured slower
-# (dense/band 0.5-0.9 at L = 32-64, forward + backward on 2 CPU cores); from 4 windows on it wins
-# (2.0x at L = 128, window 32; 13x at L = 512): `python -m bench.windowed_attention`.
+# At L <= 2 * window the blocked form scores as many pairs as the dense one and is slower; from 4
+# windows on it wins, more so the longer L (`python -m bench.windowed_attention` times both).
 BAND_MIN_WINDOWS = 4
 
 

@@ -39,7 +39,7 @@ def summary_attention(attention: str, q: torch.Tensor, k: torch.Tensor, v: torch
                       activations: Sequence[str], alpha: float, scale: float) -> torch.Tensor:
     """q (N, H, Dh), k and v (B, H, n, Dh) -> (N, H, Dh): each token reads its own example's n
     keys. The products run on the queries padded per example: one (L x n) matmul per example and
-    head is what CPU kernels do fast (gathering each token's keys was measured ~7x slower); with n
+    head is what CPU kernels do fast (gathering each token's keys is much slower); with n
     a few summary tokens they are a small share of the layer's FLOPs."""
     queries = layout.pad(q).transpose(1, 2)  # (B, H, L, Dh); padded queries are dropped
     out = attend(attention, queries, k, v, activations, alpha, scale, None)  # (B, H, L, Dh)
@@ -55,7 +55,7 @@ def window_attention(attention: str, q: torch.Tensor, k: torch.Tensor, v: torch.
     block of keys and the one before (together a superset of each query's window), masked to the
     window and to the query's own example. Head by head (each its own activation), each head's blocks
     strided views of padded copies of the stream: no operand is transposed or concatenated, which
-    measured about 2x faster forward + backward than the batched-heads band of gem.model.ops.band.
+    is faster forward + backward than the batched-heads band of gem.model.ops.band.
     alpha scales the queries and the GDPA scale rides on the mask weights, so each (nb, w, w) score
     block sees one elementwise pass after its activation.
     """
@@ -107,11 +107,10 @@ def seed_pooling(attention: str, seeds: torch.Tensor, k: torch.Tensor, v: torch.
     """seeds (S, H, Dh) read each example's tokens k, v (N, H, Dh) -> (B, H, S, Dh); an example
     without tokens pools to 0 (as a padded row with every key masked). The scores are computed per
     token; the weighted sum of values runs as one (S x L) @ (L x Dh) matmul per example and head on
-    weights padded with zeros (a per-token outer product summed with index_add was measured slower).
+    weights padded with zeros (faster than a per-token outer product summed with index_add).
     GDPA goes head by head, each head's scores one (N, Dh) @ (Dh, S) product under its own
-    activation: measured 2026-12-05 on 2 CPU cores, the demo's training steps 6% faster than all
-    heads in one einsum, the activations applied per group of heads by gathering and scattering
-    them, and one matmul over permuted weights."""
+    activation: faster in training than all heads in one einsum, the activations applied per group
+    of heads by gathering and scattering them, and one matmul over permuted weights."""
     if attention == "softmax":  # normalised over each example's real tokens; an empty one weighs 0
         scores = torch.einsum("nhd,shd->nhs", k, seeds) * alpha  # (N, H, S)
         real = padding_mask(layout.lengths, layout.longest)[:, :, None, None]  # (B, L, 1, 1)

@@ -5,7 +5,7 @@ history makes every short one in the batch pay for its length. Sorting the examp
 computing each group of B / k consecutive examples padded only to its own longest cuts that waste,
 and leaves the batch itself as it was: the same examples, the same loss, the same gradient (the
 examples of a Kunlun forward never interact). Length-sorted *batches* (gem.data.length_batching)
-waste even less but make each step's examples alike, which was measured to cost held-out NE.
+waste even less but make each step's examples alike, which costs held-out NE.
 
 Example: lengths (one event type) [5, 0, 4, 1], 2 groups -> rows [1, 3] (padded to 1) and [2, 0]
 (padded to 5): 2 * 1 + 2 * 5 = 12 padded positions instead of 4 * 5 = 20.
