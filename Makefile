@@ -9,7 +9,7 @@ CACHE := .cache
 PKG_STAMP := $(VENV)/.installed
 JARS_STAMP := $(CACHE)/jars/.complete
 ASSETS_STAMP := $(CACHE)/dq_assets/.complete
-# The JVM class archive local Spark sessions start from (gem/lakehouse/spark.py: about 7 s less per job).
+# The JVM class archive local Spark sessions start from (gem/lakehouse/spark.py: each job starts faster).
 CLASS_ARCHIVE := $(CACHE)/spark-classes.jsa
 # Hadoop's local file system without a forked chmod per file written (infra/spark/localfs).
 LOCAL_FS_JAR := $(CACHE)/gem-localfs.jar
@@ -60,9 +60,9 @@ $(ASSETS_STAMP): $(PKG_STAMP) infra/dq_assets/assets.txt infra/dq_assets/fetch.s
 demo: setup
 	$(PY) -m gem.demo $(if $(CONFIG),--config $(CONFIG),)
 
-# `make test`: every test not marked slow (under 25 minutes on 2 cores; CI runs it). `make test-slow`:
+# `make test`: every test not marked slow (the quick tier; CI runs it). `make test-slow`:
 # the slow tier (end-to-end Airflow runs with the real scheduler, the learning claims, crash and
-# concurrency tests with real processes; about 50 minutes on 2 cores). `make test-all`: both.
+# concurrency tests with real processes; much longer). `make test-all`: both.
 # Chromium for the browser tests of the HTML reports (installed when missing and root can: infra/chromium.sh).
 browser:
 	@bash infra/chromium.sh $(PY)

@@ -151,8 +151,8 @@ def _spread(daily: DataFrame, key: str, factors: dict[int, SparkColumn], extra: 
     """daily-count rows -> (key, 54 per-surface window counters, *extra): counter (m, w, s) is the
     row's count of (m, s) times factors[w] (1 in the window, -1 leaving it, 0 otherwise).
 
-    Why the factors are columns of their own: inlined into 54 expressions, the window tests made
-    Spark's generated code too large to compile, and the interpreted fallback ran 4x slower (measured).
+    Why the factors are columns of their own: inlined into 54 expressions, the window tests make
+    Spark's generated code too large to compile, and the interpreted fallback is much slower.
     """
     from pyspark.sql import functions as F
 
@@ -170,7 +170,7 @@ def _summed(rows: DataFrame, keys: tuple[str, ...], extra_aggs: tuple[SparkColum
 
     Why repartition by the entity first: the group-by then finds its input clustered and needs no
     shuffle of its own; for one day, it skips a partial aggregation that, with one or two rows per
-    user, only copies the rows (measured 2x); for a range, the shuffle moves each daily-count row
+    user, only copies the rows and costs time; for a range, the shuffle moves each daily-count row
     once, before it is spread over its target days."""
     from pyspark.sql import functions as F
 

@@ -177,7 +177,7 @@ def advance_sequences(previous: DataFrame, events: DataFrame, caps: SequenceCaps
 
     Computed in two steps so a long range costs about 2 sqrt(days) passes over each user's new
     events, not one per active day (1,000 days of a user with thousands of events, each day's row
-    carrying them all, ran a 4 GB driver out of memory): per (user, block with events) the sequence
+    carrying them all, runs a 4 GB driver out of memory): per (user, block with events) the sequence
     as of the block's start (the same merge, over the events arrived before it) and the events
     arriving within the block; per (user, day) the merge of those two. The last `cap` of a sorted
     union is the last `cap` of (the last `cap` of one part + the other), so the rows are the same.
@@ -396,7 +396,7 @@ def run(ctx: StageContext, ds: str, through: str | None = None) -> StageResult:
     rows = advance_sequences(previous, events, cfg.sequence_caps, block_days)
     # Written straight from the plan, then read back at the version written for the counts and the
     # compaction: held in memory for reuse instead, a long range's rows (1,000 MovieLens days: GBs
-    # of arrays) ran a 4 GB driver out of heap in the write.
+    # of arrays) run a 4 GB driver out of heap in the write.
     version = commit.replace(rows.select(*SILVER_USER_SEQUENCES.column_names), SILVER_USER_SEQUENCES)
     written = tables.read_table(spark, cfg, SILVER_USER_SEQUENCES, version=version).where(
         F.col("ds").between(F.lit(first).cast("date"), F.lit(last).cast("date")))

@@ -74,8 +74,8 @@ def read_landing(spark: SparkSession, landing_root: str, files: list[str]) -> Da
     ds: the arrival day, from the file's partition folder `ds=YYYY-MM-DD`), in one read."""
     from pyspark.sql import functions as F
 
-    # Spark lists more than `threshold` named paths in a Spark job of one task per path: 11 s for
-    # the 1,572 files of 200 landing days, against 0.3 s listed here in the driver. The listing is
+    # Spark lists more than `threshold` named paths in a Spark job of one task per path, far slower
+    # for hundreds of landing days' files than listing them here in the driver. The listing is
     # done when the DataFrame is made, so the setting is restored right after.
     threshold = "spark.sql.sources.parallelPartitionDiscovery.threshold"
     before = spark.conf.get(threshold)
@@ -186,7 +186,7 @@ def classify(lines: DataFrame, cfg: GemConfig) -> DataFrame:
     surface_bad = ~t("surface").isin(list(LANDING_EVENTS.column("surface").allowed or ()))
 
     # (reason, condition, detail); the conditions are evaluated once, as columns, before the
-    # CASE chains read them (inlining them twice made the plan much slower).
+    # CASE chains read them (inlining them twice makes the plan much slower).
     event_time = t("event_time")
     stale_detail = F.concat(event_time.cast("string"), F.lit(" ms = "), F.timestamp_millis(event_time).cast("string"),
                             F.lit(f" UTC, more than ingest.max_event_lag_days={cfg.ingest.max_event_lag_days} "

@@ -4,7 +4,7 @@
 
 A thin job: gem.precompute.run for ds. Writes gold.fm_user_embeddings (users whose sequences changed,
 everyone on a model refresh), gold.fm_predictions (every impression of the held-out example day),
-gold.fm_speculative_pairs (for ds+1) and gold.precompute_stats (with the measured hit rate, staleness
+gold.fm_speculative_pairs (for ds+1) and gold.precompute_stats (with the observed hit rate, staleness
 and waste of ds-1's pairs), in user-hash shards that any number of workers claim
 (`python -m gem.precompute.worker --ds D` joins a running day). Exits 99 (the task shows as skipped)
 when ds has no mixture, i.e. pretraining skipped; fails when pretraining ran but promoted no model.

@@ -89,8 +89,8 @@ def _counters_non_negative() -> tuple[str, str]:
     """One table-level CHECK over every counter column, e.g. "impressions_1d >= 0 AND ... AND
     coalesce(ctr_1d, 0) >= 0 AND ...".
 
-    Why one CHECK rather than `min=0` per column: Delta adds constraints one commit at a time
-    (about a second each), and ~100 per-column constraints made creating each table take minutes.
+    Why one CHECK rather than `min=0` per column: Delta adds constraints one commit at a time, so
+    ~100 per-column constraints make creating each table take minutes.
     """
     terms = [f"coalesce({c.name}, 0) >= 0" if c.nullable else f"{c.name} >= 0" for c in COUNTER_COLUMNS]
     return ("counters_non_negative", " AND ".join(terms))

@@ -278,7 +278,7 @@ def test_partition_ds_is_utc_date() -> None:
 
 def test_dag_parse_is_fast(dagbag: Any) -> None:
     (stat,) = [s for s in dagbag.dagbag_stats if s.file.endswith("gem_daily.py")]
-    # The DAG file alone, with airflow already imported: measured ~0.01 s.
+    # The DAG file alone, with airflow already imported: far below the limit.
     assert stat.duration.total_seconds() < 2.0, stat
 
 
@@ -300,7 +300,7 @@ def test_dag_file_import_is_light(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["heavy"] == [], f"DAG parse imports heavy modules: {result['heavy']}"
-    # Measured ~1.7 s on 2 cores (almost all of it importing airflow.sdk itself).
+    # Almost all of it is importing airflow.sdk itself; the limit leaves room for a busy machine.
     assert result["took"] < 15.0, result
 
 

@@ -2,8 +2,8 @@
 one process stepping on the mean of the two ranks' losses; rank 0 writes the checkpoint.
 
 The comparison uses SGD: its update is linear in the gradient, so float rounding of the all-reduce
-stays at rounding size. (With Adam the same runs differ by ~3e-4 after 3 steps: it divides by the
-root of tiny second moments, which magnifies rounding; measured, not a DDP fault.)"""
+stays at rounding size. (With Adam the same runs differ by far more: it divides by the root of
+tiny second moments, which magnifies rounding; not a DDP fault.)"""
 
 from __future__ import annotations
 

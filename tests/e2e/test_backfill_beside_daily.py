@@ -13,9 +13,9 @@ the rewritten days. Checked afterwards:
 - no record lies: every completion record's day partition, read at the table version the record
   names, holds the rows the table holds for that day now;
 - day 4 converged: every table equals what daily runs of days 1-4 one after the other hold, and
-  every record is done. (Before the hold, measured 2026-12-03: day 4's build_features read day 3
-  between the backfill's rewrites of days 2 and 3, its record went stale, and validate_silver of
-  day 4 refused on each of 27 retries.)
+  every record is done. (Without the hold, day 4's build_features can read day 3 between the
+  backfill's rewrites of days 2 and 3: its record goes stale, and validate_silver of day 4 refuses
+  on every retry.)
 """
 
 from __future__ import annotations

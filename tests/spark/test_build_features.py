@@ -328,7 +328,7 @@ def chain(spark, tmp_path_factory):
     return cfg, events, results, incremental, rerun, rerun_rows, full_results, full
 
 
-@pytest.mark.slow  # the chain fixture builds 8 days twice (about 3 minutes on 2 cores)
+@pytest.mark.slow  # the chain fixture builds 8 days twice (minutes on 2 cores)
 def test_chain_runs_incrementally_after_its_first_day(chain):
     _, _, results, _, rerun, _, full_results, _ = chain
     assert [r.details["incremental"] for r in results] == [False, True, True, True]
@@ -338,7 +338,7 @@ def test_chain_runs_incrementally_after_its_first_day(chain):
     assert rerun.details["incremental"] and not any(r.details["incremental"] for r in full_results)
 
 
-@pytest.mark.slow  # the chain fixture builds 8 days twice (about 3 minutes on 2 cores)
+@pytest.mark.slow  # the chain fixture builds 8 days twice (minutes on 2 cores)
 def test_incremental_equals_full_recompute_and_a_plain_recount(chain):
     _, events, _, incremental, _, _, _, full = chain
     for ds in CHAIN_DAYS:
@@ -358,7 +358,7 @@ def test_incremental_equals_full_recompute_and_a_plain_recount(chain):
     assert "c_old" not in incremental[d][SILVER_USER_FEATURES.name]
 
 
-@pytest.mark.slow  # the chain fixture builds 8 days twice (about 3 minutes on 2 cores)
+@pytest.mark.slow  # the chain fixture builds 8 days twice (minutes on 2 cores)
 def test_incremental_rerun_is_identical(chain):
     _, _, _, incremental, _, rerun_rows, _, _ = chain
     assert rerun_rows == incremental[CHAIN_DAYS[2]]
@@ -418,7 +418,7 @@ def test_a_range_equals_its_days_built_one_by_one(spark, ranged):
     assert [edge[RANGES[-1][1]][c] for c in ("impressions_28d", "clicks_7d", "clicks_28d")] == [0, 0, 1]
 
 
-@pytest.mark.slow  # a third lakehouse and a 31-day range on top of the `ranged` fixture (~25 s on 2 idle cores)
+@pytest.mark.slow  # a third lakehouse and a 31-day range on top of the `ranged` fixture
 def test_a_month_in_one_range_equals_the_daily_runs_and_a_plain_recount(spark, ranged, tmp_path):
     """01-01..01-31 in one run, in a lakehouse of its own (every window edge inside the range): each
     day's rows are those of a plain recount, and the days the daily runs built are theirs, records included."""

@@ -18,7 +18,7 @@ from schemas import TABLES
 from schemas.ops import COMPLETIONS
 from tests.support import C1_JVM_CONF, PYTHON, lakehouse_rows
 
-pytestmark = pytest.mark.slow  # 16 job processes, each with its own JVM (788 s on 2 cores)
+pytestmark = pytest.mark.slow  # 16 job processes, each with its own JVM (many minutes on 2 cores)
 
 DAYS = ("2026-01-01", "2026-01-02")
 LAST_SPARK_STAGE = "validate_examples"

@@ -318,7 +318,8 @@ def test_length_sorted_batches_hold_the_stream_passs_examples_with_less_padding(
         sizes = [b.padded_sizes()["impression"] for b in batches]
         return 1 - sum(r for r, _ in sizes) / sum(p for _, p in sizes)
 
-    # Here most histories reach the cap of 8 (40 users): measured 11.5% -> 6.6%.
+    # Here most histories reach the cap of 8 (40 users): length-sorted batches pad far less than the
+    # stream's, so the 0.75 factor has margin.
     assert padding(sorted_pass) < 0.75 * padding(stream_pass), (padding(sorted_pass), padding(stream_pass))
 
 

@@ -185,7 +185,7 @@ GOOD_EXAMPLES = [_example("i1", click=1, lead=1), _example("i2", user="u2"), _ex
                  _example("i4", surface="fb_feed", click=1), _example("i5", surface="fb_feed")]
 
 
-@pytest.mark.slow  # one full validation of the examples suite per rule (about 20 s each on 2 cores)
+@pytest.mark.slow  # one full validation of the examples suite per rule (slow on 2 cores)
 @pytest.mark.parametrize("bad, rule", [
     ([_example("i6", surface="fb_feed", click=1)], "label_rate:click"),  # fb_feed: 2 of 3 clicked > 0.6
     ([_example("i6", lead=1)], "conversion_label_implies_click"),

@@ -29,7 +29,7 @@ def test_a_midnight_manual_run_of_the_day_before_is_a_conflict_and_todays_manual
     sqlite_time = manual_logical_date("2026-01-02").replace("T", " ")[:19] + ".000000"  # as Airflow stores it
     with sqlite3.connect(db) as conn:
         conn.executemany("INSERT INTO dag_run VALUES ('gem_daily', ?, ?, ?)", [
-            ("manual__old", "2026-01-03 00:00:00.000000", "2026-01-02 00:00:00.000000"),  # before the fix: ds+1 midnight
+            ("manual__old", "2026-01-03 00:00:00.000000", "2026-01-02 00:00:00.000000"),  # older dating: ds+1 midnight
             ("manual__new", sqlite_time, "2026-01-02 00:00:00.000000"),  # one second after the day closed
             ("backfill__x", "2026-01-04 00:00:00.000000", "2026-01-04 00:00:00.000000"),  # its own day
         ])

@@ -68,7 +68,7 @@ def test_the_user_is_gone_from_every_table_and_landing_and_nobody_else_is(lakeho
     assert sum(report.landing_lines_removed.values()) == 2
     # Older versions still hold the user until VACUUM, from the day the report names.
     assert GONE in _users(cfg, "silver.training_examples", version=examples_before)
-    # 60 days on is Monday 2027-02-01 12:00 UTC; the weekly upkeep (Sundays 06:00 UTC) after that:
+    # 60 days after the erasure is a Monday, 12:00 UTC; the weekly upkeep (Sundays 06:00 UTC) after that:
     assert cfg.retention_days == 60
     assert report.vacuum_from == dt.datetime(2027, 2, 7, 6, 0, tzinfo=dt.UTC)
     assert any("2027-02-07 06:00 UTC" in x for x in report.lines())

@@ -129,7 +129,7 @@ def test_batch_flops_count_what_runs_on_a_ragged_batch(layout, length_groups):
     assert counter.get_total_flops() == counted["total"]
     at_max = kunlun_flops(cfg.kunlun, len(sparse_names), dense_dim, len(tasks), 2, cfg.heads.hidden,
                           cfg.heads.shared_experts)
-    assert counted["total"] < b * at_max["total"]  # the old max_len assumption over-counts this batch
+    assert counted["total"] < b * at_max["total"]  # counting every sequence at max_len over-counts this batch
     full = {e: [c.max_len] * b for e, c in cfg.kunlun.events.items()}
     assert kunlun_batch_flops(cfg.kunlun, full, len(sparse_names), dense_dim, len(tasks), 2, cfg.heads.hidden,
                               cfg.heads.shared_experts)["total"] == b * at_max["total"]
@@ -137,7 +137,7 @@ def test_batch_flops_count_what_runs_on_a_ragged_batch(layout, length_groups):
 
 def test_batch_flops_per_second_is_plausible_on_this_cpu():
     """A rough sanity figure, not a speed gate: forward + backward FLOPs (3 x forward) of a
-    demo-size batch over its wall time, against a large matmul's rate measured alongside. Counting
+    demo-size batch over its wall time, against a large matmul's rate timed alongside. Counting
     FLOPs that never run would push the model's rate past what the matmul reaches."""
     import time
 

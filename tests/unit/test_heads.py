@@ -53,7 +53,7 @@ def test_heads_start_at_their_base_rates():
 
 def test_a_sparse_task_starts_near_its_label_types_pooled_rate_not_at_zero():
     """No positive in training must not mean a rate of 0 (the head's 1e-6 floor): one positive on the
-    held-out day then cost ~14 nats. The rate shrinks toward the label type's pooled rate; a
+    held-out day then costs ~14 nats. The rate shrinks toward the label type's pooled rate; a
     data-rich task keeps its own."""
     counts = {"audience_network/lead": (0.0, 8_000.0), "fb_feed/lead": (9.0, 30_000.0), "reels/lead": (10.0, 18_000.0),
               "fb_feed/click": (1_900.0, 30_000.0), "audience_network/click": (140.0, 8_000.0),

@@ -2,7 +2,7 @@
 Spark (tests/precompute_lakehouse.py) and a real tiny Kunlun: what the tables hold equals what the
 model computes; 1 and 2 workers write the same tables; a worker killed mid-shard leaves its shard to
 the survivor with the same result; an incremental day equals a full recompute for the changed users
-and leaves the others' rows alone; the speculative pairs' use is measured; a missing promoted model
+and leaves the others' rows alone; the speculative pairs' use is recorded; a missing promoted model
 fails clearly, and a day without a mixture skips."""
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def partition_files(cfg: Any, schema: Any, ds: str) -> set[str]:
 
 def sequences_before(cfg: Any, world: World, user: str, cut: dt.datetime) -> dict[str, Jagged]:
     """The user's sequences strictly before `cut`, the newest the model reads, encoded by hand from
-    the world's events (not through the loader), gaps measured to `cut`."""
+    the world's events (not through the loader), gaps counted to `cut`."""
     lengths = cfg.loader.capped(cfg.model.sequence_lengths())
     cut_us = int(cut.timestamp() * 1_000_000)
     out = {}
@@ -197,7 +197,7 @@ def test_speculative_pairs_follow_the_policy_and_their_use_is_measured(lake: dic
         recent = list(dict.fromkeys(e["ad_id"] for e in reversed(seen)))[: cfg.precompute.recent_ads]
         expected |= {(u, a, "recent") for a in recent} | {(u, a, "popular") for a in popular if a not in recent}
     assert {(r["user_id"], r["ad_id"], r["reason"]) for r in pairs} == expected
-    # Measured on day 3: day 3's impressions whose (user, ad) day 2 precomputed.
+    # Scored on day 3: day 3's impressions whose (user, ad) day 2 precomputed.
     start3 = start2 + dt.timedelta(days=1)
     impressions = [(u, e["ad_id"]) for u, ev in world.events.items() for e in ev["impression"]
                    if start3 <= e["event_time"] < start3 + dt.timedelta(days=1)]

@@ -1,7 +1,7 @@
 """gem.quality.runner.project_lock: processes validating into one GX project take it one at a time.
 
 GX's file stores are not safe for concurrent writers: a backfill's day 1 and the next daily run
-ingesting at once failed with CheckpointRelatedResourcesFreshnessError. Real processes, real GX
+ingesting at once fail with CheckpointRelatedResourcesFreshnessError. Real processes, real GX
 (pandas batches, so no JVM)."""
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ def _grads(task: StudentTask, loss: torch.Tensor, prefix: str) -> dict[str, torc
 
 
 def test_distillation_reaches_the_body_scaled_by_beta_and_its_head_in_full():
-    """Measured on the body's parameters: grad(total) - grad(serving) = beta * grad(distillation
+    """Checked on the body's parameters: grad(total) - grad(serving) = beta * grad(distillation
     terms at beta 1); the distillation head's own gradient does not depend on beta; the serving head
     gets no gradient from distillation."""
     batch = student_batch(b=24, seed=1, code_dim=CODE_DIM)
@@ -258,9 +258,9 @@ def _fm_knows(b: int, seed: int, p_by_ad: torch.Tensor):
 def test_the_kd_student_beats_the_baseline_where_the_fm_knows_more():
     """128 labelled examples over 16 ads whose click rates the FM knows: the KD student (the FM's
     predictions as the distillation head's target, shaping the shared body) scores a lower held-out
-    serving loss than the same student trained on the labels alone, on each of 3 seeds (measured
-    2026-12-03 at 80 steps: 1.208 / 1.117 / 0.974 against 1.299 / 1.151 / 1.049; the labels' own
-    Bayes loss 1.085 / 1.085 / 0.948)."""
+    serving loss than the same student trained on the labels alone, on each of 3 seeds, by more than 0.02:
+    on 128 labels alone the student stays well above the labels' own Bayes loss, and the FM's
+    predictions close more of that gap than the margin on every seed."""
     for seed in range(3):
         p_by_ad = 0.02 + 0.6 * torch.rand(16, generator=torch.Generator().manual_seed(100 + seed))
         train = [_fm_knows(64, 10 * seed + i, p_by_ad) for i in range(2)]

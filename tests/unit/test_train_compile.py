@@ -1,6 +1,6 @@
 """train.compile on the CPU: torch.compile (inductor, dynamic shapes) of the dense body trains as eager does.
 
-About 2 minutes on 2 cores from a cold inductor cache (35 s warm): inductor builds the tiny model's
+Minutes on 2 cores from a cold inductor cache (faster warm): inductor builds the tiny model's
 kernels with the host's C++ compiler, which is what this tests."""
 
 from __future__ import annotations

@@ -109,8 +109,8 @@ def test_upkeep_waits_while_a_backfill_holds_its_range(lakehouse, tmp_path, monk
 def test_a_day_compacted_or_erased_from_after_its_validation_still_reads_as_validated(tmp_path) -> None:
     """The weekly OPTIMIZE rewrites a validated day's files with the same rows, and `gem delete-user`
     removes one user's rows: the stages that read the day as validated (StageCommit.validated_version)
-    go on reading it; any other change of its rows after the validation is still refused. Before,
-    the first daily run after an upkeep or an erasure failed on every day they touched."""
+    go on reading it; any other change of its rows after the validation is still refused. Refusing
+    them too would fail the first daily run after an upkeep or an erasure on every day they touched."""
     from gem.lakehouse import completions
     from gem.lakehouse.commit import StageCommit, StageContext
     from gem.lakehouse.erasure import erase_tables

@@ -18,8 +18,8 @@ import org.apache.hadoop.fs.permission.FsPermission;
  * <p>Without Hadoop's native library, which pyspark does not ship, RawLocalFileSystem sets the mode
  * of every file and folder it creates by running chmod in a forked process. A Delta write of a
  * range of days creates one Parquet file and one checksum file per day and task, so a 1,000-day
- * import spent most of its writes waiting on those processes (build gem.lakehouse.spark's
- * session with this class and they are gone). Modes are the same; only the setuid, setgid and
+ * import spends most of its writes waiting on those processes (gem.lakehouse.spark's session
+ * built with this class starts none). Modes are the same; only the setuid, setgid and
  * sticky bits, which Java cannot set and a lakehouse never uses, are dropped.
  */
 public class NioLocalFileSystem extends LocalFileSystem {
