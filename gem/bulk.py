@@ -133,7 +133,7 @@ def run_range(cfg: GemConfig, start: str, end: str, through_stage: str | None = 
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from gem.cli import iso_day
+    from gem.days import iso_day
     from gem.config import add_config_arg, load_config
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from gem.config import add_config_arg
-from gem.days import day_range, shift_day
+from gem.days import day_range, iso_day, shift_day
 from gem.lakehouse.stages import ready_on_day
 
 __all__ = ["day_range", "examples_parser", "iso_day", "job_exit", "job_parser", "resolve_examples_day", "shift_day"]
@@ -16,14 +15,6 @@ __all__ = ["day_range", "examples_parser", "iso_day", "job_exit", "job_parser", 
 if TYPE_CHECKING:
     from gem.config import GemConfig
     from gem.lakehouse.commit import StageResult
-
-
-def iso_day(text: str) -> str:
-    """argparse type: a calendar day written YYYY-MM-DD (returned normalised)."""
-    try:
-        return dt.date.fromisoformat(text).isoformat()
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--ds must be a day written YYYY-MM-DD, got {text!r}") from None
 
 
 def job_parser(description: str | None) -> argparse.ArgumentParser:

@@ -23,7 +23,7 @@ from typing import Annotated
 
 import typer
 
-from gem.cli import iso_day
+from gem.days import iso_day
 
 app = typer.Typer(
     help="The GEM pipeline: run days through Airflow, see what is done, import real data.",
@@ -41,7 +41,7 @@ ConfigOption = Annotated[
 
 
 def _day(value: str | None) -> str | None:
-    """typer callback: a day written YYYY-MM-DD (gem.cli.iso_day), as a usage error otherwise."""
+    """typer callback: a day written YYYY-MM-DD (gem.days.iso_day), as a usage error otherwise."""
     if value is None:
         return None
     try:

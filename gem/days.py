@@ -5,7 +5,16 @@ Standard library only: the stage registry, which the DAG processor imports on ev
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
+
+
+def iso_day(text: str) -> str:
+    """A calendar day written YYYY-MM-DD, returned normalised; usable as an argparse `type`."""
+    try:
+        return dt.date.fromisoformat(text).isoformat()
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--ds must be a day written YYYY-MM-DD, got {text!r}") from None
 
 
 def shift_day(ds: str, days: int) -> str:

@@ -88,7 +88,7 @@ def run_airflow_day(ds: str, parent: TextIO) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     from gem.bulk import run_range
-    from gem.cli import iso_day
+    from gem.days import iso_day
     from gem.config import load_config
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

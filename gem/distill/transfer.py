@@ -186,7 +186,7 @@ def history_code_bytes(cfg: Any, ds: str) -> float | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gem.cli import iso_day
+    from gem.days import iso_day
     from gem.config import add_config_arg, load_config
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -291,7 +291,7 @@ def folder_from(stream: TextIO) -> Path | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gem.cli import iso_day
+    from gem.days import iso_day
     from gem.config import add_config_arg, load_config
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -156,7 +156,7 @@ def run(ctx: Any, ds: str, run_dir: Path | None = None, steps: int | None = None
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from gem.cli import iso_day
+    from gem.days import iso_day
     from gem.config import add_config_arg, load_config
     from gem.lakehouse.commit import StageContext
 
