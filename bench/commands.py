@@ -1,0 +1,117 @@
+"""The README's two commands timed on a fresh clone: `make setup`, then `make demo` and `make test`.
+
+    python -m bench.commands                # both; writes docs/benchmarks/make_demo.json and make_test.json
+    python -m bench.commands --only demo    # one of them
+    python -m bench.commands --keep         # leave the clone (its lakehouse, logs) for a look afterwards
+
+The clone is of this checkout's HEAD (uncommitted changes are not in it; the results name HEAD). Set-up runs first and is timed on its own: its time depends on what pip, Maven and npm
+already hold in their caches on this host, while the two commands after it do not download anything.
+Each command runs as CI runs it (`CI=true`: a browser test without Chromium fails instead of
+skipping); a command that fails stops the bench with the tail of its log, and nothing is recorded.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from bench.results import REPO_ROOT, Figure, current_commit, record
+
+COMMANDS = ("demo", "test")
+PYTEST_SUMMARY = re.compile(r"=+ (?P<body>.*\d+ passed.*) in [\d.]+s")
+
+
+class CommandFailed(Exception):
+    pass
+
+
+def timed_make(target: str, clone: Path, log: Path) -> float:
+    """Seconds `make <target>` took in the clone; its output goes to `log`."""
+    env = {**os.environ, "CI": "true"}
+    started = time.monotonic()
+    with log.open("w") as out:
+        completed = subprocess.run(["make", target], cwd=clone, stdout=out, stderr=subprocess.STDOUT, env=env)
+    seconds = time.monotonic() - started
+    if completed.returncode != 0:
+        tail = "\n".join(log.read_text().splitlines()[-40:])
+        raise CommandFailed(f"`make {target}` exited {completed.returncode} after {seconds:.0f} s; log {log}:\n{tail}")
+    print(f"make {target}: {seconds:.0f} s (log {log})")
+    return seconds
+
+
+def pytest_counts(log_text: str) -> dict[str, int]:
+    """{"passed": 571, "skipped": 13, "deselected": 44} from pytest's last summary line."""
+    matches = PYTEST_SUMMARY.findall(log_text)
+    if not matches:
+        raise CommandFailed("no pytest summary line in `make test`'s log")
+    counts = {}
+    for part in matches[-1].split(","):
+        number, _, kind = part.strip().partition(" ")
+        counts[kind] = int(number)
+    return counts
+
+
+def main(
+    only: Annotated[list[str] | None, typer.Option("--only", help="demo or test (repeatable); default: both")] = None,
+    keep: Annotated[bool, typer.Option("--keep", help="keep the clone and its logs")] = False,
+) -> None:
+    """Time `make demo` and `make test` on a fresh clone of HEAD after `make setup`."""
+    wanted = only or list(COMMANDS)
+    if unknown := sorted(set(wanted) - set(COMMANDS)):
+        raise typer.BadParameter(f"unknown command(s) {unknown}; choose from {list(COMMANDS)}", param_hint="--only")
+    commit, dirty = current_commit()
+    if dirty:
+        print(f"note: the checkout has uncommitted changes; the clone times HEAD ({commit[:12]}) without them")
+    workspace = Path(tempfile.mkdtemp(prefix="gem-bench-commands-"))
+    clone = workspace / "gem"
+    try:
+        subprocess.run(["git", "clone", "--quiet", str(REPO_ROOT), str(clone)], check=True)
+        setup_s = timed_make("setup", clone, workspace / "setup.log")
+        if "demo" in wanted:
+            demo_s = timed_make("demo", clone, workspace / "demo.log")
+            record(
+                "make_demo",
+                "`make demo` on a fresh clone",
+                [
+                    Figure("wall_s", "`make demo`, after set-up", round(demo_s, 1), "s"),
+                    Figure("setup_s", "`make setup` on the fresh clone (pip, Maven and npm caches as the host had them)",
+                           round(setup_s, 1), "s"),
+                ],
+                commit=commit,
+                notes="The demo: synthetic data, local Spark, a local Delta folder, SQLite Airflow, CPU torch "
+                      "(configs/demo.yaml).",
+            )
+        if "test" in wanted:
+            test_s = timed_make("test", clone, workspace / "test.log")
+            counts = pytest_counts((workspace / "test.log").read_text())
+            record(
+                "make_test",
+                "`make test` on a fresh clone",
+                [
+                    Figure("wall_s", "`make test`, after set-up", round(test_s, 1), "s"),
+                    Figure("passed", "tests passed", counts.get("passed", 0)),
+                    Figure("skipped", "tests skipped (the GPU tier without CUDA)", counts.get("skipped", 0)),
+                    Figure("deselected", "slow-tier tests left to `make test-slow`", counts.get("deselected", 0)),
+                ],
+                commit=commit,
+            )
+    except CommandFailed as error:
+        keep = True
+        raise SystemExit(str(error)) from None
+    finally:
+        if keep:
+            print(f"clone kept: {clone}")
+        else:
+            shutil.rmtree(workspace, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    typer.run(main)
