@@ -9,9 +9,10 @@ Two lakehouses and Airflow homes under one temporary folder, one small synthetic
              API server, DAG processor and LocalExecutor scheduler the command starts (each task in
              its own process with its own Spark session).
 Prints both wall times, their ratio and, per table, whether the rows agree (run ids, times, Delta
-versions and file locations aside: `NOT_COMPARED`). Day 2 on trains (one training day), so
-pretraining, precompute and distillation are compared too. tests/e2e/test_backfill.py runs the same
-for 3 days.
+versions and file locations aside: gem.lakehouse.compare's NOT_COMPARED) and publishes the figures
+through bench.results (backfill). The world is gem.small_world's. Day 2 on trains (one training
+day), so pretraining, precompute and distillation are compared too. tests/e2e/test_backfill.py runs
+the same for 3 days.
 """
 
 from __future__ import annotations
@@ -24,42 +25,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.results import Figure, add_results_dir_arg, record
 from gem.days import day_range, shift_day
-
-START_DS = "2026-01-01"
-# Differ between two lakehouses built from the same days by design: run ids and times (the tests'
-# VOLATILE_COLUMNS); Delta versions (two tables with the same rows can have different commit
-# histories: a rerun adds a commit, a task process creating a table another already made adds none);
-# where files are (each lakehouse has its own folder and random data file names) and what embeds it
-# (a mixture's id hashes its rows' paths and versions; a metrics row keeps the run's config, with its
-# lakehouse_uri); when rows were computed; the code's commit.
-NOT_COMPARED = {"run_id", "completed_at", "table_versions", "input_versions", "ingested_at",
-                "table_version", "examples_version", "sequences_version",
-                "file_path", "table_path", "sequences_path", "model_checkpoint", "mixture_id", "config",
-                "created_at", "computed_at", "code_version"}
-
-
-def world_config(root: Path, events_per_day: int = 4000, users: int = 400, ads: int = 80) -> Path:
-    """A small world's config in root/gem.yaml (its lakehouse in root/lakehouse): one training day per
-    mixture, 4 training steps, one precompute worker."""
-    import yaml
-
-    from tests.support import C1_JVM_CONF
-
-    root.mkdir(parents=True, exist_ok=True)
-    path = root / "gem.yaml"
-    path.write_text(yaml.safe_dump({
-        "lakehouse_uri": str(root / "lakehouse"), "start_ds": START_DS, "attribution_window_days": 0,
-        "spark": {"master": "local[2]", "shuffle_partitions": 2, "driver_memory": "2g",
-                  "conf": C1_JVM_CONF},
-        "generator": {"users": users, "ads": ads, "advertisers": max(1, ads // 5), "events_per_day": events_per_day,
-                      "chunk_impressions": 2000},
-        "mix": {"train_days": 1, "validation_days": 0},
-        "loader": {"batch_size": 128, "num_workers": 0},
-        "train": {"steps": 4, "checkpoint_every": 2},
-        "precompute": {"workers": 1},
-    }))
-    return path
+from gem.lakehouse.compare import NOT_COMPARED, lakehouse_rows
+from gem.small_world import START_DS, world_config
 
 
 def free_port() -> int:
@@ -103,7 +72,6 @@ def differing_tables(cfg_a: Path, cfg_b: Path) -> tuple[list[str], int]:
     """(tables whose rows differ between the two lakehouses, tables compared that hold rows)."""
     from gem.config import load_config
     from schemas import TABLES
-    from tests.support import lakehouse_rows
 
     a, b = load_config(str(cfg_a)), load_config(str(cfg_b))
     differ, filled = [], 0
@@ -120,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events-per-day", type=int, default=4000)
     parser.add_argument("--users", type=int, default=400)
     parser.add_argument("--ads", type=int, default=80)
+    add_results_dir_arg(parser)
     args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="gem-bench-backfill-"))
     days = day_range(START_DS, shift_day(START_DS, args.days - 1))
@@ -140,6 +109,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  gem backfill (Airflow's backfill, scheduler + LocalExecutor): {seconds['backfill']:.0f}s "
           f"({seconds['backfill'] / args.days:.0f}s a day) = {seconds['backfill'] / seconds['daily']:.2f}x the daily runs")
     print(f"  tables: {filled} hold rows; " + (f"DIFFERENT: {', '.join(differ)}" if differ else "every one equal"))
+    record("backfill", "gem backfill (Airflow's backfill) against the same days run daily, side by side", [
+        Figure("days", "days run by each arm", args.days),
+        Figure("daily_s", "daily runs (airflow dags test, one per day), wall time", round(seconds["daily"]), "s"),
+        Figure("backfill_s", "gem backfill (scheduler + LocalExecutor), wall time", round(seconds["backfill"]), "s"),
+        Figure("daily_s_per_day", "daily runs, wall time per day", round(seconds["daily"] / args.days), "s"),
+        Figure("backfill_s_per_day", "gem backfill, wall time per day", round(seconds["backfill"] / args.days), "s"),
+        Figure("backfill_over_daily", "gem backfill / daily runs, wall time",
+               round(seconds["backfill"] / seconds["daily"], 2), "x"),
+        Figure("tables_with_rows", "tables holding rows", filled),
+        Figure("tables_differing", "tables whose rows differ between the arms", len(differ)),
+    ], notes=f"{args.events_per_day:,} impressions a day, {args.users} users, {args.ads} ads."
+             + (f" Tables that differ: {', '.join(differ)}." if differ else ""), results_dir=args.results_dir)
     return 1 if differ else 0
 
 

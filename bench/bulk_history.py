@@ -13,9 +13,10 @@ and, side by side on the first `--compare-days` days (each arm in its own lakeho
   day_by_day  the same stages once per day, in the daily runs' order (`day_by_day=True`);
   ranged      the same days ranged, whose wall time the ratio is taken against.
 
-Prints each stage's seconds, the total, events per second, and the compare ratio. The goal of
-issue 17: 1,000 days with 1M events from landing to training examples in at most 30 minutes on 2
-cores. Never part of CI (wall time is a measurement, not a gate).
+Prints each stage's seconds, the total, events per second, and the compare ratio, and publishes them
+through bench.results (bulk_history). The goal of issue 17: 1,000 days with 1M events from landing
+to training examples in at most 30 minutes on 2 cores. Never part of CI (wall time is a measurement,
+not a gate).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.results import Figure, add_results_dir_arg, record
 from gem.days import day_range, shift_day
 
 USERS, MOVIES = 6040, 3706  # MovieLens-1M's
@@ -108,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=None,
                         help="an empty folder to write into and keep (the lakehouse, for inspection); default: a "
                              "temporary folder, removed at the end")
+    add_results_dir_arg(parser)
     args = parser.parse_args(argv)
     last = shift_day(START_DS, args.days - 1)
     if args.workdir is not None and args.workdir.exists() and any(args.workdir.iterdir()):
@@ -125,9 +128,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{time.monotonic() - started:.0f}s)", flush=True)
         spark = get_spark(cfg, app_name="bench-bulk-history")
 
+        seconds: dict[str, float] = {}
         if args.compare_days:
             compare_last = shift_day(START_DS, args.compare_days - 1)
-            seconds = {}
             for arm, day_by_day in (("day_by_day", True), ("ranged", False)):
                 arm_cfg = _config(root, arm)
                 seconds[arm], _ = _run(arm_cfg, START_DS, compare_last, StageContext(arm_cfg, spark), day_by_day)
@@ -140,6 +143,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(day_range(START_DS, last))} days, {events:,} events, landing to validated examples: "
               f"{wall:.0f}s ({wall / 60:.1f} min, {events / wall:,.0f} events/s); goal: at most 30 min")
         spark.stop()
+    days = len(day_range(START_DS, last))
+    figures = [
+        Figure("days", "days of history", days),
+        Figure("events", "events imported", events),
+        Figure("wall_s", "landing to validated training examples, ranged, wall time", round(wall), "s"),
+        Figure("events_per_s", "landing to validated training examples", round(events / wall), "events/s"),
+    ]
+    if seconds:
+        figures += [
+            Figure("compare_day_by_day_s", f"first {args.compare_days} days, one day at a time",
+                   round(seconds["day_by_day"]), "s"),
+            Figure("compare_ranged_s", f"first {args.compare_days} days, ranged", round(seconds["ranged"]), "s"),
+            Figure("ranged_speedup", f"first {args.compare_days} days: day by day / ranged, wall time",
+                   round(seconds["day_by_day"] / seconds["ranged"], 2), "x"),
+        ]
+    record("bulk_history", "A long history through the bulk path: landing to validated training examples", figures,
+           notes=f"synthetic MovieLens-1M-format history: {args.ratings:,} ratings over {days} days "
+                 f"(seed {args.seed}).",
+           extra={"seconds_per_stage": {stage: round(t, 1) for stage, t in per_stage.items()}},
+           results_dir=args.results_dir)
     return 0
 
 

@@ -2,7 +2,8 @@
 # Every GPU check in one device call: the GPU test tier (correctness), every GPU timing
 # (bench.gpu_train's models and layouts, the precompute forward against its roofline), then the
 # quality study's gpu preset, given what is left of TOTAL_SECONDS (default 570: one 10-minute call).
-# Each part's output lands in OUT_DIR; the study's report as one tarball.
+# Each part's output lands in OUT_DIR; the study's report as one tarball; the benches' published
+# results (bench.results) in OUT_DIR/benchmarks, to copy into docs/benchmarks/.
 #
 #   bash bench/gpu_check.sh OUT_DIR [TOTAL_SECONDS]
 #   PARTS="tests train sharing" bash bench/gpu_check.sh OUT_DIR   # some parts only
@@ -34,12 +35,14 @@ wanted tests && part "GPU test tier" && timeout 300 $py -m pytest -q -m gpu -p n
   tests/unit/test_kunlun.py tests/unit/test_heads.py tests/unit/test_study.py tests/unit/test_bench_smoke.py 2>&1 | tee "$out/gpu_tests.txt"
 
 wanted train && part "training throughput: Kunlun jagged and padded, HSTU (bf16)" \
-  && timeout 180 $py -m bench.gpu_train 2>&1 | tee "$out/gpu_train.txt"
+  && timeout 180 $py -m bench.gpu_train --results-dir "$out/benchmarks" 2>&1 | tee "$out/gpu_train.txt"
 
 wanted precompute && part "precompute forward against its roofline (bf16)" \
-  && timeout 120 $py -m bench.precompute --gpu-only 2>&1 | tee "$out/precompute_roofline.txt"
+  && timeout 120 $py -m bench.precompute --gpu-only --results-dir "$out/benchmarks" 2>&1 \
+  | tee "$out/precompute_roofline.txt"
 
-wanted sharing && part "study workers sharing the GPU" && timeout 200 $py -m bench.study_sharing 2>&1 \
+wanted sharing && part "study workers sharing the GPU" \
+  && timeout 200 $py -m bench.study_sharing --results-dir "$out/benchmarks" 2>&1 \
   | tee "$out/study_sharing.txt"
 
 if wanted study; then

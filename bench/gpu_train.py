@@ -7,10 +7,11 @@ width and sequence length.
 Imports only torch, numpy and the project's pure-torch model code (no torchrec, no Spark): plain
 nn.Embedding tables stand in for the sharded embeddings, and batches are synthetic with every
 sequence at full length (no padding), so FLOPs are exact. Model FLOPs per step = 3 x forward FLOPs
-(gem.model.flops / gem.model.hstu; backward ~ 2 x forward), over the median step time measured
-with CUDA events after warm-up. MFU is reported against the H200 dense bf16 spec (989 TFLOP/s)
-and against a matmul peak measured in the same run (8192^3 bf16 on GPU). Both models run in the
-same process, one after the other, on the same batch shapes.
+(gem.model.flops / gem.model.hstu; backward ~ 2 x forward), over the median step time, timed with
+CUDA events after warm-up. MFU is reported against the H200 dense bf16 spec (989 TFLOP/s) and
+against a matmul peak timed in the same run (8192^3 bf16 on GPU). Both models run in the same
+process, one after the other, on the same batch shapes. A run on CUDA publishes its figures through
+bench.results (gpu_train); a CPU run (--tiny, CI's smoke) and a --no-record run only print them.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from bench.results import Figure, add_results_dir_arg, record
 from gem.model.configs import EventConfig, HSTUConfig, KunlunConfig
 from gem.model.flops import hstu_body_flops, kunlun_flops
 from gem.model.heads import DomainExpertHeads
@@ -153,7 +155,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--tiny", action="store_true", help="a seconds-long CPU smoke run")
+    parser.add_argument("--tiny", action="store_true", help="a seconds-long CPU smoke run (never published)")
+    parser.add_argument("--no-record", action="store_true", help="print the figures only (a smoke run's)")
+    add_results_dir_arg(parser)
     args = parser.parse_args(argv)
     if args.tiny:
         args.batch, args.dim, args.length, args.layers, args.steps = 4, 64, 16, 2, 2
@@ -177,7 +181,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
                for name, model in (("kunlun", kunlun), ("kunlun_padded", padded), ("hstu", hstu))}
     peak = matmul_peak_tflops(device, torch.bfloat16 if bf16 else torch.float32, 8192 if bf16 else 512)
     print(f"device {device} ({'bf16 autocast' if bf16 else 'fp32'}), batch {args.batch}, dim {args.dim}, "
-          f"impression length {args.length}, layers {args.layers}; measured matmul peak {peak:,.1f} TFLOP/s")
+          f"impression length {args.length}, layers {args.layers}; matmul peak {peak:,.1f} TFLOP/s (this run)")
     print(f"{'model':<14} {'GFLOP/ex fwd':>12} {'step ms':>9} {'ex/s':>10} {'TFLOP/s':>9} {'MFU spec':>9} "
           f"{'MFU meas':>9}")
     for name, r in results.items():
@@ -185,7 +189,36 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
                   "mfu_measured_peak": r["tflops"] / peak})
         print(f"{name:<14} {flops[name] / 1e9:>12.3f} {1e3 * r['step_s']:>9.1f} {r['examples_per_s']:>10,.0f} "
               f"{r['tflops']:>9.3f} {r['mfu_spec']:>9.2%} {r['mfu_measured_peak']:>9.2%}")
+    if device.type == "cuda" and not (args.tiny or args.no_record):
+        publish(results, peak, args)
     return results
+
+
+def publish(results: dict[str, dict[str, float]], peak: float, args: argparse.Namespace) -> None:
+    """Each model's step time, throughput and MFU, and the layouts' and models' ratios, as `gpu_train`."""
+    names = {"kunlun": "Kunlun (jagged)", "kunlun_padded": "Kunlun (padded)", "hstu": "HSTU"}
+    figures = []
+    for name, r in results.items():
+        figures += [
+            Figure(f"{name}_step_ms", f"{names[name]}: median training step", round(1e3 * r["step_s"], 1), "ms"),
+            Figure(f"{name}_examples_per_s", f"{names[name]}: training", round(r["examples_per_s"]), "examples/s"),
+            Figure(f"{name}_tflops", f"{names[name]}: model FLOPs", round(r["tflops"], 2), "TFLOP/s"),
+            Figure(f"{name}_mfu_spec", f"{names[name]}: MFU against the H200 bf16 spec ({H200_BF16_SPEC_TFLOPS:.0f})",
+                   round(100 * r["mfu_spec"], 2), "%"),
+            Figure(f"{name}_mfu_peak", f"{names[name]}: MFU against this run's matmul peak",
+                   round(100 * r["mfu_measured_peak"], 2), "%"),
+        ]
+    kunlun = results["kunlun"]["step_s"]
+    figures += [
+        Figure("matmul_peak_tflops", "matmul peak, timed in the same run (8192^3 bf16)", round(peak), "TFLOP/s"),
+        Figure("padded_over_jagged_step", "Kunlun step time, padded / jagged layout",
+               round(results["kunlun_padded"]["step_s"] / kunlun, 2), "x"),
+        Figure("hstu_over_kunlun_step", "step time, HSTU / Kunlun (jagged)",
+               round(results["hstu"]["step_s"] / kunlun, 2), "x"),
+    ]
+    record("gpu_train", "Training-step throughput on a GPU (bf16): Kunlun jagged and padded, HSTU", figures,
+           notes=f"batch {args.batch}, dim {args.dim}, impression length {args.length}, {args.layers} layers, "
+                 f"{args.steps} timed steps; synthetic full-length sequences.", results_dir=args.results_dir)
 
 
 if __name__ == "__main__":

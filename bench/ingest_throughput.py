@@ -3,7 +3,8 @@
 `python -m bench.ingest_throughput [--events 1000000 10000000] [--root /tmp/gem-bench]`
 
 Each size gets a fresh lakehouse; the generator's and ingest's seconds are reported separately,
-ingest's events/s counts every landing line (good and quarantined). Not a test: nothing here gates CI.
+ingest's events/s counts every landing line (good and quarantined); the figures are published through
+bench.results (ingest_throughput). Not a test: nothing here gates CI.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import shutil
 import time
 from pathlib import Path
 
+from bench.results import Figure, add_results_dir_arg, record
 from gem.config import load_config
 from gem.lakehouse.commit import StageContext
 from gem.lakehouse.spark import get_spark
@@ -53,12 +55,23 @@ def main() -> None:
     parser.add_argument("--events", type=int, nargs="+", default=[1_000_000, 10_000_000])
     parser.add_argument("--root", default="/tmp/gem-bench")
     parser.add_argument("--master", default="local[2]")
+    add_results_dir_arg(parser)
     args = parser.parse_args()
     rows = [run_size(Path(args.root) / str(n), n, args.master) for n in args.events]
     print(f"{'events':>12} {'generate s':>11} {'ingest s':>9} {'ingest events/s':>16}")
     for r in rows:
         print(f"{int(r['events']):>12,} {r['generate_s']:>11.1f} {r['ingest_s']:>9.1f} {r['ingest_events_per_s']:>16,.0f}")
     shutil.rmtree(args.root, ignore_errors=True)
+    figures = []
+    for n, r in zip(args.events, rows, strict=True):  # keyed by the size asked for (lines ingested vary)
+        figures += [
+            Figure(f"events{n}_ingest_events_per_s", f"{n:,} events: ingest", round(r["ingest_events_per_s"]),
+                   "events/s"),
+            Figure(f"events{n}_ingest_s", f"{n:,} events: ingest, wall time", round(r["ingest_s"], 1), "s"),
+            Figure(f"events{n}_generate_s", f"{n:,} events: the generator, wall time", round(r["generate_s"], 1), "s"),
+        ]
+    record("ingest_throughput", "Ingest throughput: one synthetic day generated, then ingested", figures,
+           notes=f"Spark master {args.master}; each size in a fresh lakehouse.", results_dir=args.results_dir)
 
 
 if __name__ == "__main__":

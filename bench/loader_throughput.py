@@ -14,7 +14,9 @@
         rate 1) over the same files, L = 256 (goal: the mix at >= 0.95x the single source);
      b. L = 256 vs L = 1024 (the model takes the whole prefix: loader max lengths = L).
    Each figure is the median of 3 timed runs of `--batches` batches after one warm-up pass of the
-   worker processes. Not a test: nothing here gates CI.
+   worker processes.
+The figures and their ratios are published through bench.results (loader_throughput). Not a test:
+nothing here gates CI.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from bench.results import Figure, add_results_dir_arg, record
 from gem.config import LoaderConfig, load_config
 from gem.data.loader import ExampleStream, ResumableLoader
 from gem.data.manifest import Manifest, Source, read_manifest
@@ -151,7 +154,7 @@ def write_synthetic(root: Path, examples: int, users: int, length: int, seed: in
 
 
 def synthetic_manifest(paths: dict[str, Any], rates: dict[str, float]) -> Manifest:
-    from gem.data.delta_log import logged_files, table_version
+    from gem.data.delta_log import logged_files, partition_types, table_version
 
     ex_version, seq_version = table_version(paths["examples_path"]), table_version(paths["sequences_path"])
     files = logged_files(paths["examples_path"], ex_version)
@@ -168,6 +171,8 @@ def synthetic_manifest(paths: dict[str, Any], rates: dict[str, float]) -> Manife
         file_rows={f.path: f.rows for f in files if f.path in used},
         file_surface={f.path: f.partition["surface"] for f in files if f.path in used},
         counters_start_ds=COUNTERS_START_DS,
+        example_files={f.path: f for f in files if f.path in used},
+        example_partition_types=partition_types(paths["examples_path"], ex_version),
     )
 
 
@@ -194,6 +199,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batches", type=int, default=60)
     parser.add_argument("--batch-size", type=int, default=512)
+    add_results_dir_arg(parser)
     args = parser.parse_args()
 
     mixing = mixing_bytes(args.lakehouse, args.mix_ds)
@@ -223,6 +229,32 @@ def main() -> None:
           f"| ratio {results['five_sources'] / results['one_source']:.2f}x (goal >= 0.95x)")
     print(f"  sequences L=256 {results['length_256']:,.0f} | L=1024 {results['length_1024']:,.0f} "
           f"| ratio {results['length_1024'] / results['length_256']:.2f}x")
+    figures = [
+        Figure("one_source_examples_per_s", "1 source (click on one surface), L=256", round(results["one_source"]),
+               "examples/s"),
+        Figure("five_sources_examples_per_s", "5-source mix (rates 1.0 .. 0.6), L=256", round(results["five_sources"]),
+               "examples/s"),
+        Figure("mix_over_one_source", "5-source mix / 1 source (goal >= 0.95x)",
+               round(results["five_sources"] / results["one_source"], 2), "x"),
+        Figure("length_256_examples_per_s", "sequences L=256, 5 surfaces at rate 1", round(results["length_256"]),
+               "examples/s"),
+        Figure("length_1024_examples_per_s", "sequences L=1024, 5 surfaces at rate 1", round(results["length_1024"]),
+               "examples/s"),
+        Figure("length_1024_over_256", "L=1024 / L=256", round(results["length_1024"] / results["length_256"], 2), "x"),
+    ]
+    if mixing is not None:
+        figures += [
+            Figure("manifest_bytes", f"mixture manifest of {args.mix_ds}", mixing["manifest_bytes"], "B"),
+            Figure("materialized_copy_bytes", "a materialized copy of one pass's rows",
+                   mixing["materialized_copy_bytes"], "B"),
+            Figure("copy_over_manifest_bytes", "materialized copy / manifest, bytes",
+                   round(mixing["materialized_copy_bytes"] / mixing["manifest_bytes"]), "x"),
+        ]
+    record("loader_throughput", "Loader and mixing costs: a mix against one source, long sequences, manifest bytes",
+           figures, notes=f"{args.workers} loader workers, batch {args.batch_size}, {args.examples:,} examples of "
+                          f"{args.users:,} users; median of 3 runs of {args.batches} batches."
+                          + ("" if mixing else " Mixing bytes skipped: no mixture manifest in the lakehouse."),
+           results_dir=args.results_dir)
 
 
 if __name__ == "__main__":

@@ -3,9 +3,9 @@
     python -m bench.precompute [--users 6000,30000 --impressions 4 --ads 200 --shards 8]
     python -m bench.precompute --gpu-only              # only the roofline part (needs CUDA)
 
-One run, side by side, on a synthetic lakehouse written without Spark (tests/precompute_lakehouse.py:
+One run, side by side, on a synthetic lakehouse written without Spark (gem.precompute.synthetic_lakehouse:
 real Delta tables, the pipeline's default Kunlun width with random weights) of two days, everyone
-active on day 1 and `--changed` of the users on day 2:
+active on day 1 and `--changed` of the users on day 2, once per `--users` size:
   1. day 1 (a refresh, every user active) with 1 single-threaded worker, then again with 2 (this
      process and one more): users per second = users computed / wall seconds of the whole stage
      (plan, model loads, the second worker's start, commits, stats included), and over the shards
@@ -13,19 +13,16 @@ active on day 1 and `--changed` of the users on day 2:
   2. day 2 incremental (only the changed users), then the same day as a full recompute
      (model_refresh_days 1): wall seconds of the stage (both compute the same predictions and
      speculative pairs of day 2's active users) and worker seconds of the user embeddings.
+A small day cannot amortize what a larger one can: the second worker's interpreter start and
+imports (it overlaps the plan), up to a shard's worth of imbalance at the end, and each shard's
+fixed reads beside the embeddings of few changed users; hence one run per size.
+Before those, the speculative-pair policy on the event generator's own traffic at the demo's volumes.
 On CUDA only: the precompute forward (predict: body + heads) in bf16 on synthetic full-length
 batches, FLOPs from gem.model.flops, against the roofline min(matmul peak, arithmetic intensity x
-copy bandwidth), both measured in the same run; bytes per batch counted as the weights plus the
+copy bandwidth), both timed in the same run; bytes per batch counted as the weights plus the
 batch's inputs and outputs read or written once (a lower bound, so the roofline is an upper bound).
-Measured 2026-12-05 on an otherwise idle 2-core host (two single-threaded torch processes ran at
-1.95x of one there), one run of both sizes: at 6,000 users 2 workers ran 1.37x of 1 for the stage
-(1.49x over the shards) and the 10%-changed day's user embeddings cost 35% of the full recompute's;
-at 30,000 users 1.90x (1.96x) and 11.4%. What a small day cannot amortize: the helper's interpreter
-start and imports (about 2.2 s, longer than the plan it overlaps: its first claim came 2.1 s after
-this process's), then up to a shard's worth of imbalance at the end (8 shards of about 2 s), and
-each shard's fixed reads beside the embeddings of few changed users.
-Measured 2026-12-04 on one H200 (the demo's model, batch 4096): 167,947 examples/s, 0.9 TFLOP/s,
-0.1% of a 799 TFLOP/s roofline: at the demo's widths the forward is launch-bound, far from the 80% goal.
+Published through bench.results: the CPU figures as `precompute`, the GPU ones as
+`precompute_roofline` (each only when its part ran; --policy-only publishes nothing).
 """
 
 from __future__ import annotations
@@ -38,23 +35,26 @@ from typing import Any
 
 import torch
 
+from bench.results import Figure, add_results_dir_arg, record
 from gem.lakehouse.commit import StageContext
 
 
 def lakehouse_config(root: Path, users: int, shards: int, **precompute: Any) -> Any:
-    from tests.support import make_config
+    from gem.config import load_config
+    from gem.precompute.synthetic_lakehouse import START
 
     # The pipeline's default Kunlun (width 32); tables sized to the synthetic ids.
     buckets = {"user_id": 50_000, "ad_id": 1_000, "advertiser_id": 1_000, "campaign_id": 1_000, "surface": 8,
                "objective": 8, "creative_type": 8, "position": 65}
-    return make_config(root, start_ds="2026-01-01", attribution_window_days=0,
-                       model={"arch": "kunlun", "embeddings": {"buckets": buckets}},
-                       precompute={"shards": shards, "lease_expiry_s": 30.0, **precompute})
+    return load_config(overrides={
+        "lakehouse_uri": str(root / "lakehouse"), "start_ds": START, "attribution_window_days": 0,
+        "model": {"arch": "kunlun", "embeddings": {"buckets": buckets}},
+        "precompute": {"shards": shards, "lease_expiry_s": 30.0, **precompute}}, environ={})
 
 
 def cpu_bench(args: argparse.Namespace) -> dict[str, float]:
     from gem.precompute.run import run
-    from tests.precompute_lakehouse import build_days, promote_model, publish_training_records
+    from gem.precompute.synthetic_lakehouse import build_days, promote_model, publish_training_records
 
     root = Path(tempfile.mkdtemp(prefix="gem-bench-precompute-"))
     cfg = lakehouse_config(root, args.users, args.shards)
@@ -83,6 +83,7 @@ def cpu_bench(args: argparse.Namespace) -> dict[str, float]:
     incremental = run(StageContext(cfg), days[1], workers=1)
     full = run(StageContext(lakehouse_config(root, args.users, args.shards, model_refresh_days=1)), days[1], workers=1)
     changed = incremental.details["users_computed"] / incremental.details["users_total"]
+    out["changed_share"] = changed
     out["incremental_share"] = incremental.seconds / full.seconds
     inc, tot = incremental.details["shard_seconds"], full.details["shard_seconds"]
     out["incremental_embedding_share"] = inc["embeddings"] / tot["embeddings"]
@@ -102,7 +103,7 @@ def policy_on_generator_traffic(users: int, ads: int, impressions: int, days: in
                                 popular: int) -> dict[str, float]:
     """The speculative-pair policy (gem.precompute.speculative) on the event generator's own traffic
     (gem.study.traffic.simulate: the demo's world at its volumes, no Spark): pairs chosen from each
-    day's impressions, measured on the next day's. -> mean hit rate, wasted share, pairs per user."""
+    day's impressions, checked against the next day's. -> mean hit rate, wasted share, pairs per user."""
     import datetime as dt
 
     import numpy as np
@@ -150,7 +151,7 @@ def policy_on_generator_traffic(users: int, ads: int, impressions: int, days: in
 def gpu_bench(batch: int, steps: int) -> dict[str, float] | None:
     """The precompute forward on CUDA in bf16 against its roofline; None without CUDA."""
     if not torch.cuda.is_available():
-        print("no CUDA: the forward roofline measurement is skipped")
+        print("no CUDA: the forward roofline part is skipped")
         return None
     from bench.gpu_train import matmul_peak_tflops, synthetic_inputs
     from gem.config import load_config
@@ -204,7 +205,9 @@ def gpu_bench(batch: int, steps: int) -> dict[str, float] | None:
     print(f"forward: {batch / seconds:,.0f} examples/s, {achieved:.1f} TFLOP/s; roofline {roofline:.1f} TFLOP/s "
           f"(matmul peak {peak:.0f}, {bandwidth / 1e12:.2f} TB/s x {flops['total'] * batch / moved:.1f} FLOP/byte): "
           f"{achieved / roofline:.1%} of it (goal >= 80%)")
-    return {"tflops": achieved, "roofline_tflops": roofline, "roofline_share": achieved / roofline}
+    return {"examples_per_s": batch / seconds, "tflops": achieved, "roofline_tflops": roofline,
+            "roofline_share": achieved / roofline, "matmul_peak_tflops": peak, "copy_tb_per_s": bandwidth / 1e12,
+            "flop_per_byte": flops["total"] * batch / moved}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -218,7 +221,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--gpu-batch", type=int, default=4096)
     parser.add_argument("--gpu-steps", type=int, default=20)
     parser.add_argument("--gpu-only", action="store_true")
-    parser.add_argument("--policy-only", action="store_true", help="only the pair policy on generator traffic")
+    parser.add_argument("--policy-only", action="store_true",
+                        help="only the pair policy on generator traffic (printed, not published)")
+    add_results_dir_arg(parser)
     args = parser.parse_args(argv)
     results: dict[str, Any] = {}
     if not args.gpu_only:
@@ -240,7 +245,56 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 f"10%-changed embeddings {r['incremental_embedding_share']:.1%} of full"
                 for users, r in results["cpu"].items()))
     results["gpu"] = None if args.policy_only else gpu_bench(args.gpu_batch, args.gpu_steps)
+    if results.get("cpu"):
+        publish_cpu(results["cpu"], results["policy"], args)
+    if results["gpu"] is not None:
+        publish_gpu(results["gpu"], args)
     return results
+
+
+def publish_cpu(by_size: dict[int, dict[str, float]], policy: dict[str, float], args: argparse.Namespace) -> None:
+    """The CPU figures of every size, and the policy's, as the `precompute` result."""
+    figures = []
+    for users, r in by_size.items():
+        key, who = f"users{users}", f"{users:,} users"
+        figures += [
+            Figure(f"{key}_users_per_s_1w", f"{who}, day 1 (a refresh), 1 worker: whole stage",
+                   round(r["users_per_s_1w"]), "users/s"),
+            Figure(f"{key}_users_per_s_2w", f"{who}, day 1 (a refresh), 2 workers: whole stage",
+                   round(r["users_per_s_2w"]), "users/s"),
+            Figure(f"{key}_speedup_2w", f"{who}: 2 workers / 1, whole stage", round(r["speedup_2w"], 2), "x"),
+            Figure(f"{key}_shard_speedup_2w", f"{who}: 2 workers / 1, first shard claimed to last done",
+                   round(r["shard_speedup_2w"], 2), "x"),
+            Figure(f"{key}_incremental_share", f"{who}: day 2 incremental ({r['changed_share']:.0%} of users "
+                   "changed) / full recompute, whole stage", round(100 * r["incremental_share"], 1), "%"),
+            Figure(f"{key}_incremental_embedding_share", f"{who}: day 2 incremental / full recompute, "
+                   "user-embedding worker seconds", round(100 * r["incremental_embedding_share"], 1), "%"),
+        ]
+    figures += [
+        Figure("policy_hit_rate", "speculative pairs on generator traffic: hit rate",
+               round(100 * policy["hit_rate"], 1), "%"),
+        Figure("policy_wasted_share", "speculative pairs on generator traffic: wasted share",
+               round(100 * policy["wasted_share"], 1), "%"),
+        Figure("policy_pairs_per_active_user", "speculative pairs per active user",
+               round(policy["pairs_per_active_user"], 1)),
+    ]
+    record("precompute", "Precompute on the CPU: 2 workers against 1, an incremental day against a full recompute",
+           figures, notes=f"{args.impressions} impressions per active user and day, {args.ads} ads, "
+                          f"{args.shards} shards; single-threaded torch workers.", results_dir=args.results_dir)
+
+
+def publish_gpu(gpu: dict[str, float], args: argparse.Namespace) -> None:
+    """The forward's figures on CUDA as the `precompute_roofline` result."""
+    record("precompute_roofline", "Precompute forward on a GPU (bf16) against its roofline", [
+        Figure("examples_per_s", "forward, bf16", round(gpu["examples_per_s"]), "examples/s"),
+        Figure("tflops", "forward, model FLOPs", round(gpu["tflops"], 2), "TFLOP/s"),
+        Figure("roofline_tflops", "roofline: min(matmul peak, FLOP/byte x copy bandwidth)",
+               round(gpu["roofline_tflops"], 1), "TFLOP/s"),
+        Figure("roofline_share", "forward / roofline", round(100 * gpu["roofline_share"], 2), "%"),
+        Figure("matmul_peak_tflops", "matmul peak, timed in the same run (8192^3 bf16)",
+               round(gpu["matmul_peak_tflops"]), "TFLOP/s"),
+        Figure("copy_tb_per_s", "copy bandwidth, timed in the same run", round(gpu["copy_tb_per_s"], 2), "TB/s"),
+    ], notes=f"the demo's model, batch {args.gpu_batch}, {args.gpu_steps} steps.", results_dir=args.results_dir)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ Times (noop writes, so only the reading and the computing count) for day N:
   1. the narrow step: each active user's latest earlier (user_id, ds) key, over every history row;
   2. that plus the wide rows of those keys (jobs.build_sequences.latest_previous_rows, broadcast filter);
   3. decoding the wide columns of every history row (what the filter would have to avoid).
-Not a test: nothing here gates CI.
+The times and the ratio of 3 to 2 are published through bench.results (sequence_lookup). Not a
+test: nothing here gates CI.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.results import Figure, add_results_dir_arg, record
 from bench.silver_incremental import START, bench_config
 from gem.cli import shift_day
 from gem.lakehouse import tables
@@ -40,6 +42,7 @@ def main() -> None:
     parser.add_argument("--root", default="/tmp/gem-bench-silver")
     parser.add_argument("--days", type=int, default=30)
     parser.add_argument("--master", default="local[2]")
+    add_results_dir_arg(parser)
     args = parser.parse_args()
     cfg = bench_config(Path(args.root), args.master)
     spark = get_spark(cfg, app_name="bench-sequence-lookup")
@@ -50,10 +53,22 @@ def main() -> None:
     history = sequences.where(F.col("ds") < day)
     latest_keys = (history.select("user_id", "ds").join(users, "user_id", "left_semi")
                    .groupBy("user_id").agg(F.max("ds").alias("ds")))
-    print(f"day {ds}: {history.count():,} history rows, {users.count():,} active users")
-    print(f"  latest keys (narrow):             {_noop(latest_keys):6.1f}s")
-    print(f"  latest keys + their wide rows:    {_noop(build_sequences.latest_previous_rows(sequences, users, ds)):6.1f}s")
-    print(f"  wide columns of every history row: {_noop(history):6.1f}s")
+    history_rows, active_users = history.count(), users.count()
+    print(f"day {ds}: {history_rows:,} history rows, {active_users:,} active users")
+    keys_s = _noop(latest_keys)
+    print(f"  latest keys (narrow):             {keys_s:6.1f}s")
+    rows_s = _noop(build_sequences.latest_previous_rows(sequences, users, ds))
+    print(f"  latest keys + their wide rows:    {rows_s:6.1f}s")
+    every_s = _noop(history)
+    print(f"  wide columns of every history row: {every_s:6.1f}s")
+    record("sequence_lookup", "build_sequences' history lookup, split: narrow keys, their wide rows, every row", [
+        Figure("latest_keys_s", "latest earlier key per active user (narrow)", round(keys_s, 1), "s"),
+        Figure("latest_rows_s", "those keys and their wide rows (the job's lookup)", round(rows_s, 1), "s"),
+        Figure("every_row_wide_s", "wide columns of every history row", round(every_s, 1), "s"),
+        Figure("every_row_over_lookup", "every history row's wide columns / the job's lookup",
+               round(every_s / rows_s, 2), "x"),
+    ], notes=f"day {args.days} of the lakehouse bench.silver_incremental left in {args.root}: {history_rows:,} "
+             f"history rows, {active_users:,} active users.", results_dir=args.results_dir)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,9 @@ One run, side by side, on this machine:
      day N, written to Parquet. Outputs are checked against Spark's (rows, summed lengths, summed
      counters) before any figure is printed.
 
-Ratios are of wall-clock seconds measured in this one run. Not a test: nothing here gates CI.
+Ratios are of wall-clock seconds from this one run; the seconds and ratios are published through
+bench.results (silver_incremental), except a --duckdb-only run's (its Spark half is an earlier
+run's). Not a test: nothing here gates CI.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.results import Figure, add_results_dir_arg, record
 from gem.cli import day_range, shift_day
 from gem.config import GemConfig, load_config
 from gem.lakehouse import tables
@@ -158,10 +161,10 @@ DUCKDB_MEMORY = {"limit": "8GB"}  # --duckdb-memory sets it
 
 
 def _duck(threads: int, spill_dir: str) -> Any:
-    """2 threads, and a memory cap with a spill folder: the list aggregation over millions of users
-    was OOM-killed at DuckDB's default limit (80% of RAM) on this 24 GB machine. At 30 days x 2M
-    events (9.5M users) 8GB was too little for the ordered list() aggregation, which cannot spill
-    (measured: Out of Memory at 7.4 GiB); Spark is stopped before DuckDB runs, so it can have more."""
+    """2 threads, and a memory cap with a spill folder: at DuckDB's default limit (80% of RAM) the
+    list aggregation over millions of users can take the machine's memory and get the process
+    killed. The ordered list() aggregation of the full sequences cannot spill, so a large run needs
+    a higher cap (--duckdb-memory); Spark is stopped before DuckDB runs, so it can have more."""
     import duckdb
 
     con = duckdb.connect()
@@ -279,7 +282,7 @@ def _duckdb_half(args: argparse.Namespace, cfg: GemConfig, last: str, full_total
             out |= {"duckdb_sequences_full_s": duck_seq_s,
                     "duckdb_full_sequences_events_per_s": args.events_per_day * args.days / duck_seq_s}
         except duckdb.OutOfMemoryException as e:
-            # Its ordered list() aggregation cannot spill: a measured outcome, reported, not hidden.
+            # Its ordered list() aggregation cannot spill: running out of memory is an outcome, reported.
             out["duckdb_sequences_full_s"] = None
             out["duckdb_sequences_full_error"] = f"out of memory at memory_limit={DUCKDB_MEMORY['limit']}: {e}"[:300]
             print(out["duckdb_sequences_full_error"], flush=True)
@@ -379,15 +382,58 @@ def main() -> None:
     parser.add_argument("--json", default="", help="also write the result to this file")
     parser.add_argument("--duckdb-memory", default="8GB", help="DuckDB memory_limit (Spark is stopped by then)")
     parser.add_argument("--skip-duckdb-sequences", action="store_true",
-                        help="skip DuckDB's full sequences recompute (out of memory at 30 days x 2M events)")
+                        help="skip DuckDB's full sequences recompute (its ordered aggregation cannot spill)")
     parser.add_argument("--duckdb-only", action="store_true",
-                        help="only the DuckDB half, over what an earlier run left in --root")
+                        help="only the DuckDB half, over what an earlier run left in --root (printed, not published)")
+    add_results_dir_arg(parser)
     args = parser.parse_args()
     DUCKDB_MEMORY["limit"] = args.duckdb_memory
     result = duckdb_only(args) if args.duckdb_only else run(args)
     print(json.dumps(result, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
+    if not args.duckdb_only:
+        publish(result, args)
+
+
+def publish(r: dict[str, Any], args: argparse.Namespace) -> None:
+    """The headline seconds and ratios of a full run as the `silver_incremental` result."""
+    def seconds(key: str, label: str) -> Figure:
+        return Figure(key, label, round(r[key], 1), "s")
+
+    def ratio(key: str, label: str) -> Figure:
+        return Figure(key, label, round(r[key], 3), "x")
+
+    figures = [
+        Figure("bronze_events", "bronze events synthesized", r["bronze_events"]),
+        Figure("users_total", "users with sequences on day N", r["users_total"]),
+        seconds("spark_sequences_incremental_s", "Spark: build_sequences day N, incremental"),
+        seconds("spark_sequences_incremental_amortized_s",
+                "Spark: build_sequences day N, incremental, with the latest compaction's share"),
+        seconds("spark_sequences_full_s", "Spark: day N's sequences recomputed from all bronze"),
+        ratio("incremental_amortized_over_full_sequences", "sequences: incremental (amortized) / full recompute"),
+        seconds("spark_features_incremental_s", "Spark: build_features day N, incremental"),
+        seconds("spark_features_full_s", "Spark: build_features day N, full (window rebuilt from bronze)"),
+        ratio("incremental_over_full_features", "features: incremental / full recompute"),
+        ratio("incremental_over_full_sequences_plus_features", "sequences + features: incremental / full recompute"),
+        seconds("duckdb_features_s", "DuckDB: the features of day N"),
+        ratio("spark_over_duckdb_speed_features", "features: DuckDB seconds / Spark seconds (Spark's speed-up)"),
+    ]
+    if r["duckdb_sequences_full_s"] is not None:
+        figures += [seconds("duckdb_sequences_full_s", "DuckDB: day N's sequences recomputed from all bronze"),
+                    ratio("spark_over_duckdb_speed_sequences",
+                          "full sequences: DuckDB seconds / Spark seconds (Spark's speed-up)")]
+    record("silver_incremental", "Silver build: the incremental day N against a full recompute, Spark against DuckDB",
+           figures, notes=f"{r['events_per_day']:,} events a day for {r['days']} days, {r['users']:,} users; Spark "
+                          f"master {args.master}; DuckDB with {args.threads} threads and memory_limit "
+                          f"{r['duckdb_memory_limit']}."
+                          + (f" DuckDB's full sequences: {r['duckdb_sequences_full_error']}"
+                             if r.get("duckdb_sequences_full_error") else ""),
+           extra={"spark_sequences_chain_mean_s": round(r["spark_sequences_chain_mean_s"] or 0.0, 1),
+                  "spark_sequences_compaction_s": [round(x, 1) for x in r["spark_sequences_compaction_s"]],
+                  "sequence_compaction_days": r["sequence_compaction_days"],
+                  "active_users_day_n": r["active_users_day_n"]},
+           results_dir=args.results_dir)
 
 
 if __name__ == "__main__":

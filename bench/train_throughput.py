@@ -1,12 +1,12 @@
 """CPU training throughput at the demo size: a baseline commit's code against this tree's, side by side.
 
-    python -m bench.train_throughput [--baseline af6e102 --rounds 3 --steps 120 --checkpoint-every 60]
+    python -m bench.train_throughput [--baseline COMMIT --rounds 3 --steps 120 --checkpoint-every 60]
 
 The demo's model (configs/demo.yaml: small Kunlun, torchrec tables, batch 512) trains through each
 tree's own gem.train.Trainer on the same examples (both arms read the same rows): by default this
 tree's generator at the demo's volumes over 3 days, day 3's impressions as examples with long-tailed
-histories cut strictly before each impression (--world baseline: the baseline tree's generator and
-its first measurement's world, 6k users with short histories).
+histories cut strictly before each impression (--world baseline: the baseline tree's generator,
+gem.study.traffic, which the baseline commit must then have, in a smaller world of short histories).
   * baseline arm: the baseline tree's code on batches as its loader forms them (stream order,
     sequences cut at the loader's lengths 256 / 128 / 32);
   * new arm: this tree's code on batches as its loader forms them with the demo config
@@ -14,41 +14,20 @@ its first measurement's world, 6k users with short histories).
     gem.data.length_batching, the same function the loader calls; 1, the default, keeps stream
     order), the model computing each batch in model.kunlun.length_groups groups;
   * new code on the baseline's batches, to split the gain between the model and the batching;
-  * the new arm with train.cpu_bf16 (bf16 autocast). The other new arms run in fp32.
+  * the new arm with train.cpu_bf16 (bf16 autocast);
+  * the new arm with train.compile (torch.compile of the dense body, inductor's C++ kernels, dynamic
+    shapes): it warms up on every batch once, then times as many steps on them again; its compile
+    seconds (a cold inductor cache in the first round, warm after) and the steps after which it pays
+    for itself against the eager arm are reported. The other new arms run eager in fp32.
 Arms run in alternating subprocesses (the baseline from a `git worktree` of --baseline); each
-trains as the demo's pretraining does, its train.steps (120) with a checkpoint every
-train.checkpoint_every (60) steps, and reports its mean step time after warm-up, saves included
+trains as the demo's pretraining does, its train.steps with a checkpoint every
+train.checkpoint_every steps, and reports its mean step time after warm-up, saves included
 (each arm's batches: the first ones its loader emits, as many as it trains on), and its mean step
-before and after the first save; the summary is the median over rounds, the ratio, the ratio within
-each round, and each arm's padding share (the trainer's padding_ratio: padding / padded block
-positions for the baseline, the padded share of the sequence FLOPs for the jagged layout).
-Measured 2026-12-05 on an otherwise idle 2-core host (AMD EPYC with AVX-512 BF16), 3 rounds of 12
-steps, every arm on its loader's first batches: baseline 1881, new 2243 (1.19x), new code on the
-baseline's batches 2401 (1.28x), new with train.cpu_bf16 2452 examples/s (1.30x); padding 51% of the
-baseline's impression blocks and 91% of its click blocks, 1.7% of the new arm's sequence FLOPs.
-This host's speed swung by a fifth from minute to minute (the baseline arm 1844-2059 over the
-rounds): read the ratio of one run. The 2x is not reached, in fp32 or bf16.
-Measured again that day after HSP's seed pooling went head by head, 7 rounds: baseline 1852, new 2411
-(1.30x), new code on the baseline's batches 2363 (1.28x), bf16 autocast 2774 (1.50x); new / baseline
-within each round 1.17-1.44 (median 1.30x). The summary prints those paired ratios: the arms of a
-round run minutes apart at most, so they see less of the host's drift than the medians do.
-Measured again that day with the arms training as the demo does (120 steps on 120 distinct batches,
-a checkpoint every 60; until then 12 steps on 15 batches and no save), 3 rounds: baseline 1593, new
-1967 (1.24x; 1.24, 1.22, 1.24 within the rounds), new code on the baseline's batches 2065 (1.30x), bf16
-autocast 1817 examples/s (1.14x). The baseline's steps after its first save were 0%, 19% and 31%
-slower than before it (its one-rank process group runs the save's collectives in gloo's threads;
-fixed in 31714c3); the new arm's 0-6%, within the host's drift. The 2x is not reached.
-Measured 2026-12-05 with a fifth arm, train.compile (torch.compile of the dense body, inductor's
-C++ kernels, dynamic shapes; it warms up on every batch once, then measures 120 steps on them
-again, no graph compiled while it measured), 3 rounds: baseline 1719, new 2278 (1.32x within the
-rounds), torch.compile 2805 examples/s (1.63x of the medians; 1.62, 1.92, 1.72 within the rounds,
-median 1.72x). Compiling took 190 s from a cold inductor cache (paid back against the eager arm
-after 4,512 steps) and 35 s from a warm one (520-593 steps): at the demo's 120 steps it costs more
-than it saves, so the demo trains eager. The 2x is not reached.
-Every figure this docstring gave before that day (new 1.35-1.69x, bf16 1.49-1.89x, on this host and
-a Xeon with AMX) measured the new arms on one batch trained on over and over: with
-loader.length_sort_batches 1, the default since b396a00, the stratified sample of one buffer's
-batches this bench took then was one batch. Those figures overstated the gain.
+before and after the first save. The summary: each arm's median over rounds, the ratios of the
+medians, new / baseline within each round (a round's arms run minutes apart at most, so their ratio
+sees less of the host's drift than the medians do), and each arm's padding share (the trainer's
+padding_ratio: padding / padded block positions for the baseline, the padded share of the sequence
+FLOPs for the jagged layout). The figures are published through bench.results (train_throughput).
 """
 
 from __future__ import annotations
@@ -73,17 +52,15 @@ LOADER_LENGTHS = {"impression": 256, "click": 128, "conversion": 32}  # LoaderCo
 # ---- examples (run inside the baseline tree, so both arms read identical rows) -------------------
 # The worlds examples can come from: (days simulated, impressions a day, users, ads). "demo": this
 # tree's generator at configs/demo.yaml's volumes, the last of its 3 pipeline days before the held-out
-# day (histories as long as the demo's pretraining sees); "baseline": the world of the baseline
-# commit's first measurement (6k users, short histories).
+# day (histories as long as the demo's pretraining sees); "baseline": the baseline tree's generator
+# in a smaller world (6k users, short histories).
 WORLDS = {"demo": (3, 50_000, 2_000, 500), "baseline": (2, 60_000, 6_000, 2_000)}
 
 
 def make_examples(out: Path, world: str, seed: int = 7) -> None:
     """The last day of a simulation of `world` (WORLDS) -> flat arrays in `out` (.npz)."""
-    try:
-        from gem.study.traffic import batches, simulate
-    except ImportError:
-        from tests.synthetic_traffic import batches, simulate
+    from gem.study.traffic import batches, simulate
+
     days, per_day, users, ads = WORLDS[world]
     traffic = simulate(days=days, impressions_per_day=per_day, users=users, ads=ads, seed=seed)
     (batch,) = batches(traffic, (days - 1,), 10**9, LOADER_LENGTHS, seed=seed)  # every example, shuffled
@@ -125,9 +102,8 @@ def compose(examples: Path, out: Path, new_loader: bool, batch_size: int, count:
     else:
         groups = [rows[lo:lo + batch_size] for lo in range(0, n, batch_size)]
     # The first `count` full batches in the order the loader emits them (a length-sorted buffer's come
-    # in a seeded order, so they are a sample of it). Until 2026-12-05 the new arm took a sample
-    # stratified over the first buffer: with length_sort_batches 1 (the default since b396a00) that
-    # buffer is one batch, which the arm then trained on `count` times.
+    # in a seeded order, so they are a sample of it): each arm trains on distinct batches, as the
+    # demo's pretraining does, never on one batch over and over.
     groups = [g for g in groups if len(g) == batch_size][:count]
     rng = np.random.default_rng(0)
     dense_dim = len(DENSE_COLUMNS)
@@ -196,7 +172,7 @@ def worker(batches_path: Path, steps: int, warmup: int, checkpoint_every: int, c
             labels=r["labels"], label_mask=r["label_mask"], weights=r["weights"], tasks=tuple(r["tasks"]),
             impression_times=r["times"]))
     stamps: list[float] = []
-    graphs: list[int] = []  # graphs compiled by the time the measured steps start (train.compile)
+    graphs: list[int] = []  # graphs compiled by the time the timed steps start (train.compile)
 
     # Not gem.train.trainer.CyclingStream: this worker also runs in the baseline tree, which predates it.
     class Stream:
@@ -231,7 +207,7 @@ def worker(batches_path: Path, steps: int, warmup: int, checkpoint_every: int, c
     around = ({"before_first_save_s": round(statistics.fmean(steps_s[:saved]), 4),
                "after_first_save_s": round(statistics.fmean(steps_s[saved + 1:]), 4)}
               if 0 < saved < len(steps_s) - 1 else {})
-    # Under train.compile the warm-up holds the compilations: its excess over as many measured steps.
+    # Under train.compile the warm-up holds the compilations: its excess over as many timed steps.
     return {"step_s": step_s, "examples_per_s": raw[0]["dense"].shape[0] / step_s, **around,
             "warmup_excess_s": round(stamps[warmup] - stamps[0] - warmup * step_s, 1),
             **({"graphs_compiled_while_measured": compiled_graphs() - graphs[0]} if compile_body else {}),
@@ -255,10 +231,10 @@ def run_arm(tree: Path, batches: Path, steps: int, warmup: int, checkpoint_every
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--baseline", default="af6e102", help="commit of today's code")
+    p.add_argument("--baseline", default="af6e102", help="the commit whose code the new arms are compared with")
     p.add_argument("--baseline-tree", type=Path, default=None, help="an existing checkout of it (else a worktree)")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--steps", type=int, default=None, help="measured steps (default: the demo's train.steps)")
+    p.add_argument("--steps", type=int, default=None, help="timed steps (default: the demo's train.steps)")
     p.add_argument("--checkpoint-every", type=int, default=None,
                    help="steps between checkpoints (default: the demo's train.checkpoint_every)")
     p.add_argument("--warmup", type=int, default=2)
@@ -268,6 +244,10 @@ def main() -> None:
     p.add_argument("--make-examples", type=Path, default=None, help=argparse.SUPPRESS)
     p.add_argument("--cpu-bf16", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)
+    # Not bench.results.add_results_dir_arg: the workers run this file in the baseline tree, whose
+    # bench package may not have that module; only the summary (this tree) imports it.
+    p.add_argument("--results-dir", type=Path, default=None,
+                   help="folder for the result's JSON (default: docs/benchmarks)")
     a = p.parse_args()
     if a.make_examples:
         make_examples(a.make_examples, a.world)
@@ -286,6 +266,9 @@ def main() -> None:
         subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), a.baseline], check=True,
                        capture_output=True)
     try:
+        if a.world == "baseline" and not (tree / "gem" / "study" / "traffic.py").is_file():
+            raise SystemExit(f"--world baseline makes examples with the baseline tree's gem.study.traffic, "
+                             f"which {a.baseline} does not have: use --world demo or a later --baseline")
         examples = work / "examples.npz"
         generator = REPO if a.world == "demo" else tree  # both arms read the same rows either way
         subprocess.run([sys.executable, str(Path(__file__).resolve()), "--make-examples", str(examples),
@@ -307,7 +290,7 @@ def main() -> None:
                 # token counts cross a size its kernels were specialized at (a reduction over more than
                 # 4,096 rows takes another accumulator). It then measures as many steps on the same
                 # batches again (a checkpoint every checkpoint_every steps still); the worker reports
-                # any graph compiled while it measured.
+                # any graph compiled while it was timed.
                 warmup = count if compile_body else a.warmup
                 results[name].append(run_arm(root, batches, a.steps, warmup, a.checkpoint_every, cpu_bf16,
                                              compile_body, work / "inductor-cache"))
@@ -337,10 +320,51 @@ def main() -> None:
             even = f"{c['warmup_excess_s'] / saved:.0f} steps" if saved > 0 else "never"
             print(f"  round {r}: compiling took {c['warmup_excess_s']:.0f} s "
                   f"({'cold' if r == 1 else 'warm'} inductor cache), paid back after {even}")
+        publish(results, a)
     finally:
         if a.baseline_tree is None:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], check=False)
         shutil.rmtree(work, ignore_errors=True)  # the examples and batches: about 0.6 GB
+
+
+ARM_KEYS = {"baseline": "baseline", "new": "new", "new code, stream-order batches": "new_code_stream_batches",
+            "new, bf16 autocast": "new_bf16", "new, torch.compile": "new_compile"}
+
+
+def publish(results: dict[str, list[dict[str, object]]], a: argparse.Namespace) -> None:
+    """Each arm's median examples/s, the ratios to the baseline (of the medians and within rounds) and
+    the compile seconds, as the `train_throughput` result."""
+    from bench.results import RESULTS_DIR, Figure, record
+
+    def rate(arm: str) -> float:
+        return statistics.median(x["examples_per_s"] for x in results[arm])
+
+    def paired(arm: str) -> float:
+        return statistics.median(n["examples_per_s"] / b["examples_per_s"]
+                                 for n, b in zip(results[arm], results["baseline"], strict=True))
+
+    base = rate("baseline")
+    figures = [Figure(f"{key}_examples_per_s", f"{arm} (median over rounds)", round(rate(arm)), "examples/s")
+               for arm, key in ARM_KEYS.items()]
+    figures += [Figure(f"{key}_over_baseline", f"{arm} / baseline (medians)", round(rate(arm) / base, 2), "x")
+                for arm, key in ARM_KEYS.items() if arm != "baseline"]
+    figures += [Figure("new_over_baseline_paired", "new / baseline within each round (median)",
+                       round(paired("new"), 2), "x"),
+                Figure("new_compile_over_baseline_paired", "new, torch.compile / baseline within each round (median)",
+                       round(paired("new, torch.compile"), 2), "x")]
+    compiled = results["new, torch.compile"]
+    figures.append(Figure("compile_cold_s", "torch.compile, compiling from a cold inductor cache",
+                          compiled[0]["warmup_excess_s"], "s"))
+    if len(compiled) > 1:
+        figures.append(Figure("compile_warm_s", "torch.compile, compiling from a warm inductor cache (median)",
+                              statistics.median(c["warmup_excess_s"] for c in compiled[1:]), "s"))
+    record("train_throughput", "CPU training at the demo size: a baseline commit against this tree, side by side",
+           figures, notes=f"baseline {a.baseline}; {a.rounds} rounds of {a.steps} steps, a checkpoint every "
+                          f"{a.checkpoint_every}; batch 512, {results['new'][0]['threads']} threads; "
+                          f"examples from the {a.world} world.",
+           extra={"baseline": a.baseline,
+                  "padding": {key: results[arm][0]["padding"] for arm, key in ARM_KEYS.items()}},
+           results_dir=a.results_dir or RESULTS_DIR)
 
 
 if __name__ == "__main__":

@@ -3,8 +3,9 @@ band form (gem.model.ops.gdpa.windowed_gdpa), forward + backward, side by side i
 
     python -m bench.windowed_attention [--batch 512] [--repeats 10]
 
-Prints milliseconds per step and the ratio dense / band for each (length, window); the models
-take the band form from gem.model.ops.gdpa.BAND_MIN_WINDOWS windows on.
+Prints milliseconds per step and the ratio dense / band for each (length, window), and publishes
+them through bench.results (windowed_attention); the models take the band form from
+gem.model.ops.gdpa.BAND_MIN_WINDOWS windows on.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 
 import torch
 
+from bench.results import Figure, add_results_dir_arg, record
 from gem.model.ops.gdpa import gdpa, windowed_gdpa
 from gem.model.ops.masks import sliding_window_mask
 
@@ -46,9 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heads", type=int, default=2)
     parser.add_argument("--head-dim", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=10)
+    add_results_dir_arg(parser)
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     activations = ("silu", "gelu", "silu", "relu")[: args.heads]
+    figures = []
     for length, window in SHAPES:
         batch = max(1, args.batch * 64 // length)  # about the same number of positions per step
         q, k, v = (torch.randn(batch, args.heads, length, args.head_dim, requires_grad=True) for _ in range(3))
@@ -60,6 +64,13 @@ def main(argv: list[str] | None = None) -> int:
         d, b = step_seconds(dense, args.repeats), step_seconds(band, args.repeats)
         print(f"L={length:>5} window={window:>3} batch={batch:>4}: dense {d * 1e3:8.1f} ms  band {b * 1e3:8.1f} ms  "
               f"dense/band {d / b:5.2f}", flush=True)
+        shape = f"L={length}, window {window}, batch {batch}"
+        figures += [Figure(f"L{length}_w{window}_dense_ms", f"{shape}: dense", round(d * 1e3, 2), "ms"),
+                    Figure(f"L{length}_w{window}_band_ms", f"{shape}: band", round(b * 1e3, 2), "ms"),
+                    Figure(f"L{length}_w{window}_dense_over_band", f"{shape}: dense / band", round(d / b, 2), "x")]
+    record("windowed_attention", "Sliding-window self-GDPA, forward + backward: dense scores against the band kernel",
+           figures, notes=f"{args.heads} heads of {args.head_dim}, {args.repeats} timed steps after 2 warm-up; "
+                          f"{torch.get_num_threads()} threads, fp32.", results_dir=args.results_dir)
     return 0
 
 

@@ -14,6 +14,8 @@ import torch
 
 from gem.config import GemConfig, TrainConfig, load_config
 from gem.data.batch import Batch, Jagged, Sparse
+from gem.lakehouse.compare import lakehouse_rows  # noqa: F401 - the tests import it from here
+from gem.lakehouse.spark import C1_JVM_CONF
 from gem.model.configs import (
     DLRMConfig,
     EmbeddingConfig,
@@ -60,12 +62,6 @@ def stand_in_records(stage: str, days: list[str], rows_written: dict[str, int] |
              "rows_written": (rows_written or {}).get(d, 0), "rows_quarantined": 0, "quarantined_by_reason": {},
              "table_versions": dict(table_versions or {}), "input_versions": {}, "reconciliation": STAND_IN,
              "completed_at": now} for d in days]
-
-# C1 only: a short-lived job JVM warms faster. C1's default code cache (48 MB) is too small for a
-# JVM that runs a whole day's stages (`airflow dags test` runs a day's tasks in one process): it
-# filled on the third daily run of test_backfill_beside_daily ("CodeCache is full", then a failed
-# Delta write), so these JVMs get the tiered default's 240 MB.
-C1_JVM_CONF = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"}
 
 
 def make_config(tmp_path: Path, **overrides) -> GemConfig:
@@ -117,25 +113,6 @@ def airflow_test_env(airflow_home: Path, cfg_path: Path, **extra: str) -> dict[s
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "GEM_"))}
     return env | {"AIRFLOW_HOME": str(airflow_home), "GEM_CONFIG": str(cfg_path), RETRIES_ENV: "0"} | extra
-
-
-# Differ between any two runs of the same days by design: ids of the run and when things happened.
-VOLATILE_COLUMNS = {"run_id", "completed_at", "table_versions", "input_versions", "ingested_at"}
-
-
-def lakehouse_rows(cfg: GemConfig, name: str, ignore: set[str] = VOLATILE_COLUMNS) -> list[tuple[str, ...]]:
-    """Table `name`'s rows without the `ignore` columns, each as reprs, sorted: what two lakehouses
-    built from the same days must agree on ([] when the table was never written)."""
-    from gem.data.delta_log import read_table
-    from gem.lakehouse.tables import table_path
-    from schemas import TABLES
-
-    path = table_path(cfg, TABLES[name])
-    if not Path(path).exists():
-        return []
-    table = read_table(path)
-    keep = [c for c in table.column_names if c not in ignore]
-    return sorted(tuple(repr(v) for v in row.values()) for row in table.select(keep).to_pylist())
 
 
 def query_db(db: Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:

@@ -25,6 +25,11 @@ JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 CLASS_PATH = "spark.driver.extraClassPath"
 LOCAL_FS_IMPL = "spark.hadoop.fs.file.impl"
 NIO_LOCAL_FS = "gem.hadoop.NioLocalFileSystem"  # infra/spark/localfs
+# `spark.conf` for short-lived job JVMs (small worlds, tests): C1 only, which warms faster. C1's
+# default code cache (48 MB) is too small for a JVM that runs a whole day's stages (`airflow dags
+# test` runs a day's tasks in one process): once full, compilation stops and a Delta write can fail
+# ("CodeCache is full"), so these JVMs get the tiered default's 240 MB.
+C1_JVM_CONF = {JAVA_OPTIONS: "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"}
 _DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",

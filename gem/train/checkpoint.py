@@ -99,7 +99,7 @@ def save(root: Path, step: int, state: dict[str, Any], extra: dict[str, Any]) ->
     tmp = root / f".tmp-{PREFIX}{step:08d}-{nonce}"
     with _single_process_ok():
         dcp.save(state, checkpoint_id=str(tmp), no_dist=alone)
-    crash_point("checkpoint:shards_written")  # bench.faults kills a save half done here
+    crash_point("checkpoint:shards_written")  # drills.faults kills a save half done here
     if _is_rank0():
         (tmp / EXTRA).write_text(json.dumps({"step": step, **extra}))
         os.rename(tmp, final)  # atomic on one filesystem

@@ -1,9 +1,9 @@
-"""A small fault drill (bench.faults): ingestion and pretraining killed with SIGKILL mid-run.
+"""A small fault drill (drills.faults): ingestion and pretraining killed with SIGKILL mid-run.
 
 Two kill points spread over each job's run, plus pretraining killed inside a checkpoint save. After
 each kill no unit of commit holds partial rows and no record claims the day; after a rerun every
 table equals an uninterrupted run's, and the resumed training's per-step losses equal it bit for bit.
-`python -m bench.faults` runs every stage with 20 kills.
+`python -m drills.faults` runs every stage with 20 kills.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import faults
+from drills import faults
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 

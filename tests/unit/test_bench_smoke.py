@@ -22,7 +22,8 @@ def test_gpu_train_bench_runs_tiny_on_cpu(capsys):
 def test_gpu_benches_run_small_on_the_gpu():
     from bench import precompute
 
-    results = gpu_train.main(["--batch", "16", "--dim", "64", "--length", "64", "--layers", "2", "--steps", "3"])
+    results = gpu_train.main(["--batch", "16", "--dim", "64", "--length", "64", "--layers", "2", "--steps", "3",
+                              "--no-record"])
     assert all(r["tflops"] > 0 and math.isfinite(r["step_s"]) for r in results.values())
     roofline = precompute.gpu_bench(batch=256, steps=3)
     assert roofline is not None and 0 < roofline["roofline_share"] <= 1.5

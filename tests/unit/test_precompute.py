@@ -1,5 +1,5 @@
 """Solaris precompute (gem.precompute, jobs.precompute) on a real Delta lakehouse written without
-Spark (tests/precompute_lakehouse.py) and a real tiny Kunlun: what the tables hold equals what the
+Spark (gem.precompute.synthetic_lakehouse) and a real tiny Kunlun: what the tables hold equals what the
 model computes; 1 and 2 workers write the same tables; a worker killed mid-shard leaves its shard to
 the survivor with the same result; an incremental day equals a full recompute for the changed users
 and leaves the others' rows alone; the speculative pairs' use is recorded; a missing promoted model

@@ -1,8 +1,8 @@
 """Fault drills: kill each stage with SIGKILL at points spread over its run; check, rerun, compare.
 
-    python -m bench.faults [--kills 20] [--stages ingest_events,pretrain] [--days 4] [--root DIR]
+    python -m drills.faults [--kills 20] [--stages ingest_events,pretrain] [--days 4] [--root DIR]
 
-A small synthetic world (bench.backfill.world_config, pretraining long enough to be killed between
+A small synthetic world (gem.small_world.world_config, pretraining long enough to be killed between
 steps and during its checkpoint saves, a sequence compaction on day N). Days 1 .. N-1 load through
 the bulk path; day N is the day under test. For each stage, in the registry's order:
   before   the lakehouse as it stands when the stage's turn comes on day N (every earlier stage of
@@ -20,10 +20,12 @@ the bulk path; day N is the day under test. For each stage, in the registry's or
                day; a precompute shard within it), equal either `before`'s or the clean run's;
              * no completion record claims the day unless every table already equals the clean run's;
            then the job reruns to the end (its wall time is the recovery time) and every table must
-           equal the clean run's (run ids, times, versions and paths aside: bench.backfill's
+           equal the clean run's (run ids, times, versions and paths aside: gem.lakehouse.compare's
            NOT_COMPARED); for pretraining also the per-step losses of the promoted checkpoint, bit
            for bit: training resumed from the killed run's last checkpoint exactly.
 Prints per stage: trials, kills that landed before the job ended, survived, and the slowest recovery.
+A drill of every stage (the default) publishes those figures through bench.results (fault_drill);
+a drill of some stages only prints them.
 Every table is read through its Delta log (gem.data.delta_log), as readers outside Spark read it.
 tests/e2e/test_faults.py runs a small version (two stages, two kills each).
 """
@@ -45,10 +47,12 @@ from typing import Any
 
 import yaml
 
-from bench.backfill import NOT_COMPARED, START_DS, world_config
+from bench.results import Figure, add_results_dir_arg, record
 from gem.days import day_range, shift_day
 from gem.faults import ENV_VAR as CRASH_ENV
+from gem.lakehouse.compare import NOT_COMPARED
 from gem.lakehouse.stages import RECORDED_STAGES, STAGES, command
+from gem.small_world import START_DS, world_config
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Pretraining in the drill: enough steps and checkpoints that kills land between steps and saves.
@@ -80,7 +84,7 @@ TABLE_HEADER = f"{'stage':<20} {'trials':>6} {'landed':>6} {'survived':>8} {'slo
 
 
 def drill_config(root: Path, days: int) -> Path:
-    """bench.backfill's small world with the drill's pretraining (TRAIN) and a sequence compaction
+    """gem.small_world's world with the drill's pretraining (TRAIN) and a sequence compaction
     on the day under test (day `days`): every 2nd day when `days` is even, so that day also looks
     users up through the compaction before it; else every `days`-th day."""
     path = world_config(root)
@@ -302,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated stages to drill (default: every stage that writes or checks a table)")
     parser.add_argument("--days", type=int, default=4, help="the day under test is the last of this many")
     parser.add_argument("--root", default=None, help="working folder (default: a temporary one, removed)")
+    add_results_dir_arg(parser)
     args = parser.parse_args(argv)
     chosen = [s.strip() for s in args.stages.split(",") if s.strip()]
     unknown = sorted(set(chosen) - set(names))
@@ -309,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown stages {unknown}; stages: {', '.join(names)}" if unknown
                      else "--kills must be >= 1 and --days >= 2")
     days = day_range(START_DS, shift_day(START_DS, args.days - 1))
+    started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gem-faults-") as tmp:
         root = Path(args.root) if args.root else Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
@@ -333,7 +339,32 @@ def main(argv: list[str] | None = None) -> int:
             print(d.line())
         failed = [f for d in drills for f in d.failures]
         print("all survived" if not failed else f"{len(failed)} problems:\n  " + "\n  ".join(failed))
-        return 0 if not failed else 1
+    if set(chosen) == {s.name for s in RECORDED_STAGES}:
+        publish(drills, len(failed), args, time.monotonic() - started)
+    return 0 if not failed else 1
+
+
+def publish(drills: list[StageDrill], problems: int, args: argparse.Namespace, wall_s: float) -> None:
+    """The drill's totals as its published result, each stage's row in `extra`."""
+    slowest = max(drills, key=lambda d: d.slowest_recovery_s)
+    figures = [
+        Figure("stages", "stages drilled", len(drills)),
+        Figure("trials", "kill trials, all stages", sum(d.trials for d in drills)),
+        Figure("landed", "kills that landed before the job ended", sum(d.landed for d in drills)),
+        Figure("survived", "trials survived (nothing partial, no early record, rerun equal to the clean run)",
+               sum(d.survived for d in drills)),
+        Figure("problems", "problems found", problems),
+        Figure("slowest_recovery_s", f"slowest recovery (rerun after a kill; {slowest.stage})",
+               round(slowest.slowest_recovery_s, 1), "s"),
+        Figure("wall_s", "the whole drill, wall time", round(wall_s), "s"),
+    ]
+    per_stage = {d.stage: {"trials": d.trials, "landed": d.landed, "survived": d.survived,
+                           "slowest_recovery_s": round(d.slowest_recovery_s, 1), "clean_s": round(d.clean_s, 1)}
+                 for d in drills}
+    record("fault_drill", "Fault drill: every stage killed with SIGKILL mid-run, rerun, compared", figures,
+           notes=f"{args.kills} kill points per stage over {args.days} days (the last one under test); pretraining "
+                 "also killed inside its first and second checkpoint save.",
+           extra={"stages": per_stage}, results_dir=args.results_dir)
 
 
 if __name__ == "__main__":

@@ -1,21 +1,24 @@
 """Does CPU bf16 autocast change what the demo's pretraining learns? fp32 against bf16, same seeds.
 
-    python -m bench.cpu_bf16_learning [--seeds 3 --steps 120]
+    python -m experiments.cpu_bf16_learning [--seeds 3 --steps 120]
 
 The demo's model and trainer (configs/demo.yaml: small Kunlun, batch 512, the lr schedule, fused
 AdamW; plain-torch tables, as the study's traffic carries only its own sparse features, and the
 tables stay fp32 under autocast with either backend) train `--steps` steps on the generator's
-traffic at the demo's volumes: days 1-2 train (day 0 is a cold start, as in the demo), day 3 is
-held out. Each seed trains twice, in fp32 and under bf16 autocast (train.cpu_bf16), from the same
-initial weights and the same batches; both score the held-out day in fp32, as the pipeline's evaluation does. Printed: per arm the held-out NE
-pooled over the click tasks and over the conversion tasks (mean and 95% interval over seeds), the
-paired difference bf16 - fp32 with its interval, the Bayes floor, and each arm's training examples/s.
+traffic at the demo's volumes: days 1-2 train (day 0 is a cold start, as in the demo), day 3 is held
+out. Each seed trains twice, in fp32 and under bf16 autocast (train.cpu_bf16), from the same initial
+weights and the same batches; both score the held-out day in fp32, as the pipeline's evaluation
+does. Printed: per arm the held-out NE pooled over the click tasks and over the conversion tasks
+(mean and 95% interval over seeds), the paired difference bf16 - fp32 with its interval, the Bayes
+floor, and each arm's training examples/s; the same figures are published through bench.results
+(cpu_bf16_learning).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import statistics
 import tempfile
 import time
@@ -23,14 +26,17 @@ from pathlib import Path
 
 import torch
 
+from bench.results import add_results_dir_arg
+
 REPO = Path(__file__).resolve().parents[1]
 
 
 def train_and_score(cfg, train_batches: list, held_out: list, seed: int, steps: int, cpu_bf16: bool):
     """-> (Scores on the held-out day, training examples/s) of one arm."""
     from gem.model.build import build_task
-    from gem.study.runner import base_rates, score
+    from gem.study.runner import Scores, base_rates
     from gem.study.traffic import DENSE_DIM, SPARSE
+    from gem.train.evaluate import predictions
     from gem.train.trainer import CyclingStream, Trainer
 
     torch.manual_seed(seed)
@@ -44,11 +50,11 @@ def train_and_score(cfg, train_batches: list, held_out: list, seed: int, steps: 
         result = trainer.fit()
         seconds = time.perf_counter() - start
         trainer.close()
-    return score(task, held_out, torch.device("cpu"), False), result.examples / seconds
+    return Scores(predictions(task, held_out)), result.examples / seconds  # scored in fp32
 
 
 def interval(values: list[float]) -> str:
-    from gem.study.fits import mean_interval
+    from gem.stats import mean_interval
 
     mean, low, high = mean_interval(values)
     return f"{mean:.4f} [{low:.4f}, {high:.4f}]"
@@ -59,9 +65,12 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--steps", type=int, default=120, help="the demo's train.steps")
     p.add_argument("--traffic-seed", type=int, default=7)
+    add_results_dir_arg(p)
     a = p.parse_args()
 
+    from bench.results import Figure, record
     from gem.config import load_config
+    from gem.stats import mean_interval
     from gem.study.traffic import batches, simulate
 
     cfg = load_config(REPO / "configs" / "demo.yaml", environ={})
@@ -91,12 +100,31 @@ def main() -> None:
                   f"{ne[arm]['conversion'][-1]:.4f}, {examples_per_s:,.0f} examples/s", flush=True)
 
     print(f"\nheld-out NE (day 3), mean and 95% interval over {a.seeds} seeds:")
+    figures, intervals = [], {}
     for k, names in groups.items():
         diffs = [b - f for b, f in zip(ne["bf16"][k], ne["fp32"][k], strict=True)]
+        floor = traffic.floor(3, names)
         print(f"  {k:10s} fp32 {interval(ne['fp32'][k])}   bf16 {interval(ne['bf16'][k])}   "
-              f"bf16 - fp32 {interval(diffs)}   Bayes floor {traffic.floor(3, names):.4f}")
-    print(f"training examples/s (median over seeds): fp32 {statistics.median(speed['fp32']):,.0f}, "
-          f"bf16 {statistics.median(speed['bf16']):,.0f}")
+              f"bf16 - fp32 {interval(diffs)}   Bayes floor {floor:.4f}")
+        mean, low, high = mean_interval(diffs)
+        figures += [Figure(f"{k}_ne_fp32", f"{k} tasks: held-out NE, fp32 (mean over seeds)",
+                           round(statistics.fmean(ne["fp32"][k]), 4)),
+                    Figure(f"{k}_ne_bf16", f"{k} tasks: held-out NE, bf16 autocast (mean over seeds)",
+                           round(statistics.fmean(ne["bf16"][k]), 4)),
+                    Figure(f"{k}_ne_bf16_minus_fp32", f"{k} tasks: held-out NE, bf16 - fp32 (paired, mean)",
+                           round(mean, 6))]
+        if floor is not None:
+            figures.append(Figure(f"{k}_bayes_floor", f"{k} tasks: the Bayes floor's NE", round(floor, 4)))
+        if not math.isnan(low):  # an interval needs two seeds or more
+            intervals[f"{k}_ne_bf16_minus_fp32_95"] = [round(low, 6), round(high, 6)]
+    fp32, bf16 = statistics.median(speed["fp32"]), statistics.median(speed["bf16"])
+    print(f"training examples/s (median over seeds): fp32 {fp32:,.0f}, bf16 {bf16:,.0f}")
+    figures += [Figure("fp32_examples_per_s", "training, fp32 (median over seeds)", round(fp32), "examples/s"),
+                Figure("bf16_examples_per_s", "training, bf16 autocast (median over seeds)", round(bf16), "examples/s"),
+                Figure("bf16_over_fp32_speed", "training speed, bf16 autocast / fp32", round(bf16 / fp32, 2), "x")]
+    record("cpu_bf16_learning", "CPU bf16 autocast against fp32: held-out NE of the demo's pretraining, same seeds",
+           figures, notes=f"{a.seeds} seeds, {a.steps} steps each; days 1-2 train, day 3 held out.",
+           extra={"intervals": intervals}, results_dir=a.results_dir)
 
 
 if __name__ == "__main__":

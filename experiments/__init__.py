@@ -1,0 +1,1 @@
+"""One-off experiments: questions about the model or its training answered with figures, not gates."""
