@@ -58,7 +58,7 @@ $(ASSETS_STAMP): $(PKG_STAMP) infra/dq_assets/assets.txt infra/dq_assets/fetch.s
 	bash infra/dq_assets/fetch.sh $(CACHE)/dq_assets
 
 demo: setup
-	$(PY) -m gem.demo $(if $(CONFIG),--config $(CONFIG),)
+	$(PY) -m gem.pipeline.demo $(if $(CONFIG),--config $(CONFIG),)
 
 # `make test`: every test not marked slow (the quick tier; CI runs it). `make test-slow`:
 # the slow tier (end-to-end Airflow runs with the real scheduler, the learning claims, crash and

@@ -10,7 +10,7 @@ Two lakehouses and Airflow homes under one temporary folder, one small synthetic
              its own process with its own Spark session).
 Prints both wall times, their ratio and, per table, whether the rows agree (run ids, times, Delta
 versions and file locations aside: gem.lakehouse.compare's NOT_COMPARED) and publishes the figures
-through bench.results (backfill). The world is gem.small_world's. Day 2 on trains (one training
+through bench.results (backfill). The world is gem.sources.small_world's. Day 2 on trains (one training
 day), so pretraining, precompute and distillation are compared too. tests/e2e/test_backfill.py runs
 the same for 3 days.
 """
@@ -28,7 +28,7 @@ from pathlib import Path
 from bench.results import Figure, add_results_dir_arg, record
 from gem.days import day_range, shift_day
 from gem.lakehouse.compare import NOT_COMPARED, lakehouse_rows
-from gem.small_world import START_DS, world_config
+from gem.sources.small_world import START_DS, world_config
 
 
 def free_port() -> int:
@@ -52,7 +52,7 @@ def airflow_env(home: Path, cfg_path: Path) -> dict[str, str]:
 
 def daily_runs(env: dict[str, str], days: list[str]) -> None:
     """One `airflow dags test` run per day, in order; raises on the first failed run."""
-    from gem.airflow_runs import init_db, run_day, run_log
+    from gem.pipeline.airflow.runs import init_db, run_day, run_log
 
     init_db(env)
     for ds in days:

@@ -7,7 +7,7 @@ bench writes a MovieLens-1M-format folder of synthetic ratings (6,040 users, 3,7
 of the range rated; about 1.8 events per rating: an impression, a click for 4-5 stars, a conversion
 for 5), imports it with `gem import-movielens`'s importer under configs/movielens.yaml, and times
 
-  ranged      `gem.bulk.run_range(..., through_stage="validate_examples")`: the generator skips
+  ranged      `gem.pipeline.bulk.run_range(..., through_stage="validate_examples")`: the generator skips
               (source: landing), then ingest .. validate_examples each run ONCE over the range;
 and, side by side on the first `--compare-days` days (each arm in its own lakehouse, same session):
   day_by_day  the same stages once per day, in the daily runs' order (`day_by_day=True`);
@@ -87,7 +87,7 @@ def _config(root: Path, arm: str):
 
 def _run(cfg, first: str, last: str, ctx, day_by_day: bool = False) -> tuple[float, dict[str, float]]:
     """Wall seconds of the bulk path over first..last, and seconds per stage (summed over its runs)."""
-    from gem.bulk import run_range
+    from gem.pipeline.bulk import run_range
 
     started, per_stage = time.monotonic(), {}
     for run in run_range(cfg, first, last, "validate_examples", ctx=ctx, day_by_day=day_by_day):

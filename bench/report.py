@@ -23,6 +23,7 @@ import typer
 
 from bench.results import REPO_ROOT, RESULTS_DIR, BenchResult, Figure, load_all
 
+
 class ReportError(Exception):
     """A page quotes a figure no result has."""
 
@@ -32,7 +33,7 @@ QUOTING_PAGES = ("README.md", "docs/*.md")
 QUOTE = re.compile(r"<!-- fig (?P<name>[\w-]+)\.(?P<key>[\w-]+)(?: (?P<form>\w+))? -->(?P<text>.*?)<!-- /fig -->")
 
 
-def format_value(value: float | int, unit: str = "") -> str:
+def format_value(value: float, unit: str = "") -> str:
     """A figure as the page prints it: thousands separated, at most 3 significant decimals."""
     if isinstance(value, bool):
         text = str(value).lower()

@@ -20,7 +20,7 @@ from typing import Any
 
 from bench.results import Figure, add_results_dir_arg, record
 from bench.silver_incremental import START, bench_config
-from gem.cli import shift_day
+from gem.days import shift_day
 from gem.lakehouse import tables
 from jobs import build_sequences
 from schemas.events import BRONZE_AD_EVENTS

@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.results import Figure, add_results_dir_arg, record
-from gem.cli import day_range, shift_day
 from gem.config import GemConfig, load_config
+from gem.days import day_range, shift_day
 from gem.lakehouse import tables
 from gem.lakehouse.commit import StageContext
 from jobs import build_features, build_sequences

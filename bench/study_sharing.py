@@ -7,11 +7,11 @@ The gpu preset runs its jobs in forked worker processes that share the GPU (gem.
 training step of these small models launches thousands of kernels, so one process alone leaves the
 GPU waiting on Python, and the question is how many processes pay. For each job (sized by the
 preset's own sizing to its compute target) and each process count P, P forked processes each train
-the job through gem.study.runner.train (the study's own loop, batches moved to the GPU once) for
+the job through gem.study.runner.run (the study's training, batches moved to the GPU once) for
 `--steps` batches of the preset's traffic at a smaller volume, side by side; the figure is the
 examples per second of all P together (P x steps x batch over the slowest process's time), and
-its ratio to one process alone. On CUDA in bf16; `--device cpu` is a smoke run (one thread per
-process).
+its ratio to one process alone. On CUDA in bf16, published through bench.results (study_sharing);
+`--device cpu` is a smoke run (one thread per process), printed only.
 """
 
 from __future__ import annotations
@@ -21,14 +21,16 @@ import dataclasses
 import multiprocessing
 import os
 import time
+from pathlib import Path
 
 # NVML answers whether there is a GPU: the parent must not initialize CUDA before it forks.
 os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 
 import torch
 
+from bench.results import Figure, add_results_dir_arg, record
 from gem.study.presets import PRESETS
-from gem.study.runner import train
+from gem.study.runner import run
 from gem.study.study import Study
 
 _SHARED: tuple = ()  # (config, batches) of the job under test, inherited by the forked processes
@@ -37,9 +39,8 @@ _SHARED: tuple = ()  # (config, batches) of the job under test, inherited by the
 def _one_process(_: int) -> float:
     cfg, batches, device = _SHARED
     torch.set_num_threads(1)
-    train(cfg, batches[:3], 1e-3, 0, 1, device, True)  # warm-up: CUDA context, kernels, allocator
-    _, seconds, _ = train(cfg, batches, 1e-3, 0, 1, device, True)
-    return seconds
+    run(cfg, batches[:3], {}, 1e-3, 0, 1, device, True)  # warm-up: CUDA context, kernels, allocator
+    return run(cfg, batches, {}, 1e-3, 0, 1, device, True).seconds
 
 
 def measure(cfg, batches, processes: int, device: torch.device) -> float:
@@ -58,6 +59,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[int, float]]:
     parser.add_argument("--batch", type=int, default=None, help="default: the gpu preset's")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    add_results_dir_arg(parser)
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("no CUDA: nothing to measure")
@@ -78,7 +80,24 @@ def main(argv: list[str] | None = None) -> dict[str, dict[int, float]]:
         alone = results[name][counts[0]]
         cells = "  ".join(f"{p} proc {r:>9,.0f} ({r / alone:.2f}x)" for p, r in results[name].items())
         print(f"{name:<16} {job.flops / 1e6:>6.1f} MFLOP/ex  {cells}  [{time.perf_counter() - started:.0f} s]", flush=True)
+    if args.device == "cuda":
+        publish(results, preset.batch_size, len(batches), args.results_dir)
     return results
+
+
+def publish(results: dict[str, dict[int, float]], batch: int, steps: int, results_dir: Path) -> None:
+    """Each job's examples/s per process count and its ratio to the first count, as `study_sharing`."""
+    figures = []
+    for name, by_count in results.items():
+        key, (first, alone) = name.replace("@", "_"), next(iter(by_count.items()))
+        for p, rate in by_count.items():
+            figures.append(Figure(f"{key}_p{p}_examples_per_s", f"{name}, {p} processes together", round(rate),
+                                  "examples/s"))
+            if p != first:
+                figures.append(Figure(f"{key}_p{p}_over_p{first}", f"{name}, {p} processes / {first}",
+                                      round(rate / alone, 2), "x"))
+    record("study_sharing", "The quality study's training on one GPU: processes sharing it against one alone",
+           figures, notes=f"batch {batch}, {steps} steps per process, bf16.", results_dir=results_dir)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
     python -m drills.faults [--kills 20] [--stages ingest_events,pretrain] [--days 4] [--root DIR]
 
-A small synthetic world (gem.small_world.world_config, pretraining long enough to be killed between
+A small synthetic world (gem.sources.small_world.world_config, pretraining long enough to be killed between
 steps and during its checkpoint saves, a sequence compaction on day N). Days 1 .. N-1 load through
 the bulk path; day N is the day under test. For each stage, in the registry's order:
   before   the lakehouse as it stands when the stage's turn comes on day N (every earlier stage of
@@ -52,7 +52,7 @@ from gem.days import day_range, shift_day
 from gem.faults import ENV_VAR as CRASH_ENV
 from gem.lakehouse.compare import NOT_COMPARED
 from gem.lakehouse.stages import RECORDED_STAGES, STAGES, command
-from gem.small_world import START_DS, world_config
+from gem.sources.small_world import START_DS, world_config
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Pretraining in the drill: enough steps and checkpoints that kills land between steps and saves.
@@ -84,7 +84,7 @@ TABLE_HEADER = f"{'stage':<20} {'trials':>6} {'landed':>6} {'survived':>8} {'slo
 
 
 def drill_config(root: Path, days: int) -> Path:
-    """gem.small_world's world with the drill's pretraining (TRAIN) and a sequence compaction
+    """gem.sources.small_world's world with the drill's pretraining (TRAIN) and a sequence compaction
     on the day under test (day `days`): every 2nd day when `days` is even, so that day also looks
     users up through the compaction before it; else every `days`-th day."""
     path = world_config(root)
@@ -231,7 +231,7 @@ def prepare(root: Path, days: list[str], log: Path) -> Path:
     """The drill's world with days[:-1] loaded through the bulk path; -> its config."""
     cfg_path = drill_config(root / "world", len(days))
     with open(log, "ab") as out:
-        subprocess.run([sys.executable, "-m", "gem.bulk", "--start", days[0], "--end", days[-2],
+        subprocess.run([sys.executable, "-m", "gem.pipeline.bulk", "--start", days[0], "--end", days[-2],
                         "--config", str(cfg_path)], cwd=REPO_ROOT, env=job_env(cfg_path), stdout=out,
                        stderr=subprocess.STDOUT, check=True)
     return cfg_path

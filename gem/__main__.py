@@ -1,5 +1,5 @@
-"""`python -m gem ...`: the `gem` command without the console script (gem/command.py)."""
+"""`python -m gem ...`: the `gem` command without the console script (gem/pipeline/command.py)."""
 
-from gem.command import main
+from gem.pipeline.command import main
 
 main()

@@ -382,7 +382,7 @@ class PrecomputeConfig:
 class DemoConfig:
     start_ds: str = "2026-01-01"
     days: int = 2
-    # The first `bulk_days` demo days load through the bulk path (gem.bulk: every stage in one
+    # The first `bulk_days` demo days load through the bulk path (gem.pipeline.bulk: every stage in one
     # process and one Spark session, as a history is loaded before daily runs take over); the rest
     # run through Airflow, one DAG run each. At least the last day runs through Airflow.
     bulk_days: int = 0

@@ -45,12 +45,12 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from gem.cli import examples_parser, parse_examples_args, resolve_examples_day
 from gem.config import GemConfig, load_config
 from gem.days import day_range
 from gem.lakehouse.commit import DayCounts, ReconciliationError, StageCommit, StageContext, StageResult
 from gem.lakehouse.stages import examples_bronze_days
-from gem.orchestration import NOTHING_READY_EXIT  # exit code: nothing ready yet, the task is skipped
+from gem.pipeline.airflow.orchestration import NOTHING_READY_EXIT  # exit code: nothing ready yet, the task is skipped
+from gem.pipeline.cli import examples_parser, parse_examples_args, resolve_examples_day
 from schemas.events import BRONZE_AD_EVENTS
 from schemas.examples import (
     AD_FEATURE_PREFIX,

@@ -48,11 +48,11 @@ from functools import reduce
 from operator import add
 from typing import TYPE_CHECKING
 
-from gem.cli import add_through_arg, job_parser, shift_day
 from gem.config import GemConfig, load_config
-from gem.days import day_range
+from gem.days import day_range, shift_day
 from gem.lakehouse.commit import DayCounts, StageCommit, StageContext, StageResult
 from gem.lakehouse.stages import feature_window_days
+from gem.pipeline.cli import add_through_arg, job_parser
 from schemas.events import BRONZE_AD_EVENTS
 from schemas.features import (
     AD_METADATA_COLUMNS,

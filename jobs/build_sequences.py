@@ -42,9 +42,10 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from gem.cli import add_through_arg, job_parser, shift_day
 from gem.config import GemConfig, SequenceCaps, load_config
+from gem.days import shift_day
 from gem.lakehouse.commit import DayCounts, StageCommit, StageContext, StageResult
+from gem.pipeline.cli import add_through_arg, job_parser
 from schemas.events import BRONZE_AD_EVENTS
 from schemas.sequences import (
     SEQUENCE_COLUMNS,

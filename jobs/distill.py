@@ -26,7 +26,7 @@ def run(ctx: StageContext, ds: str, steps: int | None = None) -> StageResult:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gem.cli import job_exit, job_parser
+    from gem.pipeline.cli import job_exit, job_parser
 
     parser = job_parser(__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=None, help="override student_train.steps")

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from gem.config import GemConfig, add_config_arg, load_config
 from gem.lakehouse.commit import StageContext, StageResult
-from gem.orchestration import NOTHING_READY_EXIT
+from gem.pipeline.airflow.orchestration import NOTHING_READY_EXIT
 from gem.sources.synthetic_day import generate_day
 
 

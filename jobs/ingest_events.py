@@ -42,11 +42,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gem.cli import add_through_arg, job_parser, shift_day
 from gem.config import GemConfig, load_config
+from gem.days import shift_day
 from gem.faults import crash_point
 from gem.lakehouse.commit import DayCounts, StageCommit, StageContext, StageResult
 from gem.lakehouse.landing import DATA_FILE_PATTERN, gzip_problem, lines_before_damage, list_partition
+from gem.pipeline.cli import add_through_arg, job_parser
 from schemas.events import BRONZE_AD_EVENTS, BRONZE_QUARANTINE, FILE_REASONS, ID_COLUMNS, LANDING_EVENTS
 from schemas.table import Column
 

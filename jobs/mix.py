@@ -35,12 +35,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gem.cli import job_parser
 from gem.config import GemConfig, MixConfig, load_config
 from gem.data.delta_log import LoggedFile, logged_files, read_logged
 from gem.lakehouse.commit import StageCommit, StageContext, StageResult
 from gem.lakehouse.stages import mixed_days
-from gem.orchestration import NOTHING_READY_EXIT
+from gem.pipeline.airflow.orchestration import NOTHING_READY_EXIT
+from gem.pipeline.cli import job_parser
 from schemas.examples import LABEL_COLUMNS, SILVER_TRAINING_EXAMPLES
 from schemas.mixture import GOLD_MIXTURE_MANIFEST, SPLITS
 from schemas.sequences import SILVER_USER_SEQUENCES

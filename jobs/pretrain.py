@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import sys
 
-from gem.cli import job_exit, job_parser
 from gem.config import load_config
 from gem.lakehouse.commit import StageContext, StageResult
+from gem.pipeline.cli import job_exit, job_parser
 
 
 def run(ctx: StageContext, ds: str, steps: int | None = None) -> StageResult:

@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gem.cli import day_range, iso_day
 from gem.config import GemConfig, add_config_arg, load_config
+from gem.days import day_range, iso_day
 
 NOTHING_TO_DO = "-"
 

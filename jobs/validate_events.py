@@ -24,11 +24,11 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from gem.cli import add_through_arg, job_parser
 from gem.config import GemConfig, load_config
 from gem.lakehouse.commit import DayCounts, StageCommit, StageContext, StageResult
 from gem.lakehouse.completions import MissingInputError
 from gem.lakehouse.tables import read_table, table_path
+from gem.pipeline.cli import add_through_arg, job_parser
 from gem.quality.bronze import ROWS_VALIDATED, event_statistics, event_statistics_expectations, statistics_frame
 from gem.quality.docs_assets import MissingDocsAssetsError
 from gem.quality.runner import (

@@ -19,10 +19,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gem.cli import examples_parser, iso_day, parse_examples_args, resolve_examples_day
 from gem.config import load_config
+from gem.days import iso_day
 from gem.lakehouse.commit import DayCounts, StageCommit, StageContext, StageResult
-from gem.orchestration import NOTHING_READY_EXIT  # exit code: nothing ready yet, the task is skipped
+from gem.pipeline.airflow.orchestration import NOTHING_READY_EXIT  # exit code: nothing ready yet, the task is skipped
+from gem.pipeline.cli import examples_parser, parse_examples_args, resolve_examples_day
 
 if TYPE_CHECKING:
     from great_expectations.expectations import Expectation

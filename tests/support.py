@@ -109,7 +109,7 @@ def airflow_test_env(airflow_home: Path, cfg_path: Path, **extra: str) -> dict[s
     """A clean environment for a real Airflow run: nothing from the developer's Airflow home, DB or
     GEM_ / GEM__ settings leaks in; Airflow's files under airflow_home, the jobs on cfg_path, task
     retries off (a broken job fails the run now instead of after two 5-minute waits), plus `extra`."""
-    from gem.orchestration import RETRIES_ENV
+    from gem.pipeline.airflow.orchestration import RETRIES_ENV
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "GEM_"))}
     return env | {"AIRFLOW_HOME": str(airflow_home), "GEM_CONFIG": str(cfg_path), RETRIES_ENV: "0"} | extra

@@ -16,7 +16,7 @@ The transfer ratio (ExFM, arXiv 2502.17494) of an arm is, per surface and seed,
     TR = (NE_baseline - NE_arm) / (NE_baseline - NE_FM)
 
 on the surface's click task (the task every surface has in volume); means with 95% intervals over
-seeds (gem.study.fits.mean_interval). The page (gem.report) goes to
+seeds (gem.stats.mean_interval). The page (gem.report) goes to
 {lakehouse}/_reports/transfer/<R>/index.html. It writes nothing else: no record, no promotion, its
 students' checkpoints in a temporary folder.
 
@@ -38,7 +38,7 @@ import numpy as np
 from gem.distill.run import DistillInputs, StudentRun, plan_inputs, ready, train_student
 from gem.lakehouse.commit import StageCommit
 from gem.model.metrics import transfer_ratio
-from gem.study.fits import mean_interval
+from gem.stats import mean_interval
 
 ARMS: dict[str, str] = {"baseline": "baseline", "kd": "+KD", "kd_adapter": "+KD+adapter", "kd_loopfm": "+KD+LoopFM"}
 DOUBLING = 1.5  # a TR(+KD+LoopFM) / TR(+KD) ratio at least this (with a positive gap) "about doubles"
@@ -186,8 +186,8 @@ def history_code_bytes(cfg: Any, ds: str) -> float | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gem.days import iso_day
     from gem.config import add_config_arg, load_config
+    from gem.days import iso_day
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_config_arg(parser)

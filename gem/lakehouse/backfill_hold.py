@@ -8,7 +8,7 @@ of the stages after it could never succeed, since Airflow does not rerun a task 
 (e.g. a later day's build_features reads a day between two of the backfill's rewrites, and that
 day's validate_silver then refuses on every retry). So the backfill holds its range for its
 whole duration, and `StageCommit.begin` of such a run raises BackfillInProgressError before it
-reads anything; the DAG's task turns that into a reschedule (gem.orchestration.run_stage_task), so
+reads anything; the DAG's task turns that into a reschedule (gem.pipeline.airflow.orchestration.run_stage_task), so
 the day waits without spending its retries and runs once the backfill has finished.
 
 Limits, by design: a later run that read its inputs before the backfill began is not stopped (its

@@ -134,7 +134,7 @@ class Stage:
     ranges: one run may cover a range of days in one commit, publishing one record per day
         (`--ds D1 --through D2`, e.g. a backfill of bronze from landing).
     entry: the job module's function `entry(ctx, ds) -> StageResult` its command line calls, which
-        the bulk path (gem.bulk) calls in-process.
+        the bulk path (gem.pipeline.bulk) calls in-process.
     records: the stage publishes a completion record per day (False for a source: generate_events
         marks its landing partitions with `_SUCCESS` instead), so status listings and the run report
         show it only when it does.

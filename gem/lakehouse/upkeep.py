@@ -32,7 +32,7 @@ from gem.lakehouse.tables import table_path
 from schemas import TABLES
 from schemas.events import BRONZE_QUARANTINE
 
-# When the gem_upkeep DAG runs (gem/upkeep_dag.py): Sundays 06:00 UTC, hours after the daily run
+# When the gem_upkeep DAG runs (gem/pipeline/airflow/upkeep_dag.py): Sundays 06:00 UTC, hours after the daily run
 # of the day before has normally finished.
 UPKEEP_CRON = "0 6 * * 0"
 

@@ -291,8 +291,8 @@ def folder_from(stream: TextIO) -> Path | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gem.days import iso_day
     from gem.config import add_config_arg, load_config
+    from gem.days import iso_day
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_config_arg(parser)

@@ -1,6 +1,6 @@
 """Each claim's verdict, from the recorded numbers only (results.json's), never written by hand.
 
-An interval is the 95% interval of gem.study.fits. A difference d = a - b of NE (lower is better):
+An interval is the 95% interval of gem.stats. A difference d = a - b of NE (lower is better):
 "reproduced" when its whole interval says a is better (high < 0), "not reproduced" when it says a is
 worse (low > 0), "inconclusive" when it holds 0 (or could not be computed).
 """

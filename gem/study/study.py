@@ -5,7 +5,11 @@ variants at the matched target, and Kunlun trained on one conversion task alone 
 comparison. Every job gets the same tuning: each learning rate of the preset's grid trained with
 seed 0 and scored on the VALIDATION day; the lr of lowest pooled validation NE is kept, the other
 seeds trained with it, and every seed of that lr scored on the HELD-OUT day (seed 0's held-out score
-is of the model the lr was chosen with; the held-out day played no part in choosing it).
+is of the model the lr was chosen with; the held-out day played no part in choosing it). An lr whose
+training diverges (Trainer stops it on a NaN or infinite loss or gradient) is never chosen.
+
+Every run trains with the pipeline's loop and is scored by its evaluation (gem.study.runner:
+gem.train.trainer.Trainer, gem.train.evaluate), so the claims hold for the loop the pipeline runs.
 """
 
 from __future__ import annotations
@@ -22,14 +26,15 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from gem import stats
 from gem.data.batch import Batch
 from gem.model.configs import KunlunConfig, ModelConfig
-from gem.study import fits
 from gem.study.job_log import JobLog
 from gem.study.presets import ARCHS, SCALED, StudyPreset
 from gem.study.runner import Scores, run
 from gem.study.sizing import SizingContext, kunlun_switch_names, size_to
 from gem.study.traffic import DayRoles, Traffic, batches, simulate
+from gem.train.trainer import NonFiniteLossError
 from schemas.tasks import CONVERSION_TYPES
 
 # The value each Kunlun ablation switch is turned to (booleans: off).
@@ -76,7 +81,7 @@ class Progress:
 
 
 def _interval(values: list[float]) -> list[float]:
-    return list(fits.mean_interval(values))
+    return list(stats.mean_interval(values))
 
 
 class Study:
@@ -177,13 +182,24 @@ class Study:
         evals = {"validation": self.data("validation", tasks), "held_out": self.data("held_out", tasks)}
         held_out: dict[float, tuple[Scores, float, int]] = {}
         for lr in p.lrs:
-            r = run(job.config, train, evals, lr, 0, p.epochs, self.device, p.bf16)
+            try:
+                r = run(job.config, train, evals, lr, 0, p.epochs, self.device, p.bf16)
+            except NonFiniteLossError as e:
+                # Trainer stops a run whose loss or gradients go NaN or infinite: that lr is recorded
+                # without a validation NE, so it is never the one chosen.
+                job.lr_trials.append({"lr": lr, "validation_ne": None, "seconds": None, "diverged": True})
+                progress.step(f"{job.name} lr {lr:g}: diverged ({e})")
+                yield
+                continue
             job.lr_trials.append({"lr": lr, "validation_ne": r.scores["validation"].ne(tasks), "seconds": r.seconds})
             held_out[lr] = (r.scores["held_out"], r.seconds, r.examples)
             progress.step(f"{job.name} lr {lr:g}: validation NE {job.lr_trials[-1]['validation_ne']:.4f} "
                           f"({r.seconds:.1f} s)")
             yield
-        job.lr = min(job.lr_trials, key=lambda t: t["validation_ne"] if t["validation_ne"] is not None else np.inf)["lr"]
+        if not held_out:
+            raise NonFiniteLossError(f"{job.name}: training diverged at every learning rate of the grid {p.lrs}")
+        trained = [t for t in job.lr_trials if t["lr"] in held_out]
+        job.lr = min(trained, key=lambda t: t["validation_ne"] if t["validation_ne"] is not None else np.inf)["lr"]
         s0, seconds, examples = held_out[job.lr]
         job.seeds.append({"seed": 0, "seconds": seconds, "examples": examples, **self.summary(s0)})
         for seed in range(1, p.seeds):
@@ -272,11 +288,11 @@ class Study:
             flops = np.array([j.flops for j in points], dtype=np.float64)
             ne = np.array([j.values("ne") for j in points]).T  # (seeds, sizes)
             fitted = len(points) >= 2  # one size has no slope
-            ne0, eta = fits.fit_eta(flops, ne.mean(0)) if fitted else (float("nan"), float("nan"))
+            ne0, eta = stats.fit_eta(flops, ne.mean(0)) if fitted else (float("nan"), float("nan"))
             scaling[arch] = {"flops": flops.tolist(), "ne": ne.tolist(), "ne0": ne0, "eta": eta,
-                             "eta_interval": list(fits.eta_interval(flops, ne)) if fitted else [float("nan")] * 3}
+                             "eta_interval": list(stats.eta_interval(flops, ne)) if fitted else [float("nan")] * 3}
         k, i = scaling["kunlun"], scaling["interformer"]
-        scaling["ratio"] = list(fits.ratio_interval(np.array(k["flops"]), np.array(k["ne"]),
+        scaling["ratio"] = list(stats.ratio_interval(np.array(k["flops"]), np.array(k["ne"]),
                                                     np.array(i["flops"]), np.array(i["ne"])))
         out["scaling"] = scaling
         joint = matched["kunlun"]

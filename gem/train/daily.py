@@ -156,8 +156,8 @@ def run(ctx: Any, ds: str, run_dir: Path | None = None, steps: int | None = None
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from gem.days import iso_day
     from gem.config import add_config_arg, load_config
+    from gem.days import iso_day
     from gem.lakehouse.commit import StageContext
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

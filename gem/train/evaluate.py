@@ -1,11 +1,14 @@
 """Evaluate a train task on a batch stream: per task NE, AUC and calibration (gem.model.metrics).
 
 Only the examples drawn for a task (label_mask) count for it, each with its importance weight.
+`predictions` / `gather` flatten a stream to those (example, task) pairs; `evaluate` and `score`
+report per task from them, and the quality study (gem.study.runner) pools them over groups of tasks.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import torch
 
@@ -13,43 +16,78 @@ from gem.data.batch import Batch
 from gem.model import metrics
 
 
-@torch.no_grad()
-def evaluate(task: torch.nn.Module, batches: Iterable[Batch]) -> dict[str, dict[str, float | None]]:
-    """The task's serving predictions (task.logits) scored per task."""
-    task.eval()
-    device = next(task.parameters()).device
-    return score(batches, lambda batch: torch.sigmoid(task.logits(batch.to(device)).float()).cpu())
+@dataclass
+class Predictions:
+    """Every (example, task) pair drawn (label_mask) of a batch stream, flattened in stream order
+    (batch, then example, then task): float64, so sums over a whole day keep their precision."""
+
+    pred: torch.Tensor  # (P,) float64 probability
+    label: torch.Tensor  # (P,) float64
+    weight: torch.Tensor  # (P,) float64 importance weight
+    task: torch.Tensor  # (P,) int64 index into `tasks`
+    tasks: tuple[str, ...]
+
+    def select(self, names: Iterable[str]) -> torch.Tensor:
+        """(P,) bool: the pairs of the tasks in `names`."""
+        names = set(names)
+        wanted = torch.tensor([t in names for t in self.tasks], dtype=torch.bool)
+        return wanted[self.task]
 
 
 @torch.no_grad()
-def score(batches: Iterable[Batch], probabilities: Callable[[Batch], torch.Tensor]) -> dict[str, dict[str, float | None]]:
-    """Per task: examples, weighted positives, NE, AUC and calibration of `probabilities(batch)` (B, T)
-    over the examples drawn for the task (label_mask), each with its importance weight."""
-    preds: dict[str, list[torch.Tensor]] = {}
-    labels: dict[str, list[torch.Tensor]] = {}
-    weights: dict[str, list[torch.Tensor]] = {}
+def gather(batches: Iterable[Batch], probabilities: Callable[[Batch], torch.Tensor]) -> Predictions:
+    """`probabilities(batch)` (B, T) at every pair the batch draws (label_mask), with its label and weight."""
+    preds, labels, weights, cols = [], [], [], []
     names: tuple[str, ...] = ()
     for batch in batches:
         names = batch.tasks
         prob = probabilities(batch)
-        for j, name in enumerate(batch.tasks):
-            m = batch.label_mask[:, j]
-            preds.setdefault(name, []).append(prob[m, j])
-            labels.setdefault(name, []).append(batch.labels[m, j])
-            weights.setdefault(name, []).append(batch.weights[m, j])
+        rows, col = batch.label_mask.nonzero(as_tuple=True)
+        preds.append(prob[rows, col].double())
+        labels.append(batch.labels[rows, col].double())
+        weights.append(batch.weights[rows, col].double())
+        cols.append(col)
+    if not preds:
+        empty = torch.zeros(0, dtype=torch.float64)
+        return Predictions(empty, empty, empty, torch.zeros(0, dtype=torch.int64), names)
+    return Predictions(torch.cat(preds), torch.cat(labels), torch.cat(weights), torch.cat(cols), names)
+
+
+@torch.no_grad()
+def predictions(task: torch.nn.Module, batches: Iterable[Batch]) -> Predictions:
+    """The task's serving predictions (sigmoid of task.logits, in eval mode, fp32) at every drawn pair."""
+    task.eval()
+    device = next(task.parameters()).device
+    return gather(batches, lambda batch: torch.sigmoid(task.logits(batch.to(device)).float()).cpu())
+
+
+def per_task(p: Predictions) -> dict[str, dict[str, float | None]]:
+    """Per task: examples, weighted positives, NE, AUC and calibration over its pairs."""
     out: dict[str, dict[str, float | None]] = {}
-    for name in names:
-        p, y, w = (torch.cat(x[name]) for x in (preds, labels, weights))
+    for j, name in enumerate(p.tasks):
+        m = p.task == j
+        pred, y, w = p.pred[m], p.label[m], p.weight[m]
         positives = float((w * y).sum())
         both = 0 < positives < float(w.sum())
         out[name] = {
-            "examples": int(p.numel()),
+            "examples": int(pred.numel()),
             "positives": positives,
-            "ne": float(metrics.ne(p, y, w)) if both else None,
-            "auc": float(metrics.auc(p, y, w)) if both else None,
-            "calibration": float(metrics.calibration(p, y, w)) if positives > 0 else None,
+            "ne": float(metrics.ne(pred, y, w)) if both else None,
+            "auc": float(metrics.auc(pred, y, w)) if both else None,
+            "calibration": float(metrics.calibration(pred, y, w)) if positives > 0 else None,
         }
     return out
+
+
+def evaluate(task: torch.nn.Module, batches: Iterable[Batch]) -> dict[str, dict[str, float | None]]:
+    """The task's serving predictions scored per task."""
+    return per_task(predictions(task, batches))
+
+
+def score(batches: Iterable[Batch], probabilities: Callable[[Batch], torch.Tensor]) -> dict[str, dict[str, float | None]]:
+    """Per task: examples, weighted positives, NE, AUC and calibration of `probabilities(batch)` (B, T)
+    over the examples drawn for the task (label_mask), each with its importance weight."""
+    return per_task(gather(batches, probabilities))
 
 
 def gap_closed(ne: float | None, floor: float | None) -> str:

@@ -9,6 +9,9 @@ resumed with the same config produces the same losses and final weights as an un
 (tested on CPU, both backends). A NaN or infinite loss stops the run with NonFiniteLossError before
 that step updates anything, a NaN or infinite gradient before its dense optimizer step; either
 way no checkpoint is written after it, so the last one written is the last good one.
+
+A Trainer without a run folder (run_dir None) trains the same steps and writes no checkpoint: a run
+kept in memory, such as each of the quality study's (gem.study.runner).
 """
 
 from __future__ import annotations
@@ -89,12 +92,19 @@ class Trainer:
                  A single process gets a one-rank gloo group.
     Checkpoints hold the model (tables as sharded tensors), the dense optimizer's state by
     parameter name, the tables' fused optimizer state, the loader's position and the RNG states.
+
+    run_dir None: no checkpoints (nothing to resume from, none written). device None: the current
+    CUDA device when there is one, else the CPU; a caller that must run elsewhere (the study's CPU
+    presets on a machine with a GPU) names it. The dense optimizer is AdamW at train.weight_decay;
+    at 0 (the default) its update is Adam's.
     """
 
-    def __init__(self, task: torch.nn.Module, stream: BatchStream, cfg: TrainConfig, run_dir: Path,
-                 config_snapshot: dict[str, Any] | None = None) -> None:
+    def __init__(self, task: torch.nn.Module, stream: BatchStream, cfg: TrainConfig, run_dir: Path | None,
+                 config_snapshot: dict[str, Any] | None = None, device: torch.device | None = None) -> None:
         self.task, self.stream, self.cfg, self.run_dir = task, stream, cfg, run_dir
-        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        if device is None:
+            device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        self.device = device
         self.sharded = getattr(task.embeddings, "backend", "torch") == "torchrec"
         # A body that computes each batch in length groups (Kunlun) says how many; the padding it
         # reports is then that of the groups' blocks.
@@ -165,6 +175,8 @@ class Trainer:
         self._checkpointed.load_state_dict(model_state)
 
     def save(self) -> Path:
+        if self.run_dir is None:
+            raise ValueError("this Trainer has no run folder (run_dir None), so it writes no checkpoint")
         extra = {"losses": self.losses, "loader": self.stream.state_dict(), "rng": checkpoint.rng_state(),
                  "config": self.config_snapshot}
         return checkpoint.save(self.run_dir, self.step, self._state(), extra)
@@ -176,6 +188,8 @@ class Trainer:
         (truncated shard, missing extra.json) is set aside with a warning and the one before it is
         tried, so a retry after a crash mid-write does not fail forever on the same folder.
         """
+        if self.run_dir is None:
+            return False
         rank0 = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
         if rank0:
             for partial in checkpoint.discard_partials(self.run_dir):
@@ -245,8 +259,9 @@ class Trainer:
         """Raise NonFiniteLossError: `what` happened; the last good checkpoint and what to look for."""
         if bar is not None:
             bar.close()
-        raise NonFiniteLossError(f"{what}. The last good checkpoint is {checkpoint.latest(self.run_dir)} (a rerun "
-                                 f"resumes from it); look for {look_for}, or lower train.lr")
+        last = ("This run writes no checkpoints (no run folder)" if self.run_dir is None else
+                f"The last good checkpoint is {checkpoint.latest(self.run_dir)} (a rerun resumes from it)")
+        raise NonFiniteLossError(f"{what}. {last}; look for {look_for}, or lower train.lr")
 
     @staticmethod
     def _mean_over_ranks(loss: torch.Tensor) -> float:
@@ -303,10 +318,12 @@ class Trainer:
             if bar is not None:
                 seconds = time.perf_counter() - t0
                 bar.update(loss=f"{self.losses[-1]:.4f}", ex_s=f"{result.examples / max(seconds, 1e-9):,.0f}")
-            if self.step % self.cfg.checkpoint_every == 0 or self.step == total:
+            if self.run_dir is not None and (self.step % self.cfg.checkpoint_every == 0 or self.step == total):
                 result.checkpoint = self.save()
         if bar is not None:
             bar.close()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the seconds include the steps still queued on the GPU
         result.steps, result.losses, result.seconds = self.step, list(self.losses), time.perf_counter() - t0
         result.padding_ratio = padding_ratios(real, padded)
         return result

@@ -8,6 +8,6 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 airflow_bin="${AIRFLOW_BIN:-$GEM_REPO/.venv/bin/airflow}"
 [ -x "$airflow_bin" ] || airflow_bin="airflow"
 "$airflow_bin" db migrate
-# The pool GPU jobs queue in (gem.lakehouse.stages.GPU_POOL / gem.orchestration.GPU_POOL_SLOTS); `pools set` overwrites,
+# The pool GPU jobs queue in (gem.lakehouse.stages.GPU_POOL / gem.pipeline.airflow.orchestration.GPU_POOL_SLOTS); `pools set` overwrites,
 # so a rerun is a no-op.
 "$airflow_bin" pools set gpu 1 "GPU slots for foundation-model pretraining" >/dev/null

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from gem import orchestration
 from gem.lakehouse import stages
-from gem.orchestration import REPO_ROOT, manual_logical_date, partition_ds
+from gem.pipeline.airflow import orchestration
+from gem.pipeline.airflow.orchestration import REPO_ROOT, manual_logical_date, partition_ds
 from tests.support import DAG_OUTLETS
 
 DAGS = REPO_ROOT / "dags"
@@ -108,7 +108,7 @@ def test_tasks_in_order(dag: Any) -> None:
 def test_the_dag_is_the_registry(dag: Any) -> None:
     """The DAG is built from gem.lakehouse.stages; the graph above is written out by hand, so a wrong registry
     fails one of the two comparisons."""
-    from gem.daily_dag import task_upstream
+    from gem.pipeline.airflow.daily_dag import task_upstream
 
     assert set(stages.REGISTRY) | {SENSOR} == set(dag.task_ids) == set(UPSTREAM)
     assert task_upstream() == UPSTREAM
@@ -252,12 +252,12 @@ def test_rendered_run_day_uses_partition_ds(dag: Any) -> None:
 def test_a_run_from_a_stage_skips_the_stages_before_it_without_running_them(monkeypatch) -> None:
     """A stage before the run's from_stage returns at once (its job is never called); an unknown stage
     name fails the task instead of silently rerunning everything."""
-    import gem.bulk
+    import gem.pipeline.bulk
 
     def must_not_run(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("the stage ran")
 
-    monkeypatch.setattr(gem.bulk, "run_stage", must_not_run)
+    monkeypatch.setattr(gem.pipeline.bulk, "run_stage", must_not_run)
     assert "not rerun (this run starts at build_features)" in orchestration.run_stage_task(
         "ingest_events", "2026-01-01", from_stage="build_features")
     assert orchestration.before_start("validate_silver", "build_features") is False

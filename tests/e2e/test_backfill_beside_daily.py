@@ -31,14 +31,14 @@ from urllib.parse import unquote
 import pytest
 
 from bench.backfill import NOT_COMPARED, airflow_env, daily_runs, differing_tables, world_config
-from gem.airflow_runs import run_log
 from gem.config import REPO_ROOT, load_config
 from gem.data.delta_log import logged_files, partition_types, read_table, table_version
 from gem.lakehouse.backfill_hold import live_holds
 from gem.lakehouse.stages import stage
 from gem.lakehouse.staleness import DONE, Ledger, all_records
 from gem.lakehouse.tables import table_path
-from gem.orchestration import BACKFILL_POKE_ENV
+from gem.pipeline.airflow.orchestration import BACKFILL_POKE_ENV
+from gem.pipeline.airflow.runs import run_log
 from schemas import TABLES
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]

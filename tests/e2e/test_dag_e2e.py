@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from gem.data.delta_log import read_table
-from gem.orchestration import REPO_ROOT, manual_logical_date
+from gem.pipeline.airflow.orchestration import REPO_ROOT, manual_logical_date
 from schemas.metrics import GOLD_METRICS
 from tests.support import C1_JVM_CONF, airflow_test_env, query_db
 
@@ -34,7 +34,7 @@ TRAIN_STEPS = 4
 
 
 def task_log_lines(ds: str) -> dict[str, str]:
-    """task id -> the line its task logs when it ran its stage for ds (gem.orchestration.run_stage_task;
+    """task id -> the line its task logs when it ran its stage for ds (gem.pipeline.airflow.orchestration.run_stage_task;
     a window of 0 days makes the examples of run day ds ready in the same run, so every stage
     processes ds itself)."""
     return {task: f"{task}: run day {ds} -> ds={ds} success" for task in (

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from gem.orchestration import LANDING_POKE_ENV, LANDING_TIMEOUT_ENV, REPO_ROOT, read_task_failures
+from gem.pipeline.airflow.orchestration import LANDING_POKE_ENV, LANDING_TIMEOUT_ENV, REPO_ROOT, read_task_failures
 from tests.support import PYTHON, airflow_test_env
 
 # Not marked slow: the one real Airflow run in `make test`'s default tier (it starts no Spark job).

@@ -2,7 +2,7 @@
 
 Not `dags test`: an API server (the execution API the tasks report to), the DAG processor and the
 scheduler with LocalExecutor run as separate processes on a throwaway SQLite metadata DB, and a test
-copy of the DAG (gem.daily_dag under another id) starts two intervals back with catchup on, so the
+copy of the DAG (gem.pipeline.airflow.daily_dag under another id) starts two intervals back with catchup on, so the
 scheduler itself creates both runs, in order. The source is `landing` (configs/movielens.yaml):
 MovieLens-format ratings written by this test for those two days are imported with `gem
 import-movielens`; generate_events skips, and the landing sensor waits in reschedule mode for the
@@ -31,11 +31,11 @@ import yaml
 from typer.testing import CliRunner
 
 from bench.backfill import free_port
-from gem.airflow_scheduler import scheduler_stack
-from gem.command import app
 from gem.data.delta_log import read_table
 from gem.lakehouse.landing import SUCCESS_MARKER, partition_dir
-from gem.orchestration import LANDING_POKE_ENV, REPO_ROOT
+from gem.pipeline.airflow.orchestration import LANDING_POKE_ENV, REPO_ROOT
+from gem.pipeline.airflow.scheduler import scheduler_stack
+from gem.pipeline.command import app
 from schemas.metrics import GOLD_METRICS
 from tests.support import C1_JVM_CONF, DAG_OUTLETS, airflow_test_env, query_db
 
@@ -133,7 +133,7 @@ def _dag_copy(folder: Path) -> None:
     start = dt.datetime.fromisoformat(DAYS[0])
     (folder / f"{DAG_ID}.py").write_text(
         '"""Test copy of the gem_daily Airflow DAG: starts two intervals back, catchup on."""\n'
-        "import datetime as dt\n\nfrom gem.daily_dag import daily_dag\n\n"
+        "import datetime as dt\n\nfrom gem.pipeline.airflow.daily_dag import daily_dag\n\n"
         f"dag = daily_dag({DAG_ID!r}, start=dt.datetime({start.year}, {start.month}, {start.day}, tzinfo=dt.UTC), "
         "catchup=True)\n"
     )

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from gem.cli import day_range, shift_day
 from gem.config import GemConfig
 from gem.data.sequences import cut_before
+from gem.days import day_range, shift_day
 from gem.lakehouse import completions, tables
 from gem.lakehouse.commit import StageContext
 from jobs import assemble_examples, build_features, build_sequences

@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 
-from gem.cli import shift_day
-from gem.days import day_range
+from gem.days import day_range, shift_day
 from gem.lakehouse import completions, tables
 from gem.lakehouse.commit import StageContext
 from jobs import build_features

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gem.cli import shift_day
+from gem.days import shift_day
 from gem.lakehouse import completions, tables
 from gem.lakehouse.commit import StageContext
 from gem.lakehouse.staleness import DONE, STALE, Ledger, all_records

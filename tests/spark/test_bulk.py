@@ -1,5 +1,5 @@
 """The bulk path writes what the daily runs write: two days through every Spark stage by
-`gem.bulk.run_range` (one process, the suite's Spark session) against the same two days run as the
+`gem.pipeline.bulk.run_range` (one process, the suite's Spark session) against the same two days run as the
 DAG's tasks run them (`python -m jobs.<module> ...`, one process and JVM per stage and day, in
 registry order), each into its own lakehouse; every table's rows and every completion record's
 counts agree (run ids, timestamps and versions aside)."""
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from gem.bulk import run_range, stages_through
 from gem.lakehouse.commit import StageContext
-from gem.orchestration import NOTHING_READY_EXIT
+from gem.pipeline.airflow.orchestration import NOTHING_READY_EXIT
+from gem.pipeline.bulk import run_range, stages_through
 from schemas import TABLES
 from schemas.ops import COMPLETIONS
 from tests.support import C1_JVM_CONF, PYTHON, lakehouse_rows

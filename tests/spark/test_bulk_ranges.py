@@ -1,5 +1,5 @@
 """The bulk path's ranged stages write what day-by-day runs write: four run days through every Spark
-stage by `gem.bulk.run_range` (ingest .. validate_examples each ONE call over the range) against the
+stage by `gem.pipeline.bulk.run_range` (ingest .. validate_examples each ONE call over the range) against the
 same days with every stage run once per day (`day_by_day=True`, the daily runs' order), each into
 its own lakehouse, on the suite's Spark session. The world has an attribution window of one day (so
 the example days' windows overlap) and compacts sequences every second day (a compaction inside the
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gem.bulk import run_range, stages_through
 from gem.lakehouse import completions
 from gem.lakehouse.commit import StageContext
+from gem.pipeline.bulk import run_range, stages_through
 from schemas import TABLES
 from schemas.ops import COMPLETIONS
 from tests.support import lakehouse_rows, make_config

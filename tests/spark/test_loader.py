@@ -20,7 +20,6 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from gem.cli import day_range, shift_day
 from gem.config import ConfigError, MixConfig
 from gem.data import loader as loader_module
 from gem.data.delta_log import MissingDataFileError, UnavailableVersionError, logged_files, read_table, table_version
@@ -28,6 +27,7 @@ from gem.data.encode import DENSE_COLUMNS, hash_ids
 from gem.data.loader import ExampleStream, ResumableLoader
 from gem.data.manifest import read_manifest
 from gem.data.sampling import row_uniforms
+from gem.days import day_range, shift_day
 from gem.lakehouse import completions, tables
 from gem.lakehouse.commit import StageContext
 from jobs import assemble_examples, build_features, build_sequences, mix
@@ -499,7 +499,7 @@ def _plain(x):
 def test_train_cli_trains_evaluates_and_warm_starts(lake, tmp_path, capsys):
     import yaml
 
-    from gem.orchestration import NOTHING_READY_EXIT
+    from gem.pipeline.airflow.orchestration import NOTHING_READY_EXIT
     from gem.train import checkpoint, daily, promotion
     from jobs import pretrain
     from schemas.metrics import GOLD_METRICS

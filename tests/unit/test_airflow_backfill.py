@@ -1,5 +1,5 @@
-"""What `gem backfill` reads from Airflow's metadata DB before and while it runs (gem.airflow_backfill,
-gem.airflow_scheduler), on a SQLite DB holding just those tables. The backfill itself runs for real
+"""What `gem backfill` reads from Airflow's metadata DB before and while it runs (gem.pipeline.airflow.backfill,
+gem.pipeline.airflow.scheduler), on a SQLite DB holding just those tables. The backfill itself runs for real
 in tests/e2e/test_backfill.py."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import datetime as dt
 import sqlite3
 from pathlib import Path
 
-from gem.airflow_backfill import conflicting_manual_runs, later_days
-from gem.airflow_scheduler import dag_parsed, scheduler_alive
-from gem.orchestration import manual_logical_date
+from gem.pipeline.airflow.backfill import conflicting_manual_runs, later_days
+from gem.pipeline.airflow.orchestration import manual_logical_date
+from gem.pipeline.airflow.scheduler import dag_parsed, scheduler_alive
 
 NOW = dt.datetime(2026, 1, 10, 12, 0, tzinfo=dt.UTC)
 

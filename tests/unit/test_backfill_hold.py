@@ -108,7 +108,7 @@ def test_the_holder_renews_while_it_runs(tmp_path, monkeypatch):
 def test_the_dag_task_is_rescheduled_not_failed(tmp_path, monkeypatch):
     from airflow.sdk.exceptions import AirflowRescheduleException
 
-    from gem.orchestration import BACKFILL_POKE_ENV, run_stage_task
+    from gem.pipeline.airflow.orchestration import BACKFILL_POKE_ENV, run_stage_task
 
     cfg = make_config(tmp_path)
     config_file = tmp_path / "gem.yaml"

@@ -1,4 +1,4 @@
-"""The bulk path (gem.bulk) without a JVM: it calls each stage's own entry point, in registry order,
+"""The bulk path (gem.pipeline.bulk) without a JVM: it calls each stage's own entry point, in registry order,
 day by day, and reports what a DAG task would (success or skipped). The Spark stages run under it
 in `make demo` (its first day)."""
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from gem.bulk import entry_point, run_range, stages_through
 from gem.lakehouse.landing import SUCCESS_MARKER, partition_dir
 from gem.lakehouse.stages import STAGES
+from gem.pipeline.bulk import entry_point, run_range, stages_through
 from tests.support import make_config
 
 

@@ -1,4 +1,4 @@
-"""The `gem` command (gem/command.py): installed as a console script, every subcommand with --help,
+"""The `gem` command (gem/pipeline/command.py): installed as a console script, every subcommand with --help,
 bad input as usage errors, import-movielens and status on real files and records. The subcommands
 that run Airflow are exercised for real in tests/e2e/test_gem_command.py."""
 
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from gem.command import app
 from gem.lakehouse import completions
 from gem.lakehouse.landing import completed_manifest
+from gem.pipeline.command import app
 from tests.support import FIXTURES, PYTHON, REPO, make_config, subprocess_env
 
 SUBCOMMANDS = {"run": ["--ds", "--config"], "status": ["--start", "--end", "--config", "--airflow"],
@@ -30,7 +30,7 @@ def _cfg_file(tmp_path: Path, **extra: str) -> Path:
 def test_the_console_script_is_gem_command_main() -> None:
     """pyproject declares `gem` (installed by `make setup`); `python -m gem` is the same command."""
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts == {"gem": "gem.command:main"}
+    assert scripts == {"gem": "gem.pipeline.command:main"}
     out = subprocess.run([PYTHON, "-m", "gem", "--help"], cwd=REPO, env=subprocess_env(), capture_output=True,
                          text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stderr
@@ -117,7 +117,7 @@ def test_status_names_a_running_backfill(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 def test_rerun_all_starts_at_the_earliest_stale_stage_over_the_stale_days() -> None:
-    from gem.command import rerun_all
+    from gem.pipeline.command import rerun_all
 
     lines = ["mix ds=2026-01-04: validate_examples ds=2026-01-02 now names ...; rerun `...` first",
              "build_features ds=2026-01-03: build_features ds=2026-01-02 now names ...; rerun `...` first",

@@ -53,8 +53,8 @@ def test_missing_config_file_is_named(tmp_path):
 
 
 def test_demo_config_loads_and_extends_the_default():
-    from gem.cli import shift_day
-    from gem.demo import DEFAULT_CONFIG
+    from gem.days import shift_day
+    from gem.pipeline.demo import DEFAULT_CONFIG
     from jobs.mix import mix_days
 
     cfg = load_config(DEFAULT_CONFIG, environ={})

@@ -1,15 +1,15 @@
-"""gem.demo's closing printout, read back from the tables it summarizes (no Spark, no Airflow run)."""
+"""gem.pipeline.demo's closing printout, read back from the tables it summarizes (no Spark, no Airflow run)."""
 
 from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
 
-from gem import demo
 from gem.days import shift_day
 from gem.lakehouse import completions
 from gem.lakehouse.commit import StageCommit, StageContext
 from gem.lakehouse.landing import mark_partition_complete
+from gem.pipeline import demo
 from gem.train.daily import write_metrics as write_run_metrics
 from tests.support import make_config
 
@@ -122,7 +122,7 @@ def test_task_seconds_has_a_column_per_day_a_run_processed(tmp_path: Path) -> No
 
 
 def test_an_airflow_days_output_goes_to_its_log_and_then_back(tmp_path: Path) -> None:
-    """gem.demo_process: inside `output_to`, Python's and raw writes to descriptors 1 and 2 (where
+    """gem.pipeline.demo_process: inside `output_to`, Python's and raw writes to descriptors 1 and 2 (where
     Airflow's handlers and the JVM write) land in the log; afterwards they reach the parent again."""
     import subprocess
     import sys
@@ -131,7 +131,7 @@ def test_an_airflow_days_output_goes_to_its_log_and_then_back(tmp_path: Path) ->
     script = (
         "import os, sys\n"
         "from pathlib import Path\n"
-        "from gem.demo_process import output_to\n"
+        "from gem.pipeline.demo_process import output_to\n"
         "print('before', flush=True)\n"
         f"with output_to(Path({str(log)!r})):\n"
         "    print('inside'); print('inside err', file=sys.stderr); os.write(1, b'raw\\n')\n"

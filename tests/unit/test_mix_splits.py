@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 from deltalake import write_deltalake
 
-from gem.cli import day_range
+from gem.days import day_range
 from gem.lakehouse import stages
 from jobs import mix
 from schemas.examples import LABEL_COLUMNS

@@ -24,7 +24,7 @@ from gem.data.delta_log import read_table
 from gem.lakehouse import completions
 from gem.lakehouse.commit import StageContext
 from gem.lakehouse.stages import STAGES
-from gem.run_report import build, loss_summary, promoted_losses, report_dir
+from gem.report.run_report import build, loss_summary, promoted_losses, report_dir
 from schemas.metrics import GOLD_METRICS
 from schemas.precompute import GOLD_PRECOMPUTE_STATS
 from tests.browser import render
@@ -154,7 +154,7 @@ def test_a_day_before_training_says_what_has_not_run(lake):
 
 
 def test_gem_report_prints_the_path_and_refuses_a_day_nothing_ran(lake, tmp_path: Path):
-    from gem.command import app
+    from gem.pipeline.command import app
 
     config = tmp_path / "config.yaml"
     config.write_text(json.dumps(lake["cfg"].to_dict()))  # JSON is valid YAML

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from gem.cli import day_range, shift_day
+from gem.days import day_range, shift_day
 from gem.lakehouse import completions, stages
 from jobs import build_sequences, mix
 from tests.support import make_config
@@ -96,10 +96,10 @@ def test_the_registry_prints_as_a_table_of_days_needs_and_writes(capsys):
     assert "validate_events[feature_window_days]" in by_stage["build_features"]
 
 
-def test_the_readme_shows_the_registry_as_it_is():
+def test_the_architecture_page_shows_the_registry_as_it_is():
     from tests.support import REPO
 
-    readme = (REPO / "README.md").read_text()
-    rows = [line for line in readme.splitlines() if line.startswith("| `") and line.count(" | ") == 4]
+    page = (REPO / "docs" / "architecture.md").read_text()
+    rows = [line for line in page.splitlines() if line.startswith("| `") and line.count(" | ") == 4]
     shown = [tuple(c.strip().strip("`") for c in line.strip("|").split(" | ")) for line in rows]
     assert shown == stages.describe()

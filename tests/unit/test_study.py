@@ -10,7 +10,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from gem.study.fits import eta_interval, fit_eta
+from gem.stats import eta_interval, fit_eta
 from gem.study.presets import ARCHS
 from gem.study.sizing import SizingContext, flops_of, size_to
 from gem.study.traffic import DayRoles, batches, simulate
@@ -189,3 +189,77 @@ def test_the_study_presets_measure_what_the_claims_need(name):
     assert len(p.baseline_targets) >= 3 and p.seeds >= 3 and p.matched in p.baseline_targets
     roles = DayRoles.consecutive(p.traffic.train_days, p.traffic.warmup_days)
     assert roles.validation != roles.held_out and roles.validation not in roles.train
+
+
+def test_a_study_run_trains_through_the_pipelines_trainer_and_scores_with_its_evaluation(monkeypatch):
+    """gem.study.runner.run trains with gem.train.trainer.Trainer (its fit called once for epochs x
+    batches steps; the run's steps, examples and seconds are Trainer's) and its per-task NE is
+    gem.train.evaluate.evaluate's on the same model and batches."""
+    import torch
+
+    from gem.study import runner
+    from gem.study.presets import PRESETS
+    from gem.study.study import Study
+    from gem.train.evaluate import evaluate
+    from gem.train.trainer import Trainer
+
+    study = Study(PRESETS["smoke"], log=lambda _: None)
+    job = study.plan()[0]["kunlun@0"]
+    train, held_out = study.data("train", study.tasks), study.data("held_out", study.tasks)
+    calls = []
+    fit = Trainer.fit
+
+    def recorded_fit(self, *args, **kwargs):
+        result = fit(self, *args, **kwargs)
+        calls.append((self, result))
+        return result
+
+    monkeypatch.setattr(Trainer, "fit", recorded_fit)
+    r = runner.run(job.config, train, {"held_out": held_out}, 3e-3, 0, 2, torch.device("cpu"), False)
+    assert len(calls) == 1
+    trainer, result = calls[0]
+    assert trainer.run_dir is None and result.checkpoint is None and trainer.cfg.lr == 3e-3
+    assert r.steps == result.steps == 2 * len(train) and r.examples == result.examples == 2 * sum(b.size for b in train)
+    assert r.seconds == result.seconds
+    reference = evaluate(trainer.task, held_out)
+    scores = r.scores["held_out"]
+    compared = [t for t in study.tasks if reference[t]["ne"] is not None]
+    assert compared
+    for t in compared:
+        assert scores.ne((t,)) == reference[t]["ne"], t
+        assert scores.calibration((t,)) == reference[t]["calibration"], t
+
+
+def test_a_learning_rate_whose_training_diverges_is_never_chosen(monkeypatch):
+    """Trainer stops a run on a NaN or infinite loss: that lr's trial has no validation NE and the job
+    goes on with the others; a grid where every lr diverges fails the job with a clear error."""
+    import dataclasses
+
+    from gem.study import study as study_module
+    from gem.study.presets import PRESETS
+    from gem.train.trainer import NonFiniteLossError
+
+    preset = dataclasses.replace(PRESETS["smoke"], lrs=(10.0, 3e-3))
+    study = study_module.Study(preset, log=lambda _: None)
+    real_run = study_module.run
+
+    def diverging(cfg, train, evals, lr, *args):
+        if lr == 10.0:
+            raise NonFiniteLossError("step 2: the loss is nan")
+        return real_run(cfg, train, evals, lr, *args)
+
+    monkeypatch.setattr(study_module, "run", diverging)
+
+    class Quiet:
+        def step(self, text: str) -> None:
+            pass
+
+    job = study.plan()[0]["dlrm@0"]
+    for _ in study.execute(job, Quiet()):
+        pass
+    assert job.lr == 3e-3 and job.lr_trials[0] == {"lr": 10.0, "validation_ne": None, "seconds": None, "diverged": True}
+    assert len(job.seeds) == preset.seeds
+    every = study_module.Study(dataclasses.replace(preset, lrs=(10.0,)), log=lambda _: None)
+    with pytest.raises(NonFiniteLossError, match="every learning rate"):
+        for _ in every.execute(every.plan()[0]["dlrm@0"], Quiet()):
+            pass

@@ -192,3 +192,25 @@ def test_a_non_finite_loss_stops_training_and_keeps_the_last_good_checkpoint(tmp
     assert all(torch.isfinite(v).all() for v in t.task.state_dict().values())
     resumed = tiny_trainer(tmp_path)
     assert resumed.resume() and resumed.step == 4
+
+
+def test_a_trainer_without_a_run_folder_trains_the_same_steps_and_writes_nothing(tmp_path, monkeypatch):
+    """run_dir None (the quality study's runs): the same losses and weights as a checkpointing run,
+    no checkpoint written or resumed, on the device named (here the CPU)."""
+    from gem.train.trainer import NonFiniteLossError
+
+    monkeypatch.chdir(tmp_path)
+    reference = tiny_trainer(tmp_path / "run").fit()
+    torch.manual_seed(0)
+    t = Trainer(tiny_task(), ListStream(), TINY_TRAIN, None, device=torch.device("cpu"))
+    assert t.device == torch.device("cpu") and not t.resume()
+    result = t.fit()
+    assert result.losses == reference.losses and result.checkpoint is None and result.steps == TINY_TRAIN.steps
+    assert list(tmp_path.iterdir()) == [tmp_path / "run"]
+    with pytest.raises(ValueError, match="no run folder"):
+        t.save()
+    torch.manual_seed(0)
+    bad = Trainer(tiny_task(), ListStream(), TINY_TRAIN, None)
+    bad.stream.items[2].dense[0, 0] = float("nan")
+    with pytest.raises(NonFiniteLossError, match="step 3: the loss is nan.*writes no checkpoints"):
+        bad.fit()

@@ -83,8 +83,8 @@ def test_upkeep_waits_while_a_backfill_holds_its_range(lakehouse, tmp_path, monk
     from airflow.sdk.exceptions import AirflowRescheduleException
 
     from gem.lakehouse.backfill_hold import BackfillInProgressError, hold
-    from gem.orchestration import BACKFILL_POKE_ENV
-    from gem.upkeep_dag import run_upkeep
+    from gem.pipeline.airflow.orchestration import BACKFILL_POKE_ENV
+    from gem.pipeline.airflow.upkeep_dag import run_upkeep
 
     cfg = lakehouse
 

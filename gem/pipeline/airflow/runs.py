@@ -1,6 +1,6 @@
 """Running the daily DAG through Airflow from Python: its environment, its metadata DB, one day.
 
-`make demo` (gem.demo) and the `gem` command (gem.command) go through here. Airflow itself runs as
+`make demo` (gem.pipeline.demo) and the `gem` command (gem.pipeline.command) go through here. Airflow itself runs as
 a subprocess with infra/airflow/airflow_env.sh sourced ($AIRFLOW_HOME, the SQLite DB, dags/), and
 the jobs its tasks launch find the pipeline's config through $GEM_CONFIG.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gem.config import REPO_ROOT, GemConfig
-from gem.orchestration import DAG_ID, DAG_START_ENV, manual_logical_date
+from gem.pipeline.airflow.orchestration import DAG_ID, DAG_START_ENV, manual_logical_date
 
 # Task states after which a task of a run does not change any more.
 FINISHED_STATES = ("success", "failed", "skipped", "upstream_failed", "removed")
@@ -104,7 +104,7 @@ def init_db(env: dict[str, str]) -> None:
 
 def run_day(ds: str, env: dict[str, str], log: Path, on_task: Callable[[TaskLine], None] = print,
             dag_id: str = DAG_ID) -> bool:
-    """One DAG run processing ds (`airflow dags test DAG ds+1`; gem/orchestration.py says why +1);
+    """One DAG run processing ds (`airflow dags test DAG ds+1`; gem/pipeline/airflow/orchestration.py says why +1);
     True when the run succeeded. Airflow's log, with the jobs' (Spark's) output in it, goes to `log`;
     `on_task` gets each task as it finishes, read from the metadata DB."""
     log.parent.mkdir(parents=True, exist_ok=True)

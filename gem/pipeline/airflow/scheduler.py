@@ -90,8 +90,8 @@ def dag_parsed(db: Path, dag_id: str) -> bool:
 def scheduler_stack(env: Mapping[str, str], logs: Path, scheduled_runs: bool = False, parallelism: int = 2,
                     dags_folder: Path | None = None) -> Iterator[list[subprocess.Popen[bytes]]]:
     """The three processes of PROCESSES, each logging to logs/<name>.log, stopped on exit (SIGTERM
-    to its session, SIGKILL after STOP_GRACE_S). `env` is an Airflow environment (gem.airflow_runs
-    .airflow_env or a test's); the metadata DB must exist (gem.airflow_runs.init_db). `dags_folder`
+    to its session, SIGKILL after STOP_GRACE_S). `env` is an Airflow environment (gem.pipeline.airflow.runs
+    .airflow_env or a test's); the metadata DB must exist (gem.pipeline.airflow.runs.init_db). `dags_folder`
     replaces dags/ (a test's copy of the DAG)."""
     logs.mkdir(parents=True, exist_ok=True)
     settings = stack_env(env, scheduled_runs, parallelism)

@@ -1,18 +1,18 @@
 """The demo's days in one process, so the Airflow day's Spark stages start on the bulk days' warm JVM.
 
-    python -m gem.demo_process --config FILE [--bulk-start A --bulk-end B] [--airflow-day D ...]
+    python -m gem.pipeline.demo_process --config FILE [--bulk-start A --bulk-end B] [--airflow-day D ...]
 
-gem.demo runs this with infra/airflow/airflow_env.sh sourced. The bulk days go through
-gem.bulk.run_range (one line per stage on stdout); each Airflow day is Airflow's own `airflow dags
+gem.pipeline.demo runs this with infra/airflow/airflow_env.sh sourced. The bulk days go through
+gem.pipeline.bulk.run_range (one line per stage on stdout); each Airflow day is Airflow's own `airflow dags
 test` (airflow.__main__.main, what the `airflow` command runs), called in this process. `dags test`
 runs its tasks in the process that calls it, so their Spark sessions are the bulk days' session:
 the JVM is started and its JIT warmed once, and the Airflow day's Spark stages run faster than in
 a fresh `airflow dags test` process.
 
-What the parent (gem.demo) reads on stdout: the bulk path's lines, then per Airflow day one line
+What the parent (gem.pipeline.demo) reads on stdout: the bulk path's lines, then per Airflow day one line
 `AIRFLOW_DAY <ds> <newest DAG run id before it>` and one line `AIRFLOW_DONE <ds> <ok|failed>`;
 between them the day's own output (Airflow's, its tasks') goes to its run log
-(gem.airflow_runs.run_log), and the parent prints each task as it finishes from the metadata DB.
+(gem.pipeline.airflow.runs.run_log), and the parent prints each task as it finishes from the metadata DB.
 Spark's log stays in this process's stderr: the JVM keeps the stderr it was started with.
 """
 
@@ -27,8 +27,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
-from gem.airflow_runs import airflow_home, newest_run_id, run_log
-from gem.orchestration import DAG_ID, manual_logical_date
+from gem.pipeline.airflow.orchestration import DAG_ID, manual_logical_date
+from gem.pipeline.airflow.runs import airflow_home, newest_run_id, run_log
 
 DAY_START = "AIRFLOW_DAY"
 DAY_DONE = "AIRFLOW_DONE"
@@ -87,9 +87,9 @@ def run_airflow_day(ds: str, parent: TextIO) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gem.bulk import run_range
-    from gem.days import iso_day
     from gem.config import load_config
+    from gem.days import iso_day
+    from gem.pipeline.bulk import run_range
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True)

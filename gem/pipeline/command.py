@@ -5,12 +5,12 @@
     gem status [--start A --end B] [--config F]      done / stale / missing per stage and day, and
                                                      Airflow's failed runs with the task that failed
     gem bulk --start A --end B [--config F]          a range of days through every stage in one
-                                                     process and Spark session (gem.bulk)
+                                                     process and Spark session (gem.pipeline.bulk)
     gem import-movielens PATH [--config F]           a MovieLens ml-1m / ml-100k folder -> landing
     gem delete-user USER_ID [--config F]             one user's rows in every table and raw lines
                                                      in landing and quarantine deleted
 
-Each subcommand is a thin layer over the library (gem.airflow_runs, jobs.status, gem.bulk,
+Each subcommand is a thin layer over the library (gem.pipeline.airflow.runs, jobs.status, gem.pipeline.bulk,
 jobs.import_movielens); `gem SUBCOMMAND --help` says more. Built on typer.
 """
 
@@ -64,8 +64,8 @@ def run(
     `airflow dags test`, every stage of the registry in order, against the metadata DB of
     $AIRFLOW_HOME (default .airflow/). Prints one line per task as it finishes (day, task, state,
     seconds); Airflow's log goes to a file whose path it prints. Exits 1 when the run failed."""
-    from gem.airflow_runs import airflow_env, init_db, run_day, run_log
     from gem.config import load_config
+    from gem.pipeline.airflow.runs import airflow_env, init_db, run_day, run_log
 
     cfg = load_config(config)
     env = airflow_env(cfg, config)
@@ -98,12 +98,12 @@ def backfill(
     $AIRFLOW_HOME/runs/backfill-A..B/. Prints one line per task as it finishes, each day's run state,
     and the later days' records the rewritten days made stale (rerun those next; `gem status`).
     Exits 1 when a day's run failed."""
-    from gem.airflow_backfill import REPROCESS_BEHAVIOURS, BackfillError, later_days
-    from gem.airflow_backfill import backfill as run_backfill
-    from gem.airflow_runs import airflow_env
     from gem.config import load_config
     from gem.lakehouse.stages import STAGES
     from gem.lakehouse.staleness import all_records
+    from gem.pipeline.airflow.backfill import REPROCESS_BEHAVIOURS, BackfillError, later_days
+    from gem.pipeline.airflow.backfill import backfill as run_backfill
+    from gem.pipeline.airflow.runs import airflow_env
     from jobs.status import grid
 
     if end < start:
@@ -180,10 +180,10 @@ def status(
 
 def failed_run_lines(config: Path | None) -> list[str]:
     """Airflow's failed runs of gem_daily, each with the failures the DAG's callback recorded
-    (gem.orchestration.record_task_failure): task, try, error."""
-    from gem.airflow_runs import airflow_env, airflow_home, failed_runs
+    (gem.pipeline.airflow.orchestration.record_task_failure): task, try, error."""
     from gem.config import load_config
-    from gem.orchestration import read_task_failures
+    from gem.pipeline.airflow.orchestration import read_task_failures
+    from gem.pipeline.airflow.runs import airflow_env, airflow_home, failed_runs
 
     env = airflow_env(load_config(config), config)
     if not (airflow_home() / "airflow.db").is_file():
@@ -217,9 +217,9 @@ def report(
 
     Rows per stage and day, quarantine by reason, the data-quality verdict of each suite with a link
     to its Data Docs page, held-out metrics beside the Bayes floor, the training loss and precompute's
-    figures, from what the stages committed (gem/run_report.py). Exits 1 when no stage ran ds."""
+    figures, from what the stages committed (gem/report/run_report.py). Exits 1 when no stage ran ds."""
     from gem.config import load_config
-    from gem.run_report import WINDOW_DAYS, NothingRanError, write
+    from gem.report.run_report import WINDOW_DAYS, NothingRanError, write
 
     try:
         typer.echo(write(load_config(config), ds, window or WINDOW_DAYS))
@@ -237,10 +237,10 @@ def bulk(
 ) -> None:
     """A range of days through every stage in one process and one Spark session.
 
-    The bulk path (gem.bulk): the same stage entry points and completion records as the daily
+    The bulk path (gem.pipeline.bulk): the same stage entry points and completion records as the daily
     runs, without a process and a JVM per task; for loading a history before daily runs take over.
     One line per stage as it finishes."""
-    from gem.bulk import main as bulk_main
+    from gem.pipeline.bulk import main as bulk_main
 
     argv = ["--start", start, "--end", end, *_config_args(config)]
     code = bulk_main(argv + (["--through-stage", through_stage] if through_stage else []))

@@ -20,7 +20,7 @@ still processes D). So manual runs go one second after their interval closes. Ve
 
     airflow dags test gem_daily 2026-01-02T00:00:01+00:00    # processes ds=2026-01-01
 
-`manual_logical_date(ds)` gives that date for a ds (gem.airflow_runs.run_day uses it).
+`manual_logical_date(ds)` gives that date for a ds (gem.pipeline.airflow.runs.run_day uses it).
 
 A run's conf may name a stage to start from ({"from_stage": S}, set by `gem backfill --from-stage`):
 the tasks of the stages before S in the registry then succeed without running, and S onward run.
@@ -39,7 +39,7 @@ from gem.lakehouse.stages import STAGES, Stage
 if TYPE_CHECKING:
     from airflow.sdk import Asset, CronDataIntervalTimetable
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 DAG_ID = "gem_daily"
 DAILY_CRON = "0 0 * * *"
@@ -63,7 +63,7 @@ RETRY_DELAY_ENV = "GEM_TASK_RETRY_DELAY_S"
 DEFAULT_RETRIES = 2
 DEFAULT_RETRY_DELAY_S = 300
 # A stage job (python -m jobs.<module>) exits with this when nothing is ready on the day; its DAG
-# task is skipped instead (gem.orchestration.run_stage_task).
+# task is skipped instead (gem.pipeline.airflow.orchestration.run_stage_task).
 NOTHING_READY_EXIT = 99
 # The sensor task that waits for the `_SUCCESS` markers of the landing partitions the landing-reading
 # stages need (gem.lakehouse.stages.Stage.reads_landing); reschedule mode frees its worker slot
@@ -135,7 +135,7 @@ def run_stage_task(stage_name: str, run_day: str, from_stage: str = "") -> str:
     In the task's process rather than a `python -m jobs.<module>` child: the Spark stages' sessions
     then belong to the process that runs the task, so where several tasks run in one process
     (`airflow dags test`, i.e. `gem run` and `make demo`) they share one warm JVM (far faster than
-    a cold child process per task; gem/bulk.py), and under an executor each task's
+    a cold child process per task; gem/pipeline/bulk.py), and under an executor each task's
     process opens its own, as the child did. Nothing ready yet raises AirflowSkipException where
     the stage may skip (`may_skip`), and fails the task elsewhere. A day that reads one a running
     backfill rewrites (gem.lakehouse.backfill_hold) is rescheduled every $GEM_BACKFILL_POKE_S seconds
@@ -150,11 +150,11 @@ def run_stage_task(stage_name: str, run_day: str, from_stage: str = "") -> str:
         return message
     from airflow.sdk.exceptions import AirflowSkipException
 
-    from gem.bulk import run_stage
     from gem.config import load_config
     from gem.lakehouse.backfill_hold import BackfillInProgressError
     from gem.lakehouse.commit import StageContext
     from gem.lakehouse.stages import stage as registry_stage
+    from gem.pipeline.bulk import run_stage
 
     stage = registry_stage(stage_name)
     try:

@@ -1,6 +1,6 @@
 """The bulk path: the registry's stages for a range of days in one process and one Spark session.
 
-    python -m gem.bulk --start A --end B [--through-stage S] [--config F]     (also `gem bulk`)
+    python -m gem.pipeline.bulk --start A --end B [--through-stage S] [--config F]     (also `gem bulk`)
 
 A run per day pays a process and a cold JVM per run (and, under an executor, per Spark task); on a
 few cores that fixed cost (starting the JVM, importing Great Expectations, the first, cold query) is
@@ -84,7 +84,7 @@ def checked_days(cfg: GemConfig, start: str, end: str) -> list[str]:
 def run_stage(ctx: StageContext, stage: Stage, run_day: str,
               entry: Callable[[StageContext, str], StageResult] | None = None) -> StageRun:
     """One stage's run of `run_day` through its own entry point (the day it processes: `stage.ds`);
-    "skipped" when nothing was ready. The DAG's tasks (gem.orchestration.run_stage_task) and the bulk
+    "skipped" when nothing was ready. The DAG's tasks (gem.pipeline.airflow.orchestration.run_stage_task) and the bulk
     path both run stages this way."""
     return run_stage_over(ctx, stage, [run_day], entry)
 
@@ -133,8 +133,8 @@ def run_range(cfg: GemConfig, start: str, end: str, through_stage: str | None = 
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from gem.days import iso_day
     from gem.config import add_config_arg, load_config
+    from gem.days import iso_day
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--start", required=True, type=iso_day, help="first run day, YYYY-MM-DD")

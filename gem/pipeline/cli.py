@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from gem.config import add_config_arg
-from gem.days import day_range, iso_day, shift_day
+from gem.days import iso_day
 from gem.lakehouse.stages import ready_on_day
 
-__all__ = ["day_range", "examples_parser", "iso_day", "job_exit", "job_parser", "resolve_examples_day", "shift_day"]
+__all__ = ["add_through_arg", "examples_parser", "job_exit", "job_parser", "parse_examples_args", "resolve_examples_day"]
 
 if TYPE_CHECKING:
     from gem.config import GemConfig
@@ -61,7 +61,7 @@ def resolve_examples_day(cfg: GemConfig, args: argparse.Namespace) -> str | None
 def job_exit(result: StageResult) -> int:
     """A stage job's exit status: NOTHING_READY_EXIT (the DAG task shows as skipped) when it
     published nothing, else 0 after printing its summary."""
-    from gem.orchestration import NOTHING_READY_EXIT
+    from gem.pipeline.airflow.orchestration import NOTHING_READY_EXIT
 
     if not result.published:
         return NOTHING_READY_EXIT

@@ -1,4 +1,5 @@
-"""Intervals and the scaling fit.
+"""Intervals and fits: the statistics that production reports (gem.distill.transfer) and the quality
+study (gem.study) share.
 
 - `mean_interval`: mean and 95% interval of the mean over seeds (Student t, n - 1 degrees of freedom).
 - `fit_eta`: least squares NE = NE0 - eta * ln C over model sizes (C = forward FLOPs per example).

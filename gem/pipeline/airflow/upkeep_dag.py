@@ -14,7 +14,7 @@ from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk import DAG, CronDataIntervalTimetable
 
 from gem.lakehouse.upkeep import UPKEEP_CRON
-from gem.orchestration import SCHEDULE_TZ, backfill_reschedule, default_args, partition_ds, start_date
+from gem.pipeline.airflow.orchestration import SCHEDULE_TZ, backfill_reschedule, default_args, partition_ds, start_date
 
 UPKEEP_DAG_ID = "gem_upkeep"
 UPKEEP_DAY_EXPR = "{{ partition_ds(data_interval_end) }}"

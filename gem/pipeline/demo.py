@@ -1,11 +1,11 @@
 """`make demo`: run the daily DAG through Airflow for the demo days, then say where everything is.
 
-The first `demo.bulk_days` days load through the bulk path (gem.bulk: every stage in one process
+The first `demo.bulk_days` days load through the bulk path (gem.pipeline.bulk: every stage in one process
 and Spark session, as a history is loaded before daily runs take over). Each later demo day D runs
 as `airflow dags test gem_daily <D+1 00:00:01>` (a manual run covers the last full day before its
-logical date, so it processes ds=D; see gem/orchestration.py) against a SQLite metadata DB in
+logical date, so it processes ds=D; see gem/pipeline/airflow/orchestration.py) against a SQLite metadata DB in
 .airflow/, with $GEM_CONFIG pointing the jobs at the demo config. Both happen in one child process
-(gem.demo_process), so the Airflow days' Spark stages run on the bulk days' warm JVM. It prints one
+(gem.pipeline.demo_process), so the Airflow days' Spark stages run on the bulk days' warm JVM. It prints one
 line per stage or task as it finishes (day, task, state, seconds); Spark's log goes to
 .airflow/runs/demo-<first>..<last>.spark.log and each Airflow run's to .airflow/runs/gem_daily-<D>.log,
 whose paths it prints first. At the end it reads the tables back through the Delta log with the
@@ -20,9 +20,9 @@ import sys
 import time
 from pathlib import Path
 
-from gem.airflow_runs import airflow_env, airflow_home, init_db, run_log
 from gem.config import REPO_ROOT, GemConfig, load_config
 from gem.days import day_range, shift_day
+from gem.pipeline.airflow.runs import airflow_env, airflow_home, init_db, run_log
 from schemas.metrics import GOLD_METRICS
 
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "demo.yaml"
@@ -35,7 +35,7 @@ def demo_days(cfg: GemConfig) -> tuple[list[str], list[str]]:
 
 
 def run_days(cfg_path: Path, cfg: GemConfig) -> list[tuple[str, float]]:
-    """Run the demo days in order in one process (gem.demo_process): the first demo.bulk_days through
+    """Run the demo days in order in one process (gem.pipeline.demo_process): the first demo.bulk_days through
     the bulk path, the others through Airflow's `dags test`, so every Spark stage after the first runs
     on one warm JVM. One line per stage or task as it finishes; Spark's log and each Airflow run's log
     go to files whose paths are printed. -> (what ran, seconds) per part; exits on a failure."""
@@ -43,8 +43,8 @@ def run_days(cfg_path: Path, cfg: GemConfig) -> list[tuple[str, float]]:
     import subprocess
     import threading
 
-    from gem.airflow_runs import POLL_S, TaskReporter
-    from gem.demo_process import DAY_DONE, DAY_START
+    from gem.pipeline.airflow.runs import POLL_S, TaskReporter
+    from gem.pipeline.demo_process import DAY_DONE, DAY_START
 
     env = airflow_env(cfg, cfg_path)
     env.setdefault("GEM_TASK_RETRIES", "1")
@@ -58,7 +58,7 @@ def run_days(cfg_path: Path, cfg: GemConfig) -> list[tuple[str, float]]:
     print(f"demo days {days[0]}..{days[-1]} in one process and one Spark session (bulk path: "
           f"{bulk[0] + '..' + bulk[-1] if bulk else 'none'}; through Airflow: {', '.join(daily) or 'none'}); "
           f"Spark's log: {spark_log}", flush=True)
-    command = (f". infra/airflow/airflow_env.sh && exec {sys.executable} -m gem.demo_process "
+    command = (f". infra/airflow/airflow_env.sh && exec {sys.executable} -m gem.pipeline.demo_process "
                f"--config {cfg_path.resolve()} {' '.join(args)}")
     lines: queue.Queue[str | None] = queue.Queue()
     timings: list[tuple[str, float]] = []
@@ -195,7 +195,7 @@ def model_metrics(cfg: GemConfig) -> str | None:
 def student_metrics(cfg: GemConfig) -> str | None:
     """The latest distillation run's students beside the FM's logged predictions of the same held-out
     examples, per task, from gold.metrics (None when no distill run has written any)."""
-    from gem.run_report import student_results
+    from gem.report.run_report import student_results
 
     found = student_results(cfg)
     if found is None:
@@ -220,7 +220,7 @@ def student_metrics(cfg: GemConfig) -> str | None:
 def reports(cfg: GemConfig, ds: str) -> str:
     """Where the reports are: the run report of ds (written now, `gem report --ds ds`) and the Data Docs."""
     from gem.quality.runner import docs_site_dir
-    from gem.run_report import write
+    from gem.report.run_report import write
 
     return "\n".join([f"  {'run report of ' + ds:<28} {write(cfg, ds)}",
                       f"  {'data-quality report':<28} {docs_site_dir(cfg) / 'index.html'}"])

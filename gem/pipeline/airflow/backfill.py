@@ -5,12 +5,12 @@
 What it does, in order:
 1. The metadata DB is created or upgraded; a run whose logical date is one of the range's midnights
    but which processed another day (a manual run made before manual runs moved off midnight, see
-   gem.orchestration.manual_logical_date) is refused: Airflow would clear and rerun it as that date.
+   gem.pipeline.airflow.orchestration.manual_logical_date) is refused: Airflow would clear and rerun it as that date.
 2. The range is held in the lakehouse (gem.lakehouse.backfill_hold) until the backfill ends: a run
    of a later day that reads a day of the range waits (its task is rescheduled) rather than build
    on a day the backfill may rewrite after it read it. A second backfill of the same range is refused.
 3. The scheduler: the one already heartbeating into the DB if there is one (production, or a daily
-   stack), else a local stack for the backfill's duration (gem.airflow_scheduler, making no
+   stack), else a local stack for the backfill's duration (gem.pipeline.airflow.scheduler, making no
    scheduled runs of its own), with its logs under $AIRFLOW_HOME/runs/backfill-A..B/.
 4. The DAG is unpaused while the backfill runs (the scheduler runs no task of a paused DAG) and
    paused again afterwards if it was paused.
@@ -39,13 +39,13 @@ from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gem.airflow_runs import POLL_S, TaskLine, airflow, airflow_home, init_db, run_task_lines
-from gem.airflow_scheduler import dag_parsed, scheduler_alive, scheduler_stack
 from gem.config import GemConfig
 from gem.days import day_range, shift_day
 from gem.lakehouse.backfill_hold import hold
 from gem.lakehouse.lease import LeaseHeldError
-from gem.orchestration import DAG_ID, FROM_STAGE_CONF
+from gem.pipeline.airflow.orchestration import DAG_ID, FROM_STAGE_CONF
+from gem.pipeline.airflow.runs import POLL_S, TaskLine, airflow, airflow_home, init_db, run_task_lines
+from gem.pipeline.airflow.scheduler import dag_parsed, scheduler_alive, scheduler_stack
 
 REPROCESS_BEHAVIOURS = ("completed", "failed", "none")
 PARSE_TIMEOUT_S = 300.0
@@ -122,7 +122,7 @@ def backfill(start: str, end: str, env: Mapping[str, str], *, reprocess: str = "
              later_stale: Callable[[str], list[str]] | None = None, dag_id: str = DAG_ID,
              cfg: GemConfig | None = None) -> BackfillResult:
     """Backfill run days start..end (see the module docstring). `env`: the Airflow environment
-    (gem.airflow_runs.airflow_env); `later_stale(end)`: the stale records of days after end (the
+    (gem.pipeline.airflow.runs.airflow_env); `later_stale(end)`: the stale records of days after end (the
     `gem` command passes the stage contract's); `cfg`: the lakehouse whose later days wait while
     the backfill runs (step 2); -> the runs' states and what is left stale."""
     if reprocess not in REPROCESS_BEHAVIOURS:

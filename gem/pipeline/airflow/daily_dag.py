@@ -2,10 +2,10 @@
 
 dags/gem_daily.py is `daily_dag()`; a test can build the same DAG under another id, start date and
 catchup (the scheduler-driven test does). Everything a task does comes from its registry
-declaration (gem.lakehouse.stages) through gem.orchestration:
+declaration (gem.lakehouse.stages) through gem.pipeline.airflow.orchestration:
 
 - a PythonOperator per stage running the stage's entry point for the run's day in the task's
-  process (gem.orchestration.run_stage_task: what `python -m jobs.<module>` runs, with the Spark
+  process (gem.pipeline.airflow.orchestration.run_stage_task: what `python -m jobs.<module>` runs, with the Spark
   session of the task's process); "nothing ready yet" skips it where the stage may skip;
 - the Airflow Assets of the tables the stage writes as its outlets;
 - depends_on_past where the stage carries state from its previous day;
@@ -27,7 +27,7 @@ from airflow.providers.standard.sensors.python import PythonSensor
 from airflow.sdk import DAG
 
 from gem.lakehouse import stages
-from gem.orchestration import (
+from gem.pipeline.airflow.orchestration import (
     DAG_ID,
     FROM_STAGE_CONF,
     LANDING_SENSOR,

@@ -1,0 +1,8 @@
+"""Running days through the stages: the bulk path, the demo, the `gem` command and the Airflow adapters.
+
+    bulk.py          a range of days through every stage in one process and Spark session
+    demo.py          `make demo`: the demo days, then the summary (demo_process.py runs the days)
+    command.py       the `gem` command (typer); cli.py the jobs' shared `--ds` / `--config` flags
+    airflow/         what Airflow sees: the DAGs built from the stage registry, the task callable,
+                     manual runs, backfills and a scheduler for them
+"""
