@@ -25,6 +25,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from gem.environment import CODE_VERSION_ENV
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO_ROOT / "docs" / "benchmarks"
 
@@ -75,7 +77,7 @@ def current_commit() -> tuple[str, bool]:
         commit = _git("rev-parse", "HEAD")
         dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("GEM_CODE_VERSION", "unknown"), True
+        return os.environ.get(CODE_VERSION_ENV, "unknown"), True
     return commit, dirty
 
 

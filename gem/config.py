@@ -1,34 +1,53 @@
-"""One typed config system for every stage: dataclasses loaded from YAML, then environment overrides.
+"""One typed config system for every stage, on pydantic-settings.
 
 Load order (later wins):
-  1. the dataclass defaults below (the embedded default: local Spark, local Delta folder);
+  1. the field defaults below (the embedded default: local Spark, local Delta folder);
   2. a YAML file: the `--config` argument, else $GEM_CONFIG, else nothing;
   3. environment variables `GEM__SECTION__FIELD=value`, e.g. `GEM__SPARK__MASTER=local[2]`,
      `GEM__LAKEHOUSE_URI=/data/lake`. Each value is read as the type of the field it sets: the text
      itself for a str field (`GEM__START_DS=2026-01-01` stays "2026-01-01"), a YAML value otherwise
-     ("3" -> 3, "true" -> True, "[a, b]" or "a,b" -> a tuple).
+     ("3" -> 3, "true" -> True, "[a, b]" or "a,b" -> a tuple);
+  4. explicit overrides passed to `load_config` (tests, benchmarks).
 
-Unknown keys and values of the wrong type fail loudly with the offending path.
+Constraints and choices are declared on the fields (`PositiveInt`, `Literal[...]`); rules that tie
+several fields together are model validators. Every error names the key, where its value came from
+(the file or the variable) and the value. Unknown keys fail, and a key this config once had names
+its replacement (RENAMED_KEYS).
+
+Sections are frozen pydantic dataclasses, so `dataclasses.replace` validates the copy it makes;
+`GemConfig.replace` does the same for the root.
 
 Example:
-    >>> cfg = load_config(overrides={"generator": {"users": 100}})
+    >>> cfg = load_config(overrides={"generator": {"users": 100}}, environ={})
     >>> cfg.generator.users
     100
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import os
-import types
-import typing
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
+from dataclasses import field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, Self, get_args, get_origin
 
 import yaml
+from pydantic import Field, ValidationError, model_validator
+from pydantic.dataclasses import dataclass
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
 
+from gem.config_types import SECTION, Fraction, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Rate
+from gem.days import DEFAULT_START_DS
+from gem.environment import CONFIG_FILE_ENV
 from gem.model.configs import ModelConfig, StudentConfig
 from schemas.tasks import LABEL_TYPES, SURFACES  # the one task vocabulary
 
@@ -41,10 +60,10 @@ class ConfigError(ValueError):
     """A config file or override that does not match the typed config."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=SECTION)
 class SparkConfig:
     master: str = "local[*]"
-    shuffle_partitions: int = 8
+    shuffle_partitions: PositiveInt = 8
     driver_memory: str = "4g"
     # Extra spark.* settings; under spark-submit the cluster's own settings win over all of these.
     conf: dict[str, str] = field(default_factory=dict)
@@ -61,7 +80,7 @@ class SparkConfig:
     local_fs_jar: str = str(REPO_ROOT / ".cache" / "gem-localfs.jar")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=SECTION)
 class SurfaceParams:
     """Generator behaviour of one surface: base click rate and how fast it decays with position."""
 
@@ -81,51 +100,47 @@ def _default_surface_params() -> dict[str, SurfaceParams]:
     }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=SECTION)
 class GeneratorConfig:
-    users: int = 20_000
-    ads: int = 2_000
-    advertisers: int = 200
-    events_per_day: int = 200_000
-    latent_dim: int = 16
+    users: PositiveInt = 20_000
+    ads: PositiveInt = 2_000
+    advertisers: PositiveInt = 200
+    events_per_day: PositiveInt = 200_000
+    latent_dim: PositiveInt = 16
     seed: int = 7
     # Extra dirty landing lines per clean line, cycling through the dirty-row kinds (schemas.events.DIRTY_KIND_REASON).
-    dirty_fraction: float = 0.01
+    dirty_fraction: NonNegativeFloat = 0.01
     # Events are simulated and written in chunks of at most this many impressions (bounded memory),
     # and in at least min_chunks_per_day time-ordered chunks: users' engagement and fatigue update
     # after each chunk, so more chunks mean finer time-gap effects within a day.
-    chunk_impressions: int = 250_000
-    min_chunks_per_day: int = 24
+    chunk_impressions: PositiveInt = 250_000
+    min_chunks_per_day: PositiveInt = 24
     # Weight of the user's recent engagement (decayed clicked-ad vector) in the click logit.
     history_weight: float = 1.5
     # Days simulated before start_ds and never written, so the first day starts from engaged users
     # (recent clicks and fatigue at their usual levels) instead of users who never saw an ad, whose
     # click rates climb over the first days (gem.sources.simulation.start_state).
-    burn_in_days: int = 3
+    burn_in_days: NonNegativeInt = 3
     surface_params: dict[str, SurfaceParams] = field(default_factory=_default_surface_params)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=SECTION)
 class IngestConfig:
     # Event ids already in bronze within this many earlier days count as duplicates.
-    dedup_lookback_days: int = 7
+    dedup_lookback_days: NonNegativeInt = 7
     # A column whose values fail their type in more than this fraction of rows is schema drift:
     # the job fails instead of quarantining (a producer changed the contract).
-    drift_max_type_error_rate: float = 0.05
+    drift_max_type_error_rate: Fraction = 0.05
     # Event times more than this many days after the arrival day are "far future", not late.
-    far_future_days: int = 30
+    far_future_days: PositiveInt = 30
     # Event times more than this many days before the arrival day are quarantined (stale_timestamp):
     # late data beyond any use, or a unit error (epoch seconds read as milliseconds land in 1970).
     # Must exceed attribution_window_days: a conversion arriving after its window is still counted
     # (assemble_examples quarantines it as arrived_after_window).
-    max_event_lag_days: int = 30
+    max_event_lag_days: PositiveInt = 30
     # Quarantined raw lines (bronze.quarantine) older than this many days are deleted by the upkeep
     # DAG (gem.lakehouse.upkeep); VACUUM removes their files retention_days after that.
-    quarantine_retention_days: int = 30
-
-    def __post_init__(self) -> None:
-        if self.quarantine_retention_days < 1:
-            raise ConfigError(f"ingest.quarantine_retention_days must be >= 1, got {self.quarantine_retention_days}")
+    quarantine_retention_days: PositiveInt = 30
 
 
 def _default_null_rate_scopes() -> dict[str, str]:
@@ -137,10 +152,16 @@ def _default_null_rate_scopes() -> dict[str, str]:
     }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=SECTION)
 class RateRange:
-    min: float
-    max: float
+    min: Fraction
+    max: Fraction
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.min > self.max:
+            raise ValueError(f"a rate range's min {self.min} is above its max {self.max}")
+        return self
 
 
 def _default_label_rates() -> dict[str, RateRange]:
@@ -154,27 +175,27 @@ def _default_label_rates() -> dict[str, RateRange]:
     }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=SECTION)
 class QualityConfig:
-    min_surface_ctr: float = 0.001
-    max_surface_ctr: float = 0.30
-    max_null_rate: float = 0.0
-    max_quarantine_rate: float = 0.10
+    min_surface_ctr: Fraction = 0.001
+    max_surface_ctr: Fraction = 0.30
+    max_null_rate: Fraction = 0.0
+    max_quarantine_rate: Fraction = 0.10
     # quarantined_by_reason['duplicate_event_id'] / rows_in of the ingest record; critical above this.
-    max_duplicate_rate: float = 0.05
+    max_duplicate_rate: Fraction = 0.05
     null_rate_scopes: dict[str, str] = field(default_factory=_default_null_rate_scopes)
     # silver.training_examples: label rate bounds per label type, checked per task.
     label_rates: dict[str, RateRange] = field(default_factory=_default_label_rates)
     # silver.user_sequences: the share of each cap a day's busiest user must leave for events before
     # an impression (see schemas/examples.py, late materialization); below it is a warning.
-    min_sequence_margin: float = 0.5
+    min_sequence_margin: Fraction = 0.5
     # silver.training_examples: the most examples of a day whose sequence prefix (what the model
     # reads) the stored cap cut short, as a share; above it the day fails (raise sequence_caps).
     # Every cut example is counted either way. The demo's busiest users cut well under this.
-    max_sequence_cut_rate: float = 0.02
+    max_sequence_cut_rate: Fraction = 0.02
     # silver features: share of rows with clicks_28d <= impressions_28d (a click just inside the
     # window's start can count while its impression, just outside, does not).
-    min_clicks_within_impressions: float = 0.99
+    min_clicks_within_impressions: Fraction = 0.99
     # Where the Great Expectations project (results, Data Docs) lives; default under the lakehouse.
     gx_dir: str = ""
     # Pinned CSS/JS/fonts Data Docs pages load, fetched once at set-up (infra/dq_assets/assets.txt)
@@ -182,21 +203,23 @@ class QualityConfig:
     docs_assets_dir: str = str(REPO_ROOT / ".cache" / "dq_assets")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=SECTION)
 class SequenceCaps:
-    impression: int = 512
-    click: int = 256
-    conversion: int = 64
+    impression: PositiveInt = 512
+    click: PositiveInt = 256
+    conversion: PositiveInt = 64
 
 
-MIX_POLICIES = ("fixed", "proportional", "temperature")
+MixPolicy = Literal["fixed", "proportional", "temperature"]
+MIX_POLICIES = get_args(MixPolicy)
 # Where a day's landing files come from: "synthetic" (the DAG's generate_events task writes them) or
 # "landing" (an external export or `gem import-movielens` wrote them; generate_events skips and the
 # DAG waits for each day's `_SUCCESS` marker).
-SOURCES = ("synthetic", "landing")
+Source = Literal["synthetic", "landing"]
+SOURCES = get_args(Source)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=SECTION)
 class MixConfig:
     """How much of each source (task x day range) training sees; see jobs/mix.py.
 
@@ -205,81 +228,58 @@ class MixConfig:
     tends to uniform), scaled so the largest rate is `max_rate`; "fixed" takes `fixed_rates`.
     """
 
-    policy: str = "temperature"
-    temperature: float = 2.0
-    max_rate: float = 1.0
+    policy: MixPolicy = "temperature"
+    temperature: PositiveFloat = 2.0
+    max_rate: Rate = 1.0
     # task name ("reels/click") -> rate, for policy "fixed"; a task not listed gets `max_rate`.
-    fixed_rates: dict[str, float] = field(default_factory=dict)
+    fixed_rates: dict[str, Rate] = field(default_factory=dict)
     # Rows whose label for the source's task is 0 are kept with this extra probability (1 = all).
-    negative_rate: float = 1.0
+    negative_rate: Rate = 1.0
     # Training sources cover this many closed example days, ending the day before the validation days.
-    train_days: int = 14
+    train_days: PositiveInt = 14
     # The example days just before the held-out day that form the "validation" split (every row,
     # rate 1, weight 1, as the held-out split): hyper-parameters are chosen on them, so the held-out
     # day stays unseen by every choice. Train, validation and held-out days are disjoint and in that
     # order; 0 = no validation split (training ends the day before the held-out day).
-    validation_days: int = 1
+    validation_days: NonNegativeInt = 1
     # The pipeline's first days never train: their examples' counters have no earlier day to count
     # (all 0 on start_ds), so a model trained on them meets a feature distribution it never saw on
     # every later day. 0 = train from start_ds on.
-    cold_start_days: int = 0
+    cold_start_days: NonNegativeInt = 0
     seed: int = 17
 
-    def __post_init__(self) -> None:
-        if self.policy not in MIX_POLICIES:
-            raise ConfigError(f"mix.policy must be one of {MIX_POLICIES}, got {self.policy!r}")
-        if self.temperature <= 0:
-            raise ConfigError(f"mix.temperature must be > 0, got {self.temperature}")
-        for name, rate in {"max_rate": self.max_rate, "negative_rate": self.negative_rate,
-                           **{f"fixed_rates[{k}]": v for k, v in self.fixed_rates.items()}}.items():
-            if not 0.0 < rate <= 1.0:
-                raise ConfigError(f"mix.{name} must be in (0, 1], got {rate}")
-        if self.train_days < 1:
-            raise ConfigError(f"mix.train_days must be >= 1, got {self.train_days}")
-        for name in ("validation_days", "cold_start_days"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"mix.{name} must be >= 0, got {getattr(self, name)}")
 
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=SECTION)
 class LoaderConfig:
     """The training loader (gem/data/loader.py)."""
 
-    batch_size: int = 512
+    batch_size: PositiveInt = 512
     # Shards per rank: the pass's files are dealt to them, and each is read by one DataLoader worker
     # process, served round-robin (0: one shard, read in the training process).
-    num_workers: int = 2
+    num_workers: NonNegativeInt = 2
     # True: this rank's num_workers shards are read in the training process itself, in the order the
     # worker processes would serve them (same batches, same resume state). Worker processes read
     # beside the training; on a CPU-training host they only take cores from torch's own threads.
     in_process: bool = False
     # Longest sequence prefix per event type handed to the model (the most recent events before the
     # impression). Above the stored cap (sequence_caps) it simply means "all that is stored".
-    max_impressions: int = 256
-    max_clicks: int = 128
-    max_conversions: int = 32
+    max_impressions: PositiveInt = 256
+    max_clicks: PositiveInt = 128
+    max_conversions: PositiveInt = 32
     # Day snapshots of silver.user_sequences each worker keeps indexed in memory.
-    snapshot_cache_days: int = 2
+    snapshot_cache_days: PositiveInt = 2
     # Length-aware batching: each shard buffers this many batches' rows, sorts them by sequence
     # length and cuts batches of similar lengths, emitted in a seeded order (gem/data/length_batching.py);
     # exact resume and the draws are unchanged. 1 = batches in stream order. It cuts padding, but is off
     # by default: similar history lengths mean similar users, which biases short runs' steps and costs
     # held-out NE. Jagged attention removes padding without grouping users.
-    length_sort_batches: int = 1
+    length_sort_batches: PositiveInt = 1
     # A shard reads its files this many at a time (groups of near-equal size), their drawn rows
     # shuffled together, so a batch mixes surfaces and days: the example table is partitioned by
     # (ds, surface), and one file at a time (1) gives runs of single-surface batches, so each task's
     # share of the steps follows its volume instead of the loss's equal per-task mean (gem.model.task).
     # Mixing helps the small surfaces' NE. Memory: a group's rows at once.
-    interleave_files: int = 8
-
-    def __post_init__(self) -> None:
-        for name in ("batch_size", "max_impressions", "max_clicks", "max_conversions", "snapshot_cache_days",
-                     "length_sort_batches", "interleave_files"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"loader.{name} must be >= 1, got {getattr(self, name)}")
-        if self.num_workers < 0:
-            raise ConfigError(f"loader.num_workers must be >= 0, got {self.num_workers}")
+    interleave_files: PositiveInt = 8
 
     def max_length(self, event_type: str) -> int:
         return int(getattr(self, f"max_{event_type}s"))
@@ -291,29 +291,31 @@ class LoaderConfig:
         return dataclasses.replace(self, **{f"max_{e}s": min(self.max_length(e), int(n)) for e, n in lengths.items()})
 
 
-EMBEDDING_OPTIMIZERS = ("sgd", "rowwise_adagrad")
-LR_DECAYS = ("constant", "cosine")
+EmbeddingOptimizer = Literal["sgd", "rowwise_adagrad"]
+EMBEDDING_OPTIMIZERS = get_args(EmbeddingOptimizer)
+LrDecay = Literal["constant", "cosine"]
+LR_DECAYS = get_args(LrDecay)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=SECTION)
 class TrainConfig:
     """Pretraining (gem/train/)."""
 
-    steps: int = 200
-    lr: float = 1e-3
+    steps: PositiveInt = 200
+    lr: PositiveFloat = 1e-3
     # The dense optimizer's schedule (gem/train/lr_schedule.py): linear warmup, then "constant" or
     # "cosine" down to lr_min_ratio * lr at the last step.
-    lr_warmup_steps: int = 0
-    lr_decay: str = "constant"
-    lr_min_ratio: float = 0.1
-    weight_decay: float = 0.0
+    lr_warmup_steps: NonNegativeInt = 0
+    lr_decay: LrDecay = "constant"
+    lr_min_ratio: Fraction = 0.1
+    weight_decay: NonNegativeFloat = 0.0
     seed: int = 0
     # Checkpoint every this many steps (and at the end); root defaults to {lakehouse}/_checkpoints/<run>.
-    checkpoint_every: int = 50
+    checkpoint_every: PositiveInt = 50
     checkpoint_root: str = ""
     # Loss weight per task name; a task not listed weighs 1.
     task_weights: dict[str, float] = field(default_factory=dict)
-    log_every: int = 10
+    log_every: PositiveInt = 10
     # GPU only: bf16 autocast.
     bf16: bool = True
     # torch.compile of the dense body (GPU and CPU; on the CPU inductor's C++ kernels, dynamic shapes).
@@ -326,150 +328,147 @@ class TrainConfig:
     cpu_bf16: bool = False
     # model.embeddings.backend "torchrec" only: the tables' optimizer, fused into the backward
     # (gem/train/sharding.py); the dense part keeps AdamW at `lr`.
-    embedding_optimizer: str = "rowwise_adagrad"
-    embedding_lr: float = 0.05
-
-    def __post_init__(self) -> None:
-        if self.embedding_optimizer not in EMBEDDING_OPTIMIZERS:
-            raise ConfigError(f"train.embedding_optimizer must be one of {EMBEDDING_OPTIMIZERS}, "
-                              f"got {self.embedding_optimizer!r}")
-        if self.steps < 1 or self.checkpoint_every < 1:
-            raise ConfigError(f"train.steps and train.checkpoint_every must be >= 1, got {self.steps}, {self.checkpoint_every}")
-        if self.lr_decay not in LR_DECAYS:
-            raise ConfigError(f"train.lr_decay must be one of {LR_DECAYS}, got {self.lr_decay!r}")
-        if self.lr_warmup_steps < 0 or not 0.0 <= self.lr_min_ratio <= 1.0:
-            raise ConfigError(f"train.lr_warmup_steps must be >= 0 and train.lr_min_ratio in [0, 1], "
-                              f"got {self.lr_warmup_steps}, {self.lr_min_ratio}")
+    embedding_optimizer: EmbeddingOptimizer = "rowwise_adagrad"
+    embedding_lr: PositiveFloat = 0.05
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=SECTION)
 class PrecomputeConfig:
     """Solaris precompute of the foundation model's outputs (gem/precompute/, jobs/precompute.py)."""
 
     # A refresh loads the newest promoted model and recomputes every user; between refreshes the
     # pinned model recomputes only users whose sequence snapshot changed (the others carry forward).
-    model_refresh_days: int = 7
+    model_refresh_days: PositiveInt = 7
     # Fixed user-hash ranges: the unit of work, of lease and of commit. Fixed so a shard's rows mean
     # the same users on every run and for every worker count.
-    shards: int = 8
+    shards: PositiveInt = 8
     # Worker processes the job starts; more can join a running day (python -m gem.precompute.worker).
-    workers: int = 1
+    workers: PositiveInt = 1
     # Each worker computes single-threaded: N workers use N cores, and results do not depend on the
     # thread count (reductions are ordered the same way).
-    threads_per_worker: int = 1
+    threads_per_worker: PositiveInt = 1
     # A shard lease not renewed for this long is taken over (its worker is presumed dead).
-    lease_expiry_s: float = 60.0
-    batch_size: int = 256
+    lease_expiry_s: PositiveFloat = 60.0
+    batch_size: PositiveInt = 256
     # Speculative pairs for tomorrow, per user active on ds: the ads of their `recent_ads` most recent
     # distinct impressions, plus the day's `popular_ads` most impressed ads. On the generator's
     # traffic, where ads are drawn by global popularity, popular ads carry most of the next day's
     # hits; users' own ads matter where serving retargets.
-    recent_ads: int = 4
-    popular_ads: int = 12
-
-    def __post_init__(self) -> None:
-        for name in ("model_refresh_days", "shards", "workers", "threads_per_worker", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"precompute.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("recent_ads", "popular_ads"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"precompute.{name} must be >= 0, got {getattr(self, name)}")
-        if self.lease_expiry_s <= 0:
-            raise ConfigError(f"precompute.lease_expiry_s must be > 0, got {self.lease_expiry_s}")
+    recent_ads: NonNegativeInt = 4
+    popular_ads: NonNegativeInt = 12
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=SECTION)
 class DemoConfig:
-    start_ds: str = "2026-01-01"
-    days: int = 2
+    """`make demo`: the pipeline's first `days` days from start_ds (gem/pipeline/demo.py)."""
+
+    days: PositiveInt = 2
     # The first `bulk_days` demo days load through the bulk path (gem.pipeline.bulk: every stage in one
     # process and one Spark session, as a history is loaded before daily runs take over); the rest
     # run through Airflow, one DAG run each. At least the last day runs through Airflow.
-    bulk_days: int = 0
+    bulk_days: NonNegativeInt = 0
 
-    def __post_init__(self) -> None:
-        if self.days < 1 or not 0 <= self.bulk_days < self.days:
-            raise ConfigError(f"demo.days must be >= 1 and 0 <= demo.bulk_days < demo.days, got days={self.days}, "
-                              f"bulk_days={self.bulk_days}")
+    @model_validator(mode="after")
+    def _last_day_through_airflow(self) -> Self:
+        if self.bulk_days >= self.days:
+            raise ValueError(f"demo.bulk_days={self.bulk_days} must be below demo.days={self.days}: "
+                             "at least the last demo day runs through Airflow")
+        return self
 
 
-@dataclass(frozen=True)
-class GemConfig:
+Surface = Literal[SURFACES]
+LabelType = Literal[LABEL_TYPES]
+# Keys this config no longer has, as dotted paths -> what replaces them (None: removed). A file or a
+# variable that still sets one fails naming the replacement instead of "unknown key".
+RENAMED_KEYS: dict[str, str | None] = {
+    "demo.start_ds": "start_ds (the demo runs the pipeline's first demo.days days)",
+}
+
+
+class GemConfig(BaseSettings):
+    """The whole pipeline's settings: defaults <- YAML <- `GEM__` variables <- explicit overrides."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", case_sensitive=False, extra="forbid", frozen=True,
+        coerce_numbers_to_str=True, validate_default=False,
+    )
+
     # Root of the lakehouse: a local folder by default, an object-store URI on a cluster.
     lakehouse_uri: str = str(REPO_ROOT / "lakehouse")
     # Landing files (raw exports); default beside the lakehouse tables.
     landing_uri: str = ""
     # Who writes the landing files: "synthetic" (the generator task) or "landing" (see SOURCES).
-    source: str = "synthetic"
+    source: Source = "synthetic"
     # First day of the pipeline: stages with day-over-day state start fresh here.
-    start_ds: str = "2026-01-01"
-    surfaces: tuple[str, ...] = SURFACES
+    start_ds: str = DEFAULT_START_DS
+    surfaces: tuple[Surface, ...] = SURFACES
     # Label types trained on; a task is (surface, label type) over the enabled ones (see `tasks`).
-    label_types: tuple[str, ...] = LABEL_TYPES
+    label_types: tuple[LabelType, ...] = LABEL_TYPES
     # Last-click attribution: a conversion counts for an impression only if it arrived by the
     # impression's day + this many days (schemas/examples.py).
-    attribution_window_days: int = 7
-    # A click links to the user's latest impression of the ad on the surface at most this long before it.
-    click_window_minutes: int = 60
-    training_horizon_days: int = 30
+    attribution_window_days: NonNegativeInt = 7
+    # A click links to the user's latest impression of the ad on the surface at most this long before
+    # it; at most a day, since assemble_examples reads the impressions of a click's day and the day before.
+    click_window_minutes: Annotated[int, Field(ge=1, le=MAX_CLICK_WINDOW_MINUTES)] = 60
+    training_horizon_days: PositiveInt = 30
     # Delta log and removed-file retention; must exceed attribution window + training horizon.
-    retention_days: int = 60
-    sequence_caps: SequenceCaps = field(default_factory=SequenceCaps)
+    retention_days: PositiveInt = 60
+    sequence_caps: SequenceCaps = Field(default_factory=SequenceCaps)
     # Every this many days build_sequences compacts silver.user_sequences into one snapshot of all
     # users (schemas/sequences.py), so its daily lookup stays bounded; 0 never compacts.
-    sequence_compaction_days: int = 7
-    spark: SparkConfig = field(default_factory=SparkConfig)
-    generator: GeneratorConfig = field(default_factory=GeneratorConfig)
-    ingest: IngestConfig = field(default_factory=IngestConfig)
-    quality: QualityConfig = field(default_factory=QualityConfig)
-    mix: MixConfig = field(default_factory=MixConfig)
-    loader: LoaderConfig = field(default_factory=LoaderConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
+    sequence_compaction_days: NonNegativeInt = 7
+    spark: SparkConfig = Field(default_factory=SparkConfig)
+    generator: GeneratorConfig = Field(default_factory=GeneratorConfig)
+    ingest: IngestConfig = Field(default_factory=IngestConfig)
+    quality: QualityConfig = Field(default_factory=QualityConfig)
+    mix: MixConfig = Field(default_factory=MixConfig)
+    loader: LoaderConfig = Field(default_factory=LoaderConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
     # The per-surface students distilled from the foundation model (gem/model/student.py).
-    student: StudentConfig = field(default_factory=StudentConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
+    student: StudentConfig = Field(default_factory=StudentConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
     # The students' daily training (gem/distill/): one pass over a surface's newest FM-predicted day.
-    student_train: TrainConfig = field(default_factory=lambda: TrainConfig(steps=60, lr=3e-3, checkpoint_every=60))
-    precompute: PrecomputeConfig = field(default_factory=PrecomputeConfig)
-    demo: DemoConfig = field(default_factory=DemoConfig)
+    student_train: TrainConfig = Field(default_factory=lambda: TrainConfig(steps=60, lr=3e-3, checkpoint_every=60))
+    precompute: PrecomputeConfig = Field(default_factory=PrecomputeConfig)
+    demo: DemoConfig = Field(default_factory=DemoConfig)
 
-    def __post_init__(self) -> None:
-        if self.source not in SOURCES:
-            raise ConfigError(f"source must be one of {SOURCES}, got {self.source!r}")
-        unknown = sorted(set(self.surfaces) - set(SURFACES))
-        if unknown:
-            raise ConfigError(f"surfaces {unknown} are not in schemas.tasks.SURFACES {list(SURFACES)}")
-        unknown = sorted(set(self.label_types) - set(LABEL_TYPES))
-        if unknown:
-            raise ConfigError(f"label_types {unknown} are not in schemas.tasks.LABEL_TYPES {list(LABEL_TYPES)}")
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
         missing = sorted(set(self.label_types) - set(self.quality.label_rates))
         if missing:
-            raise ConfigError(f"quality.label_rates lacks label types {missing}")
+            raise ValueError(f"quality.label_rates lacks label types {missing}")
         missing = sorted(set(self.surfaces) - set(self.generator.surface_params))
         if missing:
-            raise ConfigError(f"generator.surface_params lacks surfaces {missing}")
-        if self.sequence_compaction_days < 0:
-            raise ConfigError(f"sequence_compaction_days must be >= 0 (0: never), got {self.sequence_compaction_days}")
-        if self.attribution_window_days < 0:
-            raise ConfigError(f"attribution_window_days must be >= 0, got {self.attribution_window_days}")
-        if not 1 <= self.click_window_minutes <= MAX_CLICK_WINDOW_MINUTES:
-            # assemble_examples reads the impressions of a click's day and the day before only.
-            raise ConfigError(
-                f"click_window_minutes must be in [1, {MAX_CLICK_WINDOW_MINUTES}], got {self.click_window_minutes}"
-            )
+            raise ValueError(f"generator.surface_params lacks surfaces {missing}")
         unknown = sorted(set(self.mix.fixed_rates) - {f"{s}/{t}" for s, t in self.tasks})
         if unknown:
-            raise ConfigError(f"mix.fixed_rates names unknown tasks {unknown}; tasks are surface/label_type")
+            raise ValueError(f"mix.fixed_rates names unknown tasks {unknown}; tasks are surface/label_type")
         if self.ingest.max_event_lag_days <= self.attribution_window_days:
-            raise ConfigError(
+            raise ValueError(
                 f"ingest.max_event_lag_days={self.ingest.max_event_lag_days} must exceed attribution_window_days="
                 f"{self.attribution_window_days}: conversions arriving late must reach bronze to be counted")
         floor = self.attribution_window_days + self.training_horizon_days
         if self.retention_days <= floor:
-            raise ConfigError(
+            raise ValueError(
                 f"retention_days={self.retention_days} must exceed attribution_window_days + "
-                f"training_horizon_days = {floor}, or time travel to training inputs breaks"
-            )
+                f"training_horizon_days = {floor}, or time travel to training inputs breaks")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Explicit values, then `GEM__` variables, then the YAML file (earlier wins)."""
+        loading = _LOADING.get() or _Loading()
+        sources: list[PydanticBaseSettingsSource] = [init_settings, _GemEnvSource(settings_cls, loading.environ)]
+        if loading.path is not None:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=loading.path, deep_merge=True))
+        return tuple(sources)
 
     @property
     def tasks(self) -> tuple[tuple[str, str], ...]:
@@ -485,102 +484,154 @@ class GemConfig:
         return self.quality.gx_dir or f"{self.lakehouse_uri.rstrip('/')}/_dq/gx"
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return self.model_dump()
+
+    def replace(self, **changes: Any) -> GemConfig:
+        """A validated copy with `changes` (top-level fields), as dataclasses.replace is for a section."""
+        try:
+            return type(self).model_validate({**self.model_dump(), **changes})
+        except ValidationError as error:
+            raise ConfigError(describe_errors(error, {}, None)) from None
 
 
 # --------------------------------------------------------------------------------------------------
-# Loading: dict -> dataclass with type checks.
+# Loading: where each value comes from, and errors that say so.
 
 
-@dataclass(frozen=True)
-class EnvText:
-    """An environment override's raw text, read only once the type of the field it sets is known
-    (parsing it as YAML first would turn `GEM__START_DS=2026-01-01` into a date for a str field)."""
-
-    variable: str
-    text: str
-
-    def read_as(self, tp: Any) -> Any:
-        """The text for a str field; otherwise its YAML value (numbers, booleans, lists, mappings)."""
-        if tp is str or self.text == "":
-            return self.text
-        return yaml.safe_load(self.text)
+@dataclasses.dataclass(frozen=True)
+class _Loading:
+    path: Path | None = None
+    environ: Mapping[str, str] = dataclasses.field(default_factory=lambda: os.environ)
 
 
-def _coerce(value: Any, tp: Any, path: str) -> Any:
-    if isinstance(value, EnvText):
-        return _coerce(value.read_as(tp), tp, f"{path} (${value.variable})")
-    origin = typing.get_origin(tp)
-    if dataclasses.is_dataclass(tp):
-        if isinstance(value, tp):
-            return value
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{path}: expected a mapping for {tp.__name__}, got {value!r}")
-        return _build(tp, value, path)
-    if origin is dict:
-        key_tp, val_tp = typing.get_args(tp)
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{path}: expected a mapping, got {value!r}")
-        return {_coerce(k, key_tp, f"{path}.{k}"): _coerce(v, val_tp, f"{path}.{k}") for k, v in value.items()}
-    if origin is tuple:
-        (item_tp, _ellipsis) = typing.get_args(tp)
-        if isinstance(value, str):
-            value = [v.strip() for v in value.split(",") if v.strip()]
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{path}: expected a list, got {value!r}")
-        return tuple(_coerce(v, item_tp, f"{path}[{i}]") for i, v in enumerate(value))
-    if origin in (typing.Union, types.UnionType):
-        raise ConfigError(f"{path}: union types are not supported in config")
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if tp is str and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return str(value)
-    if tp in (int, float, str, bool) and (type(value) is not tp):
-        raise ConfigError(f"{path}: expected {tp.__name__}, got {type(value).__name__} {value!r}")
-    return value
+# What the settings sources read while `load_config` builds a config; a bare `GemConfig()` reads
+# only the process environment.
+_LOADING: contextvars.ContextVar[_Loading | None] = contextvars.ContextVar("gem_config_loading", default=None)
 
 
-def _build(cls: type, data: Mapping[str, Any], path: str) -> Any:
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise ConfigError(f"{path or 'config'}: unknown keys {unknown}; known: {sorted(names)}")
-    kwargs = {k: _coerce(v, hints[k], f"{path}.{k}" if path else k) for k, v in data.items()}
+@contextlib.contextmanager
+def _loading(path: Path | None, environ: Mapping[str, str]) -> Iterator[None]:
+    token = _LOADING.set(_Loading(path, environ))
     try:
-        return cls(**kwargs)
-    except ConfigError:
-        raise
-    except (TypeError, ValueError) as e:  # includes the model configs' own validation
-        raise ConfigError(f"{path or 'config'}: {e}") from e
+        yield
+    finally:
+        _LOADING.reset(token)
 
 
-def _deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in top.items():
-        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
-            out[k] = _deep_merge(dict(out[k]), v)
-        else:
-            out[k] = v
-    return out
+class _GemEnvSource(EnvSettingsSource):
+    """`GEM__SECTION__FIELD` variables from a given mapping, structured values read as YAML.
+
+    YAML instead of pydantic-settings' JSON, so "[a, b]", "{master: local[2]}" and "a,b" (a list of
+    words) all read as a shell user would write them.
+    """
+
+    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
+        self._environ = environ
+        super().__init__(settings_cls)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        return {key.lower(): value for key, value in self._environ.items() if key.upper().startswith(ENV_PREFIX)}
+
+    def decode_complex_value(self, field_name: str, field: Any, value: Any) -> Any:
+        text = str(value).strip()
+        if get_origin(field.annotation) in (tuple, list) and not text.startswith("["):
+            return [item.strip() for item in text.split(",") if item.strip()]
+        return yaml.safe_load(text)
 
 
-def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
-    """`GEM__A__B=v` -> {"a": {"b": EnvText("GEM__A__B", v)}}, read as field a.b's type when built."""
-    tree: dict[str, Any] = {}
-    for key, raw in environ.items():
-        if not key.startswith(ENV_PREFIX):
+def _section_type(path: tuple[str, ...]) -> Any:
+    """The type a dotted config path leads to (a section class, or None past a mapping or a leaf)."""
+    node: Any = GemConfig
+    for key in path:
+        fields = _fields_of(node)
+        if fields is None or key not in fields:
+            return None
+        node = fields[key]
+    return node
+
+
+def _fields_of(tp: Any) -> dict[str, Any] | None:
+    """A section's field name -> type, for a config class; None for anything else."""
+    if isinstance(tp, type) and issubclass(tp, BaseSettings):
+        return {name: info.annotation for name, info in tp.model_fields.items()}
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        return {f.name: f.type for f in dataclasses.fields(tp)} | {
+            name: info.annotation for name, info in getattr(tp, "__pydantic_fields__", {}).items()}
+    return None
+
+
+def _env_name(path: tuple[str, ...]) -> str:
+    return ENV_PREFIX + "__".join(path).upper()
+
+
+def _yaml_has(data: Any, path: tuple[str, ...]) -> bool:
+    for key in path:
+        if not isinstance(data, Mapping) or key not in data:
+            return False
+        data = data[key]
+    return True
+
+
+def describe_errors(error: ValidationError, environ: Mapping[str, str], path: Path | None,
+                    yaml_data: Mapping[str, Any] | None = None) -> str:
+    """One line per problem: the key, where its value came from, the value, and what is wrong."""
+    upper_env = {key.upper() for key in environ}
+    lines = []
+    for problem in error.errors():
+        loc = tuple(str(part) for part in problem["loc"])
+        key = ".".join(loc) or "config"
+        where = ""
+        for depth in range(len(loc), 0, -1):
+            if _env_name(loc[:depth]) in upper_env:
+                where = f" (${_env_name(loc[:depth])})"
+                break
+            if yaml_data is not None and _yaml_has(yaml_data, loc[:depth]):
+                where = f" (config file {path})"
+                break
+        if problem["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
+            known = _fields_of(_section_type(loc[:-1]))
+            lines.append(f"{key}{where}: unknown key; known: {sorted(known or [])}")
             continue
-        parts = [p.lower() for p in key[len(ENV_PREFIX) :].split("__")]
-        node = tree
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-            if isinstance(node, EnvText):  # e.g. GEM__SPARK=... beside GEM__SPARK__MASTER=...
-                raise ConfigError(f"{key} overrides a field of a section {node.variable} sets whole; set one of the two")
-        if isinstance(node.get(parts[-1]), dict):
-            raise ConfigError(f"{key} sets a whole section other GEM__ variables override fields of; set one of the two")
-        node[parts[-1]] = EnvText(key, raw)
-    return tree
+        message = problem["msg"].removeprefix("Value error, ")
+        if problem["type"] == "value_error" or not loc:
+            lines.append(f"{key}{where}: {message}")
+        else:
+            lines.append(f"{key}{where}: {message}, got {problem['input']!r}")
+    return "\n".join(lines)
+
+
+def _renamed_keys_used(yaml_data: Mapping[str, Any] | None, environ: Mapping[str, str], path: Path | None) -> list[str]:
+    upper_env = {key.upper() for key in environ}
+    found = []
+    for old, new in RENAMED_KEYS.items():
+        parts = tuple(old.split("."))
+        replacement = f"use {new}" if new else "it was removed"
+        if yaml_data is not None and _yaml_has(yaml_data, parts):
+            found.append(f"{old} (config file {path}): this key is gone; {replacement}")
+        if _env_name(parts) in upper_env:
+            found.append(f"{old} (${_env_name(parts)}): this key is gone; {replacement}")
+    return found
+
+
+def _unknown_env_keys(environ: Mapping[str, str]) -> list[str]:
+    """`GEM__` variables that name no setting (pydantic-settings would skip them silently)."""
+    problems = []
+    names = sorted(key for key in environ if key.upper().startswith(ENV_PREFIX))
+    for name in names:
+        parts = tuple(part.lower() for part in name[len(ENV_PREFIX):].split("__"))
+        if ".".join(parts) in RENAMED_KEYS:
+            continue
+        for depth in range(1, len(parts)):
+            if _env_name(parts[:depth]) in {n.upper() for n in names}:
+                problems.append(f"{name} overrides a field of a section ${_env_name(parts[:depth])} sets whole; "
+                                "set one of the two")
+                break
+        else:
+            parent = _section_type(parts[:-1])
+            known = _fields_of(parent)
+            if known is not None and parts[-1] not in known:
+                problems.append(f"{name} names no setting: {'.'.join(parts)} is unknown; known: {sorted(known)}")
+    return problems
 
 
 def load_config(
@@ -590,20 +641,23 @@ def load_config(
 ) -> GemConfig:
     """Defaults <- YAML file (path, else $GEM_CONFIG) <- env `GEM__*` <- explicit overrides."""
     environ = os.environ if environ is None else environ
-    data: dict[str, Any] = {}
-    path = path or environ.get("GEM_CONFIG") or None
-    if path:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {p} does not exist")
-        loaded = yaml.safe_load(p.read_text()) or {}
-        if not isinstance(loaded, Mapping):
-            raise ConfigError(f"config file {p} must hold a mapping at top level")
-        data = _deep_merge(data, loaded)
-    data = _deep_merge(data, _env_overrides(environ))
-    if overrides:
-        data = _deep_merge(data, overrides)
-    return _build(GemConfig, data, "")
+    path = path or environ.get(CONFIG_FILE_ENV) or None
+    file = Path(path) if path else None
+    yaml_data: Mapping[str, Any] | None = None
+    if file is not None:
+        if not file.is_file():
+            raise ConfigError(f"config file {file} does not exist")
+        yaml_data = yaml.safe_load(file.read_text()) or {}
+        if not isinstance(yaml_data, Mapping):
+            raise ConfigError(f"config file {file} must hold a mapping at top level")
+    problems = _renamed_keys_used(yaml_data, environ, file) + _unknown_env_keys(environ)
+    if problems:
+        raise ConfigError("\n".join(problems))
+    try:
+        with _loading(file, environ):
+            return GemConfig(**dict(overrides or {}))
+    except ValidationError as error:
+        raise ConfigError(describe_errors(error, environ, file, yaml_data)) from None
 
 
 def add_config_arg(parser: Any) -> None:

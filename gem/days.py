@@ -8,6 +8,10 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 
+# The pipeline's first day unless the config says otherwise (GemConfig.start_ds); the DAG file reads
+# it at parse time without loading a config.
+DEFAULT_START_DS = "2026-01-01"
+
 
 def iso_day(text: str) -> str:
     """A calendar day written YYYY-MM-DD, returned normalised; usable as an argparse `type`."""

@@ -11,7 +11,9 @@ from __future__ import annotations
 import os
 import signal
 
-ENV_VAR = "GEM_CRASH_AT"
+from gem.environment import CRASH_AT_ENV
+
+ENV_VAR = CRASH_AT_ENV
 
 
 _passes: dict[str, int] = {}  # crash point -> times this process has reached it

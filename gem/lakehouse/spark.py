@@ -131,7 +131,7 @@ def class_workload(cfg: GemConfig, tmp: str, dump: str) -> None:
     from pyspark.sql import functions as F
 
     options = f"{cfg.spark.conf.get(JAVA_OPTIONS, '')} -XX:ArchiveClassesAtExit={dump} -Xlog:cds=off".strip()
-    cfg = dataclasses.replace(cfg, spark=dataclasses.replace(
+    cfg = cfg.replace(spark=dataclasses.replace(
         cfg.spark, conf={**cfg.spark.conf, JAVA_OPTIONS: options}, class_archive=os.path.join(tmp, "none")))
     with gzip.open(os.path.join(tmp, "events.jsonl.gz"), "wt") as f:
         for i in range(200):

@@ -6,28 +6,37 @@ architecture shares (embeddings, heads).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import field, replace
+from typing import Annotated, Any, Literal, Self, get_args
 
-ARCHITECTURES = ("kunlun", "hstu", "interformer", "wukong", "dlrm")
-KUNLUN_ATTENTIONS = ("gdpa", "softmax")
-KUNLUN_POOLINGS = ("hsp", "mean")
-SEQUENCE_LAYOUTS = ("jagged", "padded")
+from pydantic import Field, model_validator
+from pydantic.dataclasses import dataclass
+
+from gem.config_types import SECTION, NonNegativeFloat, PositiveFloat, PositiveInt
+
+Architecture = Literal["kunlun", "hstu", "interformer", "wukong", "dlrm"]
+ARCHITECTURES = get_args(Architecture)
+KunlunAttention = Literal["gdpa", "softmax"]
+KUNLUN_ATTENTIONS = get_args(KunlunAttention)
+KunlunPooling = Literal["hsp", "mean"]
+KUNLUN_POOLINGS = get_args(KunlunPooling)
+SequenceLayout = Literal["jagged", "padded"]
+SEQUENCE_LAYOUTS = get_args(SequenceLayout)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=SECTION)
 class EventConfig:
-    width: int = 32
+    width: PositiveInt = 32
     activations: tuple[str, ...] = ("silu", "gelu")  # one per head
-    seeds: int = 8  # HSP seeds (overcomplete)
-    summary_tokens: int = 2  # HSP output tokens T_e
-    kron_rank: int = 2
-    depth: int = 2  # layers the sequence takes part in (it keeps its last H_e afterwards)
-    window: int = 32  # sliding-window self-attention
-    max_len: int = 64  # longest prefix fed (the loader's max length for the type)
+    seeds: PositiveInt = 8  # HSP seeds (overcomplete)
+    summary_tokens: PositiveInt = 2  # HSP output tokens T_e
+    kron_rank: PositiveInt = 2
+    depth: PositiveInt = 2  # layers the sequence takes part in (it keeps its last H_e afterwards)
+    window: PositiveInt = 32  # sliding-window self-attention
+    max_len: PositiveInt = 64  # longest prefix fed (the loader's max length for the type)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=SECTION)
 class KunlunConfig:
     """Kunlun (arXiv 2602.10016). The last six fields are ablation switches over the paper's parts;
     their defaults are the full model, so configs and checkpoints written before them load unchanged.
@@ -47,16 +56,16 @@ class KunlunConfig:
         and window; off, every type takes `shared_event`'s (each keeps its own max_len, i.e. the data).
     """
 
-    dim: int = 32
-    layers: int = 2
-    summary_tokens: int = 4
-    dense_tokens: int = 2
-    experts: int = 2
-    expert_layers: int = 1
-    wukong_rank: int = 4
-    mlp_hidden: int = 64
-    time_buckets: int = 24
-    vocab_sizes: dict[str, int] = field(default_factory=lambda: {"surface": 7, "objective": 6, "conversion_type": 4})
+    dim: PositiveInt = 32
+    layers: PositiveInt = 2
+    summary_tokens: PositiveInt = 4
+    dense_tokens: PositiveInt = 2
+    experts: PositiveInt = 2
+    expert_layers: PositiveInt = 1
+    wukong_rank: PositiveInt = 4
+    mlp_hidden: PositiveInt = 64
+    time_buckets: PositiveInt = 24
+    vocab_sizes: dict[str, PositiveInt] = field(default_factory=lambda: {"surface": 7, "objective": 6, "conversion_type": 4})
     events: dict[str, EventConfig] = field(default_factory=lambda: {
         "impression": EventConfig(width=32, depth=2, window=32, max_len=64),
         "click": EventConfig(width=32, depth=2, window=16, max_len=32),
@@ -65,28 +74,21 @@ class KunlunConfig:
     # "jagged": each event type's sequences stay a stream of real tokens through every layer
     # (gem.model.ops.jagged_attention), so no padded position is computed. "padded": (B, L) blocks
     # under masks, the reference the jagged layout is tested against (the same outputs and gradients).
-    sequence_layout: str = "jagged"
+    sequence_layout: SequenceLayout = "jagged"
     # Padded layout only: the batch computed in this many groups of similar sequence lengths, each
     # padded to its own longest (gem.model.ops.length_groups).
-    length_groups: int = 1
-    attention: str = "gdpa"
-    pooling: str = "hsp"
+    length_groups: PositiveInt = 1
+    attention: KunlunAttention = "gdpa"
+    pooling: KunlunPooling = "hsp"
     compskip: bool = True
     sliding_window: bool = True
     event_personalization: bool = True
     shared_event: str = "impression"  # whose settings every type takes when event_personalization is off
 
-    def __post_init__(self) -> None:
-        if self.attention not in KUNLUN_ATTENTIONS:
-            raise ValueError(f"attention must be one of {KUNLUN_ATTENTIONS}, got {self.attention!r}")
-        if self.sequence_layout not in SEQUENCE_LAYOUTS:
-            raise ValueError(f"sequence_layout must be one of {SEQUENCE_LAYOUTS}, got {self.sequence_layout!r}")
-        if self.length_groups < 1:
-            raise ValueError(f"length_groups must be >= 1, got {self.length_groups}")
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
         if self.length_groups > 1 and self.sequence_layout != "padded":
             raise ValueError("length_groups pads each group of the batch: it needs sequence_layout 'padded'")
-        if self.pooling not in KUNLUN_POOLINGS:
-            raise ValueError(f"pooling must be one of {KUNLUN_POOLINGS}, got {self.pooling!r}")
         if not self.event_personalization and self.shared_event not in self.events:
             raise ValueError(f"shared_event {self.shared_event!r} is not an event type: {sorted(self.events)}")
         tokens = self.interaction_tokens
@@ -95,8 +97,9 @@ class KunlunConfig:
         for name, e in self.effective_events.items():
             if e.width % len(e.activations):
                 raise ValueError(f"events.{name}: width {e.width} not divisible by {len(e.activations)} heads")
-            if not 1 <= e.depth <= self.layers:
+            if e.depth > self.layers:
                 raise ValueError(f"events.{name}: depth must be in [1, {self.layers}], got {e.depth}")
+        return self
 
     @property
     def effective_events(self) -> dict[str, EventConfig]:
@@ -138,7 +141,8 @@ def weights_config(model: dict[str, Any]) -> dict[str, Any]:
     return {**model, "kunlun": kunlun} if "kunlun" in model else dict(model)
 
 
-EMBEDDING_BACKENDS = ("torch", "torchrec")
+EmbeddingBackend = Literal["torch", "torchrec"]
+EMBEDDING_BACKENDS = get_args(EmbeddingBackend)
 
 
 def _default_buckets() -> dict[str, int]:
@@ -146,109 +150,105 @@ def _default_buckets() -> dict[str, int]:
             "surface": 8, "objective": 8, "creative_type": 8, "position": 65}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=SECTION)
 class EmbeddingConfig:
-    dim: int = 32
-    buckets: dict[str, int] = field(default_factory=_default_buckets)
+    dim: PositiveInt = 32
+    buckets: dict[str, PositiveInt] = field(default_factory=_default_buckets)
     sequence_table: str = "ad_id"  # the table sequence elements' ids are looked up in
     # "torch": plain nn.Embedding tables (runs anywhere, e.g. a GPU machine without fbgemm);
     # "torchrec": one EmbeddingCollection on the batch's KJTs, sharded by an explicit plan in training.
-    backend: str = "torch"
-
-    def __post_init__(self) -> None:
-        if self.backend not in EMBEDDING_BACKENDS:
-            raise ValueError(f"model.embeddings.backend must be one of {EMBEDDING_BACKENDS}, got {self.backend!r}")
+    backend: EmbeddingBackend = "torch"
 
 
 def _default_history_lengths() -> dict[str, int]:
     return {"impression": 64, "click": 32, "conversion": 8}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=SECTION)
 class HSTUConfig:
-    dim: int = 32
-    heads: int = 2
-    layers: int = 2
-    mlp_hidden: int = 64
-    rab_buckets: int = 12
-    time_buckets: int = 24
+    dim: PositiveInt = 32
+    heads: PositiveInt = 2
+    layers: PositiveInt = 2
+    mlp_hidden: PositiveInt = 64
+    rab_buckets: PositiveInt = 12
+    time_buckets: PositiveInt = 24
     # Most recent events per type in the one merged sequence.
-    max_len: dict[str, int] = field(default_factory=_default_history_lengths)
+    max_len: dict[str, PositiveInt] = field(default_factory=_default_history_lengths)
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _heads_split_dim(self) -> Self:
         if self.dim % self.heads:
             raise ValueError(f"hstu.dim {self.dim} not divisible by {self.heads} heads")
+        return self
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=SECTION)
 class InterFormerConfig:
     """InterFormer (arXiv 2411.09852): cross, interaction and sequence arches, per layer."""
 
-    dim: int = 32
-    layers: int = 2
-    heads: int = 2
-    summary_tokens: int = 4  # X_sum tokens (cross arch: Gate(LCE(X)))
-    dense_tokens: int = 2
-    cls_tokens: int = 4  # learnable tokens prepended to S at layer 1 (paper config: 4 CLS, 2 PMA, 2 recent)
-    pma_tokens: int = 2
-    recent_tokens: int = 2
-    wukong_rank: int = 4
-    mlp_hidden: int = 64
-    time_buckets: int = 24
-    max_len: dict[str, int] = field(default_factory=_default_history_lengths)
+    dim: PositiveInt = 32
+    layers: PositiveInt = 2
+    heads: PositiveInt = 2
+    summary_tokens: PositiveInt = 4  # X_sum tokens (cross arch: Gate(LCE(X)))
+    dense_tokens: PositiveInt = 2
+    cls_tokens: PositiveInt = 4  # learnable tokens prepended to S at layer 1 (paper config: 4 CLS, 2 PMA, 2 recent)
+    pma_tokens: PositiveInt = 2
+    recent_tokens: PositiveInt = 2
+    wukong_rank: PositiveInt = 4
+    mlp_hidden: PositiveInt = 64
+    time_buckets: PositiveInt = 24
+    max_len: dict[str, PositiveInt] = field(default_factory=_default_history_lengths)
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _heads_of_even_width(self) -> Self:
         if self.dim % self.heads or (self.dim // self.heads) % 2:
             raise ValueError(f"interformer.dim {self.dim} must split into {self.heads} heads of even width (RoPE)")
-        if min(self.summary_tokens, self.cls_tokens, self.pma_tokens, self.recent_tokens) < 1:
-            raise ValueError("interformer summary, cls, pma and recent token counts must be >= 1")
+        return self
 
     @property
     def sequence_summary_tokens(self) -> int:
         return self.cls_tokens + self.pma_tokens + self.recent_tokens
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=SECTION)
 class WukongConfig:
     """Wukong (arXiv 2403.02545) alone: the interaction stack over feature tokens; each sequence
     enters as one mean-pooled token of its most recent `max_len` ids (no sequence model)."""
 
-    dim: int = 32
-    layers: int = 3
-    rank: int = 4
-    dense_tokens: int = 2
-    mlp_hidden: int = 64
-    max_len: dict[str, int] = field(default_factory=_default_history_lengths)
-
-    def __post_init__(self) -> None:
-        if self.layers < 1 or self.rank < 1:
-            raise ValueError("wukong.layers and wukong.rank must be >= 1")
+    dim: PositiveInt = 32
+    layers: PositiveInt = 3
+    rank: PositiveInt = 4
+    dense_tokens: PositiveInt = 2
+    mlp_hidden: PositiveInt = 64
+    max_len: dict[str, PositiveInt] = field(default_factory=_default_history_lengths)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=SECTION)
 class DLRMConfig:
     """DLRM as in torchrec.models.dlrm: DenseArch MLP, pairwise dot InteractionArch, OverArch MLP.
     Sequences enter as mean-pooled bags of their most recent `max_len` ids (an EmbeddingBag each)."""
 
-    dim: int = 32
-    dense_arch: tuple[int, ...] = (64, 32)  # the last size must equal dim (dot products with embeddings)
-    over_arch: tuple[int, ...] = (128, 64)  # the last size is the representation the task heads read
-    max_len: dict[str, int] = field(default_factory=_default_history_lengths)
+    dim: PositiveInt = 32
+    dense_arch: tuple[PositiveInt, ...] = (64, 32)  # the last size must equal dim (dot products with embeddings)
+    # The last size is the representation the task heads read; at least one layer.
+    over_arch: Annotated[tuple[PositiveInt, ...], Field(min_length=1)] = (128, 64)
+    max_len: dict[str, PositiveInt] = field(default_factory=_default_history_lengths)
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _dense_arch_ends_in_dim(self) -> Self:
         if not self.dense_arch or self.dense_arch[-1] != self.dim:
             raise ValueError(f"dlrm.dense_arch must end in dim={self.dim}, got {self.dense_arch}")
-        if not self.over_arch:
-            raise ValueError("dlrm.over_arch needs at least one layer")
+        return self
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=SECTION)
 class HeadConfig:
-    hidden: int = 64
-    shared_experts: int = 2
+    hidden: PositiveInt = 64
+    # DomainExpertHeads mixes at least one shared expert.
+    shared_experts: PositiveInt = 2
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=SECTION)
 class HistoryCodesConfig:
     """LoopFM (arXiv 2605.29280): an autoencoder trained during pretraining that compresses the
     foundation model's representation of each example (the task heads' input, stop-gradient) to
@@ -264,17 +264,17 @@ class HistoryCodesConfig:
     """
 
     enabled: bool = True
-    code_dim: int = 32
-    prefix_lengths: tuple[int, ...] = (8, 16, 32)
-    hidden: int = 128
+    code_dim: Annotated[int, Field(ge=2, multiple_of=2)] = 32  # two INT4 codes per byte
+    prefix_lengths: tuple[PositiveInt, ...] = (8, 16, 32)
+    hidden: PositiveInt = 128
 
-    def __post_init__(self) -> None:
-        if self.code_dim < 2 or self.code_dim % 2:
-            raise ValueError(f"history_codes.code_dim must be even and >= 2 (two INT4 codes per byte), got {self.code_dim}")
+    @model_validator(mode="after")
+    def _prefixes_end_at_code_dim(self) -> Self:
         prefixes = self.prefix_lengths
         if not prefixes or list(prefixes) != sorted(set(prefixes)) or prefixes[0] < 1 or prefixes[-1] != self.code_dim:
             raise ValueError(f"history_codes.prefix_lengths must increase from >= 1 to code_dim={self.code_dim}, "
                              f"got {prefixes}")
+        return self
 
     @property
     def bytes_per_event(self) -> int:
@@ -282,9 +282,9 @@ class HistoryCodesConfig:
         return self.code_dim // 2
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=SECTION)
 class ModelConfig:
-    arch: str = "kunlun"
+    arch: Architecture = "kunlun"
     kunlun: KunlunConfig = field(default_factory=KunlunConfig)
     hstu: HSTUConfig = field(default_factory=HSTUConfig)
     interformer: InterFormerConfig = field(default_factory=InterFormerConfig)
@@ -294,12 +294,12 @@ class ModelConfig:
     heads: HeadConfig = field(default_factory=HeadConfig)
     history_codes: HistoryCodesConfig = field(default_factory=HistoryCodesConfig)
 
-    def __post_init__(self) -> None:
-        if self.arch not in ARCHITECTURES:
-            raise ValueError(f"model.arch must be one of {ARCHITECTURES}, got {self.arch!r}")
+    @model_validator(mode="after")
+    def _embeddings_fit_the_body(self) -> Self:
         body_dim = self.body_config().dim
         if self.embeddings.dim != body_dim:
             raise ValueError(f"embeddings.dim={self.embeddings.dim} must equal {self.arch}.dim={body_dim}")
+        return self
 
     def body_config(self) -> KunlunConfig | HSTUConfig | InterFormerConfig | WukongConfig | DLRMConfig:
         """The config of the architecture `arch` selects."""
@@ -324,9 +324,10 @@ STUDENT_VARIANTS: dict[str, tuple[str, ...]] = {
     "kd_loopfm": ("aux_head", "history_codes"),
     "kd_adapter_loopfm": ("aux_head", "adapter", "history_codes"),
 }
+StudentVariant = Literal[tuple(STUDENT_VARIANTS)]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=SECTION)
 class DistillationConfig:
     """ExFM (arXiv 2502.17494) knowledge distillation from the foundation model's logged predictions.
 
@@ -337,35 +338,23 @@ class DistillationConfig:
     The defaults are starting values, to be chosen on the validation day.
     """
 
-    alpha: float = 1.0
-    beta: float = 0.5
-    weight: float = 1.0
-    adapter_hidden: int = 16
-    adapter_weight: float = 1.0
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.alpha <= 1.0:
-            raise ValueError(f"student.distillation.alpha must be in (0, 1] (alpha * y_FM is a probability), got {self.alpha}")
-        for name in ("beta", "weight", "adapter_weight"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"student.distillation.{name} must be >= 0, got {getattr(self, name)}")
-        if self.adapter_hidden < 1:
-            raise ValueError(f"student.distillation.adapter_hidden must be >= 1, got {self.adapter_hidden}")
+    # In (0, 1]: alpha * y_FM is a probability.
+    alpha: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    beta: NonNegativeFloat = 0.5
+    weight: NonNegativeFloat = 1.0
+    adapter_hidden: PositiveInt = 16
+    adapter_weight: NonNegativeFloat = 1.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=SECTION)
 class HistoryCodeFeatureConfig:
     """The student's LoopFM feature: of the user's coded events strictly before the example, the most
     recent `max_codes` within `max_age_days`, pooled by mean and by target attention
     (gem.model.history_code_feature)."""
 
-    max_codes: int = 200
-    max_age_days: float = 30.0
-    time_buckets: int = 24
-
-    def __post_init__(self) -> None:
-        if self.max_codes < 1 or self.max_age_days <= 0 or self.time_buckets < 1:
-            raise ValueError("student.history_codes: max_codes and time_buckets must be >= 1, max_age_days > 0")
+    max_codes: PositiveInt = 200
+    max_age_days: PositiveFloat = 30.0
+    time_buckets: PositiveInt = 24
 
 
 def _student_buckets() -> dict[str, int]:
@@ -373,12 +362,12 @@ def _student_buckets() -> dict[str, int]:
             "surface": 8, "objective": 8, "creative_type": 8, "position": 65}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=SECTION)
 class StudentConfig:
     """A per-surface serving model (gem.model.student): a DLRM body over the surface's sparse ids,
     counters and short sequences, with the FM signals its `variant` names (STUDENT_VARIANTS)."""
 
-    variant: str = "kd_loopfm"
+    variant: StudentVariant = "kd_loopfm"
     dlrm: DLRMConfig = field(default_factory=lambda: DLRMConfig(
         dim=16, dense_arch=(64, 16), over_arch=(64, 32), max_len={"impression": 16, "click": 8, "conversion": 4}))
     embeddings: EmbeddingConfig = field(default_factory=lambda: EmbeddingConfig(dim=16, buckets=_student_buckets()))
@@ -386,13 +375,11 @@ class StudentConfig:
     distillation: DistillationConfig = field(default_factory=DistillationConfig)
     history_codes: HistoryCodeFeatureConfig = field(default_factory=HistoryCodeFeatureConfig)
 
-    def __post_init__(self) -> None:
-        if self.variant not in STUDENT_VARIANTS:
-            raise ValueError(f"student.variant must be one of {tuple(STUDENT_VARIANTS)}, got {self.variant!r}")
+    @model_validator(mode="after")
+    def _embeddings_fit_the_body(self) -> Self:
         if self.embeddings.dim != self.dlrm.dim:
             raise ValueError(f"student.embeddings.dim={self.embeddings.dim} must equal student.dlrm.dim={self.dlrm.dim}")
-        if self.heads.shared_experts < 1:
-            raise ValueError("student.heads.shared_experts must be >= 1 (DomainExpertHeads mixes at least one)")
+        return self
 
     def uses(self, signal: str) -> bool:
         """Whether the variant learns from `signal`: "aux_head", "adapter" or "history_codes"."""

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from gem.config import REPO_ROOT, GemConfig, load_config
 from gem.days import day_range, shift_day
+from gem.environment import RETRIES_ENV, RETRY_DELAY_ENV
 from gem.pipeline.airflow.runs import airflow_env, airflow_home, init_db, run_log
 from schemas.metrics import GOLD_METRICS
 
@@ -30,7 +31,7 @@ DEFAULT_CONFIG = REPO_ROOT / "configs" / "demo.yaml"
 
 def demo_days(cfg: GemConfig) -> tuple[list[str], list[str]]:
     """The demo's days, split: (those the bulk path loads, those that run through Airflow)."""
-    days = day_range(cfg.demo.start_ds, shift_day(cfg.demo.start_ds, cfg.demo.days - 1))
+    days = day_range(cfg.start_ds, shift_day(cfg.start_ds, cfg.demo.days - 1))
     return days[: cfg.demo.bulk_days], days[cfg.demo.bulk_days:]
 
 
@@ -47,8 +48,8 @@ def run_days(cfg_path: Path, cfg: GemConfig) -> list[tuple[str, float]]:
     from gem.pipeline.demo_process import DAY_DONE, DAY_START
 
     env = airflow_env(cfg, cfg_path)
-    env.setdefault("GEM_TASK_RETRIES", "1")
-    env.setdefault("GEM_TASK_RETRY_DELAY_S", "10")  # a demo fails fast instead of waiting 5 minutes
+    env.setdefault(RETRIES_ENV, "1")
+    env.setdefault(RETRY_DELAY_ENV, "10")  # a demo fails fast instead of waiting 5 minutes
     init_db(env)
     bulk, daily = demo_days(cfg)
     days = bulk + daily

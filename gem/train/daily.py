@@ -12,15 +12,33 @@ run's final checkpoint for D.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import datetime as dt
+import json
 import os
+import subprocess
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import torch
 
+from gem.config import REPO_ROOT, add_config_arg, load_config
+from gem.data.encode import DENSE_COLUMNS
+from gem.data.loader import SPARSE_FEATURES, ExampleStream, ResumableLoader
+from gem.data.manifest import read_manifest
+from gem.days import iso_day
+from gem.environment import CODE_VERSION_ENV
+from gem.lakehouse.commit import StageCommit, StageContext, StageResult
+from gem.model.build import build_task
+from gem.model.heads import shrunk_base_rates
 from gem.train import checkpoint, promotion
+from gem.train.evaluate import evaluate, metrics_table
 from gem.train.trainer import Trainer
+from schemas.metrics import GOLD_METRICS
 
 # --------------------------------------------------------------------------------------------------
 # The command line: one day's continued pretraining from the mixture manifest.
@@ -28,16 +46,13 @@ from gem.train.trainer import Trainer
 
 
 def code_version() -> str:
-    import subprocess
-
-    from gem.config import REPO_ROOT
 
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
         return out.stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         # A copy of the tree without its git folder (a container image, a remote machine).
-        return os.environ.get("GEM_CODE_VERSION", "unknown")
+        return os.environ.get(CODE_VERSION_ENV, "unknown")
 
 
 # The pretraining record has no separate input count: it scores the held-out day, one metrics row
@@ -52,9 +67,6 @@ def write_metrics(commit: Any, rows: list[dict[str, Any]]) -> int:
     """Replace gold.metrics' rows of one (held-out day, architecture) with `rows`, in one commit of
     the pretraining stage (gem.lakehouse.commit.StageCommit): a rerun of a day's pretraining leaves one row per
     task, never a second set beside the first. -> the version created."""
-    import pyarrow as pa
-
-    from schemas.metrics import GOLD_METRICS
 
     keys = {(r["ds"], r["arch"]) for r in rows}
     if len(keys) != 1:
@@ -87,16 +99,6 @@ def run(ctx: Any, ds: str, run_dir: Path | None = None, steps: int | None = None
     """Train on the mixture of `ds`, score its held-out day, promote the model; -> a StageResult
     (rank 0 publishes the record; other ranks return one without records). Details: steps,
     examples, checkpoint."""
-    import time
-
-    from gem.data.encode import DENSE_COLUMNS
-    from gem.data.loader import SPARSE_FEATURES, ExampleStream, ResumableLoader
-    from gem.data.manifest import read_manifest
-    from gem.lakehouse.commit import StageCommit, StageResult
-    from gem.model.build import build_task
-    from gem.model.heads import shrunk_base_rates
-    from gem.train.evaluate import evaluate
-    from schemas.metrics import GOLD_METRICS
 
     t0, cfg = time.time(), ctx.cfg
     joined = init_from_torchrun("cuda" if torch.cuda.is_available() else "cpu")
@@ -154,11 +156,6 @@ def run(ctx: Any, ds: str, run_dir: Path | None = None, steps: int | None = None
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    from gem.config import add_config_arg, load_config
-    from gem.days import iso_day
-    from gem.lakehouse.commit import StageContext
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_config_arg(parser)
@@ -177,9 +174,6 @@ def metrics_rows(cfg: Any, ds: str, run_id: str, arch: str, scores: dict[str, di
                  mixture_id: str, examples_version: int, sequences_version: int) -> list[dict[str, Any]]:
     """gold.metrics rows of one run's held-out scores (as gem.train.evaluate returns them), with what it
     read and which code and config ran."""
-    import datetime as dt
-    import json
-
     now = dt.datetime.now(dt.UTC)
     return [{
         "ds": dt.date.fromisoformat(ds), "run_id": run_id, "arch": arch, "task": name,
@@ -192,9 +186,6 @@ def metrics_rows(cfg: Any, ds: str, run_id: str, arch: str, scores: dict[str, di
 
 def _report(commit: Any, scores: dict[str, dict[str, Any]], steps: int, eval_manifest: Any) -> None:
     """Write the held-out scores to gold.metrics (with run id, config, code and table versions) and print them."""
-    import uuid
-
-    from gem.train.evaluate import metrics_table
 
     cfg, mix_ds = commit.cfg, commit.ds
     run_id = f"{cfg.model.arch}:{mix_ds}:{uuid.uuid4().hex[:8]}"

@@ -458,7 +458,7 @@ def test_the_same_tables_draw_the_same_examples_wherever_the_lakehouse_sits(lake
     copy = tmp_path / "elsewhere" / "lake"
     shutil.copytree(cfg.lakehouse_uri, copy)
     _repoint(copy / "gold" / "mixture_manifest", cfg.lakehouse_uri, str(copy))
-    moved = dataclasses.replace(cfg, lakehouse_uri=str(copy))
+    moved = cfg.replace(lakehouse_uri=str(copy))
     here, there = read_manifest(cfg, MIX_DS), read_manifest(moved, MIX_DS)
     assert here.files != there.files and list(here.file_keys.values()) == list(there.file_keys.values())
     # Spark's random file ids do not enter the key: a file's rank in its partition folder does.
@@ -472,7 +472,7 @@ def test_stale_manifests_fail_clearly(lake, tmp_path):
     copy = tmp_path / "lake"
     shutil.copytree(cfg.lakehouse_uri, copy)
     _repoint(copy / "gold" / "mixture_manifest", cfg.lakehouse_uri, str(copy))
-    moved = dataclasses.replace(cfg, lakehouse_uri=str(copy))
+    moved = cfg.replace(lakehouse_uri=str(copy))
     victim = Path(read_manifest(moved, MIX_DS).files[0])
     victim.unlink()  # as VACUUM would
     with pytest.raises(MissingDataFileError, match=victim.name):
@@ -595,7 +595,7 @@ def test_a_day_rewritten_after_its_validation_is_refused_until_revalidated(lake,
     cfg, _, _ = lake
     copy = tmp_path / "lake"
     shutil.copytree(cfg.lakehouse_uri, copy)
-    moved = dataclasses.replace(cfg, lakehouse_uri=str(copy))
+    moved = cfg.replace(lakehouse_uri=str(copy))
     day = mix.mix_days(cfg, MIX_DS).train[0]
     path = tables.table_path(moved, SILVER_TRAINING_EXAMPLES)
     rows = read_table(path, where={"ds": day})

@@ -32,19 +32,59 @@ def test_yaml_then_env_overrides(tmp_path):
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        ({"generatr": {}}, r"unknown keys \['generatr'\]"),
-        ({"generator": {"users": "many"}}, r"generator.users: expected int"),
-        ({"surfaces": ["reels", "myspace"]}, r"\['myspace'\] are not in schemas.tasks.SURFACES"),
+        ({"generatr": {}}, r"generatr: unknown key; known: \['attribution_window_days'"),
+        ({"spark": {"mastr": "local"}}, r"spark.mastr: unknown key; known: \['class_archive', 'conf'"),
+        ({"generator": {"users": "many"}}, r"generator.users: Input should be a valid integer.*got 'many'"),
+        ({"surfaces": ["reels", "myspace"]}, r"surfaces.1: Input should be 'fb_feed'.*got 'myspace'"),
         ({"retention_days": 20}, r"retention_days=20 must exceed"),
-        ({"label_types": ["click", "purchase"]}, r"\['purchase'\] are not in schemas.tasks.LABEL_TYPES"),
-        ({"mix": {"validation_days": -1}}, r"mix.validation_days must be >= 0, got -1"),
-        ({"source": "kafka"}, r"source must be one of \('synthetic', 'landing'\), got 'kafka'"),
+        ({"label_types": ["click", "purchase"]}, r"label_types.1: Input should be 'click'.*got 'purchase'"),
+        ({"mix": {"validation_days": -1}}, r"mix.validation_days: Input should be greater than or equal to 0, got -1"),
+        ({"mix": {"fixed_rates": {"reels/click": 1.5}}}, r"mix.fixed_rates.reels/click: Input should be less than or equal to 1"),
+        ({"source": "kafka"}, r"source: Input should be 'synthetic' or 'landing', got 'kafka'"),
+        ({"train": {"lr_decay": "linear"}}, r"train.lr_decay: Input should be 'constant' or 'cosine', got 'linear'"),
+        ({"model": {"kunlun": {"events": {"click": {"depth": 0}}}}}, r"model.kunlun.events.click.depth: Input should be greater"),
         ({"ingest": {"max_event_lag_days": 7}}, r"max_event_lag_days=7 must exceed attribution_window_days=7"),
+        ({"demo": {"days": 2, "bulk_days": 2}}, r"demo.bulk_days=2 must be below demo.days=2"),
     ],
 )
 def test_bad_config_fails_with_the_offending_path(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config(overrides=overrides, environ={})
+
+
+def test_an_error_names_the_file_or_variable_its_value_came_from(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("generator:\n  users: -3\n")
+    with pytest.raises(ConfigError, match=rf"generator.users \(config file {path}\): Input should be greater .*got -3"):
+        load_config(path, environ={})
+    with pytest.raises(ConfigError, match=r"train.steps \(\$GEM__TRAIN__STEPS\): Input should be greater .*got '0'"):
+        load_config(environ={"GEM__TRAIN__STEPS": "0"})
+
+
+def test_a_renamed_key_names_its_replacement(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("demo:\n  start_ds: '2026-01-01'\n  days: 3\n")
+    with pytest.raises(ConfigError, match=rf"demo.start_ds \(config file {path}\): this key is gone; use start_ds"):
+        load_config(path, environ={})
+    with pytest.raises(ConfigError, match=r"demo.start_ds \(\$GEM__DEMO__START_DS\): this key is gone; use start_ds"):
+        load_config(environ={"GEM__DEMO__START_DS": "2026-01-01"})
+
+
+def test_a_variable_that_names_no_setting_is_refused():
+    with pytest.raises(ConfigError, match=r"GEM__GENERATOR__USERZ names no setting: generator.userz is unknown"):
+        load_config(environ={"GEM__GENERATOR__USERZ": "3"})
+
+
+def test_a_section_copy_is_validated_and_the_root_copy_too():
+    import dataclasses
+
+    cfg = load_config(environ={})
+    assert dataclasses.replace(cfg.loader, batch_size=64).batch_size == 64
+    with pytest.raises(ValueError, match="batch_size"):
+        dataclasses.replace(cfg.loader, batch_size=0)
+    assert cfg.replace(lakehouse_uri="/data/lake").lakehouse_uri == "/data/lake"
+    with pytest.raises(ConfigError, match="retention_days=10 must exceed"):
+        cfg.replace(retention_days=10)
 
 
 def test_missing_config_file_is_named(tmp_path):
@@ -61,7 +101,7 @@ def test_demo_config_loads_and_extends_the_default():
     assert isinstance(cfg, GemConfig)
     # The demo's last day mixes: a training day and a later held-out day, both with closed windows;
     # its 2 days leave none to validate on (the default validates on 1).
-    last = shift_day(cfg.demo.start_ds, cfg.demo.days - 1)
+    last = shift_day(cfg.start_ds, cfg.demo.days - 1)
     days = mix_days(cfg, last)
     assert days is not None and days.train and days.eval > days.train[-1] and days.validation == ()
     assert load_config(environ={}).mix.validation_days == 1
@@ -89,15 +129,15 @@ def test_task_vocabulary_is_surface_by_label_type():
 def test_env_overrides_are_read_as_their_fields_type():
     # YAML would read 2026-01-01 as a date, "0123" as 123 and "yes" as True: each override is read
     # as the type of the field it sets, once that type is known.
-    env = {"GEM__START_DS": "2026-01-01", "GEM__DEMO__START_DS": "2026-02-03", "GEM__SPARK__DRIVER_MEMORY": "4096",
+    env = {"GEM__START_DS": "2026-01-01", "GEM__DEMO__DAYS": "3", "GEM__SPARK__DRIVER_MEMORY": "4096",
            "GEM__SPARK__MASTER": "yes", "GEM__GENERATOR__USERS": "77", "GEM__GENERATOR__DIRTY_FRACTION": "0.5",
            "GEM__TRAIN__BF16": "false", "GEM__SURFACES": "reels,stories"}
     cfg = load_config(environ=env)
-    assert (cfg.start_ds, cfg.demo.start_ds) == ("2026-01-01", "2026-02-03")
+    assert (cfg.start_ds, cfg.demo.days) == ("2026-01-01", 3)
     assert (cfg.spark.driver_memory, cfg.spark.master) == ("4096", "yes")
     assert (cfg.generator.users, cfg.generator.dirty_fraction, cfg.train.bf16) == (77, 0.5, False)
     assert cfg.surfaces == ("reels", "stories")
-    with pytest.raises(ConfigError, match=r"generator.users \(\$GEM__GENERATOR__USERS\): expected int, got str 'lots'"):
+    with pytest.raises(ConfigError, match=r"generator.users \(\$GEM__GENERATOR__USERS\): Input should be a valid integer.*'lots'"):
         load_config(environ={"GEM__GENERATOR__USERS": "lots"})
 
 

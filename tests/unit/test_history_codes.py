@@ -48,7 +48,7 @@ def test_pack_unpack_round_trips_exactly_two_codes_per_byte():
 
 
 def test_config_validates_and_loads():
-    with pytest.raises(ValueError, match="even"):
+    with pytest.raises(ValueError, match="code_dim\n  Input should be a multiple of 2"):
         HistoryCodesConfig(code_dim=7, prefix_lengths=(7,))
     with pytest.raises(ValueError, match="prefix_lengths"):
         HistoryCodesConfig(code_dim=16, prefix_lengths=(8, 12))  # must end at code_dim

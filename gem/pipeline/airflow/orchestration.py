@@ -34,6 +34,15 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gem.days import DEFAULT_START_DS
+from gem.environment import (
+    BACKFILL_POKE_ENV,
+    DAG_START_ENV,
+    LANDING_POKE_ENV,
+    LANDING_TIMEOUT_ENV,
+    RETRIES_ENV,
+    RETRY_DELAY_ENV,
+)
 from gem.lakehouse.stages import STAGES, Stage
 
 if TYPE_CHECKING:
@@ -44,13 +53,11 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 DAG_ID = "gem_daily"
 DAILY_CRON = "0 0 * * *"
 SCHEDULE_TZ = "UTC"
-# First day of the pipeline; mirrors GemConfig.start_ds (a test keeps them equal). A constant rather
-# than a config read, so parsing does not depend on the DAG processor's $GEM_CONFIG. A pipeline
-# that starts elsewhere (an imported history: MovieLens-1M starts in 2000) sets DAG_START_ENV in the
+# First day of the pipeline: the config's default (gem.days.DEFAULT_START_DS), not a config read, so
+# parsing does not depend on the DAG processor's $GEM_CONFIG. A pipeline that starts elsewhere (an imported history: MovieLens-1M starts in 2000) sets DAG_START_ENV in the
 # DAG processor's environment to its config's start_ds (`gem run` does): Airflow creates no task
 # instance for a run whose logical date is before the DAG's start date.
-START_DS = "2026-01-01"
-DAG_START_ENV = "GEM_DAG_START_DS"
+START_DS = DEFAULT_START_DS
 # How long after its interval closes a manual run of a day is dated (see the module docstring).
 MANUAL_RUN_AFTER_CLOSE = dt.timedelta(seconds=1)
 # The dag-run conf key naming the stage a run starts from (`gem backfill --from-stage`).
@@ -58,8 +65,6 @@ FROM_STAGE_CONF = "from_stage"
 
 # Retries: jobs are idempotent partition replaces, so a retry is safe. The env knobs exist so the
 # end-to-end test and demos can fail fast; production leaves them unset.
-RETRIES_ENV = "GEM_TASK_RETRIES"
-RETRY_DELAY_ENV = "GEM_TASK_RETRY_DELAY_S"
 DEFAULT_RETRIES = 2
 DEFAULT_RETRY_DELAY_S = 300
 # A stage job (python -m jobs.<module>) exits with this when nothing is ready on the day; its DAG
@@ -69,12 +74,9 @@ NOTHING_READY_EXIT = 99
 # stages need (gem.lakehouse.stages.Stage.reads_landing); reschedule mode frees its worker slot
 # between pokes. Its poke interval and timeout are env knobs like the retries (tests poke fast).
 LANDING_SENSOR = "wait_for_landing"
-LANDING_POKE_ENV = "GEM_LANDING_POKE_S"
-LANDING_TIMEOUT_ENV = "GEM_LANDING_TIMEOUT_S"
 DEFAULT_LANDING_POKE_S = 300
 DEFAULT_LANDING_TIMEOUT_S = 24 * 3600
 # How often a task held by a running backfill (gem.lakehouse.backfill_hold) tries again.
-BACKFILL_POKE_ENV = "GEM_BACKFILL_POKE_S"
 DEFAULT_BACKFILL_POKE_S = 60
 # The failure callback appends one JSON line per failed task try here (under $AIRFLOW_HOME).
 TASK_FAILURES_FILE = "gem_task_failures.jsonl"

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gem.config import REPO_ROOT, GemConfig
+from gem.environment import CONFIG_FILE_ENV
 from gem.pipeline.airflow.orchestration import DAG_ID, DAG_START_ENV, manual_logical_date
 
 # Task states after which a task of a run does not change any more.
@@ -84,7 +85,7 @@ def airflow_env(cfg: GemConfig, cfg_path: str | os.PathLike[str] | None) -> dict
     gets task instances), and this interpreter's bin/ first on PATH (the `airflow` it installed)."""
     env = dict(os.environ)
     if cfg_path is not None:
-        env["GEM_CONFIG"] = str(Path(cfg_path).resolve())
+        env[CONFIG_FILE_ENV] = str(Path(cfg_path).resolve())
     env[DAG_START_ENV] = cfg.start_ds
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
     return env
