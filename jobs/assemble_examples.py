@@ -45,12 +45,11 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from gem.config import GemConfig, load_config
+from gem.config import GemConfig
 from gem.days import day_range
 from gem.lakehouse.commit import DayCounts, ReconciliationError, StageCommit, StageContext, StageResult
 from gem.lakehouse.stages import examples_bronze_days
-from gem.pipeline.airflow.orchestration import NOTHING_READY_EXIT  # exit code: nothing ready yet, the task is skipped
-from gem.pipeline.cli import examples_parser, parse_examples_args, resolve_examples_day
+from gem.pipeline.cli import StageCall, run_command, stage_command
 from schemas.events import BRONZE_AD_EVENTS
 from schemas.examples import (
     AD_FEATURE_PREFIX,
@@ -443,20 +442,19 @@ def run(ctx: StageContext, ds: str, through: str | None = None) -> StageResult:
     return commit.result(t0, **totals, days=figures)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = examples_parser(__doc__.splitlines()[0])
-    args = parse_examples_args(parser, argv)
-    cfg = load_config(args.config)
-    ds = resolve_examples_day(cfg, args)
-    if ds is None:
-        print(f"{STAGE}: no impression day's window closes on {args.ready_on} (start_ds={cfg.start_ds}); nothing to do")
-        return NOTHING_READY_EXIT
-    result = run(StageContext(cfg), ds, args.through)
+def command_line(call: StageCall) -> int:
+    """Assemble the examples of impression day --ds (or of the days --ds..--through, or of the day
+    whose window closes on --ready-on); print the summary and its counts."""
+    result = run(StageContext(call.cfg), call.ds, call.through)
     details = result.details
     print(f"{result.summary()} (examples={details['examples']}, conversions arrived={details['conversions_in']}, "
           f"attributed={details['attributed']}, clicks arrived={details['clicks_in']}, "
           f"linking no impression={details['orphan_clicks']})")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_command(stage_command("assemble_examples", command_line), argv)
 
 
 if __name__ == "__main__":

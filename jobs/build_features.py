@@ -46,13 +46,15 @@ import sys
 import time
 from functools import reduce
 from operator import add
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
-from gem.config import GemConfig, load_config
+import typer
+
+from gem.config import GemConfig
 from gem.days import day_range, shift_day
 from gem.lakehouse.commit import DayCounts, StageCommit, StageContext, StageResult
 from gem.lakehouse.stages import feature_window_days
-from gem.pipeline.cli import add_through_arg, job_parser
+from gem.pipeline.cli import StageCall, run_command, stage_command
 from schemas.events import BRONZE_AD_EVENTS
 from schemas.features import (
     AD_METADATA_COLUMNS,
@@ -365,21 +367,22 @@ def run(ctx: StageContext, ds: str, through: str | None = None, *, full: bool = 
     return commit.result(t0, users=n_users, ads=n_ads, incremental=incremental, daily_count_days=rewritten)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = job_parser(__doc__.splitlines()[0])
-    add_through_arg(parser)
-    parser.add_argument(
-        "--full", action="store_true",
-        help="rebuild the daily counts of the whole window from bronze and sum them (default: advance from "
-             "ds-1; a range is always built in full)",
-    )
-    args = parser.parse_args(argv)
-    cfg = load_config(args.config)
-    result = run(StageContext(cfg), args.ds, args.through, full=args.full)
+def command_line(
+    call: StageCall,
+    full: Annotated[bool, typer.Option(
+        "--full", help="rebuild the daily counts of the whole window from bronze and sum them (default: advance "
+                       "from ds-1; a range is always built in full)")] = False,
+) -> int:
+    """Build the counters of --ds (or of each day --ds..--through); print the summary, incremental or full."""
+    result = run(StageContext(call.cfg), call.ds, call.through, full=full)
     details = result.details
     mode = "incremental" if details["incremental"] else "full"
     print(f"{result.summary()} ({mode}: users={details['users']} ads={details['ads']})")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_command(stage_command("build_features", command_line), argv)
 
 
 if __name__ == "__main__":

@@ -42,10 +42,10 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from gem.config import GemConfig, SequenceCaps, load_config
+from gem.config import GemConfig, SequenceCaps
 from gem.days import shift_day
 from gem.lakehouse.commit import DayCounts, StageCommit, StageContext, StageResult
-from gem.pipeline.cli import add_through_arg, job_parser
+from gem.pipeline.cli import StageCall, run_command, stage_command
 from schemas.events import BRONZE_AD_EVENTS
 from schemas.sequences import (
     SEQUENCE_COLUMNS,
@@ -414,17 +414,19 @@ def run(ctx: StageContext, ds: str, through: str | None = None) -> StageResult:
                          compaction_seconds=compaction_seconds)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = job_parser(__doc__.splitlines()[0])
-    add_through_arg(parser)
-    args = parser.parse_args(argv)
-    cfg = load_config(args.config)
-    result = run(StageContext(cfg), args.ds, args.through)
+def command_line(call: StageCall) -> int:
+    """Advance the sequences of the users active on --ds (or on each day --ds..--through); print
+    the summary and the compaction's, if any."""
+    result = run(StageContext(call.cfg), call.ds, call.through)
     details = result.details
     compaction = (f"; compacted {details['compacted_users']} users in {details['compaction_seconds']:.1f}s"
                   if details["compacted_users"] is not None else "")
     print(f"{result.summary()}{compaction}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_command(stage_command("build_sequences", command_line), argv)
 
 
 if __name__ == "__main__":

@@ -13,9 +13,12 @@ a model trained on that day or later.
 from __future__ import annotations
 
 import sys
+from typing import Annotated
 
-from gem.config import load_config
+import typer
+
 from gem.lakehouse.commit import StageContext, StageResult
+from gem.pipeline.cli import StageCall, job_exit, run_command, stage_command
 
 
 def run(ctx: StageContext, ds: str, steps: int | None = None) -> StageResult:
@@ -25,13 +28,15 @@ def run(ctx: StageContext, ds: str, steps: int | None = None) -> StageResult:
     return distill.run(ctx, ds, steps)
 
 
-def main(argv: list[str] | None = None) -> int:
-    from gem.pipeline.cli import job_exit, job_parser
+def command_line(call: StageCall,
+                 steps: Annotated[int | None, typer.Option(help="override student_train.steps")] = None) -> int:
+    """Distill --ds into the per-surface students; print the summary, or exit 99 until precompute
+    has run on --ds and the day before."""
+    return job_exit(run(StageContext(call.cfg), call.ds, steps))
 
-    parser = job_parser(__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=None, help="override student_train.steps")
-    args = parser.parse_args(argv)
-    return job_exit(run(StageContext(load_config(args.config)), args.ds, args.steps))
+
+def main(argv: list[str] | None = None) -> int:
+    return run_command(stage_command("distill", command_line), argv)
 
 
 if __name__ == "__main__":

@@ -10,38 +10,25 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
 import sys
 import time
 from collections.abc import Sequence
+from typing import Annotated
 
-from gem.config import GemConfig, add_config_arg, load_config
+import typer
+
+from gem.config import GemConfig, load_config
 from gem.lakehouse.commit import StageContext, StageResult
 from gem.pipeline.airflow.orchestration import NOTHING_READY_EXIT
+from gem.pipeline.cli import StageCall, run_command, stage_command
 from gem.sources.synthetic_day import generate_day
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ds", required=True, help="day to generate, YYYY-MM-DD")
-    parser.add_argument("--users", type=int, default=None, help="override generator.users")
-    parser.add_argument("--events", type=int, default=None, help="override generator.events_per_day (impressions)")
-    parser.add_argument("--seed", type=int, default=None, help="override generator.seed")
-    add_config_arg(parser)
-    args = parser.parse_args(argv)
-    try:
-        dt.date.fromisoformat(args.ds)
-    except ValueError:
-        parser.error(f"--ds must be YYYY-MM-DD, got {args.ds!r}")
-    return args
-
-
-def config_from_args(args: argparse.Namespace) -> GemConfig:
-    """The config file/env config with the CLI's generator overrides on top."""
-    flags = {"users": args.users, "events_per_day": args.events, "seed": args.seed}
+def config_with_overrides(call: StageCall, users: int | None, events: int | None, seed: int | None) -> GemConfig:
+    """The command line's config with its generator overrides (--users, --events, --seed) on top."""
+    flags = {"users": users, "events_per_day": events, "seed": seed}
     overrides = {k: v for k, v in flags.items() if v is not None}
-    return load_config(args.config, overrides={"generator": overrides} if overrides else None)
+    return load_config(call.config, overrides={"generator": overrides}) if overrides else call.cfg
 
 
 def run(ctx: StageContext, ds: str) -> StageResult:
@@ -55,21 +42,31 @@ def run(ctx: StageContext, ds: str) -> StageResult:
     return StageResult("generate_events", ds, time.time() - started, details=manifest)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    cfg = config_from_args(args)
-    result = run(StageContext(cfg), args.ds)
+def command_line(
+    call: StageCall,
+    users: Annotated[int | None, typer.Option(help="override generator.users")] = None,
+    events: Annotated[int | None, typer.Option(help="override generator.events_per_day (impressions)")] = None,
+    seed: Annotated[int | None, typer.Option(help="override generator.seed")] = None,
+) -> int:
+    """Generate the landing files of --ds; print what was written, or exit 99 when the config's
+    source is not `synthetic`."""
+    cfg = config_with_overrides(call, users, events, seed)
+    result = run(StageContext(cfg), call.ds)
     if not result.details:  # the task shows as skipped
-        print(f"generate_events ds={args.ds}: source is {cfg.source!r}, not 'synthetic': nothing to generate")
+        print(f"generate_events ds={call.ds}: source is {cfg.source!r}, not 'synthetic': nothing to generate")
         return NOTHING_READY_EXIT
     manifest, seconds = result.details, result.seconds
-    events = manifest["events"]
+    by_type = manifest["events"]
     print(
-        f"generate_events ds={args.ds}: {manifest['lines']} lines ({events['impression']} impressions, "
-        f"{events['click']} clicks, {events['conversion']} conversions, {manifest['dirty']} dirty) "
+        f"generate_events ds={call.ds}: {manifest['lines']} lines ({by_type['impression']} impressions, "
+        f"{by_type['click']} clicks, {by_type['conversion']} conversions, {manifest['dirty']} dirty) "
         f"in {seconds:.1f}s = {manifest['lines'] / max(seconds, 1e-9):,.0f} events/s"
     )
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_command(stage_command("generate_events", command_line), argv)
 
 
 if __name__ == "__main__":

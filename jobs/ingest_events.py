@@ -42,12 +42,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gem.config import GemConfig, load_config
+from gem.config import GemConfig
 from gem.days import shift_day
 from gem.faults import crash_point
 from gem.lakehouse.commit import DayCounts, StageCommit, StageContext, StageResult
 from gem.lakehouse.landing import DATA_FILE_PATTERN, gzip_problem, lines_before_damage, list_partition
-from gem.pipeline.cli import add_through_arg, job_parser
+from gem.pipeline.cli import StageCall, run_command, stage_command
 from schemas.events import BRONZE_AD_EVENTS, BRONZE_QUARANTINE, FILE_REASONS, ID_COLUMNS, LANDING_EVENTS
 from schemas.table import Column
 
@@ -516,17 +516,19 @@ def run(ctx: StageContext, ds: str, through: str | None = None) -> StageResult:
     return commit.result(t0, files=per_file)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = job_parser(__doc__.splitlines()[0])
-    add_through_arg(parser)
-    args = parser.parse_args(argv)
-    cfg = load_config(args.config)
-    result = run(StageContext(cfg), args.ds, args.through)
+def command_line(call: StageCall) -> int:
+    """Ingest landing day --ds (or the days --ds..--through) into bronze; print the summary and
+    each file's counts."""
+    result = run(StageContext(call.cfg), call.ds, call.through)
     print(f"{result.summary()} ({result.rows_in / max(result.seconds, 1e-9):,.0f} events/s)")
     for day, files in result.details["files"].items():
         for name, counts in files.items():
             print(f"  ds={day} {name}: in={counts['in']} written={counts['written']} quarantined={counts['quarantined']}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_command(stage_command("ingest_events", command_line), argv)
 
 
 if __name__ == "__main__":

@@ -35,12 +35,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gem.config import GemConfig, MixConfig, load_config
+from gem.config import GemConfig, MixConfig
 from gem.data.delta_log import LoggedFile, logged_files, read_logged
 from gem.lakehouse.commit import StageCommit, StageContext, StageResult
 from gem.lakehouse.stages import mixed_days
 from gem.pipeline.airflow.orchestration import NOTHING_READY_EXIT
-from gem.pipeline.cli import job_parser
+from gem.pipeline.cli import StageCall, run_command, stage_command
 from schemas.examples import LABEL_COLUMNS, SILVER_TRAINING_EXAMPLES
 from schemas.mixture import GOLD_MIXTURE_MANIFEST, SPLITS
 from schemas.sequences import SILVER_USER_SEQUENCES
@@ -194,18 +194,22 @@ def run(ctx: StageContext, ds: str) -> StageResult:
     return commit.result(t0, mixture_id=mixture_id, sources=n_sources, examples_version=examples_version)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = job_parser(__doc__.splitlines()[0]).parse_args(argv)
-    cfg = load_config(args.config)
-    result = run(StageContext(cfg), args.ds)
+def command_line(call: StageCall) -> int:
+    """Write the mixture manifest of run day --ds; print its id and sources, or exit 99 while no
+    training day precedes the validation and held-out days."""
+    result = run(StageContext(call.cfg), call.ds)
     if not result.published:
-        print(f"{STAGE} ds={args.ds}: no closed example day before the validation and held-out days yet; "
+        print(f"{STAGE} ds={call.ds}: no closed example day before the validation and held-out days yet; "
               "nothing to do")
         return NOTHING_READY_EXIT
     details = result.details
     print(f"{result.summary()} ({details['mixture_id']}: {details['sources']} sources, "
           f"examples version {details['examples_version']})")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_command(stage_command("mix", command_line), argv)
 
 
 if __name__ == "__main__":

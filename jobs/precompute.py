@@ -13,10 +13,12 @@ when ds has no mixture, i.e. pretraining skipped; fails when pretraining ran but
 from __future__ import annotations
 
 import sys
+from typing import Annotated
 
-from gem.config import load_config
+import typer
+
 from gem.lakehouse.commit import StageContext, StageResult
-from gem.pipeline.cli import job_exit, job_parser
+from gem.pipeline.cli import StageCall, job_exit, run_command, stage_command
 
 
 def run(ctx: StageContext, ds: str, workers: int | None = None) -> StageResult:
@@ -26,12 +28,14 @@ def run(ctx: StageContext, ds: str, workers: int | None = None) -> StageResult:
     return precompute.run(ctx, ds, workers)
 
 
+def command_line(call: StageCall, workers: Annotated[int | None, typer.Option(
+        help="worker processes, this one included (default precompute.workers)")] = None) -> int:
+    """Precompute --ds; print the summary, or exit 99 when it has no mixture."""
+    return job_exit(run(StageContext(call.cfg), call.ds, workers))
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = job_parser(__doc__.splitlines()[0])
-    parser.add_argument("--workers", type=int, default=None, help="worker processes, this one included "
-                        "(default precompute.workers)")
-    args = parser.parse_args(argv)
-    return job_exit(run(StageContext(load_config(args.config)), args.ds, args.workers))
+    return run_command(stage_command("precompute", command_line), argv)
 
 
 if __name__ == "__main__":

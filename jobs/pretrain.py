@@ -1,6 +1,6 @@
 """Daily continued pretraining of the foundation model on day ds's mixture (gem.train), for the DAG.
 
-`python -m jobs.pretrain --ds YYYY-MM-DD [--config FILE]`
+`python -m jobs.pretrain --ds YYYY-MM-DD [--config FILE] [--steps N]`
 
 A thin job: gem.train.daily.run for ds with the config's model and train settings. It
 warm-starts from the architecture's last promoted checkpoint, resumes its own run folder if a
@@ -12,10 +12,12 @@ jobs.mix wrote no manifest for ds, i.e. no training day precedes the held-out da
 from __future__ import annotations
 
 import sys
+from typing import Annotated
 
-from gem.config import load_config
+import typer
+
 from gem.lakehouse.commit import StageContext, StageResult
-from gem.pipeline.cli import job_exit, job_parser
+from gem.pipeline.cli import StageCall, job_exit, run_command, stage_command
 
 
 def run(ctx: StageContext, ds: str, steps: int | None = None) -> StageResult:
@@ -39,11 +41,14 @@ def run(ctx: StageContext, ds: str, steps: int | None = None) -> StageResult:
     return daily.run(ctx, ds, steps=steps, progress=True)  # plain lines in the task log, a bar on a terminal
 
 
+def command_line(call: StageCall,
+                 steps: Annotated[int | None, typer.Option(help="override train.steps")] = None) -> int:
+    """Pretrain on the mixture of --ds; print the summary, or exit 99 while there is none."""
+    return job_exit(run(StageContext(call.cfg), call.ds, steps))
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = job_parser(__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=None, help="override train.steps")
-    args = parser.parse_args(argv)
-    return job_exit(run(StageContext(load_config(args.config)), args.ds, args.steps))
+    return run_command(stage_command("pretrain", command_line), argv)
 
 
 if __name__ == "__main__":

@@ -10,11 +10,18 @@ Defaults: start_ds through the newest day any record names.
 
 from __future__ import annotations
 
-import argparse
 import sys
+from collections.abc import Sequence
+from typing import Annotated
 
-from gem.config import GemConfig, add_config_arg, load_config
-from gem.days import day_range, iso_day
+import typer
+
+from gem.config import GemConfig, load_config
+from gem.days import day_range
+from gem.lakehouse import stages
+from gem.lakehouse.backfill_hold import live_holds
+from gem.lakehouse.staleness import STALE, Ledger, all_records
+from gem.pipeline.cli import DAY, ConfigOption, day_value, job_app, run_command
 
 NOTHING_TO_DO = "-"
 
@@ -22,8 +29,6 @@ NOTHING_TO_DO = "-"
 def has_work(cfg: GemConfig, name: str, ds: str) -> bool:
     """False where a skippable stage has nothing to do on ds (mix before any training day, and
     pretraining on such a day): its missing record is no gap."""
-    from gem.lakehouse import stages
-
     stage = stages.stage(name)
     if not stage.skippable:
         return True
@@ -36,9 +41,6 @@ def has_work(cfg: GemConfig, name: str, ds: str) -> bool:
 
 def grid(cfg: GemConfig, days: list[str]) -> tuple[list[str], list[str]]:
     """(the table's lines, one line per stale record saying why and what to rerun)."""
-    from gem.lakehouse import stages
-    from gem.lakehouse.staleness import STALE, Ledger, all_records
-
     ledger = Ledger(all_records(cfg))
     ledger.warm(ledger.records)
     names = [s.name for s in stages.RECORDED_STAGES]
@@ -58,28 +60,26 @@ def grid(cfg: GemConfig, days: list[str]) -> tuple[list[str], list[str]]:
     return lines, stale
 
 
-def main(argv: list[str] | None = None) -> int:
-    from gem.lakehouse.backfill_hold import live_holds
-    from gem.lakehouse.staleness import all_records
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--start", type=iso_day, default=None, help="first day (default: start_ds)")
-    parser.add_argument("--end", type=iso_day, default=None, help="last day (default: the newest recorded)")
-    parser.add_argument("--registry", action="store_true", help="print the stage registry and exit")
-    add_config_arg(parser)
-    args = parser.parse_args(argv)
-    if args.registry:
-        from gem.lakehouse import stages
-
+def command_line(
+    start: Annotated[str | None, typer.Option(help="first day (default: start_ds)", metavar=DAY, callback=day_value)] = None,
+    end: Annotated[str | None, typer.Option(
+        help="last day (default: the newest recorded)", metavar=DAY, callback=day_value)] = None,
+    registry: Annotated[bool, typer.Option("--registry", help="print the stage registry and exit")] = False,
+    config: ConfigOption = None,
+) -> int:
+    """Print every stage's state per day (done, stale, missing, or - where it has nothing to do),
+    what each stale record needs rerun first, and any running backfill; or, with --registry, the
+    stage registry: each stage's day, needs and writes."""
+    if registry:
         rows = [("stage", "day", "needs", "writes", "runs")] + stages.describe()
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         print("\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows))
         return 0
-    cfg = load_config(args.config)
-    start = args.start or cfg.start_ds
-    end = args.end or max((d for _, d in all_records(cfg)), default=start)
+    cfg = load_config(config)
+    start = start or cfg.start_ds
+    end = end or max((d for _, d in all_records(cfg)), default=start)
     if end < start:
-        parser.error(f"--end {end} is before --start {start}")
+        raise typer.BadParameter(f"{end} is before --start {start}", param_hint="--end")
     lines, stale = grid(cfg, day_range(start, end))
     print("\n".join(lines))
     if stale:
@@ -89,6 +89,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nbackfill {first}..{last} running ({holder['run_id']}, pid {holder['pid']} on {holder['host']}, since "
               f"{holder['started_at']}): runs of later days that read it wait until it has finished")
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    app = job_app("python -m jobs.status")
+    app.command(help=__doc__.split("\n\n")[0])(command_line)
+    return run_command(app, argv)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Validate one day of bronze.ad_events with Great Expectations; gate downstream stages on it.
 
-    python -m jobs.validate_events --ds 2026-01-01 [--config FILE]
+    python -m jobs.validate_events --ds 2026-01-01 [--through YYYY-MM-DD] [--config FILE]
 
 Needs ingest_events' completion record for the ds. Reads the ds partition of bronze.ad_events (and
 the ds's bronze.quarantine row count) at the Delta versions ingest recorded, and runs the
@@ -24,11 +24,11 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from gem.config import GemConfig, load_config
+from gem.config import GemConfig
 from gem.lakehouse.commit import DayCounts, StageCommit, StageContext, StageResult
 from gem.lakehouse.completions import MissingInputError
 from gem.lakehouse.tables import read_table, table_path
-from gem.pipeline.cli import add_through_arg, job_parser
+from gem.pipeline.cli import StageCall, run_command, stage_command
 from gem.quality.bronze import ROWS_VALIDATED, event_statistics, event_statistics_expectations, statistics_frame
 from gem.quality.docs_assets import MissingDocsAssetsError
 from gem.quality.runner import (
@@ -147,22 +147,24 @@ def _print_summary(summary: dict[str, Any]) -> None:
     print(f"{STAGE} ds={summary['ds']}: {summary['rows_validated']} rows validated, completion published")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = job_parser("Validate one day of bronze.ad_events (Great Expectations).")
-    add_through_arg(parser)
-    args = parser.parse_args(argv)
-    cfg = load_config(args.config)
+def command_line(call: StageCall) -> int:
+    """Validate bronze.ad_events of --ds (or of the days --ds..--through); print the suites' summary,
+    or exit 1 naming the failed expectations or the missing input."""
     try:
-        summary = run(StageContext(cfg), args.ds, args.through).details
+        summary = run(StageContext(call.cfg), call.ds, call.through).details
     except DataQualityError as e:
-        print(f"{STAGE} ds={args.ds} FAILED: {e}", file=sys.stderr)
-        print(f"Data Docs: {docs_site_dir(cfg) / 'index.html'}", file=sys.stderr)
+        print(f"{STAGE} ds={call.ds} FAILED: {e}", file=sys.stderr)
+        print(f"Data Docs: {docs_site_dir(call.cfg) / 'index.html'}", file=sys.stderr)
         return 1
     except (MissingInputError, MissingDocsAssetsError) as e:
-        print(f"{STAGE} ds={args.ds} cannot run: {e}", file=sys.stderr)
+        print(f"{STAGE} ds={call.ds} cannot run: {e}", file=sys.stderr)
         return 1
     _print_summary(summary)
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_command(stage_command("validate_events", command_line), argv)
 
 
 if __name__ == "__main__":

@@ -19,11 +19,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gem.config import load_config
-from gem.days import iso_day
 from gem.lakehouse.commit import DayCounts, StageCommit, StageContext, StageResult
-from gem.pipeline.airflow.orchestration import NOTHING_READY_EXIT  # exit code: nothing ready yet, the task is skipped
-from gem.pipeline.cli import examples_parser, parse_examples_args, resolve_examples_day
+from gem.lakehouse.completions import MissingInputError
+from gem.pipeline.cli import StageCall, run_command, stage_command
+from gem.quality.docs_assets import MissingDocsAssetsError
+from gem.quality.runner import DataQualityError, docs_site_dir
 
 if TYPE_CHECKING:
     from great_expectations.expectations import Expectation
@@ -126,26 +126,14 @@ def run_examples(ctx: StageContext, ds: str, through: str | None = None) -> Stag
     return _validate_and_publish(commit, batches, {SILVER_TRAINING_EXAMPLES.name: version}, rows, t0)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from gem.lakehouse.completions import MissingInputError
-    from gem.quality.docs_assets import MissingDocsAssetsError
-    from gem.quality.runner import DataQualityError, docs_site_dir
-
-    parser = examples_parser(__doc__.splitlines()[0])
-    parser.add_argument("--examples", action="store_true", help="validate silver.training_examples")
-    args = parse_examples_args(parser, argv)
-    cfg = load_config(args.config)
-    if args.examples:
-        stage, ds, runner = EXAMPLES_STAGE, resolve_examples_day(cfg, args), run_examples
-        if ds is None:
-            print(f"{stage}: no examples day's window closes on {args.ready_on}; nothing to do")
-            return NOTHING_READY_EXIT
-    else:
-        if args.ds is None:
-            parser.error("--ready-on goes with --examples; sequences and features take --ds")
-        stage, ds, runner = SILVER_STAGE, iso_day(args.ds), run_tables
+def command_line(call: StageCall) -> int:
+    """Validate the sequences and features of --ds, or with --examples its training examples (of
+    the days --ds..--through, or of the day whose window closes on --ready-on); print each suite's
+    summary, or exit 1 naming the failed expectations or the missing input."""
+    stage, ds, cfg = call.stage.name, call.ds, call.cfg
+    runner = run_examples if stage == EXAMPLES_STAGE else run_tables
     try:
-        reports = runner(StageContext(cfg), ds, args.through).details["reports"]
+        reports = runner(StageContext(cfg), ds, call.through).details["reports"]
     except DataQualityError as e:
         print(f"{stage} ds={ds} FAILED: {e}\nData Docs: {docs_site_dir(cfg) / 'index.html'}", file=sys.stderr)
         return 1
@@ -159,6 +147,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"    warning: {o.describe()}")
     print(f"{stage} ds={ds}: validated, completion published")
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_command(stage_command("validate_silver", command_line), argv)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from gem.data.sequences import cut_before
 from gem.days import day_range, shift_day
 from gem.lakehouse import completions, tables
 from gem.lakehouse.commit import StageContext
+from gem.pipeline.airflow.orchestration import NOTHING_READY_EXIT
 from jobs import assemble_examples, build_features, build_sequences
 from schemas.events import BRONZE_AD_EVENTS
 from schemas.examples import (
@@ -403,7 +404,7 @@ def test_cli_ready_on_before_any_window_closes_exits_99(tmp_path):
         [PYTHON, "-m", "jobs.assemble_examples", "--ready-on", shift_day(S, W - 1)],
         cwd=REPO, env=subprocess_env(cfg_path), capture_output=True, text=True, timeout=120, check=False,
     )
-    assert proc.returncode == assemble_examples.NOTHING_READY_EXIT, proc.stderr
+    assert proc.returncode == NOTHING_READY_EXIT, proc.stderr
     assert "nothing to do" in proc.stdout
 
 
