@@ -18,6 +18,7 @@ the same for 3 days.
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import subprocess
 import sys
@@ -26,9 +27,12 @@ import time
 from pathlib import Path
 
 from bench.results import Figure, add_results_dir_arg, record
+from gem.config import REPO_ROOT, load_config
 from gem.days import day_range, shift_day
 from gem.lakehouse.compare import NOT_COMPARED, lakehouse_rows
+from gem.pipeline.airflow.runs import init_db, run_day, run_log
 from gem.sources.small_world import START_DS, world_config
+from schemas import TABLES
 
 
 def free_port() -> int:
@@ -42,8 +46,6 @@ def airflow_env(home: Path, cfg_path: Path) -> dict[str, str]:
     """A clean Airflow environment on home (nothing from the caller's Airflow or GEM_ settings; task
     retries off; this interpreter's `airflow` first on PATH) with free ports for the API server and
     the workers' log server."""
-    import os
-
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "GEM_"))}
     return env | {"AIRFLOW_HOME": str(home), "GEM_CONFIG": str(cfg_path), "GEM_TASK_RETRIES": "0",
                   "GEM_DAG_START_DS": START_DS, "PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}",
@@ -52,8 +54,6 @@ def airflow_env(home: Path, cfg_path: Path) -> dict[str, str]:
 
 def daily_runs(env: dict[str, str], days: list[str]) -> None:
     """One `airflow dags test` run per day, in order; raises on the first failed run."""
-    from gem.pipeline.airflow.runs import init_db, run_day, run_log
-
     init_db(env)
     for ds in days:
         if not run_day(ds, env, run_log(env, ds), on_task=lambda line: None):
@@ -62,17 +62,12 @@ def daily_runs(env: dict[str, str], days: list[str]) -> None:
 
 def gem_backfill(env: dict[str, str], start: str, end: str, *extra: str) -> subprocess.CompletedProcess[str]:
     """`gem backfill --start --end [extra]` in a child process (its output captured)."""
-    from gem.config import REPO_ROOT
-
     return subprocess.run([sys.executable, "-m", "gem", "backfill", "--start", start, "--end", end, *extra],
                           cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=6 * 3600, check=False)
 
 
 def differing_tables(cfg_a: Path, cfg_b: Path) -> tuple[list[str], int]:
     """(tables whose rows differ between the two lakehouses, tables compared that hold rows)."""
-    from gem.config import load_config
-    from schemas import TABLES
-
     a, b = load_config(str(cfg_a)), load_config(str(cfg_b))
     differ, filled = [], 0
     for name in TABLES:

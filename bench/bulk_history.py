@@ -29,7 +29,12 @@ import time
 from pathlib import Path
 
 from bench.results import Figure, add_results_dir_arg, record
+from gem.config import load_config
 from gem.days import day_range, shift_day
+from gem.lakehouse.commit import StageContext
+from gem.lakehouse.spark import get_spark
+from gem.pipeline.bulk import run_range
+from gem.sources.movielens_events import import_movielens
 
 USERS, MOVIES = 6040, 3706  # MovieLens-1M's
 START_DS = "2000-04-25"  # MovieLens-1M's first rating day
@@ -79,16 +84,12 @@ def write_movielens(folder: Path, days: int, ratings: int, seed: int) -> None:
 
 def _config(root: Path, arm: str):
     """configs/movielens.yaml with the arm's own lakehouse; every arm reads the one landing folder."""
-    from gem.config import load_config
-
     return load_config("configs/movielens.yaml", overrides={
         "lakehouse_uri": str(root / arm / "lakehouse"), "landing_uri": str(root / "landing"), "start_ds": START_DS})
 
 
 def _run(cfg, first: str, last: str, ctx, day_by_day: bool = False) -> tuple[float, dict[str, float]]:
     """Wall seconds of the bulk path over first..last, and seconds per stage (summed over its runs)."""
-    from gem.pipeline.bulk import run_range
-
     started, per_stage = time.monotonic(), {}
     for run in run_range(cfg, first, last, "validate_examples", ctx=ctx, day_by_day=day_by_day):
         per_stage[run.stage] = per_stage.get(run.stage, 0.0) + run.seconds
@@ -98,10 +99,6 @@ def _run(cfg, first: str, last: str, ctx, day_by_day: bool = False) -> tuple[flo
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gem.lakehouse.commit import StageContext
-    from gem.lakehouse.spark import get_spark
-    from gem.sources.movielens_events import import_movielens
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--days", type=int, default=1000)
     parser.add_argument("--ratings", type=int, default=560_000, help="about 1.8 events each")

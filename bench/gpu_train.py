@@ -27,7 +27,7 @@ from torch import nn
 
 from bench.results import Figure, add_results_dir_arg, record
 from gem.model.configs import EventConfig, HSTUConfig, KunlunConfig
-from gem.model.flops import hstu_body_flops, kunlun_flops
+from gem.model.flops import heads_flops, hstu_body_flops, kunlun_flops
 from gem.model.heads import DomainExpertHeads
 from gem.model.hstu import HSTU
 from gem.model.kunlun import Kunlun
@@ -75,8 +75,6 @@ class Bench(nn.Module):
 
 
 def heads_flops_per_example(in_dim: int) -> int:
-    from gem.model.flops import heads_flops
-
     return heads_flops(in_dim, len(TASKS), 6, 64, 2)
 
 

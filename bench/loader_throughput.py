@@ -33,12 +33,15 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from deltalake import write_deltalake
 
 from bench.results import Figure, add_results_dir_arg, record
 from gem.config import LoaderConfig, load_config
+from gem.data.delta_log import logged_files, partition_types, table_version
 from gem.data.loader import ExampleStream, ResumableLoader
 from gem.data.manifest import Manifest, Source, read_manifest
 from schemas.examples import LABEL_COLUMNS, SILVER_TRAINING_EXAMPLES
+from schemas.mixture import GOLD_MIXTURE_MANIFEST
 from schemas.tasks import SURFACES
 
 DAY = "2026-01-10"
@@ -52,9 +55,6 @@ BENCH_SURFACES = SURFACES[:5]
 
 
 def mixing_bytes(lakehouse: str, mix_ds: str) -> dict[str, Any] | None:
-    from gem.data.delta_log import logged_files, table_version
-    from schemas.mixture import GOLD_MIXTURE_MANIFEST
-
     cfg = load_config(overrides={"lakehouse_uri": lakehouse}, environ={})
     path = GOLD_MIXTURE_MANIFEST.path(lakehouse)
     if not Path(path, "_delta_log").is_dir():
@@ -112,8 +112,6 @@ def _sequence_column(rng: np.random.Generator, users: int, length: int, with_con
 
 def write_synthetic(root: Path, examples: int, users: int, length: int, seed: int = 0) -> dict[str, Any]:
     """Examples (5 surfaces) and a sequences snapshot as Delta tables; their paths and versions."""
-    from deltalake import write_deltalake
-
     rng = np.random.default_rng(seed)
     seq_path, ex_path = str(root / "silver" / "user_sequences"), str(root / "silver" / "training_examples")
     sequences = pa.table({
@@ -154,8 +152,6 @@ def write_synthetic(root: Path, examples: int, users: int, length: int, seed: in
 
 
 def synthetic_manifest(paths: dict[str, Any], rates: dict[str, float]) -> Manifest:
-    from gem.data.delta_log import logged_files, partition_types, table_version
-
     ex_version, seq_version = table_version(paths["examples_path"]), table_version(paths["sequences_path"])
     files = logged_files(paths["examples_path"], ex_version)
     sources = []

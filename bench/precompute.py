@@ -28,21 +28,31 @@ Published through bench.results: the CPU figures as `precompute`, the GPU ones a
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
 import torch
 
+from bench.gpu_train import matmul_peak_tflops, synthetic_inputs
 from bench.results import Figure, add_results_dir_arg, record
+from gem.config import load_config
+from gem.data.encode import DENSE_COLUMNS
+from gem.data.loader import SPARSE_FEATURES
 from gem.lakehouse.commit import StageContext
+from gem.model.build import build_task
+from gem.model.flops import model_flops
+from gem.precompute import speculative
+from gem.precompute.run import run
+from gem.precompute.synthetic_lakehouse import START, build_days, promote_model, publish_training_records
+from gem.study.traffic import simulate
 
 
 def lakehouse_config(root: Path, users: int, shards: int, **precompute: Any) -> Any:
-    from gem.config import load_config
-    from gem.precompute.synthetic_lakehouse import START
-
     # The pipeline's default Kunlun (width 32); tables sized to the synthetic ids.
     buckets = {"user_id": 50_000, "ad_id": 1_000, "advertiser_id": 1_000, "campaign_id": 1_000, "surface": 8,
                "objective": 8, "creative_type": 8, "position": 65}
@@ -53,9 +63,6 @@ def lakehouse_config(root: Path, users: int, shards: int, **precompute: Any) -> 
 
 
 def cpu_bench(args: argparse.Namespace) -> dict[str, float]:
-    from gem.precompute.run import run
-    from gem.precompute.synthetic_lakehouse import build_days, promote_model, publish_training_records
-
     root = Path(tempfile.mkdtemp(prefix="gem-bench-precompute-"))
     cfg = lakehouse_config(root, args.users, args.shards)
     t0 = time.time()
@@ -104,14 +111,6 @@ def policy_on_generator_traffic(users: int, ads: int, impressions: int, days: in
     """The speculative-pair policy (gem.precompute.speculative) on the event generator's own traffic
     (gem.study.traffic.simulate: the demo's world at its volumes, no Spark): pairs chosen from each
     day's impressions, checked against the next day's. -> mean hit rate, wasted share, pairs per user."""
-    import datetime as dt
-
-    import numpy as np
-    import pyarrow as pa
-
-    from gem.precompute import speculative
-    from gem.study.traffic import simulate
-
     t = simulate(days, impressions, users, ads)
     origin = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     hit_rates, wasted, per_user = [], [], []
@@ -153,12 +152,6 @@ def gpu_bench(batch: int, steps: int) -> dict[str, float] | None:
     if not torch.cuda.is_available():
         print("no CUDA: the forward roofline part is skipped")
         return None
-    from bench.gpu_train import matmul_peak_tflops, synthetic_inputs
-    from gem.config import load_config
-    from gem.data.encode import DENSE_COLUMNS
-    from gem.data.loader import SPARSE_FEATURES
-    from gem.model.build import build_task
-    from gem.model.flops import model_flops
 
     device = torch.device("cuda")
     cfg = load_config(environ={}).model
@@ -227,8 +220,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     results: dict[str, Any] = {}
     if not args.gpu_only:
-        from gem.config import load_config
-
         demo = load_config(Path(__file__).resolve().parent.parent / "configs" / "demo.yaml", environ={})
         defaults = demo.precompute
         results["policy"] = policy_on_generator_traffic(demo.generator.users, demo.generator.ads,

@@ -96,7 +96,7 @@ def host_description() -> dict[str, object]:
     memory_gib = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
     gpu = None
     try:
-        import torch
+        import torch  # noqa: PLC0415 - only to name the GPU; bench.report and Spark benchmarks run without it
 
         if torch.cuda.is_available():
             gpu = torch.cuda.get_device_name(0)

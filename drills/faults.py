@@ -48,11 +48,17 @@ from typing import Any
 import yaml
 
 from bench.results import Figure, add_results_dir_arg, record
+from gem.config import load_config
+from gem.data.delta_log import read_table
 from gem.days import day_range, shift_day
 from gem.faults import ENV_VAR as CRASH_ENV
 from gem.lakehouse.compare import NOT_COMPARED
+from gem.lakehouse.completions import completion
 from gem.lakehouse.stages import RECORDED_STAGES, STAGES, command
 from gem.sources.small_world import START_DS, world_config
+from gem.train import checkpoint, promotion
+from gem.train.daily import checkpoint_root
+from schemas import TABLES
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Pretraining in the drill: enough steps and checkpoints that kills land between steps and saves.
@@ -97,9 +103,6 @@ def drill_config(root: Path, days: int) -> Path:
 
 def table_units(lakehouse: Path) -> Units:
     """Every table's rows under `lakehouse` (NOT_COMPARED columns dropped), grouped by unit of commit."""
-    from gem.data.delta_log import read_table
-    from schemas import TABLES
-
     units: Units = defaultdict(list)
     for name, schema in TABLES.items():
         path = Path(schema.path(str(lakehouse)))
@@ -126,19 +129,12 @@ def differing_tables(now: Units, clean: Units) -> list[str]:
 
 def recorded(cfg_path: Path, stage: str, ds: str, lakehouse: Path | None = None) -> bool:
     """Whether the config's lakehouse (or the copy at `lakehouse`) holds a completion record of (stage, ds)."""
-    from gem.config import load_config
-    from gem.lakehouse.completions import completion
-
     overrides = {"lakehouse_uri": str(lakehouse)} if lakehouse is not None else None
     return completion(load_config(str(cfg_path), overrides=overrides), stage, ds) is not None
 
 
 def step_losses(cfg_path: Path, ds: str) -> list[Any] | None:
     """The per-step losses kept in the checkpoint pretraining promoted for ds (None: none promoted)."""
-    from gem.config import load_config
-    from gem.train import checkpoint, promotion
-    from gem.train.daily import checkpoint_root
-
     cfg = load_config(str(cfg_path))
     promoted = promotion.of_day(checkpoint_root(cfg), cfg.model.arch, ds)
     return None if promoted is None else checkpoint.read_extra(Path(promoted.checkpoint)).get("losses")
@@ -146,10 +142,6 @@ def step_losses(cfg_path: Path, ds: str) -> list[Any] | None:
 
 def last_checkpoint_step(cfg_path: Path, ds: str) -> int | None:
     """The newest published checkpoint step of pretraining's run folder for ds (None: none yet)."""
-    from gem.config import load_config
-    from gem.train import checkpoint
-    from gem.train.daily import checkpoint_root
-
     cfg = load_config(str(cfg_path))
     latest = checkpoint.latest(checkpoint_root(cfg) / f"{cfg.model.arch}-{ds}")
     return None if latest is None else int(checkpoint.read_extra(latest)["step"])

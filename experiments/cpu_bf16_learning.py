@@ -26,19 +26,20 @@ from pathlib import Path
 
 import torch
 
-from bench.results import add_results_dir_arg
+from bench.results import Figure, add_results_dir_arg, record
+from gem.config import load_config
+from gem.model.build import build_task
+from gem.stats import mean_interval
+from gem.study.runner import Scores, base_rates
+from gem.study.traffic import DENSE_DIM, SPARSE, batches, simulate
+from gem.train.evaluate import predictions
+from gem.train.trainer import CyclingStream, Trainer
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def train_and_score(cfg, train_batches: list, held_out: list, seed: int, steps: int, cpu_bf16: bool):
     """-> (Scores on the held-out day, training examples/s) of one arm."""
-    from gem.model.build import build_task
-    from gem.study.runner import Scores, base_rates
-    from gem.study.traffic import DENSE_DIM, SPARSE
-    from gem.train.evaluate import predictions
-    from gem.train.trainer import CyclingStream, Trainer
-
     torch.manual_seed(seed)
     model = dataclasses.replace(cfg.model, embeddings=dataclasses.replace(cfg.model.embeddings, backend="torch"))
     task = build_task(model, train_batches[0].tasks, SPARSE, DENSE_DIM)
@@ -54,8 +55,6 @@ def train_and_score(cfg, train_batches: list, held_out: list, seed: int, steps: 
 
 
 def interval(values: list[float]) -> str:
-    from gem.stats import mean_interval
-
     mean, low, high = mean_interval(values)
     return f"{mean:.4f} [{low:.4f}, {high:.4f}]"
 
@@ -67,11 +66,6 @@ def main() -> None:
     p.add_argument("--traffic-seed", type=int, default=7)
     add_results_dir_arg(p)
     a = p.parse_args()
-
-    from bench.results import Figure, record
-    from gem.config import load_config
-    from gem.stats import mean_interval
-    from gem.study.traffic import batches, simulate
 
     cfg = load_config(REPO / "configs" / "demo.yaml", environ={})
     g = cfg.generator

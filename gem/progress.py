@@ -15,6 +15,8 @@ import sys
 import time
 from typing import IO, Any, Self
 
+from tqdm import tqdm
+
 # Plain-line mode prints at every this share of the total (and at the end).
 LINES_PER_RUN = 10
 
@@ -29,8 +31,6 @@ class Progress:
         self._next_line = initial + max(1, total // LINES_PER_RUN)
         self.bar = None
         if self.stream.isatty():
-            from tqdm import tqdm
-
             self.bar = tqdm(total=total, initial=initial, desc=desc, unit=unit, file=self.stream)
 
     def update(self, n: int = 1, **postfix: Any) -> None:

@@ -95,7 +95,7 @@ class Batch:
 
     def to_kjt(self) -> Any:
         """The sparse ids as one torchrec KeyedJaggedTensor (keys in `sparse` order)."""
-        from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+        from torchrec.sparse.jagged_tensor import KeyedJaggedTensor  # noqa: PLC0415 - torchrec is optional
 
         keys = list(self.sparse)
         return KeyedJaggedTensor.from_lengths_sync(
@@ -106,7 +106,7 @@ class Batch:
 
     def sequence_kjt(self, value_field: str = "ad_id") -> Any:
         """One id field of every sequence as a KeyedJaggedTensor keyed by event type."""
-        from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+        from torchrec.sparse.jagged_tensor import KeyedJaggedTensor  # noqa: PLC0415 - torchrec is optional
 
         keys = [k for k, j in self.sequences.items() if value_field in j.values]
         return KeyedJaggedTensor.from_lengths_sync(

@@ -11,11 +11,17 @@ reading the files with pyarrow.parquet does not.)
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+from pyarrow import fs as pafs
 
 
 class UnavailableVersionError(RuntimeError):
@@ -42,8 +48,6 @@ def _text(value: object) -> str:
 
 def table_version(table_path: str) -> int:
     """The table's latest version."""
-    from deltalake import DeltaTable
-
     try:
         return int(DeltaTable(table_path).version())
     except Exception as e:  # deltalake raises TableNotFoundError and friends
@@ -52,9 +56,6 @@ def table_version(table_path: str) -> int:
 
 def logged_files(table_path: str, version: int) -> list[LoggedFile]:
     """Every data file of the table at `version`, with its partition values and row count."""
-    import pyarrow as pa
-    from deltalake import DeltaTable
-
     try:
         table = DeltaTable(table_path, version=version)
     except Exception as e:
@@ -84,9 +85,6 @@ def require_file(path: str, context: str) -> None:
 
 def partition_types(table_path: str, version: int | None = None) -> dict[str, Any]:
     """Partition column -> its Arrow type, from the table's own schema in the log (ds: date32)."""
-    import pyarrow as pa
-    from deltalake import DeltaTable
-
     table = DeltaTable(table_path, version=version) if version is not None else DeltaTable(table_path)
     schema = pa.schema(table.schema().to_arrow())
     return {name: schema.field(name).type for name in table.metadata().partition_columns}
@@ -104,9 +102,6 @@ def read_logged(files: Sequence[LoggedFile], types: dict[str, Any], columns: Seq
     of one table written by different engines differ (Spark: INT96 nanoseconds, nullable;
     delta-rs: microseconds UTC, not null), and Arrow concatenates only equal schemas.
     """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     wanted = list(columns) if columns is not None else None
     data_columns = [c for c in wanted if c not in types] if wanted is not None else None
     tables = []
@@ -134,11 +129,8 @@ def read_table(table_path: str, version: int | None = None, columns: Sequence[st
     {"surface": {"ig_feed", "reels"}}), so unmatched files are never opened. Returns an empty table
     with the right columns when nothing matches.
     """
-    import pyarrow as pa
-
     version = table_version(table_path) if version is None else version
     types = partition_types(table_path, version)
-    from deltalake import DeltaTable
 
     files = [f for f in logged_files(table_path, version) if _matches(f, where or {})]
     schema = pa.schema(DeltaTable(table_path, version=version).schema().to_arrow())
@@ -169,10 +161,6 @@ def data_changes_by_version(table_path: str, after: int, through: int, column: s
     Read from the commits' JSON entries (the protocol's add / remove actions), through pyarrow's
     filesystem for the table's URI, since deltalake exposes a version's files, not a commit's actions.
     """
-    import json
-
-    from pyarrow import fs as pafs
-
     filesystem, base = pafs.FileSystem.from_uri(table_path if "://" in table_path else os.path.abspath(table_path))
     changes: dict[int, set[str]] = {}
     for version in range(after + 1, through + 1):

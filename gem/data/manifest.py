@@ -12,6 +12,8 @@ import posixpath
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow.compute as pc
+
 from gem.config import GemConfig
 from gem.data.delta_log import (
     LoggedFile,
@@ -88,8 +90,6 @@ class Manifest:
 
 def read_manifest(cfg: GemConfig, ds: str, split: str = "train", check_files: bool = True) -> Manifest:
     """The `split` sources of the manifest written by `jobs.mix --ds ds`."""
-    import pyarrow.compute as pc
-
     path = GOLD_MIXTURE_MANIFEST.path(cfg.lakehouse_uri)
     missing = f"no gold.mixture_manifest partition ds={ds} in {path}; run `python -m jobs.mix --ds {ds}`"
     try:

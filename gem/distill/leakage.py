@@ -14,11 +14,17 @@ rule or cannot show it (a promotion without trained_through), naming the day and
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
+from gem.data.delta_log import read_table
 from gem.lakehouse import tables
 from gem.precompute.plan import examples_day
+from gem.train import promotion
+from gem.train.daily import checkpoint_root
 from schemas.precompute import GOLD_PRECOMPUTE_STATS
+
+if TYPE_CHECKING:
+    from gem.config import GemConfig
 
 
 class LeakageError(RuntimeError):
@@ -36,13 +42,9 @@ class FmModel:
     trained_through: str | None
 
 
-def fm_models_by_day(cfg: Any, stats_version: int) -> dict[str, FmModel]:
+def fm_models_by_day(cfg: GemConfig, stats_version: int) -> dict[str, FmModel]:
     """Example day -> the FM that wrote its predictions and codes, from gold.precompute_stats at
     `stats_version` and the architecture's promotions."""
-    from gem.data.delta_log import read_table
-    from gem.train import promotion
-    from gem.train.daily import checkpoint_root
-
     stats = read_table(tables.table_path(cfg, GOLD_PRECOMPUTE_STATS), stats_version,
                        columns=["ds", "model_version", "model_ds"]).to_pylist()
     root = checkpoint_root(cfg)

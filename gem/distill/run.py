@@ -26,20 +26,33 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gem.data.delta_log import logged_files
+from gem.data.encode import DENSE_COLUMNS
+from gem.data.loader import SPARSE_FEATURES, ResumableLoader
 from gem.days import day_range, shift_day
 from gem.distill import leakage
 from gem.distill.data import StudentStream, surface_manifest
 from gem.distill.signals import FmSignals, LoggedOutputs
 from gem.lakehouse import completions, tables
 from gem.lakehouse.commit import StageCommit, StageContext, StageResult
+from gem.model.heads import shrunk_base_rates
+from gem.model.student import build_student
 from gem.precompute.plan import examples_day
+from gem.train import checkpoint as checkpoints
+from gem.train import promotion
+from gem.train.daily import checkpoint_root, metrics_rows, write_metrics
+from gem.train.evaluate import evaluate, metrics_table, score
+from gem.train.trainer import Trainer
 from schemas.examples import SILVER_TRAINING_EXAMPLES
 from schemas.precompute import GOLD_FM_HISTORY_CODES, GOLD_FM_PREDICTIONS, GOLD_PRECOMPUTE_STATS
 from schemas.sequences import SILVER_USER_SEQUENCES
+
+if TYPE_CHECKING:
+    from gem.config import GemConfig
 
 STAGE = "distill"
 FM_ARCH = "fm_logged"  # gold.metrics' arch for the FM's logged predictions
@@ -72,7 +85,7 @@ class DistillInputs:
     # The logged outputs, read on first use and shared by every surface's and arm's signals.
     _logged: dict[tuple[str, ...], LoggedOutputs] = field(default_factory=dict, compare=False, repr=False)
 
-    def signals(self, cfg: Any, tasks: tuple[str, ...], days: list[str]) -> FmSignals:
+    def signals(self, cfg: GemConfig, tasks: tuple[str, ...], days: list[str]) -> FmSignals:
         key = tuple(days)
         if key not in self._logged:
             self._logged[key] = LoggedOutputs.read(cfg, days, list(self.code_days), self.predictions_version,
@@ -83,10 +96,8 @@ class DistillInputs:
         return surface_manifest(*self.examples, *self.sequences, surface, tasks, [day], split, seed,
                                 self.counters_start_ds)
 
-    def surfaces(self, cfg: Any) -> list[str]:
+    def surfaces(self, cfg: GemConfig) -> list[str]:
         """The configured surfaces with examples on both the training and the held-out day."""
-        from gem.data.delta_log import logged_files
-
         present: dict[str, set[str]] = {}
         for f in logged_files(*self.examples):
             present.setdefault(f.partition.get("ds", ""), set()).add(f.partition.get("surface", ""))
@@ -108,20 +119,13 @@ class StudentRun:
     checkpoint: Path | None
 
 
-def surface_tasks(cfg: Any, surface: str) -> tuple[str, ...]:
+def surface_tasks(cfg: GemConfig, surface: str) -> tuple[str, ...]:
     return tuple(f"{s}/{t}" for s, t in cfg.tasks if s == surface)
 
 
-def train_student(cfg: Any, inputs: DistillInputs, surface: str, variant: str, run_dir: Path,
+def train_student(cfg: GemConfig, inputs: DistillInputs, surface: str, variant: str, run_dir: Path,
                   warm_start: Path | None = None, seed: int | None = None, steps: int | None = None) -> StudentRun:
     """Train `variant`'s student of `surface` on inputs.train_day, score it and the FM on inputs.eval_day."""
-    from gem.data.encode import DENSE_COLUMNS
-    from gem.data.loader import SPARSE_FEATURES, ResumableLoader
-    from gem.model.heads import shrunk_base_rates
-    from gem.model.student import build_student
-    from gem.train.evaluate import evaluate, score
-    from gem.train.trainer import Trainer
-
     t0 = time.time()
     train_cfg = cfg.student_train if seed is None else dataclasses.replace(cfg.student_train, seed=seed)
     student_cfg = dataclasses.replace(cfg.student, variant=variant)
@@ -178,7 +182,7 @@ def plan_inputs(commit: StageCommit) -> DistillInputs:
         counters_start_ds=cfg.start_ds)
 
 
-def ready(cfg: Any, ds: str) -> str | None:
+def ready(cfg: GemConfig, ds: str) -> str | None:
     """Why run day ds has nothing to distill yet (None: it has)."""
     if completions.completion(cfg, "precompute", ds) is None:
         return f"precompute has no record of {ds} (it skipped: no model yet)"
@@ -190,11 +194,6 @@ def ready(cfg: Any, ds: str) -> str | None:
 
 def run(ctx: StageContext, ds: str, steps: int | None = None) -> StageResult:
     """Distill run day ds (module docstring); nothing published when ds is not ready."""
-    from gem.train import checkpoint as checkpoints
-    from gem.train import promotion
-    from gem.train.daily import checkpoint_root, metrics_rows, write_metrics
-    from gem.train.evaluate import metrics_table
-
     t0, cfg = time.time(), ctx.cfg
     if (why := ready(cfg, ds)) is not None:
         print(f"distill ds={ds}: nothing to distill yet: {why}")

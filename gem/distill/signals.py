@@ -15,7 +15,7 @@ attach gives each example only its user's codes logged strictly before its impre
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -27,6 +27,9 @@ from gem.data.delta_log import read_table
 from gem.data.encode import timestamps_us
 from gem.lakehouse import tables
 from schemas.precompute import GOLD_FM_HISTORY_CODES, GOLD_FM_PREDICTIONS
+
+if TYPE_CHECKING:
+    from gem.config import GemConfig
 
 
 @dataclass
@@ -41,7 +44,7 @@ class LoggedOutputs:
     codes: np.ndarray
 
     @classmethod
-    def read(cls, cfg: Any, prediction_days: list[str], code_days: list[str], predictions_version: int,
+    def read(cls, cfg: GemConfig, prediction_days: list[str], code_days: list[str], predictions_version: int,
              codes_version: int | None, code_bytes: int) -> LoggedOutputs:
         """The predictions of `prediction_days` and, when codes_version is given, the history codes of
         `code_days`, at the versions the precompute records name; code_bytes: packed bytes per code

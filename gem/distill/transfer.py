@@ -35,10 +35,17 @@ from typing import Any
 
 import numpy as np
 
+from gem.config import GemConfig, add_config_arg, load_config
+from gem.data.delta_log import read_table
+from gem.days import iso_day
 from gem.distill.run import DistillInputs, StudentRun, plan_inputs, ready, train_student
+from gem.lakehouse import stages, tables
 from gem.lakehouse.commit import StageCommit
 from gem.model.metrics import transfer_ratio
+from gem.report.plots import interval_bars
+from gem.report.report import Report
 from gem.stats import mean_interval
+from schemas.precompute import GOLD_PRECOMPUTE_STATS
 
 ARMS: dict[str, str] = {"baseline": "baseline", "kd": "+KD", "kd_adapter": "+KD+adapter", "kd_loopfm": "+KD+LoopFM"}
 DOUBLING = 1.5  # a TR(+KD+LoopFM) / TR(+KD) ratio at least this (with a positive gap) "about doubles"
@@ -48,10 +55,8 @@ class NothingToDistill(RuntimeError):
     """The day has no FM-predicted day before its held-out day (the distill stage would skip)."""
 
 
-def read_inputs(cfg: Any, ds: str) -> DistillInputs:
+def read_inputs(cfg: GemConfig, ds: str) -> DistillInputs:
     """The distill stage's inputs of run day ds, read without beginning a run (no record withdrawn)."""
-    from gem.lakehouse import stages
-
     if (why := ready(cfg, ds)) is not None:
         raise NothingToDistill(f"run day {ds}: {why}")
     view = StageCommit.join(cfg, "distill", ds, run_id=f"transfer-report:{ds}")  # read-only: never publishes
@@ -87,7 +92,7 @@ class SurfaceResult:
         return f"{of_means:.3f}{seeds}"
 
 
-def run_arms(cfg: Any, inputs: DistillInputs, seeds: int, steps: int | None, workdir: Path,
+def run_arms(cfg: GemConfig, inputs: DistillInputs, seeds: int, steps: int | None, workdir: Path,
              progress: Any = print) -> list[SurfaceResult]:
     """Every arm of every surface, `seeds` seeds each (module docstring)."""
     results = []
@@ -106,7 +111,7 @@ def run_arms(cfg: Any, inputs: DistillInputs, seeds: int, steps: int | None, wor
     return results
 
 
-def report_dir(cfg: Any, ds: str) -> Path:
+def report_dir(cfg: GemConfig, ds: str) -> Path:
     return Path(cfg.lakehouse_uri.removeprefix("file://")) / "_reports" / "transfer" / ds
 
 
@@ -115,11 +120,8 @@ def _fmt(interval: tuple[float, float, float]) -> str:
     return f"{mean:.3f} [{lo:.3f}, {hi:.3f}]" if not math.isnan(lo) else f"{mean:.3f}"
 
 
-def write_report(cfg: Any, ds: str, inputs: DistillInputs, results: list[SurfaceResult], seeds: int,
+def write_report(cfg: GemConfig, ds: str, inputs: DistillInputs, results: list[SurfaceResult], seeds: int,
                  bytes_per_user: float | None) -> Path:
-    from gem.report.plots import interval_bars
-    from gem.report.report import Report
-
     fm = inputs.fm_models[inputs.eval_day]
     report = Report(title="Knowledge transfer from the foundation model",
                     subtitle=f"run day {ds}: students trained on {inputs.train_day}, scored on {inputs.eval_day}")
@@ -175,20 +177,13 @@ def write_report(cfg: Any, ds: str, inputs: DistillInputs, results: list[Surface
     return report.write(report_dir(cfg, ds))
 
 
-def history_code_bytes(cfg: Any, ds: str) -> float | None:
-    from gem.data.delta_log import read_table
-    from gem.lakehouse import tables
-    from schemas.precompute import GOLD_PRECOMPUTE_STATS
-
+def history_code_bytes(cfg: GemConfig, ds: str) -> float | None:
     rows = read_table(tables.table_path(cfg, GOLD_PRECOMPUTE_STATS), where={"ds": ds},
                       columns=["history_code_bytes_per_user"]).to_pylist()
     return rows[0]["history_code_bytes_per_user"] if rows else None
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gem.config import add_config_arg, load_config
-    from gem.days import iso_day
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_config_arg(parser)
     parser.add_argument("--ds", required=True, type=iso_day, help="the run day whose distillation to compare")

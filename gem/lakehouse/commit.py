@@ -33,9 +33,14 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+
 from gem.config import GemConfig
+from gem.data.delta_log import data_changes_by_version, logged_files, table_version
 from gem.days import day_range
 from gem.lakehouse import backfill_hold, completions, lease, stages, staleness, tables
+from gem.lakehouse.erasure import ERASURE_USER_METADATA
+from gem.lakehouse.spark import get_spark
 from schemas.table import TableSchema
 
 if TYPE_CHECKING:
@@ -142,8 +147,6 @@ class StageContext:
         if not stages.stage(stage_name).spark:
             raise RuntimeError(f"stage {stage_name} is declared without Spark; it must not start a session")
         if self.spark_session is None:
-            from gem.lakehouse.spark import get_spark
-
             self.spark_session = get_spark(self.cfg, app_name=f"{stage_name}:{ds}")
         return self.spark_session
 
@@ -246,8 +249,6 @@ class StageCommit:
         erased from (gem.lakehouse.erasure), which leave its validation standing. Raises
         StaleInputError naming the validation to rerun when a later commit changed a day's data
         without a new validation."""
-        from gem.data.delta_log import logged_files
-
         table = schema.name
         validated = {}
         for day in days:
@@ -269,9 +270,6 @@ class StageCommit:
                     by_day.setdefault(f.partition["ds"], set()).add(f.path)
                 listings[version] = by_day
             return listings[version]
-
-        from gem.data.delta_log import data_changes_by_version, table_version
-        from gem.lakehouse.erasure import ERASURE_USER_METADATA
 
         pinned, latest = max(validated.values()), table_version(path)
 
@@ -353,8 +351,6 @@ class StageCommit:
         by whichever process does that part; it carries the Delta transaction id
         (`{stage}:{ds}:{table}:{part}`, the run's attempt time as its version), and `adopt_parts`
         gathers the parts into the run's record."""
-        from deltalake import DeltaTable, Transaction, write_deltalake
-
         days, _ = self._declared_where(schema, None)
         if len(days) != 1:
             raise UndeclaredWriteError(f"{schema.name}: replace_arrow replaces one day, declared {days}")
@@ -369,8 +365,6 @@ class StageCommit:
         metadata = self.part_metadata(part)
         properties = tables.commit_properties(metadata)
         if part is not None:
-            from deltalake import CommitProperties
-
             txn = Transaction(app_id=self.transaction_app_id(schema, part), version=time.time_ns() // 1000)
             properties = CommitProperties(custom_metadata={"userMetadata": metadata}, app_transactions=[txn])
         write_deltalake(table, rows, mode="overwrite", predicate=tables.predicate(where),
@@ -392,8 +386,6 @@ class StageCommit:
         this commit's: its version is the newest of them, its rows the sum of each part's last
         commit (a part rerun after its worker died counts once). -> that version. Raises when a part
         has no commit of this run."""
-        from deltalake import DeltaTable
-
         path = tables.ensure_table(None, self.cfg, schema)
         last: dict[str, dict[str, Any]] = {}
         for c in DeltaTable(path).history():  # newest first

@@ -11,6 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from gem.config import GemConfig
+from gem.data.delta_log import read_table
+from gem.lakehouse.tables import table_path
+from schemas import TABLES
 
 # Differ between any two runs of the same days by design: ids of the run and when things happened.
 VOLATILE_COLUMNS = {"run_id", "completed_at", "table_versions", "input_versions", "ingested_at"}
@@ -31,10 +34,6 @@ NOT_COMPARED = VOLATILE_COLUMNS | {
 def lakehouse_rows(cfg: GemConfig, name: str, ignore: set[str] = VOLATILE_COLUMNS) -> list[tuple[str, ...]]:
     """Table `name`'s rows without the `ignore` columns, each as reprs, sorted: what two lakehouses
     built from the same days must agree on ([] when the table was never written)."""
-    from gem.data.delta_log import read_table
-    from gem.lakehouse.tables import table_path
-    from schemas import TABLES
-
     path = table_path(cfg, TABLES[name])
     if not Path(path).exists():
         return []

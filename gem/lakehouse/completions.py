@@ -15,7 +15,12 @@ from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
 
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+
 from gem.config import GemConfig
+from gem.data.delta_log import read_table as read_logged_table
+from gem.lakehouse import landing, stages
 from gem.lakehouse.tables import commit_properties, days_value, ensure_table, predicate, table_path
 from schemas.ops import COMPLETIONS
 
@@ -50,8 +55,6 @@ def clear_completions(cfg: GemConfig, stage: str, days: Sequence[str],
                       known: Mapping[tuple[str, str], Any] | None = None) -> None:
     """Withdraw the records of `stage` for `days` (sorted) in one commit; none when no day has one
     (`known`: every record, when the caller has read them; else they are looked up)."""
-    from deltalake import DeltaTable
-
     # A read is far cheaper than a no-op DELETE commit.
     if known is not None:
         held = any((stage, d) in known for d in days)
@@ -103,9 +106,6 @@ def completion_row(
 def publish_rows(cfg: GemConfig, stage: str, run_id: str, rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Write `completion_row`s of `stage` (days ascending) in one commit, replacing any earlier
     records of those days; -> the records as `completion` returns them."""
-    import pyarrow as pa
-    from deltalake import write_deltalake
-
     days = [row["ds"].isoformat() for row in rows]
     path = ensure_table(None, cfg, COMPLETIONS)
     table = pa.Table.from_pylist(list(rows), schema=COMPLETIONS.arrow_schema())
@@ -126,10 +126,6 @@ def publish_completion(cfg: GemConfig, stage: str, ds: str, run_id: str, *counts
 
 
 def completion(cfg: GemConfig, stage: str, ds: str) -> dict[str, Any] | None:
-    from deltalake import DeltaTable
-
-    from gem.data.delta_log import read_table as read_logged_table
-
     path = table_path(cfg, COMPLETIONS)
     if not DeltaTable.is_deltatable(path):
         return None
@@ -152,8 +148,6 @@ def require_stage_inputs(cfg: GemConfig, stage: str, ds: str,
     carries the producer's manifest. Needs in `made_here` (a range commit's own days) count as met
     and are not returned. `known`: every record by (stage, day), when the caller has read them all
     (gem.lakehouse.staleness.all_records); else each is read from the log."""
-    from gem.lakehouse import landing, stages
-
     found: dict[tuple[str, str], Any] = {}
 
     def completed(needed_stage: str, day: str) -> dict[str, Any] | None:

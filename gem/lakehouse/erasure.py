@@ -25,7 +25,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from deltalake import CommitProperties, DeltaTable
+
 from gem.config import GemConfig
+from gem.data.delta_log import read_table
 from gem.lakehouse.landing import LandingFile, files_in, gzip_problem, lines_before_damage
 from gem.lakehouse.tables import table_path
 from gem.lakehouse.upkeep import next_upkeep_run
@@ -81,8 +84,6 @@ def names_user(raw_line: str, user_id: str) -> bool:
 
 
 def _delete(path: str, predicate: str) -> int:
-    from deltalake import CommitProperties, DeltaTable
-
     metrics = DeltaTable(path).delete(predicate, commit_properties=CommitProperties(
         custom_metadata={"userMetadata": ERASURE_USER_METADATA}))
     return int(metrics.get("num_deleted_rows", 0))
@@ -91,8 +92,6 @@ def _delete(path: str, predicate: str) -> int:
 def erase_tables(cfg: GemConfig, user_id: str) -> dict[str, int]:
     """The user's rows deleted from every table with a user_id column and the quarantined raw lines
     naming them; -> rows deleted per table (tables that held none left out)."""
-    from gem.data.delta_log import read_table
-
     deleted: dict[str, int] = {}
     for name, schema in TABLES.items():
         path = table_path(cfg, schema)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gem.days import day_range, shift_day
+from schemas.features import WINDOW_DAYS
 
 if TYPE_CHECKING:
     from gem.config import GemConfig
@@ -55,8 +56,6 @@ def previous_day(cfg: GemConfig, ds: str) -> list[str]:
 def feature_window_days(cfg: GemConfig, ds: str) -> list[str]:
     """The arrival days the counters of ds cover: the longest feature window, ds-28 .. ds-1. The
     daily build rewrites only ds-1's daily counts; a full rebuild rewrites them all."""
-    from schemas.features import WINDOW_DAYS  # a light module; imported here, not at DAG parse
-
     return _span(cfg, shift_day(ds, -max(WINDOW_DAYS)), shift_day(ds, -1))
 
 

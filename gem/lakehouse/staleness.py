@@ -21,7 +21,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from deltalake import DeltaTable
+
+from gem.data.delta_log import read_table
 from gem.lakehouse import completions, stages, tables
+from schemas.ops import COMPLETIONS
 
 if TYPE_CHECKING:
     from gem.config import GemConfig
@@ -56,11 +60,6 @@ def parse_input_key(key: str) -> tuple[str, str, str] | None:
 
 def all_records(cfg: GemConfig) -> dict[Key, dict[str, Any]]:
     """Every completion record, by (stage, day), in one read of the log."""
-    from deltalake import DeltaTable
-
-    from gem.data.delta_log import read_table
-    from schemas.ops import COMPLETIONS
-
     path = tables.table_path(cfg, COMPLETIONS)
     if not DeltaTable.is_deltatable(path):
         return {}

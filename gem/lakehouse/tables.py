@@ -12,11 +12,14 @@ retention longer than the attribution window plus the training horizon.
 from __future__ import annotations
 
 import datetime as dt
+import json
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gem.config import GemConfig
+from gem.days import day_range
 from schemas.table import TableSchema
 
 if TYPE_CHECKING:
@@ -50,8 +53,6 @@ _CONCURRENT_CREATE_ERRORS = ("DELTA_PROTOCOL_CHANGED", "DELTA_METADATA_CHANGED",
 def _appears_as_delta_table(path: str, timeout_s: float = 60.0) -> bool:
     """Whether `path` is (or within timeout_s becomes) a Delta table: the other creator's first
     commit may still be on its way."""
-    import time
-
     from deltalake import DeltaTable
 
     deadline = time.monotonic() + timeout_s
@@ -132,8 +133,6 @@ def _constraints(table: Any) -> set[str]:
 
 def _verify_schema(table: Any, path: str, schema: TableSchema) -> None:
     """Compare the log's schema (Spark's JSON format, parsed without a JVM) with schemas/."""
-    import json
-
     from pyspark.sql import types as T
 
     actual = T.StructType.fromJson(json.loads(table.schema().to_json()))
@@ -164,8 +163,6 @@ def predicate(where: Mapping[str, Any]) -> str:
 
 def days_value(days: Sequence[str]) -> str | tuple[str, str] | list[str]:
     """How `predicate` matches the days (sorted): one day, a closed range of consecutive days, or a set."""
-    from gem.days import day_range
-
     if len(days) == 1:
         return days[0]
     return (days[0], days[-1]) if list(days) == day_range(days[0], days[-1]) else list(days)

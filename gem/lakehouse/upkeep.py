@@ -25,7 +25,9 @@ import datetime as dt
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gem.config import GemConfig
+from croniter import croniter
+
+from gem.config import GemConfig, load_config
 from gem.days import shift_day
 from gem.lakehouse.backfill_hold import BackfillInProgressError, live_holds
 from gem.lakehouse.tables import table_path
@@ -39,8 +41,6 @@ UPKEEP_CRON = "0 6 * * 0"
 
 def next_upkeep_run(at_or_after: dt.datetime) -> dt.datetime:
     """The first scheduled upkeep run (UPKEEP_CRON, UTC) at or after `at_or_after` (aware)."""
-    from croniter import croniter
-
     # croniter steps strictly after its start: start one second before so an exact hit counts.
     return croniter(UPKEEP_CRON, at_or_after.astimezone(dt.UTC) - dt.timedelta(seconds=1)).get_next(dt.datetime)
 
@@ -112,8 +112,6 @@ def upkeep(cfg: GemConfig, ds: str) -> UpkeepReport:
 
 def run_task(ds: str) -> str:
     """The gem_upkeep DAG's task: upkeep of ds under the worker's config ($GEM_CONFIG); -> its summary."""
-    from gem.config import load_config
-
     lines = upkeep(load_config(), ds).lines()
     print("\n".join(lines), flush=True)
     return lines[0]

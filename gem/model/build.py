@@ -38,7 +38,7 @@ def build_embeddings(cfg: EmbeddingConfig, backend: str, events: tuple[str, ...]
     if backend == "torch":
         return PlainEmbeddings(cfg)
     if backend == "torchrec":
-        from gem.model.sparse import TorchrecEmbeddings
+        from gem.model.sparse import TorchrecEmbeddings  # noqa: PLC0415 - torchrec is optional
 
         return TorchrecEmbeddings(cfg, events)
     raise ValueError(f"sparse_backend must be 'torch' or 'torchrec', got {backend!r}")

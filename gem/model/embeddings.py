@@ -15,6 +15,27 @@ from torch import nn
 from gem.data.batch import Batch
 from gem.model.configs import EmbeddingConfig
 
+# The same tables' state keys in gem.model.sparse.TorchrecEmbeddings (its EmbeddingCollection's), mapped
+# here so that plain-torch readers of a torchrec-trained checkpoint need no torchrec.
+COLLECTION_PREFIX = "embeddings.collection.embeddings."
+
+
+def plain_state_key(key: str) -> str:
+    """A task state key of a TorchrecEmbeddings table -> the same table's key in PlainEmbeddings.
+
+    "embeddings.collection.embeddings.user_id.weight" -> "embeddings.tables.user_id.weight"
+    """
+    if not key.startswith(COLLECTION_PREFIX):
+        raise ValueError(f"{key!r} is not a table of the embedding collection")
+    return "embeddings.tables." + key[len(COLLECTION_PREFIX):]
+
+
+def collection_state_key(key: str) -> str:
+    """The inverse of plain_state_key: "embeddings.tables.user_id.weight" ->
+    "embeddings.collection.embeddings.user_id.weight" (other keys unchanged)."""
+    prefix = "embeddings.tables."
+    return COLLECTION_PREFIX + key[len(prefix):] if key.startswith(prefix) else key
+
 
 class PlainEmbeddings(nn.Module):
     """sparse ids (B,) per feature -> (B, dim); sequence ids (N,) -> (N, dim)."""

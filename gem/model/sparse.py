@@ -17,28 +17,12 @@ from typing import Any
 
 import torch
 from torch import nn
+from torchrec import EmbeddingCollection
+from torchrec import EmbeddingConfig as TableConfig
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from gem.data.batch import Batch
 from gem.model.configs import EmbeddingConfig
-
-COLLECTION_PREFIX = "embeddings.collection.embeddings."
-
-
-def plain_state_key(key: str) -> str:
-    """A task state key of this module -> the same table's key in PlainEmbeddings.
-
-    "embeddings.collection.embeddings.user_id.weight" -> "embeddings.tables.user_id.weight"
-    """
-    if not key.startswith(COLLECTION_PREFIX):
-        raise ValueError(f"{key!r} is not a table of the embedding collection")
-    return "embeddings.tables." + key[len(COLLECTION_PREFIX):]
-
-
-def collection_state_key(key: str) -> str:
-    """The inverse of plain_state_key: "embeddings.tables.user_id.weight" ->
-    "embeddings.collection.embeddings.user_id.weight" (other keys unchanged)."""
-    prefix = "embeddings.tables."
-    return COLLECTION_PREFIX + key[len(prefix):] if key.startswith(prefix) else key
 
 
 def sequence_key(event: str) -> str:
@@ -51,8 +35,6 @@ class TorchrecEmbeddings(nn.Module):
 
     def __init__(self, cfg: EmbeddingConfig, events: tuple[str, ...], device: torch.device | None = None) -> None:
         super().__init__()
-        from torchrec import EmbeddingCollection
-        from torchrec import EmbeddingConfig as TableConfig
 
         if cfg.sequence_table not in cfg.buckets:
             raise ValueError(f"sequence_table {cfg.sequence_table!r} has no table in buckets {sorted(cfg.buckets)}")
@@ -70,8 +52,6 @@ class TorchrecEmbeddings(nn.Module):
 
     def features(self, batch: Batch) -> Any:
         """The batch's id KJTs, concatenated, each key's ids taken modulo its table's rows."""
-        from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
         kjt = KeyedJaggedTensor.concat([batch.to_kjt(), batch.sequence_kjt("ad_id")])
         renamed = [k if k in batch.sparse else sequence_key(k) for k in kjt.keys()]  # noqa: SIM118 (a KJT, not a dict)
         per_key = torch.split(kjt.values(), kjt.length_per_key())

@@ -24,14 +24,15 @@ be. The first failure stops the run; the stages after it have not run, and `gem 
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import groupby
 
-from gem.config import GemConfig
-from gem.days import day_range
+from gem.config import GemConfig, add_config_arg, load_config
+from gem.days import day_range, iso_day
 from gem.lakehouse import backfill_hold
 from gem.lakehouse.commit import StageContext, StageResult
 from gem.lakehouse.stages import STAGES, Stage
@@ -131,11 +132,6 @@ def run_range(cfg: GemConfig, start: str, end: str, through_stage: str | None = 
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    from gem.config import add_config_arg, load_config
-    from gem.days import iso_day
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--start", required=True, type=iso_day, help="first run day, YYYY-MM-DD")
     parser.add_argument("--end", required=True, type=iso_day, help="last run day, YYYY-MM-DD")

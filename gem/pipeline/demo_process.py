@@ -23,12 +23,16 @@ import contextlib
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
+from gem.config import load_config
+from gem.days import iso_day
 from gem.pipeline.airflow.orchestration import DAG_ID, manual_logical_date
 from gem.pipeline.airflow.runs import airflow_home, newest_run_id, run_log
+from gem.pipeline.bulk import run_range
 
 DAY_START = "AIRFLOW_DAY"
 DAY_DONE = "AIRFLOW_DONE"
@@ -58,7 +62,9 @@ def output_to(log: Path) -> Iterator[None]:
 
 def airflow_dags_test(ds: str) -> bool:
     """`airflow dags test gem_daily <manual date of ds>` in this process; True when the run succeeded."""
-    from airflow.__main__ import main as airflow_main
+    # Airflow reads and writes its config on import; gem.pipeline.demo imports this module for DAY_START
+    # and DAY_DONE alone, in a process that runs no Airflow.
+    from airflow.__main__ import main as airflow_main  # noqa: PLC0415
 
     argv = sys.argv
     sys.argv = ["airflow", "dags", "test", DAG_ID, manual_logical_date(ds)]
@@ -78,8 +84,6 @@ def run_airflow_day(ds: str, parent: TextIO) -> bool:
         try:
             ok = airflow_dags_test(ds)
         except Exception:  # noqa: BLE001 - the traceback goes to the run log; the parent says where
-            import traceback
-
             traceback.print_exc()
             ok = False
     print(f"{DAY_DONE} {ds} {'ok' if ok else 'failed'}", file=parent, flush=True)
@@ -87,10 +91,6 @@ def run_airflow_day(ds: str, parent: TextIO) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gem.config import load_config
-    from gem.days import iso_day
-    from gem.pipeline.bulk import run_range
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True)
     parser.add_argument("--bulk-start", type=iso_day, default=None)

@@ -2,7 +2,7 @@
 
 Plain torch (no torchrec, no process group): a worker computes forward passes only, on one device.
 A checkpoint trained with torchrec tables is read under the plain task's names
-(gem.model.sparse.collection_state_key maps them; torch.distributed.checkpoint reshards the saved
+(gem.model.embeddings.collection_state_key maps them; torch.distributed.checkpoint reshards the saved
 shards into whole tables).
 
     model = PrecomputeModel.load(cfg, pin)
@@ -13,6 +13,7 @@ shards into whole tables).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,8 +25,11 @@ from gem.data.encode import DENSE_COLUMNS
 from gem.data.loader import SPARSE_FEATURES
 from gem.model.build import build_task
 from gem.model.configs import weights_config
+from gem.model.embeddings import collection_state_key
 from gem.model.ops.int4 import pack_int4
 from gem.model.task import GemTrainTask
+from gem.train import checkpoint
+from gem.train.trainer import jsonable
 
 
 class PromotedModelMissing(RuntimeError):
@@ -54,9 +58,6 @@ class PrecomputeModel:
         """The pinned checkpoint as a plain-torch task in eval mode on `device` (default: this
         process's GPU, LOCAL_RANK's under torchrun, else the CPU); PromotedModelMissing when its
         folder is gone, CheckpointError when it was trained with another model config."""
-        from gem.train import checkpoint
-        from gem.train.trainer import jsonable
-
         path = Path(pin.checkpoint)
         if not path.is_dir():
             raise PromotedModelMissing(f"the promoted checkpoint {path} ({pin.version}) is gone; rerun "
@@ -104,8 +105,6 @@ class PrecomputeModel:
 
 def default_device() -> torch.device:
     """This process's GPU (LOCAL_RANK's under torchrun) when there is one, else the CPU."""
-    import os
-
     if torch.cuda.is_available():
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     return torch.device("cpu")
@@ -115,9 +114,6 @@ def load_plain_weights(task: GemTrainTask, path: Path, trained_with: str) -> Non
     """A checkpoint's model weights into a plain-torch task, in place. trained_with: the embeddings
     backend it was trained with; "torchrec" tables are read under the collection's names, their
     saved shards resharded into whole tables."""
-    from gem.model.sparse import collection_state_key
-    from gem.train import checkpoint
-
     plain = task.state_dict()
     saved_name = {k: collection_state_key(k) if trained_with == "torchrec" else k for k in plain}
     state = {"model": {saved_name[k]: v for k, v in plain.items()}}

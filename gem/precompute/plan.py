@@ -27,9 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from gem.config import GemConfig, load_config
+from gem.data.delta_log import read_table
 from gem.days import shift_day
 from gem.lakehouse import completions, stages
 from gem.precompute.model import ModelPin, PromotedModelMissing
+from gem.train import promotion
+from gem.train.daily import checkpoint_root
+from schemas.precompute import GOLD_PRECOMPUTE_STATS
 
 STAGE = "precompute"
 
@@ -115,9 +119,6 @@ def previous_day(cfg: GemConfig, ds: str, promoted_tasks: dict[str, tuple[str, .
     """The newest precompute record of the model_refresh_days before ds, with its pinned model;
     None when there is none (ds is then a refresh day). promoted_tasks: mix day -> the tasks its
     promotion lists."""
-    from gem.data.delta_log import read_table
-    from schemas.precompute import GOLD_PRECOMPUTE_STATS
-
     for back in range(1, cfg.precompute.model_refresh_days + 1):
         day = shift_day(ds, -back)
         if day < cfg.start_ds:
@@ -137,9 +138,6 @@ def previous_day(cfg: GemConfig, ds: str, promoted_tasks: dict[str, tuple[str, .
 def choose_model(cfg: GemConfig, ds: str) -> tuple[ModelPin, PreviousDay | None]:
     """(the model ds runs, the previous precompute day); a refresh pin when the period is over.
     PromotedModelMissing when a refresh finds no promoted model."""
-    from gem.train import promotion
-    from gem.train.daily import checkpoint_root
-
     root, arch = checkpoint_root(cfg), cfg.model.arch
     promoted = promotion.promotions(root, arch)
     previous = previous_day(cfg, ds, {p.mix_ds: p.tasks for p in promoted})

@@ -28,6 +28,7 @@ from typing import Any
 import pyarrow as pa
 
 from gem.config import REPO_ROOT
+from gem.data.delta_log import logged_files, read_logged, read_table
 from gem.days import shift_day
 from gem.lakehouse import completions, tables
 from gem.lakehouse.commit import ReconciliationError, StageCommit, StageContext, StageResult
@@ -53,8 +54,6 @@ NO_INPUT_COUNT = ("precompute: embeddings of the users recomputed, one predictio
 
 def plan_day(commit: StageCommit) -> DayPlan:
     """Decide the day's work (gem.precompute.plan) from the inputs `commit` checked."""
-    from gem.data.delta_log import logged_files
-
     cfg, ds = commit.cfg, commit.ds
     pin, previous = choose_model(cfg, ds)
     refreshed = pin.refresh_ds == ds
@@ -89,8 +88,6 @@ def plan_day(commit: StageCommit) -> DayPlan:
 def impressions_on(files: list[Any], ds: str) -> pa.Table:
     """(user_id, ad_id) of the impressions that arrived on ds with an event time on ds, from the
     silver.user_sequences partition ds among `files` (LoggedFile)."""
-    from gem.data.delta_log import read_logged
-
     today = [f for f in files if f.partition["ds"] == ds]
     if not today:
         return pa.table({"user_id": pa.array([], pa.string()), "ad_id": pa.array([], pa.string())})
@@ -187,8 +184,6 @@ def finish_day(commit: StageCommit, plan: DayPlan, started: float, **details: An
 
 
 def _examples_rows(plan: DayPlan) -> int:
-    from gem.data.delta_log import logged_files
-
     if plan.examples is None:
         return 0
     return sum(f.rows for f in logged_files(plan.examples.path, plan.examples.version)
@@ -198,8 +193,6 @@ def _examples_rows(plan: DayPlan) -> int:
 def history_code_volume(commit: StageCommit, plan: DayPlan) -> dict[str, Any]:
     """gold.fm_history_codes' rows of the held-out day and the bytes they store per coded user
     (LoopFM's storage cost per user per day: packed codes only, no stamps)."""
-    from gem.data.delta_log import read_table
-
     rows = commit.committed_rows[GOLD_FM_HISTORY_CODES.name]
     if not rows or plan.examples_ds is None:
         return {"history_codes": rows, "history_code_bytes_per_user": None}
@@ -212,8 +205,6 @@ def history_code_volume(commit: StageCommit, plan: DayPlan) -> dict[str, Any]:
 
 def day_stats(commit: StageCommit, plan: DayPlan) -> dict[str, Any]:
     """gem.precompute_stats' row of the day: the work done and the observed use of yesterday's pairs."""
-    from gem.data.delta_log import logged_files, read_logged, read_table
-
     cfg, ds = commit.cfg, commit.ds
     files = logged_files(plan.sequences.path, plan.sequences.version)
     universe: set[str] = set()

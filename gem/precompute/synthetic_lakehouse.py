@@ -17,12 +17,18 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import torch
+from deltalake import DeltaTable, write_deltalake
 
 from gem.config import GemConfig
 from gem.data.encode import DENSE_COLUMNS
 from gem.data.loader import SPARSE_FEATURES
 from gem.days import day_range, shift_day
 from gem.lakehouse import completions, tables
+from gem.model.build import build_task
+from gem.train import checkpoint, promotion
+from gem.train.daily import checkpoint_root
+from gem.train.trainer import jsonable
 from schemas.examples import SILVER_TRAINING_EXAMPLES
 from schemas.features import SILVER_AD_FEATURES, SILVER_USER_FEATURES
 from schemas.sequences import SILVER_USER_SEQUENCES
@@ -51,8 +57,6 @@ def _fill(schema: TableSchema, columns: dict[str, Any], n: int) -> pa.Table:
 
 def write_partition(cfg: GemConfig, schema: TableSchema, ds: str, columns: dict[str, Any], n: int) -> int:
     """Replace partition ds of `schema` with the rows; -> the version created."""
-    from deltalake import DeltaTable, write_deltalake
-
     path = tables.ensure_table(None, cfg, schema)
     write_deltalake(path, _fill(schema, {"ds": [dt.date.fromisoformat(ds)] * n, **columns}, n), mode="overwrite",
                     predicate=tables.predicate({"ds": ds}), partition_by=list(schema.partition_by))
@@ -135,13 +139,6 @@ def write_day(cfg: GemConfig, world: World, ds: str, active: list[str], rng: np.
 def promote_model(cfg: GemConfig, ds: str, seed: int = 0, step: int = 1) -> Any:
     """The config's model with seeded random weights, saved and promoted as pretraining would for ds (as if
     trained through ds-1), with the mix and pretrain records of ds. -> the task (in memory, as saved)."""
-    import torch
-
-    from gem.model.build import build_task
-    from gem.train import checkpoint, promotion
-    from gem.train.daily import checkpoint_root
-    from gem.train.trainer import jsonable
-
     torch.manual_seed(seed)
     task = build_task(cfg.model, TASKS, SPARSE_FEATURES, len(DENSE_COLUMNS), sparse_backend="torch")
     root = checkpoint_root(cfg)

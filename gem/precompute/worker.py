@@ -34,10 +34,12 @@ from typing import TextIO
 import numpy as np
 import pyarrow as pa
 import torch
+from deltalake.exceptions import CommitFailedError
 
+from gem.config import add_config_arg, load_config
 from gem.data.encode import DENSE_COLUMNS, hash_ids, timestamps_us
 from gem.data.loader import cut_sequences, example_batch, sequence_spans
-from gem.days import shift_day
+from gem.days import iso_day, shift_day
 from gem.lakehouse.commit import StageCommit
 from gem.precompute import speculative
 from gem.precompute.inputs import AD_ATTRIBUTES, DayInputs
@@ -197,8 +199,6 @@ class ShardWork:
 def commit_part(commit: StageCommit, rows: pa.Table, schema: TableSchema, shard: int, attempts: int = 8) -> int:
     """Replace the shard's rows of `schema` in one commit carrying the run's transaction id; retried
     when another worker's commit of the same table won the race for the version."""
-    from deltalake.exceptions import CommitFailedError
-
     for attempt in range(attempts):
         try:
             return commit.replace_arrow(rows, schema, also={"shard": shard}, part=str(shard))
@@ -280,20 +280,13 @@ def work(folder: Path, index: int = 0, poll_s: float | None = None) -> WorkerRep
 
 def folder_from(stream: TextIO) -> Path | None:
     """The run's folder, a line on `stream` (None when it closes empty: there is no run to join).
-    What a shard needs beyond this module (the checkpoint reader, deltalake) is imported first, so
-    a helper started before the day is planned spends the wait on it."""
-    import deltalake  # noqa: F401
-
-    import gem.train.checkpoint  # noqa: F401
-
+    What a shard needs (the checkpoint reader, deltalake) comes with this module's imports, so a
+    helper started before the day is planned has loaded it by the time the folder arrives."""
     line = stream.readline().strip()
     return Path(line) if line else None
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gem.config import add_config_arg, load_config
-    from gem.days import iso_day
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_config_arg(parser)
     parser.add_argument("--ds", type=iso_day, default=None, help="join the run of this day in progress")

@@ -8,13 +8,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import pandas as pd
+from pyspark.sql import functions as F
+
 from gem.config import GemConfig
 from gem.quality.expectations import expect_between
 from schemas.events import BRONZE_AD_EVENTS
 from schemas.tasks import EVENT_TYPES
 
 if TYPE_CHECKING:
-    import pandas as pd
     from great_expectations.expectations import Expectation
     from pyspark.sql import DataFrame
 
@@ -73,8 +75,6 @@ def event_statistics_expectations(cfg: GemConfig) -> list[Expectation]:
 def _event_aggregates(events: DataFrame, cfg: GemConfig, days: Sequence[str]) -> dict[str, dict[str, int]]:
     """One Spark pass over the days' events, grouped by ds: day -> row count, impressions and clicks
     per surface, scoped null counts (all 0 for a day without rows)."""
-    from pyspark.sql import functions as F
-
     def count_where(cond: Any) -> Any:
         return F.sum(F.when(cond, 1).otherwise(0))
 
@@ -135,8 +135,6 @@ def statistics_frame(statistics: Mapping[str, Mapping[str, int | float | None]])
     """day -> statistics as a pandas DataFrame with one row per day (oldest first): `ds`, then one
     column per statistic (integers as int64, the rest as float64 with None as NaN), so one suite run
     bounds every day of a range. Pandas, not Spark: GX validates it in a fraction of the time."""
-    import pandas as pd
-
     days = sorted(statistics)
     names = list(statistics[days[0]]) if days else []
 

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import great_expectations.expectations as gxe
+from great_expectations.expectations.metadata_types import FailureSeverity
+
 from schemas.table import TableSchema
 
 if TYPE_CHECKING:
@@ -19,9 +22,7 @@ if TYPE_CHECKING:
 
 
 def gx_expectations() -> Any:
-    """The GX expectations module, imported lazily (GX takes seconds to import)."""
-    import great_expectations.expectations as gxe
-
+    """The GX expectations module (the suites build their expectations from it by name)."""
     return gxe
 
 
@@ -31,8 +32,6 @@ def rule_meta(rule: str, critical: bool) -> dict[str, Any]:
 
 
 def expectation_severity(critical: bool) -> Any:
-    from great_expectations.expectations.metadata_types import FailureSeverity
-
     return FailureSeverity.CRITICAL if critical else FailureSeverity.WARNING
 
 

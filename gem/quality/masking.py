@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from schemas import LANDING_EVENTS, TABLES
+
 MASK = "***"
 # Result keys holding sample values of the expectation's column.
 VALUE_KEYS = ("partial_unexpected_list", "unexpected_list", "partial_unexpected_index_list",
@@ -22,8 +24,6 @@ COUNT_KEYS = ("partial_unexpected_counts",)  # [{"value": v, "count": n}, ...]
 
 def personal_columns() -> frozenset[str]:
     """Every column name some table's schema marks personal."""
-    from schemas import LANDING_EVENTS, TABLES
-
     return frozenset(c.name for s in (*TABLES.values(), LANDING_EVENTS) for c in s.columns if c.personal)
 
 

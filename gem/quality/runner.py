@@ -11,6 +11,7 @@ warnings are only reported. Data Docs are made to render offline by gem.quality.
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
 import json
 import logging
 import os
@@ -35,6 +36,9 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 log = logging.getLogger(__name__)
+
+# Great Expectations and pandas are imported in the functions that use them: each takes seconds to
+# import, and gem.quality.results (the run report) imports this module for its paths alone.
 
 DATASOURCE_NAME = "gem_spark"
 # Tiny frames (one-row statistics) validate in pandas: GX runs ~2 Spark jobs per expectation,
@@ -146,8 +150,6 @@ def project_lock(cfg: GemConfig) -> Iterator[None]:
     a daily run ingesting at once: CheckpointRelatedResourcesFreshnessError
     "ValidationDefinition 'bronze.ad_events.schema' has changed since it has last been saved"), and
     both rewrite the Data Docs index. Validations are seconds long, so runs simply queue here."""
-    import fcntl
-
     root = _local_dir(cfg.gx_root)
     root.mkdir(parents=True, exist_ok=True)
     with open(root / PROJECT_LOCK_FILE, "a") as lock:
@@ -161,8 +163,8 @@ def project_lock(cfg: GemConfig) -> Iterator[None]:
 def open_context(cfg: GemConfig) -> FileDataContext:
     """The file-backed GX project at cfg.gx_root (created on first use), configured for the
     pipeline: our Data Docs site, no progress bars. Only writes its YAML when something changed."""
-    import great_expectations as gx
-    from great_expectations.data_context.types.base import ProgressBarsConfig
+    import great_expectations as gx  # noqa: PLC0415 - GX is slow to import (note at the top)
+    from great_expectations.data_context.types.base import ProgressBarsConfig  # noqa: PLC0415 - the same
 
     root = _local_dir(cfg.gx_root)
     root.mkdir(parents=True, exist_ok=True)
@@ -189,7 +191,7 @@ def results_dir(cfg: GemConfig) -> Path:
 
 
 def _is_pandas(df: Any) -> bool:
-    import pandas as pd
+    import pandas as pd  # noqa: PLC0415 - pandas is slow to import (note at the top)
 
     return isinstance(df, pd.DataFrame)
 
@@ -230,7 +232,7 @@ def _checkpoint(
 ) -> Any:
     """Suite, validation definition and checkpoint for `suite_name` (no Data Docs action: `validate`
     renders the result's page after masking it)."""
-    import great_expectations as gx
+    import great_expectations as gx  # noqa: PLC0415 - GX is slow to import (note at the top)
 
     suite = context.suites.add_or_update(gx.ExpectationSuite(name=suite_name, expectations=_fresh_copies(expectations)))
     definition = context.validation_definitions.add_or_update(
@@ -365,7 +367,7 @@ def validate(
     unless raise_on_critical is False (for callers that collect several reports first). `cache`
     persists `df` for the run: worth it when `df` is expensive to recompute or the suite queries it
     many times (each query expectation runs its own Spark jobs over it)."""
-    from great_expectations.core.run_identifier import RunIdentifier
+    from great_expectations.core.run_identifier import RunIdentifier  # noqa: PLC0415 - GX is slow to import (note at the top)
 
     started = time.perf_counter()
     assets = docs_assets.load_manifest()

@@ -27,6 +27,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from pyspark.sql import functions as F
+
 from gem.config import GemConfig
 from gem.quality.expectations import expect_between, expectation_severity, gx_expectations, rule_meta
 from schemas.examples import LABEL_COLUMNS
@@ -100,8 +102,6 @@ def sequence_checks(sequences: DataFrame, cfg: GemConfig) -> DataFrame:
     of days is hundreds of thousands of rows of arrays: cached whole it does not fit a 4 GB driver
     (200 MovieLens days failed), and each rule's query rescanning it decodes every array again;
     these few columns cache in kilobytes per day."""
-    from pyspark.sql import functions as F
-
     day_start = F.col("ds").cast("timestamp")  # midnight UTC: the session time zone (gem.lakehouse.spark)
     return sequences.select(
         "ds", "user_id",
@@ -121,8 +121,6 @@ def sequence_margin_statistics(checks: DataFrame, days: Sequence[str]) -> dict[s
     """day -> for each sequence: the most elements one user has with event_time on that day (the
     day's events that sit after any impression of that day in its snapshot); 0 for a day without
     rows. `checks` is `sequence_checks(...)`: one aggregation over its few columns."""
-    from pyspark.sql import functions as F
-
     names = [day_events_column(seq) for seq, _ in SEQUENCE_COLUMNS.values()]
     found = {str(r["ds"]): r.asDict() for r in checks.groupBy("ds").agg(*[F.max(n).alias(n) for n in names]).collect()}
     return {day: {n: int(found.get(day, {}).get(n) or 0) for n in names} for day in days}
@@ -161,8 +159,6 @@ def feature_checks(features: DataFrame, key: str) -> DataFrame:
     or silver.ad_features rows, entity column `key`): ds, key, a boolean per rule and
     CLICKS_ABOVE_IMPRESSIONS (the 28-day clicks exceed the impressions). Sixty counters a row over a
     range of days cache heavy; these few columns do not (see `sequence_checks`)."""
-    from pyspark.sql import functions as F
-
     impressions, clicks = (counter_name(m, max(WINDOW_DAYS)) for m in ("impressions", "clicks"))
     return features.select(
         "ds", key, *[F.expr(where).alias(rule) for rule, where in _feature_rules().items()],
@@ -223,8 +219,6 @@ def with_snapshot_checks(examples: DataFrame, sequences: DataFrame, cfg: GemConf
     the examples' keys, broadcast (four narrow columns), so the arrays are never shuffled: a range
     of days reads GBs of them. The batch is validated cached, so the join and the per-element scans
     run once, not once per rule."""
-    from pyspark.sql import functions as F
-
     days = [F.lit(d).cast("date") for d in snapshot_days(examples)]
     columns = [c for pair in SEQUENCE_COLUMNS.values() for c in pair]
     s = sequences.where(F.col("ds").isin(days) if days else F.lit(False)).select("ds", "user_id", *columns).alias("s")

@@ -26,15 +26,20 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import numpy as np
 from matplotlib.figure import Figure
 
 from gem.config import GemConfig
+from gem.data.delta_log import read_table
 from gem.days import day_range, shift_day
 from gem.lakehouse.stages import RECORDED_STAGES, held_out_day
 from gem.lakehouse.staleness import all_records
+from gem.quality.results import day_results
 from gem.report import Link, Report
+from gem.sources.bayes_floor import reported_floor
+from gem.train.promotion import promotions
 from schemas.metrics import GOLD_METRICS
 from schemas.precompute import GOLD_PRECOMPUTE_STATS
 
@@ -56,8 +61,6 @@ def _window(cfg: GemConfig, ds: str, days: int) -> list[str]:
 
 def _read(cfg: GemConfig, schema: Any) -> list[dict[str, Any]]:
     """Every row of a table, read through its Delta log; [] when the table does not exist yet."""
-    from gem.data.delta_log import read_table
-
     path = schema.path(cfg.lakehouse_uri)
     if not Path(path, "_delta_log").is_dir():
         return []
@@ -132,7 +135,6 @@ def _docs_link(page: Path | None, out_dir: Path) -> object:
         return "(no Data Docs page)"
     # Relative, so the lakehouse folder can be moved or served as a whole; quoted, because run
     # names hold ':' (a first path segment with ':' would read as a URL scheme).
-    from urllib.parse import quote
 
     return Link("Data Docs", quote(os.path.relpath(page, out_dir)))
 
@@ -199,7 +201,7 @@ def student_results(cfg: GemConfig, days: Sequence[str] | None = None) -> tuple[
     arch, per task: task, examples, steps (the student's training steps that day), NE, AUC, FM NE,
     FM AUC: the student beside the FM's logged predictions of the same held-out examples); None when
     no distill run wrote any."""
-    from gem.distill.run import FM_ARCH, student_arch
+    from gem.distill.run import FM_ARCH, student_arch  # noqa: PLC0415 - the report renders without torch
 
     arch = student_arch(cfg.student.variant)
     rows = [r for r in _read(cfg, GOLD_METRICS)
@@ -263,8 +265,7 @@ def loss_summary(version: str, losses: Sequence[float]) -> str:
 
 def promoted_losses(cfg: GemConfig, ds: str) -> tuple[str, list[float]] | None:
     """(model version, every step's loss) of the model promoted for mixture day ds, or None."""
-    from gem.train.daily import checkpoint_root
-    from gem.train.promotion import promotions
+    from gem.train.daily import checkpoint_root  # noqa: PLC0415 - the report renders without torch
 
     for promotion in promotions(checkpoint_root(cfg), cfg.model.arch):
         if promotion.mix_ds == ds:
@@ -276,9 +277,6 @@ def promoted_losses(cfg: GemConfig, ds: str) -> tuple[str, list[float]] | None:
 
 def build(cfg: GemConfig, ds: str, window_days: int = WINDOW_DAYS) -> Report:
     """The report of ds (see the module docstring); NothingRanError when no stage ran ds."""
-    from gem.quality.results import day_results
-    from gem.sources.bayes_floor import reported_floor
-
     records = all_records(cfg)
     if not any(day == ds for _, day in records):
         known = sorted({day for _, day in records})

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from gem.lakehouse.landing import completed_manifest
 from gem.sources.simulation import ChunkEvents
 from gem.sources.world import CONVERSION_DELAY_BETA, CONVERSION_MAX_DELAY_DAYS, DAY_MS, OBJECTIVE_CONVERSION_TYPE, World
 from schemas.tasks import CONVERSION_TYPES, OBJECTIVES
@@ -90,8 +91,6 @@ class FloorAccumulator:
 def reported_floor(landing_root: str, ds: str) -> dict[str, float] | None:
     """The floor per task the generator recorded in ds's landing manifest (None for a day it did not
     generate, e.g. imported data)."""
-    from gem.lakehouse.landing import completed_manifest
-
     manifest = completed_manifest(landing_root, ds) or {}
     if "bayes_floor" not in manifest:
         return None

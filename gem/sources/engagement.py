@@ -15,7 +15,6 @@ byte.
 
 from __future__ import annotations
 
-import datetime as dt
 import io
 import json
 import os
@@ -158,27 +157,3 @@ def load_state(cfg: GemConfig, ds: str) -> EngagementState:
                 f"but this config's world is {world_fingerprint(cfg)}; regenerate from the start day"
             )
         return EngagementState(**{name: saved[name].copy() for name in EngagementState.ARRAYS})
-
-
-def _days_with_state(cfg: GemConfig) -> list[str]:
-    return sorted(p.name[len("ds=") : -len(".npz")] for p in state_dir(cfg).glob("ds=*.npz"))
-
-
-def state_before(cfg: GemConfig, ds: str, world: World) -> EngagementState:
-    """The state day `ds` starts from: the burned-in start state (gem.sources.simulation.start_state)
-    on the start day or when no earlier day has state, else day ds-1's state (MissingGeneratorState
-    if that one is missing)."""
-    from gem.sources.simulation import start_state  # simulation builds on this module
-
-    previous = (dt.date.fromisoformat(ds) - dt.timedelta(days=1)).isoformat()
-    if ds == cfg.start_ds:
-        return start_state(cfg, world)
-    if state_path(cfg, previous).is_file():
-        return load_state(cfg, previous)
-    earlier = [d for d in _days_with_state(cfg) if d < ds]
-    if not earlier:
-        return start_state(cfg, world)
-    raise MissingGeneratorState(
-        f"generator state {state_path(cfg, previous)} for ds={previous} is missing, but earlier state exists "
-        f"(latest ds={earlier[-1]}); run generate_events for ds={previous} first"
-    )

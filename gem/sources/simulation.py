@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gem.config import GemConfig
-from gem.sources.engagement import EngagementState
+from gem.sources.engagement import EngagementState, MissingGeneratorState, load_state, state_dir, state_path
 from gem.sources.world import (
     CLICK_DELAY_MAX_S,
     CLICK_DELAY_MEDIAN_S,
@@ -250,3 +250,23 @@ def start_state(cfg: GemConfig, world: World) -> EngagementState:
             pass  # only the state's advance matters
     return state
 
+
+def _days_with_state(cfg: GemConfig) -> list[str]:
+    return sorted(p.name[len("ds=") : -len(".npz")] for p in state_dir(cfg).glob("ds=*.npz"))
+
+
+def state_before(cfg: GemConfig, ds: str, world: World) -> EngagementState:
+    """The state day `ds` starts from: the burned-in start state (start_state) on the start day or when
+    no earlier day has state, else day ds-1's saved state (MissingGeneratorState if that one is missing)."""
+    previous = (dt.date.fromisoformat(ds) - dt.timedelta(days=1)).isoformat()
+    if ds == cfg.start_ds:
+        return start_state(cfg, world)
+    if state_path(cfg, previous).is_file():
+        return load_state(cfg, previous)
+    earlier = [d for d in _days_with_state(cfg) if d < ds]
+    if not earlier:
+        return start_state(cfg, world)
+    raise MissingGeneratorState(
+        f"generator state {state_path(cfg, previous)} for ds={previous} is missing, but earlier state exists "
+        f"(latest ds={earlier[-1]}); run generate_events for ds={previous} first"
+    )

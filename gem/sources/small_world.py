@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import yaml
+
+from gem.lakehouse.spark import C1_JVM_CONF
+
 START_DS = "2026-01-01"
 
 
 def world_config(root: Path, events_per_day: int = 4000, users: int = 400, ads: int = 80) -> Path:
     """A small world's config in root/gem.yaml (its lakehouse in root/lakehouse): one training day per
     mixture, 4 training steps, one precompute worker; short-lived C1-only job JVMs."""
-    import yaml
-
-    from gem.lakehouse.spark import C1_JVM_CONF
-
     root.mkdir(parents=True, exist_ok=True)
     path = root / "gem.yaml"
     path.write_text(yaml.safe_dump({

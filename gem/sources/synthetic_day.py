@@ -17,9 +17,9 @@ import numpy as np
 from gem.config import GemConfig
 from gem.lakehouse.landing import clear_partition_complete, mark_partition_complete
 from gem.sources.bayes_floor import FloorAccumulator
-from gem.sources.engagement import EngagementState, save_state, state_before, world_fingerprint
+from gem.sources.engagement import EngagementState, save_state, world_fingerprint
 from gem.sources.landing_output import ArrivalFiles, conversion_lines, line_head, positioned_lines
-from gem.sources.simulation import ChunkEvents, day_start_ms, simulate_day
+from gem.sources.simulation import ChunkEvents, day_start_ms, simulate_day, state_before
 from gem.sources.world import ARRIVAL_DAYS, DAY_MS, DIRTY_STREAM, PRODUCER, World, build_world
 
 # ==================================================================================================

@@ -16,8 +16,12 @@ from typing import Any
 import click
 
 from gem.config import load_config
+from gem.study.claims import all_claims
 from gem.study.job_log import JobLog
+from gem.study.page import write_report
 from gem.study.presets import PRESETS
+from gem.study.study import Study
+from gem.train.daily import code_version
 
 
 def study_dir(lakehouse_uri: str, preset: str) -> Path:
@@ -38,11 +42,6 @@ def _json_safe(x: Any) -> Any:
 def run_study(preset_name: str, out_dir: Path, workers: int | None = None, job_log: Path | None = None) -> Path:
     """Run the preset, write results.json and the report into out_dir -> the report's path. With
     `job_log`, jobs a previous run finished (gem.study.job_log) are reused and new ones appended."""
-    from gem.study.claims import all_claims
-    from gem.study.page import write_report
-    from gem.study.study import Study
-    from gem.train.daily import code_version
-
     preset = PRESETS[preset_name]
     workers = workers or preset.workers
     start, started = time.perf_counter(), dt.datetime.now(dt.UTC).isoformat(timespec="seconds")

@@ -15,6 +15,7 @@ gem.train.trainer.Trainer, gem.train.evaluate), so the claims hold for the loop 
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 import os
 import sys
 import time
@@ -240,8 +241,6 @@ class Study:
     def run_forked(self, jobs: dict[str, Job], workers: int, finished: Callable[[Job], None] | None = None) -> None:
         """Run the jobs in `workers` forked processes; their results replace the jobs in `jobs`
         (and go to `finished` as each arrives)."""
-        import multiprocessing
-
         if self.device.type == "cuda" and torch.cuda.is_initialized():
             raise RuntimeError("this process has initialized CUDA, so the workers it forks could not use the GPU: "
                                "run the study in a fresh process (python -m gem.study) or with workers=1")

@@ -26,10 +26,10 @@ from typing import Any
 import pyarrow as pa
 import torch
 
-from gem.config import REPO_ROOT, add_config_arg, load_config
+from gem.config import REPO_ROOT, GemConfig, add_config_arg, load_config
 from gem.data.encode import DENSE_COLUMNS
 from gem.data.loader import SPARSE_FEATURES, ExampleStream, ResumableLoader
-from gem.data.manifest import read_manifest
+from gem.data.manifest import Manifest, read_manifest
 from gem.days import iso_day
 from gem.environment import CODE_VERSION_ENV
 from gem.lakehouse.commit import StageCommit, StageContext, StageResult
@@ -46,7 +46,6 @@ from schemas.metrics import GOLD_METRICS
 
 
 def code_version() -> str:
-
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
         return out.stdout.strip()
@@ -63,11 +62,10 @@ NO_INPUT_COUNT = "scores: one gold.metrics row per held-out task, each with the 
 EVAL_LENGTH_SORT_BATCHES = 64
 
 
-def write_metrics(commit: Any, rows: list[dict[str, Any]]) -> int:
+def write_metrics(commit: StageCommit, rows: list[dict[str, Any]]) -> int:
     """Replace gold.metrics' rows of one (held-out day, architecture) with `rows`, in one commit of
     the pretraining stage (gem.lakehouse.commit.StageCommit): a rerun of a day's pretraining leaves one row per
     task, never a second set beside the first. -> the version created."""
-
     keys = {(r["ds"], r["arch"]) for r in rows}
     if len(keys) != 1:
         raise ValueError(f"gold.metrics rows of one run share one (ds, arch); got {sorted(keys)}")
@@ -78,7 +76,7 @@ def write_metrics(commit: Any, rows: list[dict[str, Any]]) -> int:
     return commit.replace_arrow(table, GOLD_METRICS, also={"arch": arch})
 
 
-def checkpoint_root(cfg: Any) -> Path:
+def checkpoint_root(cfg: GemConfig) -> Path:
     """Where run folders and promotions live: train.checkpoint_root, else {lakehouse}/_checkpoints."""
     return Path(cfg.train.checkpoint_root or f"{cfg.lakehouse_uri.rstrip('/')}/_checkpoints")
 
@@ -94,12 +92,11 @@ def init_from_torchrun(device_type: str) -> bool:
     return True
 
 
-def run(ctx: Any, ds: str, run_dir: Path | None = None, steps: int | None = None,
-        progress: bool = False) -> Any:
+def run(ctx: StageContext, ds: str, run_dir: Path | None = None, steps: int | None = None,
+        progress: bool = False) -> StageResult:
     """Train on the mixture of `ds`, score its held-out day, promote the model; -> a StageResult
     (rank 0 publishes the record; other ranks return one without records). Details: steps,
     examples, checkpoint."""
-
     t0, cfg = time.time(), ctx.cfg
     joined = init_from_torchrun("cuda" if torch.cuda.is_available() else "cpu")
     rank = torch.distributed.get_rank() if joined else 0
@@ -156,7 +153,6 @@ def run(ctx: Any, ds: str, run_dir: Path | None = None, steps: int | None = None
 
 
 def main(argv: list[str] | None = None) -> int:
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_config_arg(parser)
     parser.add_argument("--mix-ds", required=True, type=iso_day, help="the gold.mixture_manifest day to train on")
@@ -170,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def metrics_rows(cfg: Any, ds: str, run_id: str, arch: str, scores: dict[str, dict[str, Any]], steps: int,
+def metrics_rows(cfg: GemConfig, ds: str, run_id: str, arch: str, scores: dict[str, dict[str, Any]], steps: int,
                  mixture_id: str, examples_version: int, sequences_version: int) -> list[dict[str, Any]]:
     """gold.metrics rows of one run's held-out scores (as gem.train.evaluate returns them), with what it
     read and which code and config ran."""
@@ -184,9 +180,8 @@ def metrics_rows(cfg: Any, ds: str, run_id: str, arch: str, scores: dict[str, di
     } for name, s in scores.items()]
 
 
-def _report(commit: Any, scores: dict[str, dict[str, Any]], steps: int, eval_manifest: Any) -> None:
+def _report(commit: StageCommit, scores: dict[str, dict[str, Any]], steps: int, eval_manifest: Manifest) -> None:
     """Write the held-out scores to gold.metrics (with run id, config, code and table versions) and print them."""
-
     cfg, mix_ds = commit.cfg, commit.ds
     run_id = f"{cfg.model.arch}:{mix_ds}:{uuid.uuid4().hex[:8]}"
     write_metrics(commit, metrics_rows(cfg, mix_ds, run_id, cfg.model.arch, scores, steps, eval_manifest.mixture_id,

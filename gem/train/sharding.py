@@ -19,6 +19,20 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torchrec.distributed.embedding import EmbeddingCollectionSharder
+from torchrec.distributed.model_parallel import (
+    DataParallelWrapper,
+    DefaultDataParallelWrapper,
+    DistributedModelParallel,
+)
+from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+from torchrec.distributed.planner.types import ParameterConstraints
+from torchrec.optim import RowWiseAdagrad
+from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+from gem.model.embeddings import plain_state_key
+from gem.train.checkpoint import single_process
 
 SHARDING_TYPE = "table_wise"
 COMPUTE_KERNEL = "fused"
@@ -27,10 +41,6 @@ COMPUTE_KERNEL = "fused"
 def sharding_plan(task: torch.nn.Module, world_size: int, device_type: str, pg: Any = None) -> Any:
     """The plan: every table of task.embeddings.collection TABLE_WISE on the FUSED kernel; the
     planner only picks which rank holds each table (balancing their sizes)."""
-    from torchrec.distributed.embedding import EmbeddingCollectionSharder
-    from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
-    from torchrec.distributed.planner.types import ParameterConstraints
-
     tables = list(task.embeddings.collection.embeddings)
     constraints = {t: ParameterConstraints(sharding_types=[SHARDING_TYPE], compute_kernels=[COMPUTE_KERNEL])
                    for t in tables}
@@ -56,8 +66,6 @@ def _embedding_optimizer(name: str) -> type:
     if name == "sgd":
         return torch.optim.SGD
     if name == "rowwise_adagrad":  # one accumulator per row: the usual choice for large id tables
-        from torchrec.optim import RowWiseAdagrad
-
         return RowWiseAdagrad
     raise ValueError(f"unknown embedding optimizer {name!r}; expected 'sgd' or 'rowwise_adagrad'")
 
@@ -67,10 +75,6 @@ def shard_task(task: torch.nn.Module, embedding_lr: float, device: torch.device 
     """-> (DistributedModelParallel of the task, its plan). The tables train with `optimizer`
     ("sgd" | "rowwise_adagrad") fused into the backward at `embedding_lr`; its state is
     `model.fused_optimizer`. The caller's optimizer covers the dense parameters (`dense_parameters`)."""
-    from torchrec.distributed.embedding import EmbeddingCollectionSharder
-    from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
-
     device = device or torch.device("cpu")
     ensure_process_group(device)
     apply_optimizer_in_backward(_embedding_optimizer(optimizer), task.embeddings.collection.parameters(),
@@ -90,8 +94,6 @@ def dense_data_parallel(world: int) -> Any:
     batch can leave parts of the model without gradient (e.g. an event type with no history in any
     example), which DMP's default static-graph DDP rejects mid-training. Parameter and state names
     are the same either way (DMP names them by the unwrapped module)."""
-    from torchrec.distributed.model_parallel import DataParallelWrapper, DefaultDataParallelWrapper
-
     if world > 1:
         return DefaultDataParallelWrapper(static_graph=False, find_unused_parameters=True)
 
@@ -104,8 +106,6 @@ def dense_data_parallel(world: int) -> Any:
 
 def dense_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     """The parameters an ordinary optimizer must step: all but the fused (in-backward) tables."""
-    from torchrec.optim.optimizers import in_backward_optimizer_filter
-
     return [p for _, p in in_backward_optimizer_filter(model.named_parameters())]
 
 
@@ -116,9 +116,6 @@ def unsharded_state(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
     Why: evaluation, export and embedding precompute then run a plain-torch model, with no
     torchrec and no collectives (a rank with fewer eval batches cannot stall the others).
     """
-    from gem.model.sparse import plain_state_key
-    from gem.train.checkpoint import single_process
-
     rank, alone = torch.distributed.get_rank(), single_process()
     out: dict[str, torch.Tensor] = {}
     for key, value in model.state_dict().items():

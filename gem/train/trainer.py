@@ -16,6 +16,7 @@ kept in memory, such as each of the quality study's (gem.study.runner).
 
 from __future__ import annotations
 
+import json
 import math
 import time
 import warnings
@@ -121,7 +122,8 @@ class Trainer:
             task.body.compile(dynamic=True if self.device.type == "cpu" else None)
         self.owns_process_group = False
         if self.sharded:
-            from gem.train.sharding import dense_parameters, ensure_process_group, shard_task
+            # torchrec is optional: imported only when the tables are sharded.
+            from gem.train.sharding import dense_parameters, ensure_process_group, shard_task  # noqa: PLC0415
 
             self.owns_process_group = ensure_process_group(self.device)
             # The dense part goes to the device here; the tables move as DMP shards them.
@@ -248,7 +250,7 @@ class Trainer:
 
         Evaluation runs that plain model on rank 0 alone, for either backend."""
         if self.sharded:
-            from gem.train.sharding import unsharded_state
+            from gem.train.sharding import unsharded_state  # noqa: PLC0415 - torchrec only when sharded
 
             return unsharded_state(self.model)
         rank0 = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
@@ -337,6 +339,4 @@ def padding_ratios(real: dict[str, int], padded: dict[str, int]) -> dict[str, fl
 
 
 def jsonable(x: Any) -> Any:
-    import json
-
     return json.loads(json.dumps(x, default=str))

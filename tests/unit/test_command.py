@@ -4,6 +4,7 @@ that run Airflow are exercised for real in tests/e2e/test_gem_command.py."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import tomllib
 from pathlib import Path
@@ -19,6 +20,18 @@ from tests.support import FIXTURES, PYTHON, REPO, make_config, subprocess_env
 SUBCOMMANDS = {"run": ["--ds", "--config"], "status": ["--start", "--end", "--config", "--airflow"],
                "backfill": ["--start", "--end", "--from-stage", "--reprocess", "--config"],
                "import-movielens": ["PATH", "--config"], "delete-user": ["USER_ID", "--config"]}
+# What the `gem` command imports before a subcommand runs: none of these (each subcommand imports its
+# modules when it runs, gem/pipeline/command.py).
+HEAVY = {"torch", "torchrec", "pyspark", "airflow", "deltalake", "pyarrow", "pandas", "numpy", "great_expectations",
+         "matplotlib"}
+# `python -c PROBE OUT ARGS...`: runs `gem ARGS...` and writes the top-level packages its process
+# imported, as it exits, to the file OUT.
+IMPORTS_PROBE = (
+    "import atexit, json, runpy, sys\n"
+    "out = sys.argv.pop(1)\n"
+    "atexit.register(lambda: open(out, 'w').write(json.dumps(sorted({m.split('.')[0] for m in sys.modules}))))\n"
+    "runpy.run_module('gem', run_name='__main__', alter_sys=True)\n"
+)
 
 
 def _cfg_file(tmp_path: Path, **extra: str) -> Path:
@@ -137,3 +150,25 @@ def test_delete_user_prints_what_it_removed_and_refuses_an_empty_id(tmp_path: Pa
     assert "nothing held this user" in again.output
     empty = CliRunner().invoke(app, ["delete-user", " ", "--config", str(cfg_file)])
     assert empty.exit_code == 2 and "user id" in empty.output
+
+
+def _gem_imports(tmp_path: Path, *args: str) -> set[str]:
+    """The top-level packages a `gem ARGS...` process has imported when it exits."""
+    out = tmp_path / "imported.json"
+    env = subprocess_env() | {"AIRFLOW_HOME": str(tmp_path / "airflow_home")}
+    done = subprocess.run([PYTHON, "-c", IMPORTS_PROBE, str(out), *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return set(json.loads(out.read_text()))
+
+
+@pytest.mark.parametrize("args", [["--help"], *([name, "--help"] for name in sorted(SUBCOMMANDS))])
+def test_the_command_and_its_help_import_no_heavy_library(tmp_path: Path, args: list[str]) -> None:
+    assert _gem_imports(tmp_path, *args) & HEAVY == set()
+
+
+def test_status_reads_the_lakehouse_without_spark_torch_or_airflow(tmp_path: Path) -> None:
+    """`gem status` reads records through deltalake alone: no JVM, no torch, no Airflow import."""
+    imported = _gem_imports(tmp_path, "status", "--end", "2026-01-02", "--config", str(_cfg_file(tmp_path)))
+    assert "gem" in imported and "deltalake" in imported
+    assert imported & {"torch", "torchrec", "pyspark", "airflow", "great_expectations", "matplotlib"} == set()

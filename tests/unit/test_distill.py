@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
@@ -34,6 +34,9 @@ from schemas.metrics import GOLD_METRICS
 from schemas.precompute import GOLD_FM_HISTORY_CODES, GOLD_FM_PREDICTIONS
 from tests.precompute_lakehouse import build_days, precompute_config, promote_model, publish_training_records
 
+if TYPE_CHECKING:
+    from gem.config import GemConfig
+
 
 @pytest.fixture(scope="module")
 def lake(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
@@ -50,7 +53,7 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"cfg": cfg, "days": days, "skipped": skipped, "result": result}
 
 
-def metrics(cfg: Any, ds: str) -> list[dict]:
+def metrics(cfg: GemConfig, ds: str) -> list[dict]:
     return read_table(tables.table_path(cfg, GOLD_METRICS), where={"ds": ds}).to_pylist()
 
 

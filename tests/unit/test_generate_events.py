@@ -412,7 +412,7 @@ def test_landing_source_generates_nothing_and_exits_99(tmp_path: Path) -> None:
 def test_the_first_day_starts_from_burned_in_users(tmp_path):
     """With no earlier state the start day begins from users carried through generator.burn_in_days
     simulated days: their click memory is at the level a simulated day leaves it at, not at zero."""
-    from gem.sources.engagement import state_before
+    from gem.sources.simulation import state_before
 
     cfg = make_config(tmp_path)
     world = build_world(cfg)

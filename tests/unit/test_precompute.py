@@ -15,7 +15,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -52,8 +52,11 @@ from tests.precompute_lakehouse import (
 )
 from tests.support import PYTHON, REPO, subprocess_env
 
+if TYPE_CHECKING:
+    from gem.config import GemConfig
 
-def contents(cfg: Any, schema: Any, ds: str | None = None) -> list[dict]:
+
+def contents(cfg: GemConfig, schema: Any, ds: str | None = None) -> list[dict]:
     """A table's rows (of partition ds), without the wall-clock stamp, in key order."""
     where = {"ds": ds} if ds else None
     rows = read_table(tables.table_path(cfg, schema), where=where).to_pylist()
@@ -64,14 +67,14 @@ def contents(cfg: Any, schema: Any, ds: str | None = None) -> list[dict]:
     return sorted(rows, key=lambda r: tuple(str(r[k]) for k in (*schema.key, "shard") if k in r))
 
 
-def partition_files(cfg: Any, schema: Any, ds: str) -> set[str]:
+def partition_files(cfg: GemConfig, schema: Any, ds: str) -> set[str]:
     path = tables.table_path(cfg, schema)
     from gem.data.delta_log import table_version
 
     return {f.path for f in logged_files(path, table_version(path)) if f.partition["ds"] == ds}
 
 
-def sequences_before(cfg: Any, world: World, user: str, cut: dt.datetime) -> dict[str, Jagged]:
+def sequences_before(cfg: GemConfig, world: World, user: str, cut: dt.datetime) -> dict[str, Jagged]:
     """The user's sequences strictly before `cut`, the newest the model reads, encoded by hand from
     the world's events (not through the loader), gaps counted to `cut`."""
     lengths = cfg.loader.capped(cfg.model.sequence_lengths())

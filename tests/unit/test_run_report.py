@@ -13,7 +13,7 @@ from __future__ import annotations
 import html.parser
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 import pandas as pd
@@ -30,10 +30,13 @@ from schemas.precompute import GOLD_PRECOMPUTE_STATS
 from tests.browser import render
 from tests.precompute_lakehouse import build_days, precompute_config
 
+if TYPE_CHECKING:
+    from gem.config import GemConfig
+
 QUARANTINED = {"wrong_type": 3, "stale_timestamp": 2}
 
 
-def _validate_twice(cfg: Any, ds: str) -> None:
+def _validate_twice(cfg: GemConfig, ds: str) -> None:
     """Suite report.rules: fails its critical expectation, then (a rerun) passes; suite report.warn:
     one warning fails. Both under batch label ds."""
     import great_expectations.expectations as gxe

@@ -8,7 +8,8 @@ import pytest
 
 from gem.days import day_range, shift_day
 from gem.lakehouse import completions, stages
-from jobs import build_sequences, mix
+from gem.silver.compaction import is_compaction_day
+from jobs import mix
 from tests.support import make_config
 
 S = "2026-01-01"
@@ -40,7 +41,7 @@ def test_schedules_and_windows_agree_with_the_jobs(tmp_path, validation_days):
                       mix={"train_days": 3, "validation_days": validation_days})
     for ds in day_range(S, shift_day(S, 30)):
         compacts = stages.stage("build_sequences").partitions(cfg, ds).get("silver.user_sequences_compacted")
-        assert (compacts == [ds]) == build_sequences.is_compaction_day(cfg, ds), ds
+        assert (compacts == [ds]) == is_compaction_day(cfg, ds), ds
         days = mix.mix_days(cfg, ds)
         # Every day the mix reads, validation days included, is gated; a day with nothing to train on needs none.
         expected = [] if days is None else [*days.train, *days.validation, days.eval]

@@ -13,7 +13,8 @@ from __future__ import annotations
 from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk import DAG, CronDataIntervalTimetable
 
-from gem.lakehouse.upkeep import UPKEEP_CRON
+from gem.lakehouse.backfill_hold import BackfillInProgressError
+from gem.lakehouse.upkeep import UPKEEP_CRON, run_task
 from gem.pipeline.airflow.orchestration import SCHEDULE_TZ, backfill_reschedule, default_args, partition_ds, start_date
 
 UPKEEP_DAG_ID = "gem_upkeep"
@@ -22,9 +23,6 @@ UPKEEP_DAY_EXPR = "{{ partition_ds(data_interval_end) }}"
 
 def run_upkeep(ds: str) -> str:
     """The task: upkeep of ds; rescheduled, not failed, while a backfill runs (gem.lakehouse.upkeep)."""
-    from gem.lakehouse.backfill_hold import BackfillInProgressError
-    from gem.lakehouse.upkeep import run_task
-
     try:
         return run_task(ds)
     except BackfillInProgressError as waiting:
