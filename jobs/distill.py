@@ -17,13 +17,13 @@ from typing import Annotated
 
 import typer
 
+from gem.distill import run as distill
 from gem.lakehouse.commit import StageContext, StageResult
 from gem.pipeline.cli import StageCall, job_exit, run_command, stage_command
 
 
 def run(ctx: StageContext, ds: str, steps: int | None = None) -> StageResult:
     """Distill ds (gem.distill.run.run); nothing published until precompute ran on ds and ds - 1."""
-    from gem.distill import run as distill
 
     return distill.run(ctx, ds, steps)
 

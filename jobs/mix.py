@@ -35,8 +35,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from gem.config import GemConfig, MixConfig
 from gem.data.delta_log import LoggedFile, logged_files, read_logged
+from gem.lakehouse import tables
 from gem.lakehouse.commit import StageCommit, StageContext, StageResult
 from gem.lakehouse.stages import mixed_days
 from gem.pipeline.airflow.orchestration import NOTHING_READY_EXIT
@@ -114,7 +118,6 @@ def sampling_rates(rows_by_source: Mapping[str, int], mix: MixConfig) -> dict[st
 
 def label_positives(files: list[LoggedFile], label_types: tuple[str, ...]) -> dict[tuple[str, str], int]:
     """(file path, label type) -> rows with that label 1; reads only the label columns."""
-    import pyarrow.compute as pc
 
     out = {}
     for f in files:
@@ -173,9 +176,6 @@ def run(ctx: StageContext, ds: str) -> StageResult:
     """The manifest of run day ds (no Spark: the log is read and the manifest written through
     `deltalake`); nothing published when no training day precedes the held-out day yet. Details:
     mixture_id, sources, examples_version."""
-    import pyarrow as pa
-
-    from gem.lakehouse import tables
 
     t0, cfg = time.time(), ctx.cfg
     days = mix_days(cfg, ds)

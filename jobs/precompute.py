@@ -19,11 +19,11 @@ import typer
 
 from gem.lakehouse.commit import StageContext, StageResult
 from gem.pipeline.cli import StageCall, job_exit, run_command, stage_command
+from gem.precompute import run as precompute
 
 
 def run(ctx: StageContext, ds: str, workers: int | None = None) -> StageResult:
     """Precompute ds (gem.precompute.run.run); nothing published when ds has no mixture."""
-    from gem.precompute import run as precompute
 
     return precompute.run(ctx, ds, workers)
 

@@ -16,16 +16,16 @@ from typing import Annotated
 
 import typer
 
+from gem.data.manifest import ManifestError, read_manifest
 from gem.lakehouse.commit import StageContext, StageResult
+from gem.lakehouse.stages import mixed_days
 from gem.pipeline.cli import StageCall, job_exit, run_command, stage_command
+from gem.train import daily
 
 
 def run(ctx: StageContext, ds: str, steps: int | None = None) -> StageResult:
     """Pretrain on ds's mixture (gem.train.daily.run); nothing published when jobs.mix wrote no
     manifest for ds yet."""
-    from gem.data.manifest import ManifestError, read_manifest
-    from gem.lakehouse.stages import mixed_days
-    from gem.train import daily
 
     if not mixed_days(ctx.cfg, ds):
         # Not a missing step: the mixture's window (mix.train_days, cold_start_days, validation_days

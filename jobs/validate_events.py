@@ -24,6 +24,8 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from delta.tables import DeltaTable
+
 from gem.config import GemConfig
 from gem.lakehouse.commit import DayCounts, StageCommit, StageContext, StageResult
 from gem.lakehouse.completions import MissingInputError
@@ -66,7 +68,6 @@ def _quarantine_rows(spark: SparkSession, cfg: GemConfig, commit: StageCommit,
     """(day -> rows of bronze.quarantine, the version read): the one version `validated_version`
     pins for all the days when every ingest record names one (else the latest, and None); no rows
     while the table does not exist."""
-    from delta.tables import DeltaTable
 
     days = sorted(ingest_records)
     if not DeltaTable.isDeltaTable(spark, table_path(cfg, BRONZE_QUARANTINE)):

@@ -19,11 +19,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gem.lakehouse import tables
 from gem.lakehouse.commit import DayCounts, StageCommit, StageContext, StageResult
 from gem.lakehouse.completions import MissingInputError
 from gem.pipeline.cli import StageCall, run_command, stage_command
+from gem.quality import silver as qs
+from gem.quality.bronze import statistics_frame
 from gem.quality.docs_assets import MissingDocsAssetsError
-from gem.quality.runner import DataQualityError, docs_site_dir
+from gem.quality.runner import DataQualityError, build_data_docs, docs_site_dir, raise_for_critical, validate
+from jobs.validate_events import VALIDATION_WRITES_NOTHING
+from schemas.examples import SILVER_TRAINING_EXAMPLES
+from schemas.features import SILVER_AD_FEATURES, SILVER_USER_FEATURES
+from schemas.sequences import SILVER_USER_SEQUENCES
 
 if TYPE_CHECKING:
     from great_expectations.expectations import Expectation
@@ -45,7 +52,6 @@ class Batch:
 def _validated_days(spark: SparkSession, commit: StageCommit, schema: TableSchema, producer: str) -> tuple[DataFrame, int]:
     """The commit's days of `schema`, read at the one version where each day holds the files its
     producing stage recorded (StaleInputError, naming the rerun, when a day changed since); -> (rows, version)."""
-    from gem.lakehouse import tables
 
     days = list(commit.days)
     version = commit.validated_version(schema, producer, days)
@@ -57,8 +63,6 @@ def _validate_and_publish(commit: StageCommit, batches: list[Batch], validated: 
                           rows: dict[str, int], started: float) -> StageResult:
     """One run of each suite over the batch of every day; a failed critical rule fails the run (no day
     is published), else one record per day with that day's rows validated."""
-    from gem.quality.runner import build_data_docs, raise_for_critical, validate
-    from jobs.validate_events import VALIDATION_WRITES_NOTHING
 
     cfg = commit.cfg
     # Cached: each of a suite's query expectations runs a count and a collect over the batch, so
@@ -75,10 +79,6 @@ def _validate_and_publish(commit: StageCommit, batches: list[Batch], validated: 
 def run_tables(ctx: StageContext, ds: str, through: str | None = None) -> StageResult:
     """Sequences and features of ds (or of the days ds..through, each suite run once over them);
     needs build_sequences' and build_features' records. Details: the validation reports."""
-    from gem.quality import silver as qs
-    from gem.quality.bronze import statistics_frame
-    from schemas.features import SILVER_AD_FEATURES, SILVER_USER_FEATURES
-    from schemas.sequences import SILVER_USER_SEQUENCES
 
     t0, cfg, spark = time.time(), ctx.cfg, ctx.spark_for(SILVER_STAGE, ds)
     # Withdrawn first: a failing rerun must not leave an old "validated" record standing.
@@ -111,10 +111,6 @@ def run_tables(ctx: StageContext, ds: str, through: str | None = None) -> StageR
 def run_examples(ctx: StageContext, ds: str, through: str | None = None) -> StageResult:
     """Training examples of ds (or of the days ds..through, one suite run over them); needs
     assemble_examples' record. Details: the validation reports."""
-    from gem.lakehouse import tables
-    from gem.quality import silver as qs
-    from schemas.examples import SILVER_TRAINING_EXAMPLES
-    from schemas.sequences import SILVER_USER_SEQUENCES
 
     t0, cfg, spark = time.time(), ctx.cfg, ctx.spark_for(EXAMPLES_STAGE, ds)
     commit = StageCommit.begin(ctx, EXAMPLES_STAGE, ds, through)

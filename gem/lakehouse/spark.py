@@ -10,9 +10,15 @@ and its dependencies, resolved once by `make setup` from infra/delta-jars/pom.xm
 
 from __future__ import annotations
 
+import dataclasses
 import glob
+import gzip
+import json
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -46,7 +52,7 @@ def delta_jars(cfg: GemConfig) -> list[str]:
 
 
 def get_spark(cfg: GemConfig, app_name: str = "gem") -> SparkSession:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import SparkSession  # noqa: PLC0415 - JVM-free stages import this module and never load pyspark
 
     if _under_spark_submit():
         spark = SparkSession.builder.appName(app_name).getOrCreate()
@@ -100,9 +106,6 @@ def archive_classes(cfg: GemConfig) -> Path:
     loads the same config ($GEM_CONFIG is inherited). The archive is tied to this JDK and classpath;
     a JVM that cannot use it ignores it.
     """
-    import shutil
-    import subprocess
-    import tempfile
 
     target = Path(cfg.spark.class_archive)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -122,13 +125,10 @@ def class_workload(cfg: GemConfig, tmp: str, dump: str) -> None:
     """What the jobs do, small, in a JVM that archives its classes at exit: gzipped JSON in, a
     partitioned Delta write, a replaceWhere overwrite, a MERGE, a filtered read, a join, a window,
     an aggregation, Arrow and rows out."""
-    import dataclasses
-    import gzip
-    import json
 
-    from delta.tables import DeltaTable
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
+    from delta.tables import DeltaTable  # noqa: PLC0415 - JVM-free stages import this module and never load pyspark
+    from pyspark.sql import Window  # noqa: PLC0415 - JVM-free stages import this module and never load pyspark
+    from pyspark.sql import functions as F  # noqa: PLC0415 - JVM-free stages import this module and never load pyspark
 
     options = f"{cfg.spark.conf.get(JAVA_OPTIONS, '')} -XX:ArchiveClassesAtExit={dump} -Xlog:cds=off".strip()
     cfg = cfg.replace(spark=dataclasses.replace(

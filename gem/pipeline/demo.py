@@ -16,14 +16,24 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import queue
+import sqlite3
+import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 from gem.config import REPO_ROOT, GemConfig, load_config
+from gem.data.delta_log import logged_files, read_table, table_version
 from gem.days import day_range, shift_day
 from gem.environment import RETRIES_ENV, RETRY_DELAY_ENV
-from gem.pipeline.airflow.runs import airflow_env, airflow_home, init_db, run_log
+from gem.pipeline.airflow.runs import POLL_S, TaskReporter, airflow_env, airflow_home, init_db, run_log
+from gem.quality.runner import docs_site_dir
+from gem.report.run_report import student_results, write
+from gem.sources.bayes_floor import reported_floor
+from gem.train.evaluate import metrics_table
+from schemas import TABLES
 from schemas.metrics import GOLD_METRICS
 
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "demo.yaml"
@@ -40,12 +50,10 @@ def run_days(cfg_path: Path, cfg: GemConfig) -> list[tuple[str, float]]:
     the bulk path, the others through Airflow's `dags test`, so every Spark stage after the first runs
     on one warm JVM. One line per stage or task as it finishes; Spark's log and each Airflow run's log
     go to files whose paths are printed. -> (what ran, seconds) per part; exits on a failure."""
-    import queue
-    import subprocess
-    import threading
 
-    from gem.pipeline.airflow.runs import POLL_S, TaskReporter
-    from gem.pipeline.demo_process import DAY_DONE, DAY_START
+    # Imported here: it imports Airflow, which reads its config on import, and this process sets
+    # Airflow's environment for the child only.
+    from gem.pipeline.demo_process import DAY_DONE, DAY_START  # noqa: PLC0415
 
     env = airflow_env(cfg, cfg_path)
     env.setdefault(RETRIES_ENV, "1")
@@ -116,7 +124,6 @@ def task_seconds(airflow_home: Path, days: list[str]) -> str:
 
     One row per task (in the order the tasks first started), one column per run (the ds it processed).
     """
-    import sqlite3
 
     db = airflow_home / "airflow.db"
     if not db.is_file():
@@ -150,8 +157,6 @@ def summarize(cfg: GemConfig) -> str:
     The counts come from the log's per-file statistics (`num_records`, partition values), so no data
     file is read.
     """
-    from gem.data.delta_log import logged_files, table_version
-    from schemas import TABLES
 
     lines = []
     for name, schema in TABLES.items():
@@ -171,10 +176,6 @@ def summarize(cfg: GemConfig) -> str:
 def model_metrics(cfg: GemConfig) -> str | None:
     """The latest pretraining run's held-out NE / AUC / calibration per task, from gold.metrics
     (None when no run has written any)."""
-    from gem.data.delta_log import read_table
-    from gem.days import shift_day
-    from gem.sources.bayes_floor import reported_floor
-    from gem.train.evaluate import metrics_table
 
     path = GOLD_METRICS.path(cfg.lakehouse_uri)
     if not Path(path, "_delta_log").is_dir():
@@ -196,7 +197,6 @@ def model_metrics(cfg: GemConfig) -> str | None:
 def student_metrics(cfg: GemConfig) -> str | None:
     """The latest distillation run's students beside the FM's logged predictions of the same held-out
     examples, per task, from gold.metrics (None when no distill run has written any)."""
-    from gem.report.run_report import student_results
 
     found = student_results(cfg)
     if found is None:
@@ -220,8 +220,6 @@ def student_metrics(cfg: GemConfig) -> str | None:
 
 def reports(cfg: GemConfig, ds: str) -> str:
     """Where the reports are: the run report of ds (written now, `gem report --ds ds`) and the Data Docs."""
-    from gem.quality.runner import docs_site_dir
-    from gem.report.run_report import write
 
     return "\n".join([f"  {'run report of ' + ds:<28} {write(cfg, ds)}",
                       f"  {'data-quality report':<28} {docs_site_dir(cfg) / 'index.html'}"])
