@@ -2,7 +2,8 @@
 
     bulk.py          a range of days through every stage in one process and Spark session
     demo.py          `make demo`: the demo days, then the summary (demo_process.py runs the days)
-    command.py       the `gem` command (typer); cli.py the jobs' shared `--ds` / `--config` flags
+    command.py       the `gem` command (typer)
+    cli.py           the jobs' command lines, built on typer from the stage registry
     airflow/         what Airflow sees: the DAGs built from the stage registry, the task callable,
                      manual runs, backfills and a scheduler for them
 """

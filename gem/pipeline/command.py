@@ -16,14 +16,13 @@ jobs.import_movielens); `gem SUBCOMMAND --help` says more. Built on typer.
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from gem.days import iso_day
+from gem.pipeline.cli import ConfigOption, day_value
 
 app = typer.Typer(
     help="The GEM pipeline: run days through Airflow, see what is done, import real data.",
@@ -33,30 +32,13 @@ app = typer.Typer(
     rich_markup_mode=None,  # plain click help: paragraphs re-wrapped to the terminal
 )
 
-ConfigOption = Annotated[
-    Path | None,
-    typer.Option("--config", help="YAML config file (default: $GEM_CONFIG, else the built-in defaults)",
-                 exists=True, dir_okay=False),
-]
-
-
-def _day(value: str | None) -> str | None:
-    """typer callback: a day written YYYY-MM-DD (gem.days.iso_day), as a usage error otherwise."""
-    if value is None:
-        return None
-    try:
-        return iso_day(value)
-    except argparse.ArgumentTypeError as e:
-        raise typer.BadParameter(str(e).replace("--ds ", "")) from None
-
-
 def _config_args(config: Path | None) -> list[str]:
     return ["--config", str(config)] if config is not None else []
 
 
 @app.command()
 def run(
-    ds: Annotated[str, typer.Option("--ds", help="the day to process, YYYY-MM-DD", callback=_day)],
+    ds: Annotated[str, typer.Option("--ds", help="the day to process, YYYY-MM-DD", callback=day_value)],
     config: ConfigOption = None,
 ) -> None:
     """One day through Airflow: the gem_daily DAG's run for ds.
@@ -82,8 +64,8 @@ def run(
 
 @app.command()
 def backfill(
-    start: Annotated[str, typer.Option(help="first day to process, YYYY-MM-DD", callback=_day)],
-    end: Annotated[str, typer.Option(help="last day to process, YYYY-MM-DD", callback=_day)],
+    start: Annotated[str, typer.Option(help="first day to process, YYYY-MM-DD", callback=day_value)],
+    end: Annotated[str, typer.Option(help="last day to process, YYYY-MM-DD", callback=day_value)],
     from_stage: Annotated[str | None, typer.Option(
         help="rerun from this stage on (the stages before it keep their records of each day)")] = None,
     reprocess: Annotated[str, typer.Option(
@@ -156,8 +138,8 @@ def rerun_all(stale_lines: list[str]) -> str:
 
 @app.command()
 def status(
-    start: Annotated[str | None, typer.Option(help="first day, YYYY-MM-DD (default: start_ds)", callback=_day)] = None,
-    end: Annotated[str | None, typer.Option(help="last day (default: the newest recorded)", callback=_day)] = None,
+    start: Annotated[str | None, typer.Option(help="first day, YYYY-MM-DD (default: start_ds)", callback=day_value)] = None,
+    end: Annotated[str | None, typer.Option(help="last day (default: the newest recorded)", callback=day_value)] = None,
     config: ConfigOption = None,
     airflow_runs: Annotated[bool, typer.Option("--airflow/--no-airflow",
                                                help="also list Airflow's failed runs")] = True,
@@ -209,7 +191,7 @@ def failed_run_lines(config: Path | None) -> list[str]:
 
 @app.command()
 def report(
-    ds: Annotated[str, typer.Option("--ds", help="the day to report, YYYY-MM-DD", callback=_day)],
+    ds: Annotated[str, typer.Option("--ds", help="the day to report, YYYY-MM-DD", callback=day_value)],
     config: ConfigOption = None,
     window: Annotated[int | None, typer.Option(min=1, help="days to look back over, ds included [default: 7]")] = None,
 ) -> None:
@@ -230,8 +212,8 @@ def report(
 
 @app.command()
 def bulk(
-    start: Annotated[str, typer.Option(help="first run day, YYYY-MM-DD", callback=_day)],
-    end: Annotated[str, typer.Option(help="last run day, YYYY-MM-DD", callback=_day)],
+    start: Annotated[str, typer.Option(help="first run day, YYYY-MM-DD", callback=day_value)],
+    end: Annotated[str, typer.Option(help="last run day, YYYY-MM-DD", callback=day_value)],
     through_stage: Annotated[str | None, typer.Option(help="the last stage to run each day (default: all)")] = None,
     config: ConfigOption = None,
 ) -> None:
