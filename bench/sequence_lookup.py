@@ -5,7 +5,7 @@ bench.silver_incremental left behind (run that first).
 
 Times (noop writes, so only the reading and the computing count) for day N:
   1. the narrow step: each active user's latest earlier (user_id, ds) key, over every history row;
-  2. that plus the wide rows of those keys (jobs.build_sequences.latest_previous_rows, broadcast filter);
+  2. that plus the wide rows of those keys (gem.silver.sequences.latest_previous_rows, broadcast filter);
   3. decoding the wide columns of every history row (what the filter would have to avoid).
 The times and the ratio of 3 to 2 are published through bench.results (sequence_lookup). Not a
 test: nothing here gates CI.
@@ -18,11 +18,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pyspark.sql import functions as F
+
 from bench.results import Figure, add_results_dir_arg, record
 from bench.silver_incremental import START, bench_config
 from gem.days import shift_day
 from gem.lakehouse import tables
-from jobs import build_sequences
+from gem.lakehouse.spark import get_spark
+from gem.silver.sequences import latest_previous_rows
 from schemas.events import BRONZE_AD_EVENTS
 from schemas.sequences import SILVER_USER_SEQUENCES
 
@@ -34,10 +37,6 @@ def _noop(df: Any) -> float:
 
 
 def main() -> None:
-    from pyspark.sql import functions as F
-
-    from gem.lakehouse.spark import get_spark
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", default="/tmp/gem-bench-silver")
     parser.add_argument("--days", type=int, default=30)
@@ -57,7 +56,7 @@ def main() -> None:
     print(f"day {ds}: {history_rows:,} history rows, {active_users:,} active users")
     keys_s = _noop(latest_keys)
     print(f"  latest keys (narrow):             {keys_s:6.1f}s")
-    rows_s = _noop(build_sequences.latest_previous_rows(sequences, users, ds))
+    rows_s = _noop(latest_previous_rows(sequences, users, ds))
     print(f"  latest keys + their wide rows:    {rows_s:6.1f}s")
     every_s = _noop(history)
     print(f"  wide columns of every history row: {every_s:6.1f}s")

@@ -14,7 +14,7 @@ One run, side by side, on this machine:
      for day N-1 in full (it writes the daily counts of its window: the state a daily chain leaves,
      as tests/spark/test_build_features.py checks), then day N incrementally (from N-1's counters).
   3. Spark full recompute of day N: every user's sequences from all N days of bronze with the same
-     merge logic (jobs.build_sequences.merge_sequences over all events at once), written to a
+     merge logic (gem.silver.sequences.merge_sequences over all events at once), written to a
      separate Delta table; build_features day N with full=True (the daily counts of its 28-day
      window rebuilt from bronze, then summed). Both are checked equal to the incremental results.
   4. DuckDB, the same logic in SQL over the same Parquet files (listed from the Delta log with the
@@ -37,11 +37,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+import duckdb
+from pyspark.sql import functions as F
+
 from bench.results import Figure, add_results_dir_arg, record
 from gem.config import GemConfig, load_config
+from gem.data.delta_log import logged_files, table_version
 from gem.days import day_range, shift_day
 from gem.lakehouse import tables
 from gem.lakehouse.commit import StageContext
+from gem.lakehouse.spark import get_spark
+from gem.silver.sequences import merge_sequences
 from jobs import build_features, build_sequences
 from schemas.events import BRONZE_AD_EVENTS
 from schemas.features import COUNT_METRICS, RATE_METRICS, SCOPES, WINDOW_DAYS, counter_name
@@ -69,8 +75,6 @@ def bench_config(root: Path, master: str) -> GemConfig:
 
 
 def synth_bronze(spark: Any, cfg: GemConfig, days: list[str], events_per_day: int, users: int, seed: int = 3) -> int:
-    from pyspark.sql import functions as F
-
     def pick(values: tuple[str, ...], index: Any) -> Any:
         return F.element_at(F.array(*[F.lit(v) for v in values]), (index % len(values) + 1).cast("int"))
 
@@ -117,18 +121,14 @@ def synth_bronze(spark: Any, cfg: GemConfig, days: list[str], events_per_day: in
 
 def spark_full_sequences(spark: Any, cfg: GemConfig, ds: str, out: str) -> dict[str, int]:
     """Every user's sequences as of the end of ds from all bronze up to ds, written to `out`."""
-    from pyspark.sql import functions as F
-
     events = tables.read_table(spark, cfg, BRONZE_AD_EVENTS).where(F.col("ds") <= F.lit(ds).cast("date"))
     empty = spark.createDataFrame([], SILVER_USER_SEQUENCES.spark_schema())
-    rows = build_sequences.merge_sequences(empty, events.withColumn("ds", F.lit(ds).cast("date")), cfg.sequence_caps)
+    rows = merge_sequences(empty, events.withColumn("ds", F.lit(ds).cast("date")), cfg.sequence_caps)
     rows.write.format("delta").mode("overwrite").save(out)
     return _sequence_totals(spark.read.format("delta").load(out))
 
 
 def _sequence_totals(rows: Any) -> dict[str, int]:
-    from pyspark.sql import functions as F
-
     aggs = [F.count("*").alias("rows")]
     for seq, n in SEQUENCE_COLUMNS.values():
         aggs += [F.sum(F.size(seq)).alias(f"len_{seq}"), F.sum(n).alias(n)]
@@ -137,8 +137,6 @@ def _sequence_totals(rows: Any) -> dict[str, int]:
 
 def _feature_totals_of_day(spark: Any, cfg: GemConfig, ds: str) -> dict[str, int]:
     """silver.user_features ds: its row count and the sum of each all-surfaces counter."""
-    from pyspark.sql import functions as F
-
     rows = tables.read_table(spark, cfg, build_features.SILVER_USER_FEATURES).where(F.col("ds") == F.lit(ds).cast("date"))
     cols = [counter_name(m, w) for w in WINDOW_DAYS for m in COUNT_METRICS.values()]
     r = rows.agg(F.count("*").alias("rows"), *[F.sum(c).alias(c) for c in cols]).collect()[0].asDict()
@@ -151,8 +149,6 @@ def _feature_totals_of_day(spark: Any, cfg: GemConfig, ds: str) -> dict[str, int
 
 def bronze_files(cfg: GemConfig, first: str, last: str) -> list[str]:
     """Parquet files of bronze arrival days first..last, from the Delta log (not a folder listing)."""
-    from gem.data.delta_log import logged_files, table_version
-
     path = tables.table_path(cfg, BRONZE_AD_EVENTS)
     return [f.path for f in logged_files(path, table_version(path)) if first <= f.partition["ds"] <= last]
 
@@ -165,8 +161,6 @@ def _duck(threads: int, spill_dir: str) -> Any:
     list aggregation over millions of users can take the machine's memory and get the process
     killed. The ordered list() aggregation of the full sequences cannot spill, so a large run needs
     a higher cap (--duckdb-memory); Spark is stopped before DuckDB runs, so it can have more."""
-    import duckdb
-
     con = duckdb.connect()
     con.execute(f"SET threads = {threads}; SET preserve_insertion_order = false; SET TimeZone = 'UTC'; "
                 f"SET memory_limit = '{DUCKDB_MEMORY['limit']}'; SET temp_directory = '{spill_dir}'")
@@ -251,8 +245,6 @@ def duckdb_only(args: argparse.Namespace) -> dict[str, Any]:
     """--duckdb-only: the DuckDB half over the bronze files and Spark outputs an earlier run of this
     benchmark left in --root (its Spark figures are in that run's output); the outputs are checked
     against Spark's tables before any figure is printed."""
-    from gem.lakehouse.spark import get_spark
-
     root = Path(args.root)
     cfg = bench_config(root, args.master)
     last = shift_day(START, args.days - 1)
@@ -267,8 +259,6 @@ def duckdb_only(args: argparse.Namespace) -> dict[str, Any]:
 def _duckdb_half(args: argparse.Namespace, cfg: GemConfig, last: str, full_totals: dict[str, int],
                  spark_features: dict[str, int]) -> dict[str, Any]:
     """DuckDB's full sequences and features of day N, checked against Spark's totals, timed."""
-    import duckdb
-
     root = Path(args.root)
     out: dict[str, Any] = {"duckdb_memory_limit": DUCKDB_MEMORY["limit"]}
     if args.skip_duckdb_sequences:
@@ -293,10 +283,6 @@ def _duckdb_half(args: argparse.Namespace, cfg: GemConfig, last: str, full_total
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from pyspark.sql import functions as F
-
-    from gem.lakehouse.spark import get_spark
-
     root = Path(args.root)
     shutil.rmtree(root, ignore_errors=True)
     cfg = bench_config(root, args.master)

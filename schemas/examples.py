@@ -16,7 +16,7 @@ ds + attribution_window_days, once every label it can get is known. It holds:
   * where to read the user's sequences: (user_id, sequence_ds) in silver.user_sequences. Sequences
     are never copied here: the loader materializes them late (below).
 
-Linking, by event time (jobs/assemble_examples.py holds the one implementation):
+Linking, by event time (gem/silver/examples.py holds the one implementation):
   click -> impression: the user's latest impression of the same ad on the same surface at or
       before the click and at most `click_window_minutes` before it, among impressions that had
       arrived by the click's arrival day.

@@ -15,6 +15,7 @@ import pytest
 from gem.days import day_range, shift_day
 from gem.lakehouse import completions, tables
 from gem.lakehouse.commit import StageContext
+from gem.silver.features import bronze_days
 from jobs import build_features
 from schemas import TABLES
 from schemas.events import BRONZE_AD_EVENTS
@@ -265,9 +266,9 @@ def test_missing_validate_events_record_fails_naming_the_day(spark, built):
 
 def test_bronze_days_read_are_the_longest_window_clipped_at_start_ds(tmp_path):
     cfg = make_config(tmp_path, start_ds=START)
-    assert build_features.bronze_days(cfg, START) == []
-    assert build_features.bronze_days(cfg, "2026-01-03") == ["2026-01-01", "2026-01-02"]
-    days = build_features.bronze_days(cfg, "2026-03-01")
+    assert bronze_days(cfg, START) == []
+    assert bronze_days(cfg, "2026-01-03") == ["2026-01-01", "2026-01-02"]
+    days = bronze_days(cfg, "2026-03-01")
     assert (days[0], days[-1], len(days)) == ("2026-02-01", "2026-02-28", 28)
 
 
@@ -332,7 +333,7 @@ def test_chain_runs_incrementally_after_its_first_day(chain):
     _, _, results, _, rerun, _, full_results, _ = chain
     assert [r.details["incremental"] for r in results] == [False, True, True, True]
     # The first day rewrote the daily counts of its whole window; the others only their newest day.
-    assert results[0].details["daily_count_days"] == build_features.bronze_days(chain[0], CHAIN_DAYS[0])
+    assert results[0].details["daily_count_days"] == bronze_days(chain[0], CHAIN_DAYS[0])
     assert [r.details["daily_count_days"] for r in results[1:]] == [[shift_day(d, -1)] for d in CHAIN_DAYS[1:]]
     assert rerun.details["incremental"] and not any(r.details["incremental"] for r in full_results)
 
@@ -406,7 +407,7 @@ def test_a_range_equals_its_days_built_one_by_one(spark, ranged):
     assert records[START]["rows_written"] == 0 and all(r["rows_written"] for d, r in records.items() if d != START)
     for result, (first, through) in zip(results, RANGES, strict=True):
         assert [r["ds"] for r in result.records] == day_range(first, through) and not result.details["incremental"]
-        assert result.details["daily_count_days"] == build_features.bronze_days(cfg, first, through)
+        assert result.details["daily_count_days"] == bronze_days(cfg, first, through)
         for name in FEATURE_TABLES:
             writes = [c for c in DeltaTable(tables.table_path(cfg, TABLES[name])).history()
                       if result.records[0]["run_id"] in (c.get("userMetadata") or "")]

@@ -15,6 +15,7 @@ from gem.days import shift_day
 from gem.lakehouse import completions, tables
 from gem.lakehouse.commit import StageContext
 from gem.lakehouse.staleness import DONE, STALE, Ledger, all_records
+from gem.silver.sequences import advance_sequences
 from jobs import build_sequences
 from schemas.events import BRONZE_AD_EVENTS
 from schemas.ops import COMPLETIONS
@@ -186,7 +187,7 @@ def test_the_block_size_of_a_range_does_not_change_its_rows(spark, built):
     empty = spark.createDataFrame([], SILVER_USER_SEQUENCES.spark_schema())
 
     def rows(block_days: int) -> list[Any]:
-        out = build_sequences.advance_sequences(empty, events, cfg.sequence_caps, block_days)
+        out = advance_sequences(empty, events, cfg.sequence_caps, block_days)
         return sorted(out.collect(), key=lambda r: (r["ds"], r["user_id"]))
 
     one_day = rows(1)
