@@ -43,12 +43,9 @@ from bench.results import Figure, add_results_dir_arg, record
 from gem.config import load_config
 from gem.data.encode import DENSE_COLUMNS
 from gem.data.loader import SPARSE_FEATURES
-from gem.lakehouse.commit import StageContext
 from gem.model.build import build_task
 from gem.model.flops import model_flops
 from gem.precompute import speculative
-from gem.precompute.run import run
-from gem.precompute.synthetic_lakehouse import START, build_days, promote_model, publish_training_records
 from gem.study.traffic import simulate
 
 
@@ -56,6 +53,9 @@ def lakehouse_config(root: Path, users: int, shards: int, **precompute: Any) -> 
     # The pipeline's default Kunlun (width 32); tables sized to the synthetic ids.
     buckets = {"user_id": 50_000, "ad_id": 1_000, "advertiser_id": 1_000, "campaign_id": 1_000, "surface": 8,
                "objective": 8, "creative_type": 8, "position": 65}
+    # Imported here, as in cpu_bench: `--gpu-only` runs on the GPU image, which has no deltalake.
+    from gem.precompute.synthetic_lakehouse import START  # noqa: PLC0415
+
     return load_config(overrides={
         "lakehouse_uri": str(root / "lakehouse"), "start_ds": START, "attribution_window_days": 0,
         "model": {"arch": "kunlun", "embeddings": {"buckets": buckets}},
@@ -63,6 +63,11 @@ def lakehouse_config(root: Path, users: int, shards: int, **precompute: Any) -> 
 
 
 def cpu_bench(args: argparse.Namespace) -> dict[str, float]:
+    # The lakehouse half imports deltalake, which the GPU image (`--gpu-only`) does not have.
+    from gem.lakehouse.commit import StageContext  # noqa: PLC0415
+    from gem.precompute.run import run  # noqa: PLC0415
+    from gem.precompute.synthetic_lakehouse import build_days, promote_model, publish_training_records  # noqa: PLC0415
+
     root = Path(tempfile.mkdtemp(prefix="gem-bench-precompute-"))
     cfg = lakehouse_config(root, args.users, args.shards)
     t0 = time.time()

@@ -25,6 +25,10 @@ address and users): Airflow's own settings, exported before Python starts.
 
 from __future__ import annotations
 
+import os
+import subprocess
+from pathlib import Path
+
 CONFIG_FILE_ENV = "GEM_CONFIG"
 DAG_START_ENV = "GEM_DAG_START_DS"
 RETRIES_ENV = "GEM_TASK_RETRIES"
@@ -34,3 +38,14 @@ LANDING_TIMEOUT_ENV = "GEM_LANDING_TIMEOUT_S"
 BACKFILL_POKE_ENV = "GEM_BACKFILL_POKE_S"
 CRASH_AT_ENV = "GEM_CRASH_AT"
 CODE_VERSION_ENV = "GEM_CODE_VERSION"
+
+
+def code_version() -> str:
+    """The commit the running code comes from: git's HEAD, else $GEM_CODE_VERSION for a copy of the
+    tree without its git folder (a container image, a device machine), else "unknown"."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parents[1],
+                             capture_output=True, text=True, check=True)
+        return out.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return os.environ.get(CODE_VERSION_ENV, "unknown")

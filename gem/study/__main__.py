@@ -16,12 +16,12 @@ from typing import Any
 import click
 
 from gem.config import load_config
+from gem.environment import code_version
 from gem.study.claims import all_claims
 from gem.study.job_log import JobLog
 from gem.study.page import write_report
 from gem.study.presets import PRESETS
 from gem.study.study import Study
-from gem.train.daily import code_version
 
 
 def study_dir(lakehouse_uri: str, preset: str) -> Path:

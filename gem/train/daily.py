@@ -17,7 +17,6 @@ import dataclasses
 import datetime as dt
 import json
 import os
-import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -26,12 +25,12 @@ from typing import Any
 import pyarrow as pa
 import torch
 
-from gem.config import REPO_ROOT, GemConfig, add_config_arg, load_config
+from gem.config import GemConfig, add_config_arg, load_config
 from gem.data.encode import DENSE_COLUMNS
 from gem.data.loader import SPARSE_FEATURES, ExampleStream, ResumableLoader
 from gem.data.manifest import Manifest, read_manifest
 from gem.days import iso_day
-from gem.environment import CODE_VERSION_ENV
+from gem.environment import code_version
 from gem.lakehouse.commit import StageCommit, StageContext, StageResult
 from gem.model.build import build_task
 from gem.model.heads import shrunk_base_rates
@@ -43,15 +42,6 @@ from schemas.metrics import GOLD_METRICS
 # --------------------------------------------------------------------------------------------------
 # The command line: one day's continued pretraining from the mixture manifest.
 
-
-
-def code_version() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        # A copy of the tree without its git folder (a container image, a remote machine).
-        return os.environ.get(CODE_VERSION_ENV, "unknown")
 
 
 # The pretraining record has no separate input count: it scores the held-out day, one metrics row
