@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -241,3 +242,11 @@ def run_two_ranks(worker: Any, tmp_path: Path) -> tuple[Any, Any]:
                        start_method="spawn")
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
     return r0, r1
+
+
+def ruff_path() -> str:
+    """The pinned ruff of this venv (else one on PATH); a missing ruff fails the calling test."""
+    local = Path(sys.executable).parent / "ruff"
+    found = str(local) if local.exists() else shutil.which("ruff")
+    assert found is not None, "ruff is pinned in requirements.txt; run `make setup`"
+    return found

@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,7 +21,7 @@ import pytest
 from gem.lakehouse import stages
 from gem.pipeline.airflow import orchestration
 from gem.pipeline.airflow.orchestration import REPO_ROOT, manual_logical_date, partition_ds
-from tests.support import DAG_OUTLETS
+from tests.support import DAG_OUTLETS, ruff_path
 
 DAGS = REPO_ROOT / "dags"
 DAG_FILE = DAGS / "gem_daily.py"
@@ -304,14 +303,8 @@ def test_dag_file_import_is_light(tmp_path: Path) -> None:
     assert result["took"] < 15.0, result
 
 
-def _ruff() -> str | None:
-    local = Path(sys.executable).parent / "ruff"
-    return str(local) if local.exists() else shutil.which("ruff")
-
-
 def test_ruff_airflow_rules() -> None:
-    ruff = _ruff()
-    assert ruff is not None, "ruff is pinned in requirements.txt; run `make setup`"
+    ruff = ruff_path()
     out = subprocess.run(
         [ruff, "check", "--no-cache", "--select", "AIR", str(DAGS)],
         check=False,

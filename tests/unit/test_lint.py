@@ -10,30 +10,18 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
-import pytest
-
-from tests.support import PYTHON, REPO
+from tests.support import PYTHON, REPO, ruff_path
 
 # The PLC0415 exceptions that are not the DAG files' import closure (pyproject.toml says why).
 NOT_DAG_CLOSURE = {"gem/pipeline/command.py", "bench/train_throughput.py", "tests/**"}
 
 
-def _ruff() -> str | None:
-    local = Path(sys.executable).parent / "ruff"
-    return str(local) if local.exists() else shutil.which("ruff")
-
-
 def test_ruff_check_passes() -> None:
-    ruff = _ruff()
-    if ruff is None:
-        pytest.skip("ruff is not installed (it is pinned in requirements.txt: run `make setup`)")
-    out = subprocess.run([ruff, "check", "--no-cache", "--output-format", "concise", "."], cwd=REPO, check=False,
+    out = subprocess.run([ruff_path(), "check", "--no-cache", "--output-format", "concise", "."], cwd=REPO, check=False,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
 
