@@ -554,9 +554,8 @@ def _fields_of(tp: Any) -> dict[str, Any] | None:
     """A section's field name -> type, for a config class; None for anything else."""
     if isinstance(tp, type) and issubclass(tp, BaseSettings):
         return {name: info.annotation for name, info in tp.model_fields.items()}
-    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        return {f.name: f.type for f in dataclasses.fields(tp)} | {
-            name: info.annotation for name, info in getattr(tp, "__pydantic_fields__", {}).items()}
+    if isinstance(tp, type) and hasattr(tp, "__pydantic_fields__"):  # a section (pydantic dataclass)
+        return {name: info.annotation for name, info in tp.__pydantic_fields__.items()}
     return None
 
 
