@@ -1,17 +1,23 @@
 """Training-step throughput and model TFLOP/s of Kunlun (jagged and padded layouts) and HSTU at the same
-width and sequence length.
+width and sequence length, each trained by the pipeline's own training loop.
 
     python -m bench.gpu_train [--batch 256 --dim 256 --length 512 --steps 20]   # on a GPU: bf16
     python -m bench.gpu_train --tiny                                            # CPU smoke (CI)
 
-Imports only torch, numpy and the project's pure-torch model code (no torchrec, no Spark): plain
-nn.Embedding tables stand in for the sharded embeddings, and batches are synthetic with every
-sequence at full length (no padding), so FLOPs are exact. Model FLOPs per step = 3 x forward FLOPs
-(gem.model.flops / gem.model.hstu; backward ~ 2 x forward), over the median step time, timed with
-CUDA events after warm-up. MFU is reported against the H200 dense bf16 spec (989 TFLOP/s) and
-against a matmul peak timed in the same run (8192^3 bf16 on GPU). Both models run in the same
-process, one after the other, on the same batch shapes. A run on CUDA publishes its figures through
-bench.results (gpu_train); a CPU run (--tiny, CI's smoke) and a --no-record run only print them.
+Each model is the train task pretraining builds (gem.model.build.build_task: embeddings, body,
+DomainExpertHeads, the masked weighted loss and the LoopFM history autoencoder beside it) with the
+"torch" sparse backend, so plain nn.Embedding tables hold the ids and the script imports no torchrec,
+Delta or Spark (it runs on the GPU image). gem.train.trainer.Trainer trains it, so a step is what a
+pretraining step is: bf16 autocast on CUDA, the loss and gradient finiteness checks, the learning-rate
+schedule and the fused AdamW. Batches are synthetic gem.data.batch.Batch objects laid out as the
+loader cuts them, with every sequence at full length (no padding), so FLOPs are exact. Model FLOPs
+per step = 3 x forward FLOPs (gem.model.flops for the task's own config, heads included; backward
+~ 2 x forward; the history autoencoder's small share is not counted), over the median step time:
+each step is one Trainer.fit call, whose wall time ends with a CUDA synchronize, after 3 warm-up
+steps. MFU is reported against the H200 dense bf16 spec (989 TFLOP/s) and against a matmul peak
+timed in the same run (8192^3 bf16 on GPU). The models run in the same process, one after the
+other, on the same batch. A run on CUDA publishes its figures through bench.results (gpu_train); a
+CPU run (--tiny, CI's smoke) and a --no-record run only print them.
 """
 
 from __future__ import annotations
@@ -23,60 +29,66 @@ import time
 
 import numpy as np
 import torch
-from torch import nn
 
 from bench.results import Figure, add_results_dir_arg, record
-from gem.model.configs import EventConfig, HSTUConfig, KunlunConfig
-from gem.model.flops import heads_flops, hstu_body_flops, kunlun_flops
-from gem.model.heads import DomainExpertHeads
-from gem.model.hstu import HSTU
-from gem.model.kunlun import Kunlun
+from gem.config import TrainConfig
+from gem.data.batch import Batch, Jagged, Sparse
+from gem.data.encode import DENSE_COLUMNS, HASHED_IDS, VOCABULARIES
+from gem.data.loader import MAX_POSITION, SPARSE_FEATURES
+from gem.data.snapshots import MODEL_FIELDS
+from gem.model.build import build_task
+from gem.model.configs import EmbeddingConfig, EventConfig, HeadConfig, HSTUConfig, KunlunConfig, ModelConfig
+from gem.model.flops import body_out_dim, heads_flops, hstu_body_flops, kunlun_flops
+from gem.train.trainer import CyclingStream, Trainer
 
 H200_BF16_SPEC_TFLOPS = 989.0
-SPARSE = ("user_id", "ad_id", "advertiser_id", "campaign_id", "surface", "objective", "creative_type", "position")
+SPARSE = SPARSE_FEATURES
 TASKS = tuple(f"{s}/{t}" for s in ("fb_feed", "ig_feed", "reels", "stories", "marketplace", "audience_network")
               for t in ("click", "offsite_purchase", "app_install", "lead"))
-DENSE_DIM = 420
-VOCAB = {"surface": 7, "objective": 6}
+SURFACES = len(dict.fromkeys(t.split("/")[0] for t in TASKS))  # DomainExpertHeads: one expert per surface
+DENSE_DIM = len(DENSE_COLUMNS)  # the loader's dense inputs: every counter of the user and of the ad
+HEADS = HeadConfig()
+WARMUP_STEPS = 3
+
+
+def _ids(name: str, n: int, g: torch.Generator) -> torch.Tensor:
+    """(n,) int64 ids as the loader encodes `name`: 63-bit hashes, vocabulary index + 1 (0 unknown),
+    or position + 1."""
+    if name in HASHED_IDS:
+        return torch.randint(0, 2**62, (n,), generator=g)
+    high = len(VOCABULARIES[name]) + 1 if name in VOCABULARIES else MAX_POSITION + 2
+    return torch.randint(0, high, (n,), generator=g)
+
+
+def synthetic_batch(b: int, lengths: dict[str, int], seed: int = 0) -> Batch:
+    """B examples with every sequence at its full length and every task drawn (weight 1)."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    sequences = {}
+    for event, n in lengths.items():
+        values = {f: _ids(f, b * n, g) for f in MODEL_FIELDS[event]}
+        values["gap_s"] = torch.rand(b * n, generator=g) * 1e6
+        sequences[event] = Jagged(values, torch.arange(0, b * n + 1, n, dtype=torch.int64))
+    return Batch(
+        dense=torch.randn(b, DENSE_DIM, generator=g),
+        sparse={f: Sparse(_ids(f, b, g), torch.ones(b, dtype=torch.int32)) for f in SPARSE},
+        sequences=sequences,
+        labels=(torch.rand(b, len(TASKS), generator=g) < 0.05).float(),
+        label_mask=torch.ones(b, len(TASKS), dtype=torch.bool),
+        weights=torch.ones(b, len(TASKS)),
+        tasks=TASKS,
+        impression_times=torch.full((b,), 1_767_225_600_000_000, dtype=torch.int64) + torch.arange(b),
+    )
+
 
 
 def synthetic_inputs(b: int, dim: int, lengths: dict[str, int], device: torch.device, seed: int = 0):
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    sparse_ids = {f: torch.randint(0, 10_000, (b,), generator=g).to(device) for f in SPARSE}
-    seq = {}
-    for e, n in lengths.items():
-        total = b * n
-        seq[e] = {"ids": torch.randint(0, 10_000, (total,), generator=g).to(device),
-                  "surface": torch.randint(0, 7, (total,), generator=g).to(device),
-                  "objective": torch.randint(0, 6, (total,), generator=g).to(device),
-                  "gap_s": (torch.rand(total, generator=g) * 1e6).to(device),
-                  "offsets": torch.arange(0, total + 1, n).to(device)}
-    dense = torch.randn(b, DENSE_DIM, generator=g).to(device)
-    labels = (torch.rand(b, len(TASKS), generator=g) < 0.05).float().to(device)
-    return sparse_ids, dense, seq, labels
-
-
-class Bench(nn.Module):
-    """Embeddings + body + heads + loss, the shape of GemTrainTask without the Batch plumbing."""
-
-    def __init__(self, body: nn.Module, dim: int) -> None:
-        super().__init__()
-        self.tables = nn.ModuleDict({f: nn.Embedding(10_000, dim) for f in SPARSE})
-        self.body = body
-        self.heads = DomainExpertHeads(body.out_dim, TASKS, 64, 2)
-
-    def forward(self, sparse_ids, dense, seq, labels):
-        sparse = {f: self.tables[f](v) for f, v in sparse_ids.items()}
-        sequences = {e: {"id_emb": self.tables["ad_id"](s["ids"]), **{k: s[k] for k in ("surface", "objective",
-                                                                                          "gap_s", "offsets")}}
-                     for e, s in seq.items()}
-        logits = self.heads(self.body(sparse, dense, sequences))
-        return nn.functional.binary_cross_entropy_with_logits(logits, labels)
-
-
-def heads_flops_per_example(in_dim: int) -> int:
-    return heads_flops(in_dim, len(TASKS), 6, 64, 2)
-
+    """synthetic_batch's tensors as a body-level forward reads them (bench.precompute): ({feature: (B,)
+    ids}, dense (B, DENSE_DIM), {event: {"ids", "surface", "objective", "gap_s", "offsets"}}, labels).
+    dim: unused (the ids are the same at any width)."""
+    batch = synthetic_batch(b, lengths, seed).to(device)
+    seq = {e: {"ids": j.values["ad_id"], **{k: j.values[k] for k in ("surface", "objective", "gap_s")},
+               "offsets": j.offsets} for e, j in batch.sequences.items()}
+    return {f: s.values for f, s in batch.sparse.items()}, batch.dense, seq, batch.labels
 
 def configs(dim: int, length: int, layers: int) -> tuple[KunlunConfig, HSTUConfig, dict[str, int]]:
     lengths = {"impression": length, "click": max(1, length // 4), "conversion": max(1, length // 16)}
@@ -95,6 +107,29 @@ def configs(dim: int, length: int, layers: int) -> tuple[KunlunConfig, HSTUConfi
                           wukong_rank=16, mlp_hidden=4 * dim, events=events)
     hstu = HSTUConfig(dim=dim, heads=heads, layers=layers, mlp_hidden=4 * dim, max_len=lengths)
     return kunlun, hstu, lengths
+
+
+def model_configs(kunlun: KunlunConfig, hstu: HSTUConfig) -> dict[str, ModelConfig]:
+    """The three models: Kunlun in its default jagged layout and in the padded reference layout (the
+    same function), and HSTU; pretraining's embeddings and heads."""
+    def model(arch: str, kunlun_cfg: KunlunConfig) -> ModelConfig:
+        return ModelConfig(arch=arch, kunlun=kunlun_cfg, hstu=hstu, heads=HEADS,
+                           embeddings=EmbeddingConfig(dim=kunlun.dim))
+
+    padded = dataclasses.replace(kunlun, sequence_layout="padded")
+    return {"kunlun": model("kunlun", kunlun), "kunlun_padded": model("kunlun", padded),
+            "hstu": model("hstu", kunlun)}
+
+
+def forward_flops(cfg: ModelConfig) -> int:
+    """Forward FLOPs per example of the task build_task makes of `cfg` (sequences at max_len), with
+    the heads as its DomainExpertHeads are built (cfg.heads, one expert per surface of TASKS)."""
+    if cfg.arch == "kunlun":
+        return kunlun_flops(cfg.kunlun, len(SPARSE), DENSE_DIM, len(TASKS), SURFACES, cfg.heads.hidden,
+                            cfg.heads.shared_experts)["total"]
+    heads = heads_flops(body_out_dim(cfg, len(SPARSE)), len(TASKS), SURFACES, cfg.heads.hidden,
+                        cfg.heads.shared_experts)
+    return sum(hstu_body_flops(cfg.hstu, len(SPARSE), DENSE_DIM).values()) + heads
 
 
 def matmul_peak_tflops(device: torch.device, dtype: torch.dtype, n: int) -> float:
@@ -124,26 +159,21 @@ def _timer(device: torch.device):
     return lambda: time.perf_counter() - t0
 
 
-def run_model(name: str, model: nn.Module, inputs, flops_per_example: int, steps: int, device: torch.device,
+def run_model(cfg: ModelConfig, batch: Batch, flops_per_example: int, steps: int, device: torch.device,
               bf16: bool) -> dict[str, float]:
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    b = inputs[1].shape[0]
-    times = []
-    for i in range(steps + 3):  # 3 warm-up steps
-        t = _timer(device)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            loss = model(*inputs)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        elapsed = t()
-        if i >= 3:
-            times.append(elapsed)
-        if not torch.isfinite(loss):
-            raise RuntimeError(f"{name}: loss is {loss.item()}")
+    """Train build_task's task for `cfg` through Trainer, one fit call per step; the median step after
+    the warm-up. Trainer stops on a non-finite loss or gradient (NonFiniteLossError)."""
+    task = build_task(cfg, TASKS, SPARSE, DENSE_DIM, sparse_backend="torch")
+    train = TrainConfig(steps=steps + WARMUP_STEPS, lr=1e-4, bf16=bf16, cpu_bf16=False,
+                        checkpoint_every=steps + WARMUP_STEPS)
+    trainer = Trainer(task, CyclingStream([batch]), train, run_dir=None, device=device)
+    try:
+        times = [trainer.fit(trainer.step + 1).seconds for _ in range(train.steps)][WARMUP_STEPS:]
+    finally:
+        trainer.close()
     step_s = statistics.median(times)
-    tflops = 3 * flops_per_example * b / step_s / 1e12
-    return {"step_s": step_s, "examples_per_s": b / step_s, "tflops": tflops}
+    b = batch.size
+    return {"step_s": step_s, "examples_per_s": b / step_s, "tflops": 3 * flops_per_example * b / step_s / 1e12}
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
@@ -164,19 +194,14 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     torch.manual_seed(0)
     np.random.seed(0)
     kunlun_cfg, hstu_cfg, lengths = configs(args.dim, args.length, args.layers)
-    inputs = synthetic_inputs(args.batch, args.dim, lengths, device)
-    # Kunlun in its default jagged layout and in the padded reference layout (the same function).
-    padded_cfg = dataclasses.replace(kunlun_cfg, sequence_layout="padded")
-    kunlun = Bench(Kunlun(kunlun_cfg, SPARSE, DENSE_DIM), args.dim).to(device)
-    padded = Bench(Kunlun(padded_cfg, SPARSE, DENSE_DIM), args.dim).to(device)
-    hstu = Bench(HSTU(hstu_cfg, SPARSE, DENSE_DIM, VOCAB), args.dim).to(device)
-    flops = {name: kunlun_flops(cfg, len(SPARSE), DENSE_DIM, len(TASKS), 6, 64, 2)["total"]
-             for name, cfg in (("kunlun", kunlun_cfg), ("kunlun_padded", padded_cfg))}
-    hstu_len = sum(lengths.values()) + 1
-    flops["hstu"] = (sum(hstu_body_flops(hstu_cfg, len(SPARSE), DENSE_DIM, hstu_len).values())
-                     + heads_flops_per_example(hstu.body.out_dim))
-    results = {name: run_model(name, model, inputs, flops[name], args.steps, device, bf16)
-               for name, model in (("kunlun", kunlun), ("kunlun_padded", padded), ("hstu", hstu))}
+    batch = synthetic_batch(args.batch, lengths).to(device)
+    models = model_configs(kunlun_cfg, hstu_cfg)
+    flops = {name: forward_flops(cfg) for name, cfg in models.items()}
+    results = {}
+    for name, cfg in models.items():  # one task on the device at a time
+        results[name] = run_model(cfg, batch, flops[name], args.steps, device, bf16)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     peak = matmul_peak_tflops(device, torch.bfloat16 if bf16 else torch.float32, 8192 if bf16 else 512)
     print(f"device {device} ({'bf16 autocast' if bf16 else 'fp32'}), batch {args.batch}, dim {args.dim}, "
           f"impression length {args.length}, layers {args.layers}; matmul peak {peak:,.1f} TFLOP/s (this run)")
@@ -216,7 +241,8 @@ def publish(results: dict[str, dict[str, float]], peak: float, args: argparse.Na
     ]
     record("gpu_train", "Training-step throughput on a GPU (bf16): Kunlun jagged and padded, HSTU", figures,
            notes=f"batch {args.batch}, dim {args.dim}, impression length {args.length}, {args.layers} layers, "
-                 f"{args.steps} timed steps; synthetic full-length sequences.", results_dir=args.results_dir)
+                 f"{args.steps} timed steps of gem.train.trainer.Trainer; synthetic full-length sequences.",
+           results_dir=args.results_dir)
 
 
 if __name__ == "__main__":
