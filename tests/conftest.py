@@ -1,14 +1,19 @@
-"""Shared fixtures: one local Spark session for the whole suite, and a throwaway lakehouse config
-(helpers the test modules share live in tests/support.py)."""
+"""Shared fixtures: one local Spark session for the whole suite, a throwaway lakehouse config, and
+the local S3 API server with a fresh bucket per test (helpers the test modules share live in
+tests/support.py)."""
 
 from __future__ import annotations
 
 import logging
+import os
+import uuid
 from pathlib import Path
 
 import pytest
 
+from gem import storage
 from gem.config import GemConfig, load_config
+from gem.pipeline.services import S3Server
 from tests.support import make_config
 
 
@@ -28,3 +33,27 @@ def spark():
 @pytest.fixture
 def cfg(tmp_path: Path) -> GemConfig:
     return make_config(tmp_path)
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory):
+    """moto's S3 API in server mode (gem.pipeline.services), its AWS variables set for the session,
+    so boto-, s3fs-, delta-rs- and S3A-based clients in this process and its children reach it."""
+    server = S3Server(tmp_path_factory.mktemp("s3-server")).start()
+    saved = {k: os.environ.get(k) for k in server.environment()}
+    os.environ.update(server.environment())
+    yield server
+    server.stop()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture
+def s3_bucket(s3_server: S3Server) -> str:
+    """A new, empty bucket on the local S3 API: its URI, s3://<name>."""
+    name = f"gem-test-{uuid.uuid4().hex[:12]}"
+    storage.filesystem("s3://").mkdir(name)
+    return f"s3://{name}"
