@@ -171,14 +171,12 @@ def inputs(spark, tmp_path_factory) -> tuple[Path, list[dict[str, Any]]]:
     spark.createDataFrame(events, BRONZE_AD_EVENTS.spark_schema()).write.format("delta").mode("append").save(path)
     bronze = {BRONZE_AD_EVENTS.name: tables.latest_version(path)}  # what the validation stand-ins validated
     _append_records(spark, cfg, stand_in_records("validate_events", day_range(S, LAST), table_versions=bronze))
-    for day in day_range(S, D):
-        build_sequences.run(StageContext(cfg, spark), day)
-    silver = []
-    for day in ASSEMBLED:
-        built = build_features.run(StageContext(cfg, spark), day)
-        silver += stand_in_records("validate_silver", [day], table_versions={
-            t: built.table_versions[t] for t in (SILVER_USER_FEATURES.name, SILVER_AD_FEATURES.name)})
-    _append_records(spark, cfg, silver)
+    # Each stage over its days in one ranged run (one commit per table, one record per day): what
+    # the days' own runs write (test_build_sequences, test_build_features), in one Spark pass per stage.
+    build_sequences.run(StageContext(cfg, spark), S, D)
+    built = build_features.run(StageContext(cfg, spark), ASSEMBLED[0], ASSEMBLED[-1])
+    _append_records(spark, cfg, stand_in_records("validate_silver", list(ASSEMBLED), table_versions={
+        t: built.table_versions[t] for t in (SILVER_USER_FEATURES.name, SILVER_AD_FEATURES.name)}))
     return Path(cfg.lakehouse_uri), events
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from gem.lakehouse import completions
 from gem.lakehouse.commit import StageContext
 from gem.pipeline.bulk import run_range, stages_through
@@ -20,6 +22,11 @@ from tests.support import lakehouse_rows, make_config
 DAYS = ("2026-01-01", "2026-01-04")
 LAST_SPARK_STAGE = "validate_examples"
 RECORD_COUNTS = ("rows_in", "rows_written", "rows_quarantined", "quarantined_by_reason")
+
+# The slow tier: two four-day chains of every Spark stage. The quick tier checks each ranged stage
+# against its days one by one in that stage's own test module (test_ingest_events, test_build_sequences,
+# test_build_features, test_assemble_examples); this one checks the chain the bulk path runs.
+pytestmark = pytest.mark.slow
 
 
 def _config(root: Path):

@@ -85,13 +85,15 @@ def lake(spark, tmp_path_factory):
     _append(spark, cfg, BRONZE_AD_EVENTS, _traffic())
     bronze = {BRONZE_AD_EVENTS.name: table_version(tables.table_path(cfg, BRONZE_AD_EVENTS))}
     _append(spark, cfg, COMPLETIONS, stand_in_records("validate_events", DAYS, table_versions=bronze))
+    # Sequences and features over the example days in one ranged run each (what the days' own runs
+    # write: test_build_sequences, test_build_features); the stand-ins for the data-quality stages
+    # name the versions they validated.
+    sequences = build_sequences.run(StageContext(cfg, spark), EXAMPLE_DAYS[0], EXAMPLE_DAYS[-1])
+    built = build_features.run(StageContext(cfg, spark), EXAMPLE_DAYS[0], EXAMPLE_DAYS[-1])
+    _append(spark, cfg, COMPLETIONS, stand_in_records("validate_silver", list(EXAMPLE_DAYS), table_versions={
+        SILVER_USER_SEQUENCES.name: sequences.table_versions[SILVER_USER_SEQUENCES.name],
+        **{t: built.table_versions[t] for t in (SILVER_USER_FEATURES.name, SILVER_AD_FEATURES.name)}}))
     for day in EXAMPLE_DAYS:
-        sequences = build_sequences.run(StageContext(cfg, spark), day)
-        built = build_features.run(StageContext(cfg, spark), day)
-        # The stand-ins for the data-quality stages name the versions they validated.
-        _append(spark, cfg, COMPLETIONS, stand_in_records("validate_silver", [day], table_versions={
-            SILVER_USER_SEQUENCES.name: sequences.table_versions[SILVER_USER_SEQUENCES.name],
-            **{t: built.table_versions[t] for t in (SILVER_USER_FEATURES.name, SILVER_AD_FEATURES.name)}}))
         assembled = assemble_examples.run(StageContext(cfg, spark), day)
         # validate_examples' record names the version it validated (the one the assembly committed).
         _append(spark, cfg, COMPLETIONS, stand_in_records("validate_examples", [day], table_versions={
