@@ -22,6 +22,7 @@ botocore reads them; nothing here names a credential.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import posixpath
@@ -237,8 +238,15 @@ def open_write(uri: str | Path) -> Iterator[IO[bytes]]:
         finally:
             tmp.unlink(missing_ok=True)
         return
-    with filesystem(uri).open(_key(uri), "wb") as f:
+    # Not fsspec's `with`: its exit completes the upload even when the block raised.
+    f = filesystem(uri).open(_key(uri), "wb")
+    try:
         yield f
+    except BaseException:
+        f.discard()  # the upload is abandoned (a multipart upload aborted): nothing is put
+        f.closed = True
+        raise
+    f.close()
 
 
 def delete(uri: str | Path, recursive: bool = False) -> bool:
@@ -272,3 +280,188 @@ def download_folder(uri: str | Path, local: Path) -> None:
         target = local / normalized(file_uri)[len(base):]
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(read_bytes(file_uri))
+
+
+# ---- conditional replace -----------------------------------------------------------------------
+# A file's version names one write of it: the S3 ETag, or on the local disk the device, inode,
+# modification and change times and size (every write of this module makes a new inode; S3's ETag
+# is a digest of the contents, so the same bytes written anew keep their version there). Replacing
+# or deleting only the version a caller read is how a holder of a lease renews or releases it
+# without clobbering one another process has taken over (gem.lakehouse.lease).
+
+# The S3 error codes of a condition that does not hold (a concurrent conditional write answers 409).
+_CONDITION_FAILED = ("PreconditionFailed", "ConditionalRequestConflict", "412", "409")
+
+
+def _local_version(stat: os.stat_result) -> str:
+    return f"{stat.st_dev}:{stat.st_ino}:{stat.st_mtime_ns}:{stat.st_ctime_ns}:{stat.st_size}"
+
+
+def version(uri: str | Path) -> str | None:
+    """The version of the file as it is now (S3: its ETag; local disk: a signature of its inode and
+    times), None when there is no file."""
+    if is_local(uri):
+        try:
+            return _local_version(os.stat(local_path(uri)))
+        except FileNotFoundError:
+            return None
+    try:
+        return filesystem(uri).info(_key(uri), refresh=True)["ETag"]
+    except FileNotFoundError:
+        return None
+
+
+@contextmanager
+def _local_if(path: Path, expected: str) -> Iterator[bool]:
+    """Whether `path` is still at version `expected`, answered under an exclusive lock on that very
+    file, which the block holds while it replaces or removes it (callers of _local_if exclude each
+    other; a waiter finds the name pointing at a new inode or none, and answers False)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        yield False
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            now = os.stat(path)
+        except FileNotFoundError:
+            yield False
+            return
+        locked = os.fstat(fd)
+        yield (now.st_dev, now.st_ino) == (locked.st_dev, locked.st_ino) and _local_version(now) == expected
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _conditional_store(uri: str | Path) -> fsspec.AbstractFileSystem:
+    """The S3 filesystem of `uri`; other object stores' conditional requests are not wired here."""
+    if scheme(uri) not in ("s3", "s3a"):
+        raise StorageError(f"{uri}: conditional replace and delete are implemented for the local disk and S3 only")
+    return filesystem(uri)
+
+
+def _condition_failed(error: OSError) -> bool:
+    response = getattr(error.__cause__, "response", None) or {}
+    return response.get("Error", {}).get("Code") in _CONDITION_FAILED
+
+
+def replace_if(uri: str | Path, data: bytes | str, expected: str) -> bool:
+    """Replace the whole file with `data` only if it is still at version `expected` (from `version`),
+    atomically across processes and hosts (S3: a conditional PUT with If-Match): True if replaced,
+    False if the file changed or is gone meanwhile."""
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    if is_local(uri):
+        path = local_path(uri)
+        with _local_if(path, expected) as current:
+            if not current:
+                return False
+            os.replace(_local_temporary(path, payload), path)
+            return True
+    try:
+        _conditional_store(uri).pipe_file(_key(uri), payload, IfMatch=expected)
+    except FileNotFoundError:
+        return False
+    except OSError as error:
+        if _condition_failed(error):
+            return False
+        raise
+    return True
+
+
+def delete_if(uri: str | Path, expected: str) -> bool:
+    """Remove the file only if it is still at version `expected` (S3: a conditional DELETE with
+    If-Match): True if removed, False if it changed or is gone meanwhile."""
+    if is_local(uri):
+        path = local_path(uri)
+        with _local_if(path, expected) as current:
+            if not current:
+                return False
+            path.unlink()
+            return True
+    bucket, _, key = _key(uri).partition("/")
+    fs = _conditional_store(uri)
+    try:
+        fs.call_s3("delete_object", Bucket=bucket, Key=key, IfMatch=expected)
+    except FileNotFoundError:
+        return False
+    except OSError as error:
+        if _condition_failed(error):
+            return False
+        raise
+    fs.invalidate_cache(_key(uri))
+    return True
+
+
+def move_folder(uri: str | Path, target: str | Path) -> None:
+    """Move every file under the prefix `uri` to the same relative names under `target`, which must
+    hold nothing yet (local disk: one rename of the folder; an object store has no rename, so each
+    file is copied and then the source prefix deleted: a crash part way leaves copies in both)."""
+    if scheme(normalized(uri)) != scheme(normalized(target)):
+        raise ValueError(f"cannot move {uri} to {target}: they are in different stores")
+    if walk_files(target):
+        raise FileExistsError(f"cannot move {uri} to {target}: {target} is not empty")
+    files = walk_files(uri)
+    if not files:
+        raise FileNotFoundError(f"cannot move {uri}: nothing is stored under it")
+    if is_local(uri):
+        destination = local_path(target)
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(local_path(uri), destination)
+        return
+    fs, base = filesystem(uri), normalized(uri).rstrip("/") + "/"
+    for file_uri in files:
+        fs.copy(_key(file_uri), _key(join(target, normalized(file_uri)[len(base):])))
+    delete(uri, recursive=True)
+
+
+def download_missing(uri: str | Path, local: Path) -> list[Path]:
+    """Copy into the local folder `local` the files under the prefix `uri` that it lacks (by relative
+    name); files it holds already are left as they are. Returns the local paths written, sorted. For a
+    local working copy of a store whose files are written once and kept (a cache kept in step)."""
+    base = normalized(uri).rstrip("/") + "/"
+    written = []
+    for file_uri in walk_files(uri):
+        target = local / normalized(file_uri)[len(base):]
+        if target.exists():
+            continue
+        write(target, read_bytes(file_uri))  # whole or not at all: a partial file would never be fetched again
+        written.append(target)
+    return written
+
+
+# ---- where S3 is -------------------------------------------------------------------------------
+# What every other S3 client (delta-rs, Spark's S3A connector) needs to be told about the store,
+# from the same standard AWS variables botocore reads; credentials are never passed on, each client
+# reads them itself.
+
+def s3_endpoint() -> str | None:
+    """The S3 API endpoint when it is not AWS's own (a local S3 API server, MinIO):
+    AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL; None when neither is set."""
+    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
+
+
+def s3_region() -> str | None:
+    """The S3 region: AWS_REGION, else AWS_DEFAULT_REGION; None when neither is set."""
+    return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None
+
+
+def delta_storage_options(uri: str | Path) -> dict[str, str] | None:
+    """The `storage_options` every deltalake (delta-rs) call on the table at `uri` passes: None for a
+    local table; for S3 the endpoint, the region and, for a plain-http endpoint, AWS_ALLOW_HTTP
+    (delta-rs refuses http otherwise). delta-rs commits to S3 with its conditional put, so no
+    locking provider is named."""
+    protocol = scheme(uri)
+    if protocol == "file":
+        return None
+    if protocol not in ("s3", "s3a"):
+        return {}
+    options = {}
+    endpoint, region = s3_endpoint(), s3_region()
+    if endpoint:
+        options["AWS_ENDPOINT_URL"] = endpoint
+        if endpoint.lower().startswith("http://"):
+            options["AWS_ALLOW_HTTP"] = "true"
+    if region:
+        options["AWS_REGION"] = region
+    return options

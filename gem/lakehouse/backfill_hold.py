@@ -16,9 +16,10 @@ records go stale when the backfill rewrites what they read; `gem backfill` lists
 command that reruns them), and a run of a day inside the range other than the backfill's own is not
 held (the per-(stage, day) lease keeps two runs of one day from writing at once).
 
-The hold is a lease file `{lakehouse}/_ops/backfills/{A}..{B}.json` (gem.lakehouse.lease) that the
-backfill renews every RENEW_S seconds. A backfill killed without releasing it stops holding at once
-on its own host (its pid is gone) and on any other EXPIRY_S seconds after its last renewal.
+The hold is a lease file `{lakehouse}/_ops/backfills/{A}..{B}.json` (gem.lakehouse.lease, on the
+local disk or an object store) whose `renewed_at` the backfill rewrites every RENEW_S seconds. A
+backfill killed without releasing it stops holding at once on its own host (its pid is gone) and on
+any other EXPIRY_S seconds after its last renewal.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
+from gem import storage
 from gem.config import GemConfig
 from gem.lakehouse import lease
 
@@ -39,12 +40,12 @@ class BackfillInProgressError(RuntimeError):
     """A run needs a day that an unfinished backfill is rewriting; run it again once that has finished."""
 
 
-def holds_dir(cfg: GemConfig) -> Path:
-    return Path(cfg.lakehouse_uri) / "_ops" / "backfills"
+def holds_dir(cfg: GemConfig) -> str:
+    return storage.join(cfg.lakehouse_uri, "_ops", "backfills")
 
 
-def hold_path(cfg: GemConfig, start: str, end: str) -> Path:
-    return holds_dir(cfg) / f"{start}..{end}.json"
+def hold_path(cfg: GemConfig, start: str, end: str) -> str:
+    return storage.join(holds_dir(cfg), f"{start}..{end}.json")
 
 
 @contextmanager
@@ -71,13 +72,13 @@ def hold(cfg: GemConfig, start: str, end: str, run_id: str) -> Iterator[lease.Le
 
 def live_holds(cfg: GemConfig) -> list[tuple[str, str, dict]]:
     """(first day, last day, holder) of every live backfill hold, oldest range first."""
-    folder = holds_dir(cfg)
-    if not folder.is_dir():
-        return []
     holds = []
-    for path in sorted(folder.glob("*..*.json")):
-        start, _, end = path.name.removesuffix(".json").partition("..")
-        holder = lease.live_holder(path, EXPIRY_S, renewed=True)
+    for uri in storage.listdir(holds_dir(cfg)):
+        file_name = storage.name(uri)
+        start, dots, end = file_name.removesuffix(".json").partition("..")
+        if file_name.startswith(".") or not file_name.endswith(".json") or not dots:
+            continue  # not a hold (a temporary file of a write in progress)
+        holder = lease.live_holder(uri, EXPIRY_S, renewed=True)
         if holder is not None:
             holds.append((start, end, holder))
     return holds

@@ -1,10 +1,11 @@
 """Promoted models: the checkpoint each day's pretraining of an architecture published, and the one
 a new run of a day warm-starts from.
 
-One small JSON file per (architecture, mixture day): `{root}/promoted/{arch}/{mix_ds}.json`, written
-atomically, naming the exact checkpoint folder (not the run folder, whose later checkpoints a
-resumed rerun may add) relative to the root. Keeping one file per day, instead of one moving
-pointer, gives the rules that keep warm starts honest under reruns and backfills:
+One small JSON file per (architecture, mixture day): `{root}/promoted/{arch}/{mix_ds}.json` (the
+root a local folder or an object store URI, through gem.storage), written atomically, naming the
+exact checkpoint folder (not the run folder, whose later checkpoints a resumed rerun may add)
+relative to the root. Keeping one file per day, instead of one moving pointer, gives the rules that
+keep warm starts honest under reruns and backfills:
 
 - a run of day D warm-starts from the newest promotion of a day before D, never from D's own or a
   later day's model (those trained on D's held-out examples or after them);
@@ -12,15 +13,20 @@ pointer, gives the rules that keep warm starts honest under reruns and backfills
   day never moves it back;
 - a pointer names only a folder under the checkpoint root, checked when it is written and when it is
   read (`checked_checkpoint`): loading a checkpoint unpickles its metadata, so a hand-edited or
-  planted pointer to a folder elsewhere is refused, naming the pointer file.
+  planted pointer to a folder elsewhere (another path, another bucket, a `../` escape) is refused,
+  naming the pointer file.
+
+A local root gives its checkpoints as Paths (symbolic links followed when checked), an object store
+root as URI strings.
 """
 
 from __future__ import annotations
 
-import json
-import os
+import posixpath
 from dataclasses import dataclass
 from pathlib import Path
+
+from gem import storage
 
 
 class PromotionError(ValueError):
@@ -31,7 +37,7 @@ class PromotionError(ValueError):
 class Promotion:
     arch: str
     mix_ds: str
-    checkpoint: Path
+    checkpoint: Path | str  # a Path under a local root, a URI under an object store root
     step: int
     tasks: tuple[str, ...] = ()  # the heads' tasks, in order (empty in files from before they were kept)
     # The newest example day the model (with every model it warm-started from) trained on; None in
@@ -45,50 +51,74 @@ class Promotion:
         return f"{self.arch}@{self.mix_ds}:step{self.step}"
 
 
-def _folder(root: Path, arch: str) -> Path:
-    return root / "promoted" / arch
+def _folder(root: Path | str, arch: str) -> str:
+    return storage.join(root, "promoted", arch)
 
 
-def checked_checkpoint(root: Path, checkpoint: Path, pointer: Path | None = None) -> Path:
-    """`checkpoint` when it resolves (symbolic links followed) to a folder under `root`; otherwise
-    PromotionError naming the pointer file it came from."""
-    resolved, inside = checkpoint.resolve(), root.resolve()
-    if resolved == inside or not resolved.is_relative_to(inside):
+def _collapsed(uri: Path | str) -> str:
+    """An object store URI with `.` and `..` segments and doubled slashes resolved (s3a:// spelled
+    s3://), so that a prefix check sees where it leads."""
+    protocol, _, key = storage.normalized(uri).partition("://")
+    return f"{protocol}://{posixpath.normpath('/' + key).lstrip('/')}"
+
+
+def _name_under(root: Path | str, checkpoint: Path | str) -> str | None:
+    """`checkpoint`'s path relative to `root` ("run/step-00000004") when it lies strictly under the
+    root (a local one with symbolic links followed), else None."""
+    if storage.is_local(root) != storage.is_local(checkpoint):
+        return None
+    if storage.is_local(root):
+        resolved, inside = storage.local_path(checkpoint).resolve(), storage.local_path(root).resolve()
+        return resolved.relative_to(inside).as_posix() if resolved != inside and resolved.is_relative_to(inside) else None
+    resolved, inside = _collapsed(checkpoint), _collapsed(root).rstrip("/") + "/"
+    return resolved[len(inside):] if resolved.startswith(inside) and len(resolved) > len(inside) else None
+
+
+def checked_checkpoint(root: Path | str, checkpoint: Path | str, pointer: str | None = None) -> Path | str:
+    """`checkpoint` when it lies (a local one with symbolic links followed) in a folder under
+    `root`; otherwise PromotionError naming the pointer file it came from."""
+    if _name_under(root, checkpoint) is None:
         source = f"{pointer}: " if pointer is not None else ""
         raise PromotionError(
-            f"{source}checkpoint {checkpoint} is outside the checkpoint root {inside}; a checkpoint's metadata "
-            f"is unpickled on load, so only folders under the root are promoted or loaded")
+            f"{source}checkpoint {checkpoint} is outside the checkpoint root {storage.normalized(root)}; a "
+            f"checkpoint's metadata is unpickled on load, so only folders under the root are promoted or loaded")
     return checkpoint
 
 
-def promote(root: Path, arch: str, mix_ds: str, checkpoint: Path, step: int,
+def promote(root: Path | str, arch: str, mix_ds: str, checkpoint: Path | str, step: int,
             tasks: tuple[str, ...] = (), trained_through: str | None = None) -> Promotion:
     """Publish `checkpoint` (under `root`) as `arch`'s model of day `mix_ds` (replacing an earlier run
     of that day); `tasks`: its heads' tasks in order, so a reader can rebuild the model;
     `trained_through`: the newest example day it (or a model it warm-started from) trained on."""
     checked_checkpoint(root, checkpoint)
-    folder = _folder(root, arch)
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{mix_ds}.json.{os.getpid()}.tmp"
     # Named relative to the root: a relative `checkpoint` (a run folder given from some working
-    # directory) reads back the same from any other, and a lakehouse moved whole keeps its pointers.
-    named = checkpoint.resolve().relative_to(root.resolve())
-    tmp.write_text(json.dumps({"arch": arch, "mix_ds": mix_ds, "checkpoint": str(named), "step": step,
-                               "tasks": list(tasks), "trained_through": trained_through}))
-    os.replace(tmp, folder / f"{mix_ds}.json")  # atomic: a reader sees the old file or the new one
+    # directory) reads back the same from any other, and a lakehouse moved whole (or copied to
+    # another bucket) keeps its pointers.
+    named = _name_under(root, checkpoint)
+    storage.write_json(storage.join(_folder(root, arch), f"{mix_ds}.json"),  # whole: old file or new
+                       {"arch": arch, "mix_ds": mix_ds, "checkpoint": named, "step": step, "tasks": list(tasks),
+                        "trained_through": trained_through})
     return Promotion(arch, mix_ds, checkpoint, step, tuple(tasks), trained_through)
 
 
-def promotions(root: Path, arch: str) -> list[Promotion]:
+def _pointed(root: Path | str, named: str) -> Path | str:
+    """The checkpoint a pointer's `named` gives: relative to the root; an absolute path or URI (a
+    pointer written before they were relative, or planted) as it is; an object store URI with its
+    `.` and `..` segments resolved."""
+    if storage.is_local(root):
+        return storage.local_path(root) / named
+    pointed = named if "://" in named else storage.join(root, named)
+    return pointed if storage.is_local(pointed) else _collapsed(pointed)
+
+
+def promotions(root: Path | str, arch: str) -> list[Promotion]:
     """Every promoted day of `arch`, oldest first."""
-    folder = _folder(root, arch)
-    if not folder.is_dir():
-        return []
     found = []
-    for path in sorted(folder.glob("*.json")):
-        data = json.loads(path.read_text())
-        # Relative to the root; an absolute path (a pointer written before they were relative) as it is.
-        checkpoint = checked_checkpoint(root, root / data["checkpoint"], pointer=path)
+    for pointer in storage.listdir(_folder(root, arch)):
+        if storage.name(pointer).startswith(".") or not storage.name(pointer).endswith(".json"):
+            continue  # not a pointer (a temporary file of a write in progress)
+        data = storage.read_json(pointer)
+        checkpoint = checked_checkpoint(root, _pointed(root, data["checkpoint"]), pointer=pointer)
         found.append(Promotion(data["arch"], data["mix_ds"], checkpoint, int(data["step"]),
                                tuple(data.get("tasks", ())), data.get("trained_through")))
     return sorted(found, key=lambda p: p.mix_ds)

@@ -5,13 +5,14 @@ run once the hold is gone go ahead."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
+from gem import storage
 from gem.lakehouse import backfill_hold
 from gem.lakehouse.backfill_hold import BackfillInProgressError, hold, hold_path, live_holds, require_not_held
 from gem.lakehouse.commit import StageCommit, StageContext
@@ -37,7 +38,7 @@ def test_a_later_day_reading_inside_the_range_waits_and_others_go_ahead(tmp_path
         # ingest of day 4 reads only day 4's landing partition; day 3's own runs are the backfill's.
         require_not_held(cfg, "ingest_events", LATER, _needs(cfg, "ingest_events", LATER))
         require_not_held(cfg, "build_sequences", END, _needs(cfg, "build_sequences", END))
-    assert live_holds(cfg) == [] and not hold_path(cfg, START, END).exists()
+    assert live_holds(cfg) == [] and not storage.exists(hold_path(cfg, START, END))
     require_not_held(cfg, "build_sequences", LATER, _needs(cfg, "build_sequences", LATER))
 
 
@@ -76,18 +77,24 @@ def test_a_second_backfill_of_the_same_range_is_refused(tmp_path):
 def test_a_killed_backfill_stops_holding(tmp_path):
     cfg = make_config(tmp_path)
     path = hold_path(cfg, START, END)
-    path.parent.mkdir(parents=True)
     # On this host: its pid is gone.
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
-    path.write_text(json.dumps({"run_id": "backfill-killed", "host": os.uname().nodename, "pid": gone.pid,
-                                "started_at": "2026-12-03T00:00:00+00:00"}))
+    storage.write_json(path, {"run_id": "backfill-killed", "host": os.uname().nodename, "pid": gone.pid,
+                              "started_at": "2026-12-03T00:00:00+00:00", "renewed_at": time.time()})
     assert live_holds(cfg) == []
-    # On another host: alive until EXPIRY_S after its last renewal (the file's mtime).
-    path.write_text(json.dumps({"run_id": "backfill-elsewhere", "host": "another-host", "pid": 1,
-                                "started_at": "2026-12-03T00:00:00+00:00"}))
+    # On another host: alive until EXPIRY_S after its last renewal (its renewed_at).
+    elsewhere = {"run_id": "backfill-elsewhere", "host": "another-host", "pid": 1,
+                 "started_at": "2026-12-03T00:00:00+00:00", "renewed_at": time.time()}
+    storage.write_json(path, elsewhere)
     assert [h["run_id"] for *_, h in live_holds(cfg)] == ["backfill-elsewhere"]
-    old = path.stat().st_mtime - backfill_hold.EXPIRY_S - 1
+    storage.write_json(path, {**elsewhere, "renewed_at": time.time() - backfill_hold.EXPIRY_S - 1})
+    assert live_holds(cfg) == []
+    # A lease file without renewed_at: its modification time is the last renewal.
+    del elsewhere["renewed_at"]
+    storage.write_json(path, elsewhere)
+    assert [h["run_id"] for *_, h in live_holds(cfg)] == ["backfill-elsewhere"]
+    old = time.time() - backfill_hold.EXPIRY_S - 1
     os.utime(path, (old, old))
     assert live_holds(cfg) == []
 
@@ -97,12 +104,10 @@ def test_the_holder_renews_while_it_runs(tmp_path, monkeypatch):
     cfg = make_config(tmp_path)
     with hold(cfg, START, END, "backfill-test"):
         path = hold_path(cfg, START, END)
-        old = path.stat().st_mtime - 1000
-        os.utime(path, (old, old))
-        import time
-
+        old = storage.read_json(path)["renewed_at"] - 1000
+        storage.write_json(path, {**storage.read_json(path), "renewed_at": old})
         time.sleep(0.3)
-        assert path.stat().st_mtime > old + 900
+        assert storage.read_json(path)["renewed_at"] > old + 900
 
 
 def test_the_dag_task_is_rescheduled_not_failed(tmp_path, monkeypatch):

@@ -194,20 +194,20 @@ def test_two_runs_of_one_stage_and_day_at_once_end_as_one_run(tmp_path):
 
 
 def test_a_run_holding_the_lease_refuses_a_second_and_a_dead_holder_is_taken_over(tmp_path):
-    import json
     import os
     import subprocess
 
+    from gem import storage
     from gem.lakehouse import lease
 
     cfg = make_config(tmp_path)
     _mix_record(cfg, DS)
     first = StageCommit.begin(StageContext(cfg), "pretrain", DS)
     # Another live process holding it: refused, naming the holder.
-    holder = json.loads(lease.lease_path(cfg, "pretrain", DS).read_text())
+    holder = storage.read_json(lease.lease_path(cfg, "pretrain", DS))
     sleeper = subprocess.Popen(["sleep", "30"])
     try:
-        lease.lease_path(cfg, "pretrain", DS).write_text(json.dumps({**holder, "pid": sleeper.pid}))
+        storage.write_json(lease.lease_path(cfg, "pretrain", DS), {**holder, "pid": sleeper.pid})
         with pytest.raises(lease.LeaseHeldError, match=f"{first.run_id}.*pid {sleeper.pid}.*retry"):
             StageCommit.begin(StageContext(cfg), "pretrain", DS)
     finally:
@@ -215,10 +215,10 @@ def test_a_run_holding_the_lease_refuses_a_second_and_a_dead_holder_is_taken_ove
         sleeper.wait()
     # Its process gone: the lease is taken over; publishing releases it.
     second = StageCommit.begin(StageContext(cfg), "pretrain", DS)
-    assert json.loads(lease.lease_path(cfg, "pretrain", DS).read_text())["run_id"] == second.run_id
+    assert storage.read_json(lease.lease_path(cfg, "pretrain", DS))["run_id"] == second.run_id
     second.replace_arrow(_metrics(DS), GOLD_METRICS, also={"arch": "kunlun"})
     second.publish(None, written_tables=(GOLD_METRICS,), no_input_count="scores")
-    assert not lease.lease_path(cfg, "pretrain", DS).exists()
+    assert not storage.exists(lease.lease_path(cfg, "pretrain", DS))
     assert os.getpid() == holder["pid"]
 
 

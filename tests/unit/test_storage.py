@@ -68,8 +68,7 @@ def test_a_failed_stream_leaves_no_file(root: str):
     with pytest.raises(RuntimeError), storage.open_write(path) as f:
         f.write(b"half")
         raise RuntimeError("writer died")
-    if storage.is_local(path):
-        assert not storage.exists(path) and storage.walk_files(root) == []
+    assert not storage.exists(path) and storage.walk_files(root) == []
 
 
 def _contend(args: tuple[str, int]) -> bool:
@@ -98,3 +97,109 @@ def test_upload_and_download_a_folder(root: str, tmp_path: Path):
     back = tmp_path / "back"
     storage.download_folder(storage.join(root, "docs"), back)
     assert (back / "index.html").read_text() == "<html></html>" and (back / "static" / "a.css").read_text() == "body{}"
+
+
+def test_replace_and_delete_only_the_version_read(root: str):
+    """A conditional replace or delete acts on the version its caller read, never on a file written
+    since (another process's), and answers False for a file that is gone."""
+    path = storage.join(root, "held.json")
+    assert storage.version(path) is None and not storage.replace_if(path, "x", "no-such-version")
+    storage.create(path, "first")
+    first = storage.version(path)
+    assert first is not None and storage.version(path) == first
+    assert storage.replace_if(path, "second", first) and storage.read_text(path) == "second"
+    second = storage.version(path)
+    assert second != first
+    assert not storage.replace_if(path, "stale writer", first) and storage.read_text(path) == "second"
+    assert not storage.delete_if(path, first) and storage.read_text(path) == "second"
+    assert storage.delete_if(path, second) and not storage.exists(path)
+    assert not storage.delete_if(path, second)
+    storage.create(path, "second")  # the same contents written anew are still a new version locally
+    if storage.is_local(path):
+        assert not storage.replace_if(path, "stale writer", second)
+
+
+def _replace_from(args: tuple[str, str, int]) -> bool:
+    path, seen, who = args
+    return storage.replace_if(path, f"contender {who}", seen)
+
+
+def test_concurrent_conditional_replaces_have_exactly_one_winner(root: str):
+    """CONTENDERS processes replace the version they all read, ROUNDS times: one winner per round."""
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(CONTENDERS) as pool:
+        for r in range(ROUNDS):
+            path = storage.join(root, "race", f"round-{r}.json")
+            storage.write(path, f"round {r}")
+            seen = storage.version(path)
+            won = pool.map(_replace_from, [(path, seen, who) for who in range(CONTENDERS)])
+            assert sum(won) == 1, (r, won)
+            assert storage.read_text(path) == f"contender {won.index(True)}"
+
+
+def test_download_missing_fetches_only_what_the_local_folder_lacks(root: str, tmp_path: Path):
+    storage.write(storage.join(root, "kept", "a.json"), "store a")
+    storage.write(storage.join(root, "kept", "sub", "b.json"), "store b")
+    local = tmp_path / "copy"
+    (local / "sub").mkdir(parents=True)
+    (local / "sub" / "b.json").write_text("local b")  # held already: not fetched again
+    assert storage.download_missing(storage.join(root, "kept"), local) == [local / "a.json"]
+    assert (local / "a.json").read_text() == "store a" and (local / "sub" / "b.json").read_text() == "local b"
+    assert storage.download_missing(storage.join(root, "kept"), local) == []
+    assert storage.download_missing(storage.join(root, "nothing"), local) == []
+
+
+def test_delta_storage_options_reach_the_store(root: str, monkeypatch: pytest.MonkeyPatch):
+    """deltalake writes and reads a table at `root` with the options alone: on S3 they carry the
+    endpoint, region and http permission, so delta-rs needs no AWS_ALLOW_HTTP of its own."""
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+
+    monkeypatch.delenv("AWS_ALLOW_HTTP", raising=False)
+    table = storage.join(root, "delta", "t")
+    options = storage.delta_storage_options(table)
+    if storage.is_local(root):
+        assert options is None
+    else:
+        assert options == {"AWS_ENDPOINT_URL": storage.s3_endpoint(), "AWS_ALLOW_HTTP": "true",
+                           "AWS_REGION": storage.s3_region()}
+        assert storage.delta_storage_options(storage.spark_uri(table)) == options  # s3a:// spells the same store
+    write_deltalake(table, pa.table({"n": [1, 2]}), storage_options=options)
+    assert DeltaTable(table, storage_options=options).version() == 0
+    added = pa.table(DeltaTable(table, storage_options=options).get_add_actions(flatten=True))
+    assert sum(added["num_records"].to_pylist()) == 2
+
+
+def test_s3_settings_come_from_the_aws_variables(monkeypatch: pytest.MonkeyPatch):
+    for name in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    assert storage.s3_endpoint() is None and storage.s3_region() is None
+    assert storage.delta_storage_options("s3://b/t") == {}
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "https://objects.example")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")
+    assert storage.delta_storage_options("s3://b/t") == {"AWS_ENDPOINT_URL": "https://objects.example",
+                                                         "AWS_REGION": "eu-west-1"}
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:9000")  # the S3-specific one wins
+    monkeypatch.setenv("AWS_REGION", "us-east-2")
+    assert storage.delta_storage_options("s3a://b/t") == {"AWS_ENDPOINT_URL": "http://127.0.0.1:9000",
+                                                          "AWS_ALLOW_HTTP": "true", "AWS_REGION": "us-east-2"}
+
+
+def test_move_a_folder(root: str):
+    """Every file arrives under the target, the source is gone; a non-empty target, an empty source
+    and another store are refused."""
+    source, target = storage.join(root, "step-1"), storage.join(root, ".aside", "step-1")
+    storage.write(storage.join(source, "a.bin"), b"a")
+    storage.write(storage.join(source, "sub", "b.json"), "{}")
+    storage.move_folder(source, target)
+    assert storage.walk_files(source) == [] and not storage.exists(storage.join(source, "a.bin"))
+    assert storage.walk_files(target) == [storage.join(target, "a.bin"), storage.join(target, "sub", "b.json")]
+    assert storage.read_bytes(storage.join(target, "a.bin")) == b"a"
+    with pytest.raises(FileNotFoundError, match="nothing is stored"):
+        storage.move_folder(source, storage.join(root, "elsewhere"))
+    storage.write(storage.join(source, "c.bin"), b"c")
+    with pytest.raises(FileExistsError, match="is not empty"):
+        storage.move_folder(source, target)
+    other = "s3://some-bucket/x" if storage.is_local(root) else "/tmp/x"
+    with pytest.raises(ValueError, match="different stores"):
+        storage.move_folder(source, other)
