@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gem import storage
 from gem.data.delta_log import logged_files
 from gem.data.encode import DENSE_COLUMNS
 from gem.data.loader import SPARSE_FEATURES, ResumableLoader
@@ -116,15 +117,15 @@ class StudentRun:
     steps: int
     examples: int
     seconds: float
-    checkpoint: Path | None
+    checkpoint: checkpoints.Location | None
 
 
 def surface_tasks(cfg: GemConfig, surface: str) -> tuple[str, ...]:
     return tuple(f"{s}/{t}" for s, t in cfg.tasks if s == surface)
 
 
-def train_student(cfg: GemConfig, inputs: DistillInputs, surface: str, variant: str, run_dir: Path,
-                  warm_start: Path | None = None, seed: int | None = None, steps: int | None = None) -> StudentRun:
+def train_student(cfg: GemConfig, inputs: DistillInputs, surface: str, variant: str, run_dir: str | Path,
+                  warm_start: str | Path | None = None, seed: int | None = None, steps: int | None = None) -> StudentRun:
     """Train `variant`'s student of `surface` on inputs.train_day, score it and the FM on inputs.eval_day."""
     t0 = time.time()
     train_cfg = cfg.student_train if seed is None else dataclasses.replace(cfg.student_train, seed=seed)
@@ -209,8 +210,9 @@ def run(ctx: StageContext, ds: str, steps: int | None = None) -> StageResult:
     for surface in surfaces:
         name = promotion_name(variant, surface)
         previous = promotion.warm_start_for(root, name, ds)
-        trained = train_student(cfg, inputs, surface, variant, root / "students" / f"{name}-{ds}",
-                                previous.checkpoint if previous else None, steps=steps)
+        run_dir = storage.join(root, "students", f"{name}-{ds}")  # a local folder or an object store prefix
+        trained = train_student(cfg, inputs, surface, variant, run_dir, previous.checkpoint if previous else None,
+                                steps=steps)
         print(f"student {surface} ({variant}): {trained.steps} steps on {inputs.train_day}, "
               f"{trained.examples:,} examples, {trained.seconds:.1f}s; held-out {inputs.eval_day}:")
         print(metrics_table(trained.scores))
@@ -221,7 +223,7 @@ def run(ctx: StageContext, ds: str, steps: int | None = None) -> StageResult:
                                      mixture_id, inputs.examples[1], inputs.sequences[1])
         fm_rows += metrics_rows(cfg, ds, run_id, FM_ARCH, trained.fm_scores, 0, mixture_id, inputs.examples[1],
                                 inputs.sequences[1])
-        checkpoint = trained.checkpoint or checkpoints.latest(root / "students" / f"{name}-{ds}")
+        checkpoint = trained.checkpoint or checkpoints.latest(run_dir)
         promotion.promote(root, name, ds, checkpoint, trained.steps, surface_tasks(cfg, surface),
                           trained_through=promotion.newest_day([inputs.train_day,
                                                                 previous.trained_through if previous else None]))

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from gem import storage
 from gem.config import GemConfig
 from gem.data.batch import Batch, Jagged, Sparse
 from gem.data.encode import DENSE_COLUMNS
@@ -57,9 +58,10 @@ class PrecomputeModel:
     def load(cls, cfg: GemConfig, pin: ModelPin, device: torch.device | None = None) -> PrecomputeModel:
         """The pinned checkpoint as a plain-torch task in eval mode on `device` (default: this
         process's GPU, LOCAL_RANK's under torchrun, else the CPU); PromotedModelMissing when its
-        folder is gone, CheckpointError when it was trained with another model config."""
-        path = Path(pin.checkpoint)
-        if not path.is_dir():
+        folder is gone, CheckpointError when it was trained with another model config. The folder is
+        local or on an object store (gem.storage)."""
+        path = pin.checkpoint
+        if not storage.listdir(path):
             raise PromotedModelMissing(f"the promoted checkpoint {path} ({pin.version}) is gone; rerun "
                                        f"`python -m jobs.pretrain --ds {pin.model_ds}`")
         if cfg.model.arch != "kunlun":
@@ -110,7 +112,7 @@ def default_device() -> torch.device:
     return torch.device("cpu")
 
 
-def load_plain_weights(task: GemTrainTask, path: Path, trained_with: str) -> None:
+def load_plain_weights(task: GemTrainTask, path: str | Path, trained_with: str) -> None:
     """A checkpoint's model weights into a plain-torch task, in place. trained_with: the embeddings
     backend it was trained with; "torchrec" tables are read under the collection's names, their
     saved shards resharded into whole tables."""

@@ -1,23 +1,29 @@
-"""Checkpoints: torch.distributed.checkpoint shards + a small JSON of everything else, published atomically.
+"""Checkpoints: torch.distributed.checkpoint shards + a small JSON of everything else, published by
+that JSON, written last.
 
-A checkpoint of step n is the folder `{root}/step-{n:08d}`:
+A run folder is a local folder or an object store prefix (gem.storage: `s3://bucket/lake/_checkpoints/
+<run>`); the shards are written and read through fsspec on both (FsspecWriter / FsspecReader). A
+checkpoint of step n is the folder `{root}/step-{n:08d}`:
     *.distcp, .metadata   model and optimizer state (torch.distributed.checkpoint; sharded per rank)
     extra.json            step, loader state, RNG states, the config, code version, losses so far
 
-It is written under `{root}/.tmp-step-{n:08d}-{nonce}` and renamed into place only when complete,
-so a crash leaves at most a `.tmp-*` folder, which is never loaded (and `discard_partials` removes).
-An existing step folder is never overwritten (a second writer of the same step fails).
+An object store has no rename, so a checkpoint is published by its extra.json, created (exclusively)
+after every rank's shards are written: a step folder without it is a crashed writer's partial, never
+listed or loaded (and `discard_partials` removes it, with the `.tmp-*` folders of writers that
+published by renaming). An existing checkpoint is never overwritten: a second writer of the same
+step fails before it writes a shard (one writer per run folder: the stage's lease), and its
+extra.json could not be created twice anyway.
 `latest(root)` is the highest published step; `load` refuses a folder whose extra.json or shards
-are missing or unreadable, naming it, and a resuming trainer then sets it aside and falls back to
-the step before (see gem.train.trainer.Trainer.resume).
+are missing or unreadable, naming it, and a resuming trainer then sets it aside (`.corrupt-*`) and
+falls back to the step before (see gem.train.trainer.Trainer.resume).
+
+A checkpoint's location is a Path under a local run folder and a URI string under an object store.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import random
-import shutil
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -28,12 +34,19 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
+
+# torch 2.13 does not export the fsspec storage classes from torch.distributed.checkpoint (dcp.save
+# picks them itself only for a checkpoint_id string that FileSystemWriter refuses), hence the module.
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 from torch.distributed.checkpoint.api import CheckpointException
 
+from gem import storage
 from gem.faults import crash_point
 
 EXTRA = "extra.json"
 PREFIX = "step-"
+PARTIAL_PREFIX = ".tmp-"  # the temporary folders of writers that published by renaming
+SET_ASIDE_PREFIX = ".corrupt-"
 
 
 class CheckpointError(RuntimeError):
@@ -60,8 +73,17 @@ def single_process() -> bool:
         torch.distributed.get_world_size() == 1
 
 
-def step_dir(root: Path, step: int) -> Path:
-    return root / f"{PREFIX}{step:08d}"
+Location = str | Path  # a checkpoint or run folder: a local path, or an object store URI
+
+
+def child(folder: Location, name: str) -> Location:
+    """`folder`/`name`: a Path under a local folder (as the caller spelled it, relative or not), a
+    URI under an object store."""
+    return storage.local_path(folder) / name if storage.is_local(folder) else storage.join(folder, name)
+
+
+def step_dir(root: Location, step: int) -> Location:
+    return child(root, f"{PREFIX}{step:08d}")
 
 
 def rng_state() -> dict[str, Any]:
@@ -84,71 +106,87 @@ def _is_rank0() -> bool:
     return not (torch.distributed.is_available() and torch.distributed.is_initialized()) or torch.distributed.get_rank() == 0
 
 
-def save(root: Path, step: int, state: dict[str, Any], extra: dict[str, Any]) -> Path:
+def is_published(path: Location) -> bool:
+    """Whether `path` holds a published checkpoint: its extra.json exists (it is written last)."""
+    return storage.exists(storage.join(path, EXTRA))
+
+
+def save(root: Location, step: int, state: dict[str, Any], extra: dict[str, Any]) -> Location:
     """Write state (tensors / state_dicts) and extra (JSON-able) as step `step`; returns the folder."""
-    root.mkdir(parents=True, exist_ok=True)
     final = step_dir(root, step)
-    if final.exists():
+    if is_published(final):
         raise CheckpointError(f"checkpoint {final} already exists; checkpoints are never overwritten")
     alone = single_process()
-    nonce = uuid.uuid4().hex[:8]
-    if not alone:  # every rank must write into the same temporary folder
-        box = [nonce]
-        torch.distributed.broadcast_object_list(box, src=0)
-        nonce = box[0]
-    tmp = root / f".tmp-{PREFIX}{step:08d}-{nonce}"
-    with _single_process_ok():
-        dcp.save(state, checkpoint_id=str(tmp), no_dist=alone)
-    crash_point("checkpoint:shards_written")  # drills.faults kills a save half done here
     if _is_rank0():
-        (tmp / EXTRA).write_text(json.dumps({"step": step, **extra}))
-        os.rename(tmp, final)  # atomic on one filesystem
+        for leftover in storage.listdir(final):  # a crashed writer's shards of this step
+            storage.delete(leftover, recursive=True)
+    if not alone:  # no rank writes before rank 0 has cleared the folder
+        torch.distributed.barrier()
+    local = storage.is_local(final)
+    # An object store's upload is whole at close: there is nothing to fsync (and the writer's fallback
+    # for a stream without a file descriptor would sync every local disk instead).
+    writer = FsspecWriter(storage.normalized(final), sync_files=local, overwrite=False)
+    with _single_process_ok():
+        dcp.save(state, storage_writer=writer, no_dist=alone)
+    crash_point("checkpoint:shards_written")  # drills.faults kills a save half done here
+    if _is_rank0() and not storage.create(storage.join(final, EXTRA), json.dumps({"step": step, **extra})):
+        raise CheckpointError(f"checkpoint {final} was published by another writer meanwhile")
     if not alone:
         torch.distributed.barrier()
     return final
 
 
-def published(root: Path) -> list[Path]:
-    """The published checkpoints under root, newest (highest step) first; `.tmp-*` and set-aside
-    `.corrupt-*` folders are not among them."""
-    if not root.is_dir():
-        return []
-    return sorted((p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX)), reverse=True)
+def _entries(root: Location) -> list[Location]:
+    return [child(root, storage.name(entry)) for entry in storage.listdir(root)]
 
 
-def latest(root: Path) -> Path | None:
+def published(root: Location) -> list[Location]:
+    """The published checkpoints under root, newest (highest step) first; partial step folders (no
+    extra.json), `.tmp-*` and set-aside `.corrupt-*` folders are not among them."""
+    steps = [p for p in _entries(root) if storage.name(p).startswith(PREFIX) and is_published(p)]
+    return sorted(steps, key=storage.name, reverse=True)
+
+
+def latest(root: Location) -> Location | None:
     """The published checkpoint with the highest step under root, if any."""
     steps = published(root)
     return steps[0] if steps else None
 
 
-def set_aside(path: Path) -> Path:
-    """Rename a checkpoint that cannot be loaded to `.corrupt-<name>-<nonce>` beside it: kept for a
-    post-mortem, never listed again, and its step can be written afresh."""
-    target = path.with_name(f".corrupt-{path.name}-{uuid.uuid4().hex[:8]}")
-    os.rename(path, target)
+def set_aside(path: Location) -> Location:
+    """Move a checkpoint that cannot be loaded to `.corrupt-<name>-<nonce>` beside it: kept for a
+    post-mortem, never listed again, and its step can be written afresh. On an object store the move
+    is a copy and a delete; a crash between them leaves the checkpoint where it was (set aside again
+    by the next resume) or partly deleted (a partial, discarded)."""
+    target = child(storage.parent(path), f"{SET_ASIDE_PREFIX}{storage.name(path)}-{uuid.uuid4().hex[:8]}")
+    storage.move_folder(path, target)
     return target
 
 
-def read_extra(path: Path) -> dict[str, Any]:
-    """extra.json of a published checkpoint; refuses partial folders and missing or broken JSON."""
-    if path.name.startswith(".tmp-"):
+def read_extra(path: Location) -> dict[str, Any]:
+    """extra.json of a published checkpoint; refuses partial or set-aside folders and missing or
+    broken JSON."""
+    if storage.name(path).startswith(PARTIAL_PREFIX):
         raise CheckpointError(f"{path} is an unpublished (partial) checkpoint; it is never loaded")
-    extra_path = path / EXTRA
-    if not extra_path.is_file():
-        raise CheckpointError(f"checkpoint {path} is incomplete: {EXTRA} is missing")
+    if storage.name(path).startswith(SET_ASIDE_PREFIX):
+        raise CheckpointError(f"{path} was set aside as unloadable; it is never loaded")
     try:
-        return json.loads(extra_path.read_text())
+        text = storage.read_text(storage.join(path, EXTRA))
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {path} is incomplete: {EXTRA} is missing (it is written last, so "
+                              f"this is an unpublished, partial checkpoint)") from None
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as e:
         raise CheckpointError(f"checkpoint {path} is corrupted: {EXTRA} is not valid JSON ({e})") from e
 
 
-def load(path: Path, state: dict[str, Any]) -> dict[str, Any]:
+def load(path: Location, state: dict[str, Any]) -> dict[str, Any]:
     """Load shards into `state` (in place, as dcp does) and return extra.json; refuses broken folders."""
     extra = read_extra(path)
     try:
         with _single_process_ok():
-            dcp.load(state, checkpoint_id=str(path), no_dist=single_process())
+            dcp.load(state, storage_reader=FsspecReader(storage.normalized(path)), no_dist=single_process())
     except (Exception, CheckpointException) as e:  # CheckpointException derives from BaseException
         raise CheckpointError(f"checkpoint {path} is corrupted or incomplete: its shards cannot be read ({e})") from e
     return extra
@@ -194,9 +232,11 @@ def load_optimizer_state(named_parameters: Iterator[tuple[str, torch.Tensor]], o
         optimizer.state[params[name]].update(slots)
 
 
-def discard_partials(root: Path) -> list[Path]:
-    """Remove `.tmp-*` folders left by crashed writers; returns what was removed."""
-    removed = [p for p in root.glob(".tmp-*") if p.is_dir()] if root.is_dir() else []
+def discard_partials(root: Location) -> list[Location]:
+    """Remove what crashed writers left: step folders without extra.json and `.tmp-*` folders;
+    returns what was removed."""
+    removed = [p for p in _entries(root) if storage.name(p).startswith(PARTIAL_PREFIX)
+               or (storage.name(p).startswith(PREFIX) and not is_published(p))]
     for p in removed:
-        shutil.rmtree(p)
+        storage.delete(p, recursive=True)
     return removed

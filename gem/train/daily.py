@@ -25,6 +25,7 @@ from typing import Any
 import pyarrow as pa
 import torch
 
+from gem import storage
 from gem.config import GemConfig, add_config_arg, load_config
 from gem.data.encode import DENSE_COLUMNS
 from gem.data.loader import SPARSE_FEATURES, ExampleStream, ResumableLoader
@@ -66,9 +67,11 @@ def write_metrics(commit: StageCommit, rows: list[dict[str, Any]]) -> int:
     return commit.replace_arrow(table, GOLD_METRICS, also={"arch": arch})
 
 
-def checkpoint_root(cfg: GemConfig) -> Path:
-    """Where run folders and promotions live: train.checkpoint_root, else {lakehouse}/_checkpoints."""
-    return Path(cfg.train.checkpoint_root or f"{cfg.lakehouse_uri.rstrip('/')}/_checkpoints")
+def checkpoint_root(cfg: GemConfig) -> Path | str:
+    """Where run folders and promotions live: train.checkpoint_root, else {lakehouse}/_checkpoints; a
+    Path for a local folder, a URI string (gem.storage) on an object store."""
+    root = cfg.train.checkpoint_root or f"{cfg.lakehouse_uri.rstrip('/')}/_checkpoints"
+    return storage.local_path(root) if storage.is_local(root) else storage.normalized(root)
 
 
 def init_from_torchrun(device_type: str) -> bool:

@@ -11,7 +11,9 @@ that step updates anything, a NaN or infinite gradient before its dense optimize
 way no checkpoint is written after it, so the last one written is the last good one.
 
 A Trainer without a run folder (run_dir None) trains the same steps and writes no checkpoint: a run
-kept in memory, such as each of the quality study's (gem.study.runner).
+kept in memory, such as each of the quality study's (gem.study.runner). A run folder is a local
+folder or an object store prefix (`s3://bucket/lake/_checkpoints/<run>`), as gem.train.checkpoint
+writes both.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any, NoReturn, Protocol
 
 import torch
 
+from gem import storage
 from gem.config import TrainConfig
 from gem.data.batch import Batch
 from gem.model.configs import weights_config
@@ -75,7 +78,7 @@ class TrainResult:
     losses: list[float] = field(default_factory=list)  # every step's loss, from step 1
     examples: int = 0
     seconds: float = 0.0
-    checkpoint: Path | None = None
+    checkpoint: checkpoint.Location | None = None
     # Per event type and over all types ("all"), the share of this run's sequence compute spent on
     # padding, in the body's padding_measure: Kunlun's jagged layout, the share of its sequence
     # FLOPs; padded bodies, the share of their padded sequence blocks.
@@ -100,7 +103,7 @@ class Trainer:
     at 0 (the default) its update is Adam's.
     """
 
-    def __init__(self, task: torch.nn.Module, stream: BatchStream, cfg: TrainConfig, run_dir: Path | None,
+    def __init__(self, task: torch.nn.Module, stream: BatchStream, cfg: TrainConfig, run_dir: str | Path | None,
                  config_snapshot: dict[str, Any] | None = None, device: torch.device | None = None) -> None:
         self.task, self.stream, self.cfg, self.run_dir = task, stream, cfg, run_dir
         if device is None:
@@ -176,7 +179,7 @@ class Trainer:
     def _load_model_state(self, model_state: dict[str, Any]) -> None:
         self._checkpointed.load_state_dict(model_state)
 
-    def save(self) -> Path:
+    def save(self) -> checkpoint.Location:
         if self.run_dir is None:
             raise ValueError("this Trainer has no run folder (run_dir None), so it writes no checkpoint")
         extra = {"losses": self.losses, "loader": self.stream.state_dict(), "rng": checkpoint.rng_state(),
@@ -186,9 +189,9 @@ class Trainer:
     def resume(self) -> bool:
         """Continue from the run folder's newest loadable checkpoint, if there is one.
 
-        Crashed writers' `.tmp-*` folders are removed first. A checkpoint that cannot be loaded
-        (truncated shard, missing extra.json) is set aside with a warning and the one before it is
-        tried, so a retry after a crash mid-write does not fail forever on the same folder.
+        Crashed writers' partial folders (no extra.json) are removed first. A published checkpoint
+        that cannot be loaded (a truncated shard, a broken extra.json) is set aside with a warning and
+        the one before it is tried, so a retry after a crash mid-write does not fail forever on the same folder.
         """
         if self.run_dir is None:
             return False
@@ -204,8 +207,8 @@ class Trainer:
                 if torch.distributed.is_initialized():
                     torch.distributed.barrier()  # every rank has tried this folder before rank 0 moves it
                 if rank0:
-                    warnings.warn(f"{e}; set aside as {checkpoint.set_aside(path).name}, trying the one before",
-                                  stacklevel=2)
+                    moved = storage.name(checkpoint.set_aside(path))
+                    warnings.warn(f"{e}; set aside as {moved}, trying the one before", stacklevel=2)
                 if torch.distributed.is_initialized():
                     torch.distributed.barrier()
                 continue
@@ -222,7 +225,7 @@ class Trainer:
         checkpoint.set_rng_state(extra["rng"])
         self.step, self.losses = int(extra["step"]), list(extra["losses"])
 
-    def warm_start(self, source: Path) -> Path:
+    def warm_start(self, source: str | Path) -> checkpoint.Location:
         """Weights from a checkpoint folder, or a run folder's latest checkpoint (optimizers and
         loader start fresh).
 
@@ -230,7 +233,7 @@ class Trainer:
         (its config, embeddings backend included, is saved inside it): its tensors would not fit,
         or would mean something else.
         """
-        path = source if source.name.startswith(checkpoint.PREFIX) else checkpoint.latest(source)
+        path = source if storage.name(source).startswith(checkpoint.PREFIX) else checkpoint.latest(source)
         if path is None:
             raise checkpoint.CheckpointError(f"warm start: no checkpoint in {source}")
         extra = checkpoint.read_extra(path)

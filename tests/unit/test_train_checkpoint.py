@@ -1,6 +1,7 @@
 """Training checkpoints: a killed and resumed run equals an uninterrupted one (losses and final
-weights, exactly, on CPU); checkpoints are atomic and never overwritten; partial or corrupted
-ones are refused with a clear error; warm start loads weights only."""
+weights, exactly, on CPU); checkpoints are published whole (extra.json written last) and never
+overwritten; partial or corrupted ones are refused with a clear error; warm start loads weights
+only. The same on an object store: tests/unit/test_checkpoint_storage.py."""
 
 from __future__ import annotations
 
@@ -66,7 +67,7 @@ def test_corrupted_or_incomplete_checkpoints_are_refused(tmp_path):
 
 
 def test_resume_sets_a_corrupt_latest_aside_and_continues_from_the_one_before(tmp_path):
-    """A crash mid-write leaves a .tmp folder; a broken latest checkpoint (here: a truncated shard)
+    """A crash mid-write leaves an unpublished folder; a broken latest checkpoint (here: a truncated shard)
     must not fail every retry: resume warns, sets it aside and continues from the step before, and
     the finished run still equals an uninterrupted one."""
     full = tiny_trainer(tmp_path / "full").fit()
@@ -83,11 +84,17 @@ def test_resume_sets_a_corrupt_latest_aside_and_continues_from_the_one_before(tm
     assert names[0].startswith(".corrupt-step-00000008-") and names[1:] == ["step-00000004"]
     assert resumed.fit().losses == full.losses  # step 8 is written afresh on the way
     # With no loadable checkpoint at all, a run starts from scratch instead of failing.
-    (tmp_path / "lone").mkdir()
     shutil.copytree(tmp_path / "full" / "step-00000004", tmp_path / "lone" / "step-00000004")
-    (tmp_path / "lone" / "step-00000004" / checkpoint.EXTRA).unlink()
-    with pytest.warns(UserWarning, match="extra.json is missing"):
+    shard = next((tmp_path / "lone" / "step-00000004").glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:100])
+    with pytest.warns(UserWarning, match="step-00000004 is corrupted or incomplete"):
         assert not tiny_trainer(tmp_path / "lone").resume()
+    # A step folder without extra.json (written last) is a crashed writer's: removed, never loaded.
+    shutil.copytree(tmp_path / "full" / "step-00000004", tmp_path / "partial" / "step-00000004")
+    (tmp_path / "partial" / "step-00000004" / checkpoint.EXTRA).unlink()
+    assert checkpoint.latest(tmp_path / "partial") is None
+    assert not tiny_trainer(tmp_path / "partial").resume()
+    assert list((tmp_path / "partial").iterdir()) == []
 
 
 def test_warm_start_loads_weights_only(tmp_path):
