@@ -9,11 +9,11 @@ before the damage (reason unreadable_file, the rest of the day is ingested), a f
 from __future__ import annotations
 
 import datetime as dt
-from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from gem import storage
 from gem.lakehouse.landing import DATA_FILE_PATTERN, gzip_problem, lines_before_damage, list_partition
 
 LINES_SCHEMA = "value STRING, source_file STRING, ds DATE, file_reason STRING, file_detail STRING"
@@ -28,9 +28,9 @@ def read_days(spark: SparkSession, landing_root: str, days: tuple[str, ...]) -> 
     damaged_rows, readable, misnamed = [], [], []
     for day in days:
         listing = list_partition(landing_root, day)
-        misnamed += [f"{day}/{Path(p).name}" for p in listing.unexpected_files]
+        misnamed += [f"{day}/{storage.name(p)}" for p in listing.unexpected_files]
         for path in listing.all_files:
-            name = Path(path).name
+            name = storage.name(path)
             problem = gzip_problem(path) if name.endswith(".gz") else None
             if problem is None:
                 readable.append(path)
@@ -54,7 +54,8 @@ def read_days(spark: SparkSession, landing_root: str, days: tuple[str, ...]) -> 
 
 def read_landing(spark: SparkSession, landing_root: str, files: list[str]) -> DataFrame:
     """Landing files -> DataFrame(value: raw line, source_file: file name within its ds folder,
-    ds: the arrival day, from the file's partition folder `ds=YYYY-MM-DD`), in one read."""
+    ds: the arrival day, from the file's partition folder `ds=YYYY-MM-DD`), in one read. Spark is
+    given the paths as its Hadoop file systems name them (gem.storage.spark_uri: s3a:// on S3)."""
     # Spark lists more than `threshold` named paths in a Spark job of one task per path, far slower
     # for hundreds of landing days' files than listing them here in the driver. The listing is
     # done when the DataFrame is made, so the setting is restored right after.
@@ -62,7 +63,7 @@ def read_landing(spark: SparkSession, landing_root: str, files: list[str]) -> Da
     before = spark.conf.get(threshold)
     spark.conf.set(threshold, str(max(len(files), int(before))))
     try:
-        read = spark.read.option("basePath", landing_root).text(files)
+        read = spark.read.option("basePath", storage.spark_uri(landing_root)).text([storage.spark_uri(f) for f in files])
     finally:
         spark.conf.set(threshold, before)
     return read.select("value", F.col("_metadata.file_name").alias("source_file"), F.col("ds").cast("date"))

@@ -8,22 +8,21 @@
 - interest drift: a per-day AR(1) vector added to the user's static interest (INTEREST_DRIFT_RHO),
   so long histories point where the user's interest was, recent ones where it is.
 
-The state after day D is saved as `{lakehouse_uri}/_generator/state/ds=D.npz` (atomically, with
-the world's fingerprint), and day D starts from day D-1's: rerunning a day reproduces it byte for
-byte.
+The state after day D is saved as `{lakehouse_uri}/_generator/state/ds=D.npz` (written whole
+through gem.storage, so the lakehouse may be an object store; with the world's fingerprint), and day
+D starts from day D-1's: rerunning a day reproduces it byte for byte.
 """
 
 from __future__ import annotations
 
 import io
 import json
-import os
 import zipfile
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
+from gem import storage
 from gem.config import GemConfig
 from gem.sources.world import (
     DRIFT_STREAM,
@@ -102,14 +101,14 @@ class EngagementState:
         return self.impressed_sum[users] / (self.impressed_weight[users] + FATIGUE_PRIOR_WEIGHT)[:, None]
 
 
-def state_dir(cfg: GemConfig) -> Path:
-    uri = cfg.lakehouse_uri
-    return Path(uri.removeprefix("file://")) / "_generator" / "state"
+def state_dir(cfg: GemConfig) -> str:
+    """The URI (or local path) under which the generator's end-of-day states live."""
+    return storage.join(cfg.lakehouse_uri, "_generator", "state")
 
 
-def state_path(cfg: GemConfig, ds: str) -> Path:
+def state_path(cfg: GemConfig, ds: str) -> str:
     """Where the engagement state at the end of day `ds` lives."""
-    return state_dir(cfg) / f"ds={ds}.npz"
+    return storage.join(state_dir(cfg), f"ds={ds}.npz")
 
 
 def world_fingerprint(cfg: GemConfig) -> str:
@@ -120,22 +119,22 @@ def world_fingerprint(cfg: GemConfig) -> str:
     return json.dumps({**keys, "surfaces": list(cfg.surfaces)}, sort_keys=True)
 
 
-def _write_npz_atomically(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """An .npz (readable by np.load) with fixed zip timestamps, so equal arrays give equal bytes."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as zf:
+def _write_npz(uri: str, arrays: dict[str, np.ndarray]) -> None:
+    """An .npz (readable by np.load) with fixed zip timestamps, so equal arrays give equal bytes;
+    built in memory and written whole (gem.storage.write), so a reader never sees part of it."""
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w", compression=zipfile.ZIP_STORED) as zf:
         for name, array in arrays.items():
             buffer = io.BytesIO()
             np.lib.format.write_array(buffer, np.asanyarray(array), allow_pickle=False)
             zf.writestr(zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0)), buffer.getvalue())
-    os.replace(tmp, path)
+    storage.write(uri, archive.getvalue())
 
 
-def save_state(cfg: GemConfig, ds: str, state: EngagementState) -> Path:
-    """Persist the end-of-day state for `ds` atomically (tmp file + rename)."""
+def save_state(cfg: GemConfig, ds: str, state: EngagementState) -> str:
+    """Persist the end-of-day state for `ds`, written whole; its URI."""
     path = state_path(cfg, ds)
-    _write_npz_atomically(
+    _write_npz(
         path,
         {
             **{name: getattr(state, name) for name in EngagementState.ARRAYS},
@@ -149,7 +148,7 @@ def save_state(cfg: GemConfig, ds: str, state: EngagementState) -> Path:
 def load_state(cfg: GemConfig, ds: str) -> EngagementState:
     """The saved end-of-day state of `ds`, checked against this config's world."""
     path = state_path(cfg, ds)
-    with np.load(path, allow_pickle=False) as saved:
+    with storage.open_read(path) as f, np.load(f, allow_pickle=False) as saved:
         saved_world = str(saved["world"]) if "world" in saved.files else "(none)"
         if saved_world != world_fingerprint(cfg):
             raise IncompatibleGeneratorState(

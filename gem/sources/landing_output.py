@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
-import json
-import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from gem import storage
 from gem.config import GemConfig
-from gem.lakehouse.landing import LandingFile, partition_dir
+from gem.lakehouse.landing import METADATA_FILE_PATTERN, LandingFile, partition_dir, write_manifest_file
 from gem.sources.dirty import DirtyPlanter
 from gem.sources.simulation import ChunkEvents
 from gem.sources.world import ARRIVAL_DAYS, MAX_POSITION, World
@@ -86,14 +84,9 @@ def landing_file_name(source_ds: str) -> str:
     return f"events-from-{source_ds}"
 
 
-def sidecar_path(landing_root: str, arrival_ds: str, source_ds: str) -> Path:
-    return partition_dir(landing_root, arrival_ds) / f"{landing_file_name(source_ds)}.manifest.json"
-
-
-def _write_json_atomically(path: Path, payload: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(payload, sort_keys=True, indent=1))
-    os.replace(tmp, path)
+def sidecar_path(landing_root: str, arrival_ds: str, source_ds: str) -> str:
+    """The URI of the sidecar manifest beside generator day `source_ds`'s file in `arrival_ds`."""
+    return storage.join(partition_dir(landing_root, arrival_ds), f"{landing_file_name(source_ds)}.manifest.json")
 
 
 class ArrivalFiles:
@@ -130,7 +123,7 @@ class ArrivalFiles:
         return {
             "source_ds": self.source_ds,
             "arrival_ds": self.arrival_days[offset],
-            "file": self.files[offset].path.name,
+            "file": self.files[offset].file_name,
             "lines": planter.clean + planter.dirty,
             "clean": planter.clean,
             "clean_by_event_type": dict(self.clean_by_type[offset]),
@@ -143,7 +136,7 @@ class ArrivalFiles:
         for offset, landing_file in enumerate(self.files):
             arrival_ds = self.arrival_days[offset]
             manifests[arrival_ds] = self.file_manifest(offset)
-            _write_json_atomically(sidecar_path(self.landing_root, arrival_ds, self.source_ds), manifests[arrival_ds])
+            write_manifest_file(sidecar_path(self.landing_root, arrival_ds, self.source_ds), manifests[arrival_ds])
             landing_file.close(commit=True)
         return manifests
 
@@ -160,8 +153,8 @@ def expected_landing_counts(landing_root: str, ds: str) -> dict[str, Any]:
     """
     clean = 0
     quarantine: dict[str, int] = {}
-    for sidecar in sorted(partition_dir(landing_root, ds).glob("*.manifest.json")):
-        manifest = json.loads(sidecar.read_text())
+    for sidecar in storage.glob(storage.join(partition_dir(landing_root, ds), METADATA_FILE_PATTERN)):
+        manifest = storage.read_json(sidecar)
         clean += manifest["clean"]
         for kind, count in manifest["dirty"].items():
             if count:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gem import storage
 from gem.config import GemConfig
 from gem.sources.engagement import EngagementState, MissingGeneratorState, load_state, state_dir, state_path
 from gem.sources.world import (
@@ -252,7 +253,8 @@ def start_state(cfg: GemConfig, world: World) -> EngagementState:
 
 
 def _days_with_state(cfg: GemConfig) -> list[str]:
-    return sorted(p.name[len("ds=") : -len(".npz")] for p in state_dir(cfg).glob("ds=*.npz"))
+    return sorted(storage.name(uri)[len("ds=") : -len(".npz")]
+                  for uri in storage.glob(storage.join(state_dir(cfg), "ds=*.npz")))
 
 
 def state_before(cfg: GemConfig, ds: str, world: World) -> EngagementState:
@@ -261,7 +263,7 @@ def state_before(cfg: GemConfig, ds: str, world: World) -> EngagementState:
     previous = (dt.date.fromisoformat(ds) - dt.timedelta(days=1)).isoformat()
     if ds == cfg.start_ds:
         return start_state(cfg, world)
-    if state_path(cfg, previous).is_file():
+    if storage.exists(state_path(cfg, previous)):
         return load_state(cfg, previous)
     earlier = [d for d in _days_with_state(cfg) if d < ds]
     if not earlier:

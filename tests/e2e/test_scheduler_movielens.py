@@ -32,7 +32,7 @@ from typer.testing import CliRunner
 
 from bench.backfill import free_port
 from gem.data.delta_log import read_table
-from gem.lakehouse.landing import SUCCESS_MARKER, partition_dir
+from gem.lakehouse.landing import marker_uri
 from gem.pipeline.airflow.orchestration import LANDING_POKE_ENV, REPO_ROOT
 from gem.pipeline.airflow.scheduler import scheduler_stack
 from gem.pipeline.command import app
@@ -163,7 +163,7 @@ def scheduler_run(tmp_path_factory: pytest.TempPathFactory) -> SchedulerRun:
     imported = CliRunner().invoke(app, ["import-movielens", str(tmp / "ml-1m"), "--config", str(config)])
     assert imported.exit_code == 0, imported.output
     # Withhold day 2's marker: its run's sensor must wait (reschedule) until the test puts it back.
-    marker = partition_dir(str(tmp / "lakehouse" / "_landing"), DAYS[1]) / SUCCESS_MARKER
+    marker = marker_uri(str(tmp / "lakehouse" / "_landing"), DAYS[1])
     held = tmp / "held_SUCCESS"
     shutil.move(marker, held)
 

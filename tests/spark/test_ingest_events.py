@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -40,10 +41,10 @@ def dirty_day(tmp_path):
 
 def test_every_dirty_kind_is_quarantined_with_its_reason(spark, dirty_day):
     cfg = dirty_day
-    landing = {p.name: p.read_bytes() for p in partition_dir(cfg.landing_root, DAY).iterdir()}
+    landing = {p.name: p.read_bytes() for p in Path(partition_dir(cfg.landing_root, DAY)).iterdir()}
     result = ingest_events.run(StageContext(cfg, spark), DAY)
     # Ingest never rewrites or deletes landing files: nothing is lost at the source either.
-    assert {p.name: p.read_bytes() for p in partition_dir(cfg.landing_root, DAY).iterdir()} == landing
+    assert {p.name: p.read_bytes() for p in Path(partition_dir(cfg.landing_root, DAY)).iterdir()} == landing
 
     expected = {reason: len(lines) for reason, lines in DIRTY_LINES.items()}
     assert set(expected) == set(LINE_REASONS)  # the fixture covers every line reason
@@ -149,7 +150,7 @@ def test_missing_or_unfinished_landing_partition_is_named(spark, tmp_path):
     needs = rf"landing ds={DAY} \(no _SUCCESS marker\); run `python -m jobs.generate_events --ds {DAY}` first"
     with pytest.raises(MissingInputError, match=needs):
         ingest_events.run(StageContext(cfg, spark), DAY)
-    folder = partition_dir(cfg.landing_root, DAY)
+    folder = Path(partition_dir(cfg.landing_root, DAY))
     folder.mkdir(parents=True)
     (folder / "part-0.json.gz").write_bytes(b"")
     with pytest.raises(MissingInputError, match=needs):
@@ -252,7 +253,7 @@ def test_damaged_and_misnamed_files_are_quarantined_and_counted_per_file(spark, 
 
     cfg = make_config(tmp_path)
     write_day(cfg.landing_root, DAY, CLEAN_LINES + EXTRA_CLEAN)
-    folder = partition_dir(cfg.landing_root, DAY)
+    folder = Path(partition_dir(cfg.landing_root, DAY))
     misnamed = [line("x-1", user_id="u9"), line("x-2", user_id="u9")]
     (folder / "extra.jsonl.gz").write_bytes(gzip.compress(("\n".join(misnamed) + "\n").encode()))
     whole = gzip.compress(("\n".join(line(f"cut-{i}") for i in range(200)) + "\n").encode())
@@ -324,9 +325,9 @@ def _edge_case_lakehouse(spark, cfg) -> list[str]:
     landing(1, [line("b1", event_time=at(0)), line("c1", event_time=at(1)), line("w1", event_time=at(1))])
     landing(1, [line("w1", event_time=at(1))], name="part-1")
     whole = gzip.compress(("\n".join(line(f"cut-{i}", event_time=at(1)) for i in range(200)) + "\n").encode())
-    (partition_dir(cfg.landing_root, days[1]) / "truncated.json.gz").write_bytes(whole[: len(whole) // 2])
+    (Path(partition_dir(cfg.landing_root, days[1])) / "truncated.json.gz").write_bytes(whole[: len(whole) // 2])
     landing(2, [line("c1", event_time=at(1)), *all_dirty_lines()])
-    (partition_dir(cfg.landing_root, days[2]) / "extra.jsonl.gz").write_bytes(
+    (Path(partition_dir(cfg.landing_root, days[2])) / "extra.jsonl.gz").write_bytes(
         gzip.compress((line("x-1", event_time=at(2)) + "\n").encode()))
     landing(3, [line("c1", event_time=at(1)), line("a5", event_time=at(3))])
     landing(4, [line("a5", event_time=at(3))])

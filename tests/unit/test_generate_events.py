@@ -45,7 +45,7 @@ def _day_start_ms(ds: str) -> int:
 
 
 def _raw_lines(cfg: GemConfig, arrival_ds: str, source_ds: str) -> list[str]:
-    path = partition_dir(cfg.landing_root, arrival_ds) / f"events-from-{source_ds}.json.gz"
+    path = Path(partition_dir(cfg.landing_root, arrival_ds)) / f"events-from-{source_ds}.json.gz"
     with gzip.open(path, "rt", encoding="utf-8") as f:
         return f.read().splitlines()
 
@@ -184,7 +184,7 @@ def test_day_fails_clearly_when_previous_state_is_missing_but_earlier_exists(tmp
     generate_day(cfg, DAY1)
     with pytest.raises(MissingGeneratorState, match=rf"ds={DAY2}\.npz"):
         generate_day(cfg, DAY3)
-    assert not (partition_dir(cfg.landing_root, DAY3) / "_SUCCESS").exists()
+    assert not (Path(partition_dir(cfg.landing_root, DAY3)) / "_SUCCESS").exists()
 
 
 def test_next_day_continues_from_the_previous_days_state(tmp_path: Path) -> None:
@@ -201,7 +201,7 @@ def test_next_day_continues_from_the_previous_days_state(tmp_path: Path) -> None
     # Two generator days both feed arrival day DAY2; the expected counts add both sidecars.
     expected = expected_landing_counts(continued.landing_root, DAY2)
     sidecars = [
-        json.loads(sidecar_path(continued.landing_root, DAY2, source).read_text()) for source in (DAY1, DAY2)
+        json.loads(Path(sidecar_path(continued.landing_root, DAY2, source)).read_text()) for source in (DAY1, DAY2)
     ]
     assert expected["clean"] == sum(s["clean"] for s in sidecars)
 
@@ -345,7 +345,7 @@ def test_every_dirty_kind_is_planted_and_counted_exactly(tmp_path: Path) -> None
     for offset in range(ARRIVAL_DAYS):
         arrival = _shift(DAY1, offset)
         clean, counts = _count_file_kinds(_raw_lines(cfg, arrival, DAY1), arrival, cfg.ingest.far_future_days)
-        sidecar = json.loads(sidecar_path(cfg.landing_root, arrival, DAY1).read_text())
+        sidecar = json.loads(Path(sidecar_path(cfg.landing_root, arrival, DAY1)).read_text())
         assert (sidecar["clean"], sidecar["dirty"]) == (clean, counts)
         assert manifest["files"][arrival] == sidecar
         assert sidecar["clean"] == sum(sidecar["clean_by_event_type"].values())

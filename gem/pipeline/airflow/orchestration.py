@@ -239,13 +239,13 @@ def landing_ready(ds: str) -> bool:
     """The landing sensor's poke: whether every landing partition the run of ds reads has its
     `_SUCCESS` marker (under the worker's config: $GEM_CONFIG). Prints what it still waits for."""
     from gem.config import load_config
-    from gem.lakehouse.landing import SUCCESS_MARKER, completed_manifest, partition_dir
+    from gem.lakehouse.landing import completed_manifest, marker_uri
 
     cfg = load_config()
     days = sorted({d for s in STAGES if s.reads_landing for d in s.landing_days(cfg, ds)})
     waiting = [d for d in days if completed_manifest(cfg.landing_root, d) is None]
     for day in waiting:
-        print(f"waiting for {partition_dir(cfg.landing_root, day) / SUCCESS_MARKER} (source {cfg.source!r})")
+        print(f"waiting for {marker_uri(cfg.landing_root, day)} (source {cfg.source!r})")
     return not waiting
 
 
