@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from gem import storage
 from gem.config import GemConfig, add_config_arg, load_config
 from gem.data.delta_log import read_table
 from gem.days import iso_day
@@ -111,8 +112,9 @@ def run_arms(cfg: GemConfig, inputs: DistillInputs, seeds: int, steps: int | Non
     return results
 
 
-def report_dir(cfg: GemConfig, ds: str) -> Path:
-    return Path(cfg.lakehouse_uri.removeprefix("file://")) / "_reports" / "transfer" / ds
+def report_dir(cfg: GemConfig, ds: str) -> str:
+    """Where the transfer report of ds is published: {lakehouse}/_reports/transfer/<ds>/."""
+    return storage.join(cfg.lakehouse_uri, "_reports", "transfer", ds)
 
 
 def _fmt(interval: tuple[float, float, float]) -> str:
@@ -121,7 +123,7 @@ def _fmt(interval: tuple[float, float, float]) -> str:
 
 
 def write_report(cfg: GemConfig, ds: str, inputs: DistillInputs, results: list[SurfaceResult], seeds: int,
-                 bytes_per_user: float | None) -> Path:
+                 bytes_per_user: float | None) -> str:
     fm = inputs.fm_models[inputs.eval_day]
     report = Report(title="Knowledge transfer from the foundation model",
                     subtitle=f"run day {ds}: students trained on {inputs.train_day}, scored on {inputs.eval_day}")

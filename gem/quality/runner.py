@@ -6,15 +6,30 @@ pandas for one-row statistics) through a GX checkpoint in a file-backed context 
 add-or-update'd so reruns are idempotent. A failed critical expectation raises `DataQualityError`;
 warnings are only reported. Data Docs are made to render offline by gem.quality.docs_assets
 (pinned vendored CSS/JS, no remote URL left in any page).
+
+GX's file context needs a local folder. A `gx_root` on an object store (the lakehouse on S3) is
+worked on in a local copy (`local_root`: the system temp folder, keyed by the gx_root), under the
+same project lock: the published files (each suite's expectations, the stored results and the Data
+Docs site) missing from the copy are fetched at the start, and the files the work changed are
+published back after it, the site's index.html last (`_project`). GX's own configuration, data
+sources and checkpoints stay per copy: every validation adds or updates its own.
+
+Concurrent validations on several hosts lose nothing: every result, and its page, is a file of its
+own (suite, run name and run time in its name), so no upload replaces another validation's. The
+site index is re-rendered from every result the copy holds, and `build_data_docs` fetches the
+results published meanwhile and re-renders it, so an index written by a validation that ran beside
+another is completed by the next one (jobs call it after their validations).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import fcntl
+import hashlib
 import json
 import logging
-import os
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -23,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
+from gem import storage
 from gem.config import GemConfig
 from gem.quality import docs_assets, masking
 
@@ -49,8 +65,14 @@ DOCS_SITE_NAME = "local_site"
 # Where the file context keeps its Data Docs site and its validation results, relative to cfg.gx_root.
 DOCS_SITE_DIR = Path("uncommitted") / "data_docs" / DOCS_SITE_NAME
 RESULTS_DIR = Path("uncommitted") / "validations"
+EXPECTATIONS_DIR = Path("expectations")
+# What a project on an object store publishes to its gx_root and fetches from it (module docstring).
+PUBLISHED_DIRS = (EXPECTATIONS_DIR, RESULTS_DIR, DOCS_SITE_DIR)
 # An exclusive flock on this file (in the GX project folder) serializes processes using the project.
 PROJECT_LOCK_FILE = ".gem-project.lock"
+# In a local copy of a project on an object store: the published files known to match the store
+# (relative path -> size, modification time and sha256), so only what changed is uploaded.
+PUBLISHED_STATE_FILE = ".gem-published.json"
 # How many offending values a result (and an error message) shows per expectation.
 SAMPLE_SIZE = 10
 
@@ -91,8 +113,8 @@ class ValidationReport:
     batch_label: str
     success: bool
     outcomes: tuple[ExpectationOutcome, ...]
-    result_path: Path  # the validation result JSON under cfg.gx_root
-    docs_page: Path  # its Data Docs page
+    result_path: str  # the validation result JSON under cfg.gx_root (a URI on an object store)
+    docs_page: str  # its Data Docs page under cfg.gx_root
     seconds: float
     failed_critical: tuple[ExpectationOutcome, ...] = field(init=False)
     failed_warnings: tuple[ExpectationOutcome, ...] = field(init=False)
@@ -111,15 +133,19 @@ class ValidationReport:
         )
 
 
-def _local_dir(uri: str) -> Path:
-    """GX's file context needs a local folder; accept a plain path or a file: URI."""
-    parts = urlsplit(uri)
-    if parts.scheme in ("", "file"):
-        return Path(unquote(parts.path) if parts.scheme else uri)
-    raise ValueError(
-        f"quality.gx_dir {uri!r} is not a local folder; set GEM__QUALITY__GX_DIR to a local path "
-        "(GX's file-backed stores and Data Docs are written to the local file system)"
-    )
+def local_root(cfg: GemConfig) -> Path:
+    """The GX project folder this machine works in: cfg.gx_root itself when it is local; for an
+    object store, a local copy in the system temp folder named by a digest of the gx_root (the
+    module docstring says how it is kept in step)."""
+    if storage.is_local(cfg.gx_root):
+        return storage.local_path(storage.normalized(cfg.gx_root))
+    digest = hashlib.sha256(storage.normalized(cfg.gx_root).encode("utf-8")).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / "gem-gx" / digest
+
+
+def _published(cfg: GemConfig, local: Path) -> str:
+    """Where a file of the local project folder is published under cfg.gx_root."""
+    return storage.join(cfg.gx_root, local.relative_to(local_root(cfg)).as_posix())
 
 
 def _docs_site_config() -> dict[str, Any]:
@@ -149,8 +175,9 @@ def project_lock(cfg: GemConfig) -> Iterator[None]:
     another saved the same suite's validation definition fails on its own save (e.g. a backfill and
     a daily run ingesting at once: CheckpointRelatedResourcesFreshnessError
     "ValidationDefinition 'bronze.ad_events.schema' has changed since it has last been saved"), and
-    both rewrite the Data Docs index. Validations are seconds long, so runs simply queue here."""
-    root = _local_dir(cfg.gx_root)
+    both rewrite the Data Docs index. Validations are seconds long, so runs simply queue here.
+    For a gx_root on an object store the lock covers this machine's copy (`local_root`)."""
+    root = local_root(cfg)
     root.mkdir(parents=True, exist_ok=True)
     with open(root / PROJECT_LOCK_FILE, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -160,13 +187,109 @@ def project_lock(cfg: GemConfig) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _published_files(root: Path) -> list[Path]:
+    """The files of a local project that are published (hidden files, such as GX's store ids and
+    temporary files, stay local)."""
+    return sorted(p for d in PUBLISHED_DIRS if (root / d).is_dir() for p in (root / d).rglob("*")
+                  if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts))
+
+
+def _is_result(root: Path, path: Path) -> bool:
+    return path.suffix == ".json" and (root / RESULTS_DIR) in path.parents
+
+
+def _load_state(root: Path) -> dict[str, list[Any]]:
+    path = root / PUBLISHED_STATE_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _record(state: dict[str, list[Any]], root: Path, path: Path, digest: str) -> None:
+    stat = path.stat()
+    state[path.relative_to(root).as_posix()] = [stat.st_size, stat.st_mtime_ns, digest]
+
+
+def _fetch(cfg: GemConfig, root: Path, state: dict[str, list[Any]]) -> list[Path]:
+    """Fetch the published files the local copy lacks; returns them (results included)."""
+    fetched = []
+    for folder in PUBLISHED_DIRS:
+        for path in storage.download_missing(storage.join(cfg.gx_root, folder.as_posix()), root / folder):
+            _record(state, root, path, _digest(path))
+            fetched.append(path)
+    return fetched
+
+
+def _changed(root: Path, files: Sequence[Path], state: dict[str, list[Any]]) -> list[tuple[Path, str]]:
+    """The `files` whose contents differ from what was last published or fetched, with their
+    digests (GX rewrites its static files on every build: same bytes, new times)."""
+    changed = []
+    for path in files:
+        rel, stat = path.relative_to(root).as_posix(), path.stat()
+        known = state.get(rel)
+        if known and known[:2] == [stat.st_size, stat.st_mtime_ns]:
+            continue
+        digest = _digest(path)
+        if known and known[2] == digest:
+            _record(state, root, path, digest)
+        else:
+            changed.append((path, digest))
+    return changed
+
+
+def _publish(cfg: GemConfig, root: Path, state: dict[str, list[Any]]) -> None:
+    """Upload what changed in the local copy to cfg.gx_root, the site's index.html last (a reader
+    of the new index finds every page it links to). Results are masked first: a validation killed
+    before masking its result leaves a raw one, which must not leave this machine."""
+    personal = masking.personal_columns()
+    files = _published_files(root)
+    for path in files:
+        if _is_result(root, path) and path.relative_to(root).as_posix() not in state:
+            _mask_stored(path, personal)
+    changed = _changed(root, files, state)
+    index = root / DOCS_SITE_DIR / "index.html"
+    with tempfile.TemporaryDirectory(prefix="gem-gx-publish-") as tmp:
+        for path, _ in changed:
+            if path != index:
+                staged = Path(tmp) / path.relative_to(root)
+                staged.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, staged)
+        storage.upload_folder(Path(tmp), cfg.gx_root)
+    if any(path == index for path, _ in changed):
+        storage.write(_published(cfg, index), index.read_bytes())
+    for path, digest in changed:
+        _record(state, root, path, digest)
+    storage.write_json(root / PUBLISHED_STATE_FILE, state)
+
+
+@contextmanager
+def _project(cfg: GemConfig) -> Iterator[list[Path]]:
+    """The local GX project under the project lock, yielding the results fetched from the store.
+
+    For a gx_root on an object store: the published files the local copy lacks are fetched first,
+    and what the block changed is published when it ends without an error (what a failed block
+    left is published by the next one, its results masked). A local gx_root is used in place."""
+    root = local_root(cfg)
+    with project_lock(cfg):
+        if storage.is_local(cfg.gx_root):
+            yield []
+            return
+        state = _load_state(root)
+        fetched = _fetch(cfg, root, state)
+        storage.write_json(root / PUBLISHED_STATE_FILE, state)
+        yield [p for p in fetched if _is_result(root, p)]
+        _publish(cfg, root, state)
+
+
 def open_context(cfg: GemConfig) -> FileDataContext:
-    """The file-backed GX project at cfg.gx_root (created on first use), configured for the
+    """The file-backed GX project in `local_root` (created on first use), configured for the
     pipeline: our Data Docs site, no progress bars. Only writes its YAML when something changed."""
     import great_expectations as gx  # noqa: PLC0415 - GX is slow to import (note at the top)
     from great_expectations.data_context.types.base import ProgressBarsConfig  # noqa: PLC0415 - the same
 
-    root = _local_dir(cfg.gx_root)
+    root = local_root(cfg)
     root.mkdir(parents=True, exist_ok=True)
     context = gx.get_context(mode="file", context_root_dir=str(root))
     sites = context.list_data_docs_sites()
@@ -182,12 +305,19 @@ def open_context(cfg: GemConfig) -> FileDataContext:
 
 
 def docs_site_dir(cfg: GemConfig) -> Path:
-    return _local_dir(cfg.gx_root) / DOCS_SITE_DIR
+    """The Data Docs site of the local project folder (`local_root`); for a gx_root on an object
+    store the published site is `docs_site_uri`."""
+    return local_root(cfg) / DOCS_SITE_DIR
 
 
-def results_dir(cfg: GemConfig) -> Path:
-    """The validation results store's folder (gem.quality.results reads a day's results from it)."""
-    return _local_dir(cfg.gx_root) / RESULTS_DIR
+def docs_site_uri(cfg: GemConfig) -> str:
+    """Where the Data Docs site is published: under cfg.gx_root (a local folder or a URI)."""
+    return storage.join(cfg.gx_root, DOCS_SITE_DIR.as_posix())
+
+
+def results_uri(cfg: GemConfig) -> str:
+    """Where the validation results are published (gem.quality.results reads a day's results there)."""
+    return storage.join(cfg.gx_root, RESULTS_DIR.as_posix())
 
 
 def _is_pandas(df: Any) -> bool:
@@ -326,13 +456,12 @@ def _docs_page(context: FileDataContext, key: Any) -> Path:
 
 
 def _mask_stored(result_path: Path, personal: frozenset[str]) -> None:
-    """Mask the personal sample values in a stored validation result (JSON), rewritten in place."""
+    """Mask the personal sample values in a stored validation result (JSON of the local project),
+    replaced whole."""
     stored = json.loads(result_path.read_text())
     pairs = ((r.get("expectation_config", {}).get("kwargs", {}), r.get("result")) for r in stored.get("results", []))
     if masking.mask_suite_result(pairs, personal):
-        tmp = result_path.with_name(f".{result_path.name}.masking")
-        tmp.write_text(json.dumps(stored, indent=2))
-        os.replace(tmp, result_path)
+        storage.write(result_path, json.dumps(stored, indent=2))
 
 
 def format_failures(reports: Sequence[ValidationReport]) -> str:
@@ -362,8 +491,8 @@ def validate(
 
     `df` is a Spark DataFrame, or a pandas one for tiny frames (GX's Spark engine costs ~1.5
     Spark jobs per expectation, seconds even for one row). The result is stored under
-    cfg.gx_root with run name `batch_label`, and the checkpoint's action updates the Data Docs,
-    which are then made offline. Raises DataQualityError when a critical expectation fails,
+    cfg.gx_root with run name `batch_label`, its Data Docs page and the site index are rendered and
+    made offline, and (gx_root on an object store) published. Raises DataQualityError when a critical expectation fails,
     unless raise_on_critical is False (for callers that collect several reports first). `cache`
     persists `df` for the run: worth it when `df` is expensive to recompute or the suite queries it
     many times (each query expectation runs its own Spark jobs over it)."""
@@ -372,7 +501,7 @@ def validate(
     started = time.perf_counter()
     assets = docs_assets.load_manifest()
     _require_docs_assets(cfg, assets)
-    with project_lock(cfg):
+    with _project(cfg):
         context = open_context(cfg)
         checkpoint = _checkpoint(context, suite_name, expectations, pandas=_is_pandas(df))
         run_id = RunIdentifier(run_name=batch_label, run_time=dt.datetime.now(dt.UTC))
@@ -393,8 +522,8 @@ def validate(
         batch_label=batch_label,
         success=bool(suite_result.success),
         outcomes=tuple(_outcome(r) for r in suite_result.results),
-        result_path=result_path,
-        docs_page=docs_page,
+        result_path=_published(cfg, result_path),
+        docs_page=_published(cfg, docs_page),
         seconds=time.perf_counter() - started,
     )
     log.info(report.summary())
@@ -424,26 +553,32 @@ def _localize_docs(cfg: GemConfig, assets: Sequence[docs_assets.VendoredFile]) -
     docs_assets.localize_site(site, assets)
 
 
-def build_data_docs(cfg: GemConfig, rebuild: bool = True) -> Path:
-    """Make the Data Docs site render offline and return its local index.html.
+def build_data_docs(cfg: GemConfig, rebuild: bool = True) -> str:
+    """Make the Data Docs site render offline and return its index.html (under cfg.gx_root: a
+    local path, or a URI on an object store, where the site is published).
 
     rebuild=True re-renders every page from the stored suites and results first (time grows with
-    the number of stored results); rebuild=False keeps the pages `validate`'s checkpoint action
-    already rendered (that action also refreshes the index), which is all a daily job needs.
+    the number of stored results); rebuild=False keeps the pages `validate` already rendered (it
+    also refreshes the index), which is all a daily job needs; on an object store it renders the
+    pages of results other hosts published meanwhile, and so the index of every result.
     Before a rebuild every stored result is masked (`_mask_stored`, a no-op on a masked one): a
     validation killed between GX storing its result and `validate` masking it left raw values."""
     assets = docs_assets.load_manifest()
     _require_docs_assets(cfg, assets)
-    with project_lock(cfg):
-        if rebuild or not (docs_site_dir(cfg) / "index.html").is_file():
+    local_index = docs_site_dir(cfg) / "index.html"
+    with _project(cfg) as fetched:
+        if rebuild or not local_index.is_file():
             context = open_context(cfg)
-            results_dir = Path(context.validation_results_store.store_backend.full_base_directory)
+            results = Path(context.validation_results_store.store_backend.full_base_directory)
             personal = masking.personal_columns()
-            for stored in sorted(results_dir.rglob("*.json")):
+            for stored in sorted(results.rglob("*.json")):
                 _mask_stored(stored, personal)
             context.build_data_docs(site_names=[DOCS_SITE_NAME])
+        elif fetched:  # results published elsewhere (already masked there): their pages and the index
+            context = open_context(cfg)
+            keys = [k for k in context.validation_results_store.list_keys() if _result_path(context, k) in fetched]
+            context.build_data_docs(site_names=[DOCS_SITE_NAME], resource_identifiers=keys)
         _localize_docs(cfg, assets)
-    index = docs_site_dir(cfg) / "index.html"
-    if not index.is_file():
-        raise FileNotFoundError(f"GX did not write {index}")
-    return index
+        if not local_index.is_file():
+            raise FileNotFoundError(f"GX did not write {local_index}")
+    return _published(cfg, local_index)

@@ -1,6 +1,7 @@
 """The content of a report: a header (title, subtitle, key/value lines) and sections of blocks.
 
-This module only collects content; `gem.report.html` renders it and `gem.report.publish` writes it.
+This module only collects content; `gem.report.html` renders it and `gem.report.publish` publishes
+it under a local folder or an object store prefix (gem.storage).
 Figures are rendered to PNG bytes when they are added (and closed then), so a report that collects
 many figures never keeps their matplotlib objects alive.
 
@@ -10,7 +11,7 @@ many figures never keeps their matplotlib objects alive.
     sec.table(rows, formats={"ne": "{:.4f}"})
     sec.figure(fig, name="ne_by_arch")
     sec.claim("Kunlun beats DLRM", "reproduced", "NE 0.812 vs 0.829, 95% CI of the gap excludes 0")
-    index_html = report.write(Path("out/quality"))
+    index_html = report.write("out/quality")  # or "s3://bucket/lake/_reports/..."
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 import matplotlib.figure
 import matplotlib.pyplot as plt
 
+from gem import storage
 from gem.report.blocks import Block, Claim, ClaimStatus, Figure, Paragraph, Table
 from gem.report.html import render_html
 from gem.report.publish import publish_folder
@@ -111,15 +113,16 @@ class Report:
         """Every claim of the report, in order."""
         return [b for sec in self.sections for b in sec.blocks if isinstance(b, Claim)]
 
-    def write(self, out_dir: Path) -> Path:
-        """Write out_dir/index.html and out_dir/img/<name>.png, replacing any report there.
+    def write(self, out_dir: str | Path) -> str:
+        """Publish out_dir/index.html and out_dir/img/<name>.png, replacing any report there.
 
-        The folder is built aside and renamed into place, so a reader never sees a half-written
-        report. Returns the path of index.html.
+        `out_dir` is a local folder or an object store prefix; the report is built aside and
+        published whole (gem.report.publish), so a reader never sees a half-written report.
+        Returns the URI of index.html (a plain path on a local disk).
         """
         files = {"index.html": render_html(self).encode("utf-8")}
         for sec in self.sections:
             for block in sec.blocks:
                 if isinstance(block, Figure):
                     files[f"img/{block.name}.png"] = block.png
-        return publish_folder(Path(out_dir), files) / "index.html"
+        return storage.join(publish_folder(out_dir, files), "index.html")

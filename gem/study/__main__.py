@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from gem import storage
 from gem.config import load_config
 from gem.environment import code_version
 from gem.study.claims import all_claims
@@ -24,8 +25,9 @@ from gem.study.presets import PRESETS
 from gem.study.study import Study
 
 
-def study_dir(lakehouse_uri: str, preset: str) -> Path:
-    return Path(lakehouse_uri.removeprefix("file://")) / "_reports" / "study" / preset
+def study_dir(lakehouse_uri: str, preset: str) -> str:
+    """Where the study of `preset` is published: {lakehouse}/_reports/study/<preset>/."""
+    return storage.join(lakehouse_uri, "_reports", "study", preset)
 
 
 def _json_safe(x: Any) -> Any:
@@ -39,8 +41,9 @@ def _json_safe(x: Any) -> Any:
     return x
 
 
-def run_study(preset_name: str, out_dir: Path, workers: int | None = None, job_log: Path | None = None) -> Path:
-    """Run the preset, write results.json and the report into out_dir -> the report's path. With
+def run_study(preset_name: str, out_dir: str | Path, workers: int | None = None, job_log: Path | None = None) -> str:
+    """Run the preset, publish the report and results.json under out_dir (a local folder or an object
+    store prefix) -> the report's URI. With
     `job_log`, jobs a previous run finished (gem.study.job_log) are reused and new ones appended."""
     preset = PRESETS[preset_name]
     workers = workers or preset.workers
@@ -53,7 +56,7 @@ def run_study(preset_name: str, out_dir: Path, workers: int | None = None, job_l
     claims = all_claims(results)
     results["claims"] = claims
     path = write_report(results, claims, out_dir)
-    (out_dir / "results.json").write_text(json.dumps(results, indent=1, sort_keys=True))
+    storage.write(storage.join(out_dir, "results.json"), json.dumps(results, indent=1, sort_keys=True))
     return path
 
 

@@ -48,7 +48,9 @@ def _scaling_figure(r: dict[str, Any]) -> Any:
     return fig
 
 
-def write_report(r: dict[str, Any], claims: list[dict[str, str]], out_dir: Path) -> Path:
+def write_report(r: dict[str, Any], claims: list[dict[str, str]], out_dir: str | Path) -> str:
+    """Publish the study's report under out_dir (a local folder or an object store prefix) -> the
+    URI of its index.html."""
     p = r["preset"]
     report = Report(title="GEM model quality study",
                     subtitle=f"preset {p['name']}: Kunlun (arXiv 2602.10016) against InterFormer (arXiv 2411.09852), "

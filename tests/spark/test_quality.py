@@ -200,8 +200,8 @@ def test_clean_events_pass(spark: Any, cfg: GemConfig) -> None:
 
     assert report.success and not report.failed_critical and not report.failed_warnings
     assert len(report.outcomes) == len(expectations)
-    assert report.result_path.is_file() and Path(cfg.gx_root) in report.result_path.parents
-    assert report.docs_page.is_file()
+    assert Path(report.result_path).is_file() and Path(cfg.gx_root) in Path(report.result_path).parents
+    assert Path(report.docs_page).is_file()
 
 
 def test_each_broken_rule_fails_naming_its_expectation(spark: Any, cfg: GemConfig) -> None:
@@ -220,7 +220,7 @@ def test_each_broken_rule_fails_naming_its_expectation(spark: Any, cfg: GemConfi
     for rule in broken:
         assert rule in str(failure.value)
     assert "myspace" in str(failure.value)  # observed values are quoted
-    assert report.result_path.is_file()  # a failed run is stored too
+    assert Path(report.result_path).is_file()  # a failed run is stored too
 
 
 def test_data_docs_and_messages_mask_personal_values_of_failed_rows(cfg: GemConfig) -> None:
@@ -237,17 +237,18 @@ def test_data_docs_and_messages_mask_personal_values_of_failed_rows(cfg: GemConf
     (report,) = failure.value.reports
     assert [o.rule for o in report.failed_critical] == ["unique_key:ds,user_id"]
     assert "2 of 3 rows unexpected" in str(failure.value)
-    stored = report.result_path.read_text()
+    result_path, docs_page = Path(report.result_path), Path(report.docs_page)
+    stored = result_path.read_text()
     (broken,) = json.loads(stored)["results"]
     assert broken["result"]["partial_unexpected_list"] == ["***", "***"]  # the sample was there, masked
-    for text in (stored, report.docs_page.read_text(), str(failure.value)):
+    for text in (stored, docs_page.read_text(), str(failure.value)):
         assert "u-secret-42" not in text
     # A validation killed between GX storing its result and the masking leaves the raw sample on
     # disk: a rebuild of the Data Docs masks every stored result before rendering any page.
-    report.result_path.write_text(stored.replace('"***"', '"u-secret-42"'))
+    result_path.write_text(stored.replace('"***"', '"u-secret-42"'))
     build_data_docs(cfg, rebuild=True)
-    assert "u-secret-42" not in report.result_path.read_text()
-    assert "u-secret-42" not in report.docs_page.read_text()
+    assert "u-secret-42" not in result_path.read_text()
+    assert "u-secret-42" not in docs_page.read_text()
 
 
 def test_statistics_fail_on_ctr_and_quarantine_rate_but_only_warn_on_nulls(spark: Any, cfg: GemConfig) -> None:
@@ -272,7 +273,7 @@ def test_statistics_fail_on_ctr_and_quarantine_rate_but_only_warn_on_nulls(spark
 # jobs.validate_events end to end, and the Data Docs it leaves.
 
 
-def _write_day(spark: Any, cfg: GemConfig, ds: str, rows: list[dict[str, Any]]) -> None:
+def write_day(spark: Any, cfg: GemConfig, ds: str, rows: list[dict[str, Any]]) -> None:
     """bronze.ad_events for ds plus ingest_events' completion record, through gem.lakehouse."""
     rows = [{**r, "ds": dt.date.fromisoformat(ds)} for r in rows]
     version = replace_partition(frame(spark, rows), cfg, BRONZE_AD_EVENTS, {"ds": ds}).version
@@ -296,7 +297,7 @@ def validated_day(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Valid
     """One clean day validated by the job; its lakehouse, GX results and Data Docs stay for the
     tests below."""
     cfg = make_config(tmp_path_factory.mktemp("validated"))
-    _write_day(spark, cfg, DS, clean_day(cfg.surfaces))
+    write_day(spark, cfg, DS, clean_day(cfg.surfaces))
     return cfg, validate_events.run(StageContext(cfg), DS).details
 
 
@@ -329,7 +330,7 @@ def test_data_docs_have_no_external_url(validated_day: ValidatedDay) -> None:
     cfg, summary = validated_day
     index = Path(summary["data_docs_index"])
     assert index.is_file() and index.parent == docs_site_dir(cfg)
-    assert build_data_docs(cfg) == index  # a full re-render is made offline too
+    assert build_data_docs(cfg) == str(index)  # a full re-render is made offline too
 
     files = docs_assets.site_files(index.parent)
     pages = [p for p in files if p.suffix == ".html"]
@@ -371,7 +372,7 @@ def test_validate_events_fails_on_critical_expectation(
     cfg, _ = validated_day
     bad_ds = "2026-01-02"
     surface = cfg.surfaces[-1]
-    _write_day(spark, cfg, bad_ds, clean_day(cfg.surfaces, clicks={surface: IMPRESSIONS_PER_SURFACE}))
+    write_day(spark, cfg, bad_ds, clean_day(cfg.surfaces, clicks={surface: IMPRESSIONS_PER_SURFACE}))
 
     assert validate_events.main(["--ds", bad_ds, "--config", str(_config_file(tmp_path, cfg))]) == 1
     err = capsys.readouterr().err

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pytest
 
+from gem import storage
 from gem.data.delta_log import read_table
 from gem.data.loader import ResumableLoader
 from gem.distill import leakage
@@ -171,8 +172,8 @@ def test_the_transfer_report_compares_every_arm_over_seeds_and_renders(lake: dic
         fm_rows = {r["task"]: r for r in metrics(cfg, day3) if r["arch"] == FM_ARCH}
         assert res.fm_ne == pytest.approx(fm_rows[res.task]["ne"])  # the stage's own FM score
     index = transfer.write_report(cfg, day3, inputs, results, 3, transfer.history_code_bytes(cfg, day3))
-    assert index == transfer.report_dir(cfg, day3) / "index.html"
-    page = render(index)
+    assert index == storage.join(transfer.report_dir(cfg, day3), "index.html")
+    page = render(Path(index))
     assert page.title == "Knowledge transfer from the foundation model"
     for text in ("Transfer ratio", "+KD+LoopFM", "FM (logged predictions)", "LoopFM bytes per user per day",
                  "LoopFM about doubles the transfer ratio of KD alone"):

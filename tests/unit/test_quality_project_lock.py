@@ -10,7 +10,8 @@ import subprocess
 import sys
 import time
 
-from gem.quality.runner import project_lock, results_dir
+from gem import storage
+from gem.quality.runner import project_lock, results_uri
 from tests.support import REPO, make_config
 
 VALIDATE = """
@@ -53,5 +54,5 @@ def test_two_processes_updating_the_same_suite_at_once_both_succeed(tmp_path):
     runs = [_validate(tmp_path, label, 12) for label in ("first", "second")]
     outputs = [run.communicate(timeout=300)[0] for run in runs]
     assert [run.returncode for run in runs] == [0, 0], "\n".join(o[-3000:] for o in outputs)
-    stored = list(results_dir(make_config(tmp_path)).rglob("*.json"))
+    stored = [u for u in storage.walk_files(results_uri(make_config(tmp_path))) if u.endswith(".json")]
     assert len(stored) == 24, sorted(stored)

@@ -38,7 +38,7 @@ def test_report_renders_in_chromium_with_its_figures_and_escaped_text(tmp_path: 
     report = _study(title="GEM <quality> & study")
     report.section("Notes").paragraph("<b>not bold</b> <script>document.title='hacked'</script>")
     index = report.write(tmp_path / "study")
-    assert index == tmp_path / "study" / "index.html"
+    assert index == str(tmp_path / "study" / "index.html")
 
     page = render(index)
     assert page.title == "GEM <quality> & study"  # the script, had it run, would have renamed it

@@ -83,7 +83,7 @@ class _Links(html.parser.HTMLParser):
 
 def test_the_report_renders_with_every_figure(lake):
     index = lake["index"]
-    assert index == report_dir(lake["cfg"], lake["days"][2]) / "index.html"
+    assert index == str(Path(report_dir(lake["cfg"], lake["days"][2]), "index.html"))
     page = render(index)
     assert page.title == f"GEM run report, ds={lake['days'][2]}"
     for section in ("Rows per stage and day", "Quarantine by reason", "Data quality", "Held-out metrics",
@@ -118,11 +118,11 @@ def test_data_quality_shows_the_newest_result_and_links_to_its_page(lake):
     assert f"report.rules\t{lake['days'][2]}\tpassed\t1\t0\t0\tData Docs" in text
     assert f"report.warn\t{lake['days'][2]}\twarnings\t1\t0\t1\tData Docs" in text
     links = _Links()
-    links.feed(lake["index"].read_text())
+    links.feed(Path(lake["index"]).read_text())
     docs = [h for h in links.hrefs if h.endswith(".html") and "data_docs" in h]
     assert len(docs) == 2
     for href in docs:
-        assert (lake["index"].parent / unquote(href)).resolve().is_file(), href
+        assert (Path(lake["index"]).parent / unquote(href)).resolve().is_file(), href
 
 
 def test_metrics_loss_and_precompute_are_the_stored_figures(lake):

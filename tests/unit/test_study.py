@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -94,8 +95,8 @@ def test_smoke_preset_end_to_end(tmp_path):
     from gem.study.__main__ import run_study
 
     path = run_study("smoke", tmp_path)
-    assert path == tmp_path / "index.html" and path.is_file()
-    html = path.read_text()
+    assert path == str(tmp_path / "index.html") and Path(path).is_file()
+    html = Path(path).read_text()
     assert "Claims" in html and "Bayes floor" in html
     results = json.loads((tmp_path / "results.json").read_text())
     assert {c["status"] for c in results["claims"]} <= {"reproduced", "not reproduced", "inconclusive"}
