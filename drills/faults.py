@@ -137,13 +137,13 @@ def step_losses(cfg_path: Path, ds: str) -> list[Any] | None:
     """The per-step losses kept in the checkpoint pretraining promoted for ds (None: none promoted)."""
     cfg = load_config(str(cfg_path))
     promoted = promotion.of_day(checkpoint_root(cfg), cfg.model.arch, ds)
-    return None if promoted is None else checkpoint.read_extra(Path(promoted.checkpoint)).get("losses")
+    return None if promoted is None else checkpoint.read_extra(promoted.checkpoint).get("losses")
 
 
 def last_checkpoint_step(cfg_path: Path, ds: str) -> int | None:
     """The newest published checkpoint step of pretraining's run folder for ds (None: none yet)."""
     cfg = load_config(str(cfg_path))
-    latest = checkpoint.latest(checkpoint_root(cfg) / f"{cfg.model.arch}-{ds}")
+    latest = checkpoint.latest(checkpoint.child(checkpoint_root(cfg), f"{cfg.model.arch}-{ds}"))
     return None if latest is None else int(checkpoint.read_extra(latest)["step"])
 
 

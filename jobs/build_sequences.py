@@ -28,7 +28,6 @@ import math
 import sys
 import time
 
-from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -84,7 +83,7 @@ def _no_rows(spark: SparkSession) -> DataFrame:
 def _history_before(spark: SparkSession, cfg: GemConfig, first: str) -> DataFrame:
     """Rows whose latest per user is each user's snapshot as of the end of the day before `first`
     (empty while the table does not exist)."""
-    if not DeltaTable.isDeltaTable(spark, tables.table_path(cfg, SILVER_USER_SEQUENCES)):
+    if not tables.table_exists(tables.table_path(cfg, SILVER_USER_SEQUENCES)):
         return _no_rows(spark)
     return history_through(spark, cfg, shift_day(first, -1), last_compaction_before(cfg, first))
 

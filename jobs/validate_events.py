@@ -24,9 +24,9 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from delta.tables import DeltaTable
-
+from gem import storage
 from gem.config import GemConfig
+from gem.lakehouse import tables
 from gem.lakehouse.commit import DayCounts, StageCommit, StageContext, StageResult
 from gem.lakehouse.completions import MissingInputError
 from gem.lakehouse.tables import read_table, table_path
@@ -37,7 +37,7 @@ from gem.quality.runner import (
     DataQualityError,
     ValidationReport,
     build_data_docs,
-    docs_site_dir,
+    docs_site_uri,
     raise_for_critical,
     validate,
 )
@@ -70,7 +70,7 @@ def _quarantine_rows(spark: SparkSession, cfg: GemConfig, commit: StageCommit,
     while the table does not exist."""
 
     days = sorted(ingest_records)
-    if not DeltaTable.isDeltaTable(spark, table_path(cfg, BRONZE_QUARANTINE)):
+    if not tables.table_exists(table_path(cfg, BRONZE_QUARANTINE)):
         return {}, None
     recorded = all(_recorded_version(r, BRONZE_QUARANTINE.name) is not None for r in ingest_records.values())
     version = commit.validated_version(BRONZE_QUARANTINE, INGEST_STAGE, days) if recorded else None
@@ -155,7 +155,7 @@ def command_line(call: StageCall) -> int:
         summary = run(StageContext(call.cfg), call.ds, call.through).details
     except DataQualityError as e:
         print(f"{STAGE} ds={call.ds} FAILED: {e}", file=sys.stderr)
-        print(f"Data Docs: {docs_site_dir(call.cfg) / 'index.html'}", file=sys.stderr)
+        print(f"Data Docs: {storage.join(docs_site_uri(call.cfg), 'index.html')}", file=sys.stderr)
         return 1
     except (MissingInputError, MissingDocsAssetsError) as e:
         print(f"{STAGE} ds={call.ds} cannot run: {e}", file=sys.stderr)

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gem import storage
 from gem.lakehouse import tables
 from gem.lakehouse.commit import DayCounts, StageCommit, StageContext, StageResult
 from gem.lakehouse.completions import MissingInputError
@@ -26,7 +27,7 @@ from gem.pipeline.cli import StageCall, run_command, stage_command
 from gem.quality import silver as qs
 from gem.quality.bronze import statistics_frame
 from gem.quality.docs_assets import MissingDocsAssetsError
-from gem.quality.runner import DataQualityError, build_data_docs, docs_site_dir, raise_for_critical, validate
+from gem.quality.runner import DataQualityError, build_data_docs, docs_site_uri, raise_for_critical, validate
 from jobs.validate_events import VALIDATION_WRITES_NOTHING
 from schemas.examples import SILVER_TRAINING_EXAMPLES
 from schemas.features import SILVER_AD_FEATURES, SILVER_USER_FEATURES
@@ -131,12 +132,12 @@ def command_line(call: StageCall) -> int:
     try:
         reports = runner(StageContext(cfg), ds, call.through).details["reports"]
     except DataQualityError as e:
-        print(f"{stage} ds={ds} FAILED: {e}\nData Docs: {docs_site_dir(cfg) / 'index.html'}", file=sys.stderr)
+        print(f"{stage} ds={ds} FAILED: {e}\nData Docs: {storage.join(docs_site_uri(cfg), 'index.html')}", file=sys.stderr)
         return 1
     except (MissingInputError, MissingDocsAssetsError) as e:
         print(f"{stage} ds={ds} cannot run: {e}", file=sys.stderr)
         return 1
-    print(f"Data Docs: {docs_site_dir(cfg) / 'index.html'}")
+    print(f"Data Docs: {storage.join(docs_site_uri(cfg), 'index.html')}")
     for r in reports:
         print(f"  {r.summary()}")
         for o in r.failed_warnings:

@@ -22,6 +22,7 @@ ID_COLUMNS: tuple[str, ...] = ("event_id", "user_id", "ad_id", "advertiser_id", 
 
 LANDING_EVENTS = TableSchema(
     name="landing.ad_events",
+    writer=None,  # JSON lines files the producers write, not a Delta table
     doc="One JSON object per line; nullable=False marks fields a valid row must carry.",
     columns=(
         Column("event_id", "string", nullable=False, doc="globally unique event id"),
@@ -44,6 +45,7 @@ _TYPED_OVERRIDES = {"event_time": Column("event_time", "timestamp", nullable=Fal
 
 BRONZE_AD_EVENTS = TableSchema(
     name="bronze.ad_events",
+    writer="spark",
     doc="Typed, deduplicated landing events; ds is the arrival day.",
     columns=tuple(_TYPED_OVERRIDES.get(c.name, c) for c in LANDING_EVENTS.columns)
     + (Column("ds", "date", nullable=False, doc="arrival day (landing partition)"),),
@@ -80,6 +82,7 @@ QUARANTINE_REASONS: tuple[str, ...] = FILE_REASONS + LINE_REASONS
 
 BRONZE_QUARANTINE = TableSchema(
     name="bronze.quarantine",
+    writer="spark",
     doc="Every landing line not written to bronze.ad_events, verbatim, with the first failed rule.",
     columns=(
         Column("ds", "date", nullable=False, doc="arrival day the line came in"),

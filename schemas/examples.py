@@ -100,6 +100,7 @@ def _labels_are_binary() -> tuple[str, str]:
 
 SILVER_TRAINING_EXAMPLES = TableSchema(
     name="silver.training_examples",
+    writer="spark",
     doc="One row per impression with labels per label type, point-in-time features and its sequence snapshot key.",
     columns=(
         Column("ds", "date", nullable=False, doc="arrival day of the impression"),
@@ -124,6 +125,7 @@ SILVER_TRAINING_EXAMPLES = TableSchema(
 
 SILVER_ATTRIBUTION_QUARANTINE = TableSchema(
     name="silver.attribution_quarantine",
+    writer="spark",
     doc="Conversions no impression's label counts, with the reason; ds is the conversion's arrival day.",
     columns=(
         Column("ds", "date", nullable=False, doc="arrival day of the conversion"),
@@ -142,6 +144,7 @@ SILVER_ATTRIBUTION_QUARANTINE = TableSchema(
 
 SILVER_CLICK_QUARANTINE = TableSchema(
     name="silver.click_quarantine",
+    writer="spark",
     doc="Clicks no impression's label counts, with the reason; ds is the click's arrival day.",
     columns=(
         Column("ds", "date", nullable=False, doc="arrival day of the click"),

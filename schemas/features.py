@@ -97,6 +97,7 @@ def _counters_non_negative() -> tuple[str, str]:
 
 SILVER_USER_FEATURES = TableSchema(
     name="silver.user_features",
+    writer="spark",
     doc=(
         "Per-user impression/click/conversion counters and CTR/CVR over 1/7/28-day event-time windows, "
         "overall and per surface, as of the end of ds-1 (events arrived by then)."
@@ -113,6 +114,7 @@ SILVER_USER_FEATURES = TableSchema(
 
 SILVER_AD_FEATURES = TableSchema(
     name="silver.ad_features",
+    writer="spark",
     doc=(
         "Per-ad counters as in silver.user_features, plus the ad's latest attributes seen up to the end of ds-1."
     ),
@@ -160,6 +162,7 @@ _DAILY_KEY_COLUMNS = (
 
 SILVER_USER_DAILY_COUNTS = TableSchema(
     name="silver.user_daily_counts",
+    writer="spark",
     doc="Per user and event day, the events that arrived on ds, counted per surface and event type.",
     columns=_DAILY_KEY_COLUMNS[:1] + (Column("user_id", "string", nullable=False, personal=True),) + _DAILY_KEY_COLUMNS[1:]
     + DAILY_COUNT_COLUMNS,
@@ -169,6 +172,7 @@ SILVER_USER_DAILY_COUNTS = TableSchema(
 
 SILVER_AD_DAILY_COUNTS = TableSchema(
     name="silver.ad_daily_counts",
+    writer="spark",
     doc=(
         "Per ad and event day, the events that arrived on ds, counted per surface and event type, with "
         "the attributes of the latest of them (by event_time, then event_id)."

@@ -13,6 +13,7 @@ from schemas.table import Column, TableSchema
 
 GOLD_METRICS = TableSchema(
     name="gold.metrics",
+    writer="deltalake",
     doc="Per-task NE / AUC / calibration of a training run on its held-out day.",
     columns=(
         Column("ds", "date", nullable=False, doc="the mixture's day (jobs.mix --ds)"),

@@ -34,6 +34,7 @@ SPLITS: tuple[str, ...] = ("train", "validation", "eval")
 
 GOLD_MIXTURE_MANIFEST = TableSchema(
     name="gold.mixture_manifest",
+    writer="deltalake",
     doc="Sources (task x example days) with pinned Delta versions, their files from the log, and sampling rates.",
     columns=(
         Column("ds", "date", nullable=False, doc="the mix day"),

@@ -6,6 +6,7 @@ from schemas.table import Column, TableSchema
 
 COMPLETIONS = TableSchema(
     name="_ops.completions",
+    writer="deltalake",
     doc=(
         "One row per (stage, ds), written last by a stage after all its tables committed. "
         "Downstream stages read a ds only when its record exists. Counts reconcile: "

@@ -30,6 +30,7 @@ _SHARD = Column("shard", "int", nullable=False, min=0, doc="user-hash range (gem
 
 GOLD_FM_USER_EMBEDDINGS = TableSchema(
     name="gold.fm_user_embeddings",
+    writer="deltalake",
     doc="Per user, the foundation model's user-side representation (Kunlun.user_representation), flattened.",
     columns=(
         Column("ds", "date", nullable=False, doc="the day computed; serves requests from ds+1 on"),
@@ -46,6 +47,7 @@ GOLD_FM_USER_EMBEDDINGS = TableSchema(
 
 GOLD_FM_PREDICTIONS = TableSchema(
     name="gold.fm_predictions",
+    writer="deltalake",
     doc="Per impression of the day's training examples: the model's per-task predictions and the "
         "representation a student reads (logged once, reused by every student).",
     columns=(
@@ -65,6 +67,7 @@ GOLD_FM_PREDICTIONS = TableSchema(
 
 GOLD_FM_HISTORY_CODES = TableSchema(
     name="gold.fm_history_codes",
+    writer="deltalake",
     doc="LoopFM (arXiv 2605.29280): per impression of the day's training examples, the foundation "
         "model's representation compressed by its history-code autoencoder to INT4 codes, packed two "
         "per byte; a student reads a user's codes strictly before its example as a sequence feature.",
@@ -83,6 +86,7 @@ GOLD_FM_HISTORY_CODES = TableSchema(
 
 GOLD_FM_SPECULATIVE_PAIRS = TableSchema(
     name="gold.fm_speculative_pairs",
+    writer="deltalake",
     doc="(user, ad) pairs precomputed on ds for the requests of ds+1 (gem.precompute.speculative).",
     columns=(
         Column("ds", "date", nullable=False, doc="the day computed; the pairs serve ds+1"),
@@ -102,6 +106,7 @@ GOLD_FM_SPECULATIVE_PAIRS = TableSchema(
 
 GOLD_PRECOMPUTE_STATS = TableSchema(
     name="gold.precompute_stats",
+    writer="deltalake",
     doc="One row per precompute day: the work done, and the measured use of the previous speculation.",
     columns=(
         Column("ds", "date", nullable=False),

@@ -74,6 +74,7 @@ _SEQUENCE_STATE_COLUMNS: tuple[Column, ...] = (
 
 SILVER_USER_SEQUENCES = TableSchema(
     name="silver.user_sequences",
+    writer="spark",
     doc=(
         "Per-user capped event sequences; ds=D holds only users with events arriving on D, with "
         "their sequences as of the end of D. A user's snapshot for D is their row with the greatest ds <= D."
@@ -94,6 +95,7 @@ SILVER_USER_SEQUENCES = TableSchema(
 # Readers of snapshots (the loader) keep reading user_sequences; this table only serves the build.
 SILVER_USER_SEQUENCES_COMPACTED = TableSchema(
     name="silver.user_sequences_compacted",
+    writer="spark",
     doc=(
         "Every user's silver.user_sequences snapshot as of the end of ds, written on compaction days; "
         "build_sequences reads the latest one before its day instead of every earlier partition."

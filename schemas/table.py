@@ -9,7 +9,13 @@ and the loader can read schemas without it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
+
+from gem import storage
+
+# The engines that write Delta tables. Each table has one (TableSchema.writer): the commits of one
+# engine's writes, compactions and deletes never interleave with the other's on the same table.
+WRITERS = ("spark", "deltalake")
 
 # Logical type names -> (Spark DDL type, Arrow factory name). Kept small on purpose.
 _SIMPLE_TYPES = {
@@ -181,8 +187,14 @@ class TableSchema:
     checks: tuple[tuple[str, str], ...] = ()
     doc: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    # The one engine that writes the Delta table (WRITERS): "spark" for the Spark stages' tables,
+    # "deltalake" for those written without a JVM; None for what is not a Delta table (landing files).
+    # Every table declares it; gem.lakehouse.tables refuses a write through the other engine.
+    writer: Literal["spark", "deltalake"] | None = field(kw_only=True)
 
     def __post_init__(self) -> None:
+        if self.writer is not None and self.writer not in WRITERS:
+            raise ValueError(f"{self.name}: writer {self.writer!r} is not one of {WRITERS} (or None)")
         names = [c.name for c in self.columns]
         if len(names) != len(set(names)):
             raise ValueError(f"{self.name}: duplicate column names")
@@ -209,7 +221,9 @@ class TableSchema:
         raise KeyError(f"{self.name} has no column {name!r}")
 
     def path(self, lakehouse_uri: str) -> str:
-        return f"{lakehouse_uri.rstrip('/')}/{self.layer}/{self.table}"
+        """The table's location under the lakehouse, in storage's one spelling (an absolute local
+        path, or s3://...): what is stored and compared; Spark is given storage.spark_uri of it."""
+        return storage.join(lakehouse_uri, self.layer, self.table)
 
     def spark_schema(self) -> Any:
         from pyspark.sql import types as T

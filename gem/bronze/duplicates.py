@@ -13,13 +13,13 @@ partitions of the range's own days are being replaced and are not consulted (`ou
 
 from __future__ import annotations
 
-from delta.tables import DeltaTable
 from pyspark.sql import Column as SparkColumn
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from gem.config import GemConfig
 from gem.days import shift_day
+from gem.lakehouse import tables
 from gem.lakehouse.tables import table_path
 from schemas.events import BRONZE_AD_EVENTS
 
@@ -88,10 +88,10 @@ def outside_event_ids(spark: SparkSession, cfg: GemConfig, days: tuple[str, ...]
     after the last (days ingested out of order); bronze's partitions of the days themselves are being
     replaced, so a rerun does not count its own earlier output as duplicates."""
     lookback, path = cfg.ingest.dedup_lookback_days, table_path(cfg, BRONZE_AD_EVENTS)
-    if lookback <= 0 or not DeltaTable.isDeltaTable(spark, path):
+    if lookback <= 0 or not tables.table_exists(path):
         return None
     lo, first, last, hi = (F.lit(d).cast("date") for d in (shift_day(days[0], -lookback), days[0], days[-1],
                                                             shift_day(days[-1], lookback)))
     before = (F.col("ds") >= lo) & (F.col("ds") < first)
     after = (F.col("ds") > last) & (F.col("ds") <= hi)
-    return spark.read.format("delta").load(path).where(before | after).select("event_id", "ds")
+    return spark.read.format("delta").load(tables.spark_location(spark, path)).where(before | after).select("event_id", "ds")

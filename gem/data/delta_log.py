@@ -6,6 +6,10 @@ of that version even after later commits. Every reader outside Spark goes throug
 rather than in the data files. (Materialising a table with deltalake's
 `to_pyarrow_table` made the interpreter abort at exit about half the time; listing the log and
 reading the files with pyarrow.parquet does not.)
+
+A table is a local folder or an object store URI (s3:// or Spark's s3a://, the same table): the log
+is read by deltalake with gem.storage's options, and the data files and commit entries of a table
+on an object store through gem.storage (fsspec); local files are opened directly.
 """
 
 from __future__ import annotations
@@ -16,11 +20,11 @@ import os
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pyarrow import fs as pafs
+
+from gem import storage
 
 
 class UnavailableVersionError(RuntimeError):
@@ -35,18 +39,21 @@ class MissingDataFileError(FileNotFoundError):
 class LoggedFile:
     """One data file of a Delta table at some version."""
 
-    path: str  # absolute
+    path: str  # absolute, in storage's one spelling (storage.normalized)
     partition: dict[str, str]  # partition column -> value as text ("2026-01-03", "reels")
     rows: int  # num_records from the log's statistics
     bytes: int
 
 
-def _delta_table(table_path: str, version: int | None = None) -> Any:
-    """deltalake's DeltaTable at `version` (the latest when None), imported on use: the GPU device
-    image has no deltalake, and the loader the GPU benches import reads through this module."""
+def delta_table(table_path: str, version: int | None = None) -> Any:
+    """deltalake's DeltaTable at `version` (the latest when None), with the table's storage options
+    (storage.delta_storage_options): every deltalake table object is opened here. deltalake is
+    imported on use: the GPU device image has no deltalake, and the loader the GPU benches import
+    reads through this module."""
     from deltalake import DeltaTable  # noqa: PLC0415 - see the docstring
 
-    return DeltaTable(table_path) if version is None else DeltaTable(table_path, version=version)
+    uri = storage.normalized(table_path)
+    return DeltaTable(uri, version=version, storage_options=storage.delta_storage_options(uri))
 
 
 def _text(value: object) -> str:
@@ -56,7 +63,7 @@ def _text(value: object) -> str:
 def table_version(table_path: str) -> int:
     """The table's latest version."""
     try:
-        return int(_delta_table(table_path).version())
+        return int(delta_table(table_path).version())
     except Exception as e:  # deltalake raises TableNotFoundError and friends
         raise UnavailableVersionError(f"no Delta table at {table_path}: {e}") from e
 
@@ -64,7 +71,7 @@ def table_version(table_path: str) -> int:
 def logged_files(table_path: str, version: int) -> list[LoggedFile]:
     """Every data file of the table at `version`, with its partition values and row count."""
     try:
-        table = _delta_table(table_path, version)
+        table = delta_table(table_path, version)
     except Exception as e:
         raise UnavailableVersionError(
             f"version {version} of the Delta table {table_path} cannot be loaded ({e}); its log entries may have "
@@ -73,26 +80,46 @@ def logged_files(table_path: str, version: int) -> list[LoggedFile]:
     actions = pa.table(table.get_add_actions(flatten=True))
     part_cols = [c for c in actions.column_names if c.startswith("partition.")]
     parts = {c[len("partition."):]: [_text(v) for v in actions[c].to_pylist()] for c in part_cols}
+    base = storage.normalized(table_path)
     out = []
     for i, (p, n, b) in enumerate(zip(actions["path"].to_pylist(), actions["num_records"].to_pylist(),
                                       actions["size_bytes"].to_pylist(), strict=True)):
-        out.append(LoggedFile(f"{table_path.rstrip('/')}/{p}", {k: v[i] for k, v in parts.items()}, int(n or 0), int(b)))
+        out.append(LoggedFile(f"{base}/{p}", {k: v[i] for k, v in parts.items()}, int(n or 0), int(b)))
     return out
 
 
+def _missing(path: str, context: str) -> MissingDataFileError:
+    return MissingDataFileError(
+        f"{context}: data file {path} does not exist (vacuumed, or the table was rewritten); "
+        "re-create the manifest (python -m jobs.mix) so it lists live files"
+    )
+
+
 def require_file(path: str, context: str) -> None:
-    """Fail with a clear message if a local data file is gone (remote URIs are checked on read)."""
-    parts = urlsplit(path)
-    if parts.scheme in ("", "file") and not os.path.exists(parts.path if parts.scheme else path):
-        raise MissingDataFileError(
-            f"{context}: data file {path} does not exist (vacuumed, or the table was rewritten); "
-            "re-create the manifest (python -m jobs.mix) so it lists live files"
-        )
+    """Fail with a clear message if a data file is gone (a local file is looked at directly, one
+    on an object store asked for through gem.storage)."""
+    gone = not os.path.exists(storage.local_path(path)) if storage.is_local(path) else not storage.exists(path)
+    if gone:
+        raise _missing(path, context)
+
+
+def _read_parquet(path: str, columns: Sequence[str] | None) -> pa.Table:
+    """One data file's columns: a local file read directly (after require_file), one on an object
+    store through gem.storage, a missing one reported as MissingDataFileError when the read finds
+    it gone (no separate existence check per file)."""
+    if storage.is_local(path):
+        require_file(path, "read_logged")
+        return pq.read_table(path, columns=columns)
+    try:
+        with storage.open_read(path) as f:
+            return pq.read_table(f, columns=columns)
+    except FileNotFoundError as e:
+        raise _missing(path, "read_logged") from e
 
 
 def partition_types(table_path: str, version: int | None = None) -> dict[str, Any]:
     """Partition column -> its Arrow type, from the table's own schema in the log (ds: date32)."""
-    table = _delta_table(table_path, version)
+    table = delta_table(table_path, version)
     schema = pa.schema(table.schema().to_arrow())
     return {name: schema.field(name).type for name in table.metadata().partition_columns}
 
@@ -113,8 +140,7 @@ def read_logged(files: Sequence[LoggedFile], types: dict[str, Any], columns: Seq
     data_columns = [c for c in wanted if c not in types] if wanted is not None else None
     tables = []
     for f in files:
-        require_file(f.path, "read_logged")
-        table = pq.read_table(f.path, columns=data_columns)
+        table = _read_parquet(f.path, data_columns)
         for name, arrow_type in types.items():
             if wanted is None or name in wanted:
                 value = pa.scalar(f.partition.get(name), pa.string()).cast(arrow_type)
@@ -140,7 +166,7 @@ def read_table(table_path: str, version: int | None = None, columns: Sequence[st
     types = partition_types(table_path, version)
 
     files = [f for f in logged_files(table_path, version) if _matches(f, where or {})]
-    schema = pa.schema(_delta_table(table_path, version).schema().to_arrow())
+    schema = pa.schema(delta_table(table_path, version).schema().to_arrow())
     if files:
         return read_logged(files, types, columns, schema)
     data_fields = [schema.field(n) for n in schema.names if n not in types]
@@ -165,16 +191,21 @@ def data_changes_by_version(table_path: str, after: int, through: int, column: s
     commit whose `userMetadata` is in `exempt` (e.g. an erasure's) has an empty set. None when a
     commit's log entry is gone (log retention) or names no partition: then nothing can be ruled out.
 
-    Read from the commits' JSON entries (the protocol's add / remove actions), through pyarrow's
-    filesystem for the table's URI, since deltalake exposes a version's files, not a commit's actions.
+    Read from the commits' JSON entries (the protocol's add / remove actions), since deltalake
+    exposes a version's files, not a commit's actions: a local table's directly, one on an object
+    store's through gem.storage.
     """
-    filesystem, base = pafs.FileSystem.from_uri(table_path if "://" in table_path else os.path.abspath(table_path))
+    log = storage.join(table_path, "_delta_log")
     changes: dict[int, set[str]] = {}
     for version in range(after + 1, through + 1):
+        entry = storage.join(log, f"{version:020d}.json")
         try:
-            with filesystem.open_input_stream(f"{base.rstrip('/')}/_delta_log/{version:020d}.json") as f:
-                lines = f.read().decode().splitlines()
-        except (FileNotFoundError, OSError):
+            if storage.is_local(entry):
+                with open(entry, "rb") as f:
+                    lines = f.read().decode().splitlines()
+            else:
+                lines = storage.read_text(entry).splitlines()
+        except OSError:  # FileNotFoundError included: the entry is gone
             return None
         actions = [json.loads(line) for line in lines if line]
         changed = changes[version] = set()

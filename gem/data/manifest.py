@@ -2,7 +2,9 @@
 
 Checks what a stale manifest can point at: the pinned table versions must still load from the
 Delta log, and every listed file must exist; either failure names the manifest, the table and
-the fix (re-run jobs.mix).
+the fix (re-run jobs.mix). The manifest stores table and file locations in gem.storage's one
+spelling (s3:// for S3); they are read back through storage.normalized all the same, so a row
+written with another spelling (Spark's s3a://) names the same files.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 import pyarrow.compute as pc
 
+from gem import storage
 from gem.config import GemConfig
 from gem.data.delta_log import (
     LoggedFile,
@@ -102,6 +105,9 @@ def read_manifest(cfg: GemConfig, ds: str, split: str = "train", check_files: bo
     if table.num_rows == 0:
         raise ManifestError(f"manifest ds={ds} in {path} has no {split!r} sources")
     rows = table.to_pylist()
+    for r in rows:
+        for key in ("table_path", "sequences_path", "file_path"):
+            r[key] = storage.normalized(r[key])
     first = rows[0]
     context = f"manifest {first['mixture_id']} (gold.mixture_manifest ds={ds})"
     # Pinned versions must still be readable: this raises UnavailableVersionError when vacuumed away.

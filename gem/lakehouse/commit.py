@@ -33,7 +33,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import CommitProperties, Transaction, write_deltalake
 
 from gem.config import GemConfig
 from gem.data.delta_log import data_changes_by_version, logged_files, table_version
@@ -351,6 +351,7 @@ class StageCommit:
         by whichever process does that part; it carries the Delta transaction id
         (`{stage}:{ds}:{table}:{part}`, the run's attempt time as its version), and `adopt_parts`
         gathers the parts into the run's record."""
+        tables.require_writer(schema, "deltalake")
         days, _ = self._declared_where(schema, None)
         if len(days) != 1:
             raise UndeclaredWriteError(f"{schema.name}: replace_arrow replaces one day, declared {days}")
@@ -361,7 +362,7 @@ class StageCommit:
         # Written through a table object: after the write it stands at the version this transaction
         # committed (after any conflict retries). A fresh read of the log while another process
         # commits to it can miss the commit.
-        table = DeltaTable(path)
+        table = tables.delta_table(path)
         metadata = self.part_metadata(part)
         properties = tables.commit_properties(metadata)
         if part is not None:
@@ -388,7 +389,7 @@ class StageCommit:
         has no commit of this run."""
         path = tables.ensure_table(None, self.cfg, schema)
         last: dict[str, dict[str, Any]] = {}
-        for c in DeltaTable(path).history():  # newest first
+        for c in tables.delta_table(path).history():  # newest first
             try:
                 meta = json.loads(c.get("userMetadata") or "{}")
             except json.JSONDecodeError:

@@ -8,11 +8,9 @@ read through their Delta log (gem.data.delta_log), as readers outside Spark read
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from gem.config import GemConfig
 from gem.data.delta_log import read_table
-from gem.lakehouse.tables import table_path
+from gem.lakehouse.tables import table_exists, table_path
 from schemas import TABLES
 
 # Differ between any two runs of the same days by design: ids of the run and when things happened.
@@ -35,7 +33,7 @@ def lakehouse_rows(cfg: GemConfig, name: str, ignore: set[str] = VOLATILE_COLUMN
     """Table `name`'s rows without the `ignore` columns, each as reprs, sorted: what two lakehouses
     built from the same days must agree on ([] when the table was never written)."""
     path = table_path(cfg, TABLES[name])
-    if not Path(path).exists():
+    if not table_exists(path):
         return []
     table = read_table(path)
     keep = [c for c in table.column_names if c not in ignore]

@@ -16,12 +16,21 @@ from collections.abc import Set as AbstractSet
 from typing import Any
 
 import pyarrow as pa
-from deltalake import DeltaTable, write_deltalake
+from deltalake import write_deltalake
 
 from gem.config import GemConfig
 from gem.data.delta_log import read_table as read_logged_table
 from gem.lakehouse import landing, stages
-from gem.lakehouse.tables import commit_properties, days_value, ensure_table, predicate, table_path
+from gem.lakehouse.tables import (
+    commit_properties,
+    days_value,
+    delta_table,
+    ensure_table,
+    predicate,
+    require_writer,
+    table_exists,
+    table_path,
+)
 from schemas.ops import COMPLETIONS
 
 
@@ -61,7 +70,7 @@ def clear_completions(cfg: GemConfig, stage: str, days: Sequence[str],
     else:
         held = any(completion(cfg, stage, d) is not None for d in days)
     if held:
-        DeltaTable(table_path(cfg, COMPLETIONS)).delete(_completions_where(stage, days))
+        delta_table(table_path(cfg, COMPLETIONS)).delete(_completions_where(stage, days))
 
 
 def _completions_where(stage: str, days: Sequence[str]) -> str:
@@ -106,10 +115,11 @@ def completion_row(
 def publish_rows(cfg: GemConfig, stage: str, run_id: str, rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Write `completion_row`s of `stage` (days ascending) in one commit, replacing any earlier
     records of those days; -> the records as `completion` returns them."""
+    require_writer(COMPLETIONS, "deltalake")
     days = [row["ds"].isoformat() for row in rows]
     path = ensure_table(None, cfg, COMPLETIONS)
     table = pa.Table.from_pylist(list(rows), schema=COMPLETIONS.arrow_schema())
-    write_deltalake(path, table, mode="overwrite", predicate=_completions_where(stage, days),
+    write_deltalake(delta_table(path), table, mode="overwrite", predicate=_completions_where(stage, days),
                     partition_by=list(COMPLETIONS.partition_by), commit_properties=commit_properties(run_id))
     return [dict(row) | {"ds": day, "quarantined_by_reason": dict(row["quarantined_by_reason"]),
                          "table_versions": dict(row["table_versions"]), "input_versions": dict(row["input_versions"])}
@@ -127,7 +137,7 @@ def publish_completion(cfg: GemConfig, stage: str, ds: str, run_id: str, *counts
 
 def completion(cfg: GemConfig, stage: str, ds: str) -> dict[str, Any] | None:
     path = table_path(cfg, COMPLETIONS)
-    if not DeltaTable.is_deltatable(path):
+    if not table_exists(path):
         return None
     rows = read_logged_table(path, where={"stage": stage, "ds": ds}).to_pylist()
     if not rows:

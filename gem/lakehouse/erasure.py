@@ -1,14 +1,16 @@
 """Erasing one user everywhere: their rows in every table, their raw lines in landing and quarantine.
 
 `gem delete-user USER_ID` (`erase_user`):
-  * every table whose schema has a `user_id` column: a Delta DELETE of the user's rows (deltalake,
-    no Spark), one commit per table that held any;
+  * every table whose schema has a `user_id` column: a Delta DELETE of the user's rows through the
+    table's writer engine (TableSchema.writer: Spark for the Spark stages' tables, opened only when
+    one exists; deltalake for the others), one commit per table that held any;
   * `bronze.quarantine`: the rows whose raw line names the user (parsed as JSON where it parses, so
     an id given as a number counts; matched on its `"user_id"` field where it does not);
   * landing: every file ingestion reads (data files and misnamed ones) with a line naming the user
-    rewritten without it (gem.lakehouse.landing.LandingFile: a hidden temporary file renamed into
-    place, as producers write). A damaged gzip file whose readable part names the user cannot be
-    rewritten line by line: it is listed, for a person to remove.
+    rewritten without it (gem.lakehouse.landing.LandingFile, published whole through gem.storage,
+    as producers write; the landing root may be an object store). A damaged gzip file whose
+    readable part names the user cannot be rewritten line by line: it is listed, for a person to
+    remove.
 A DELETE leaves the rows in the data files the older table versions name, so time travel (and a
 completion record pinned to an older version) still reads them until VACUUM removes files retired
 more than `retention_days` ago (the tables' `delta.deletedFileRetentionDuration`). The report says
@@ -22,18 +24,29 @@ import datetime as dt
 import gzip
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-from deltalake import CommitProperties, DeltaTable
-
+from gem import storage
 from gem.config import GemConfig
 from gem.data.delta_log import read_table
-from gem.lakehouse.landing import LandingFile, files_in, gzip_problem, lines_before_damage
-from gem.lakehouse.tables import table_path
+from gem.lakehouse.landing import (
+    PARTITION_PREFIX,
+    LandingFile,
+    files_in,
+    gzip_problem,
+    lines_before_damage,
+    partition_dirs,
+)
+from gem.lakehouse.spark import session_on_demand
+from gem.lakehouse.tables import delete_rows, string_literal, table_exists, table_path
 from gem.lakehouse.upkeep import next_upkeep_run
 from schemas import TABLES
 from schemas.events import BRONZE_QUARANTINE
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 USER_COLUMN = "user_id"
 # The erasure's commits say what they are (the commit's userMetadata): a day's validation stands after
@@ -64,11 +77,6 @@ class ErasureReport:
         return out
 
 
-def sql_string(value: str) -> str:
-    """A SQL string literal (quotes doubled)."""
-    return "'" + value.replace("'", "''") + "'"
-
-
 def names_user(raw_line: str, user_id: str) -> bool:
     """Whether a raw landing line is the user's: its JSON `user_id` is the id (a number written as
     the id counts); a line that is not a JSON object matches on a `"user_id": "<id>"` field."""
@@ -83,28 +91,27 @@ def names_user(raw_line: str, user_id: str) -> bool:
     return re.search(rf'"{USER_COLUMN}"\s*:\s*"?{re.escape(user_id)}"?\s*[,}}]', raw_line) is not None
 
 
-def _delete(path: str, predicate: str) -> int:
-    metrics = DeltaTable(path).delete(predicate, commit_properties=CommitProperties(
-        custom_metadata={"userMetadata": ERASURE_USER_METADATA}))
-    return int(metrics.get("num_deleted_rows", 0))
-
-
-def erase_tables(cfg: GemConfig, user_id: str) -> dict[str, int]:
+def erase_tables(cfg: GemConfig, user_id: str, spark: SparkSession | None = None) -> dict[str, int]:
     """The user's rows deleted from every table with a user_id column and the quarantined raw lines
-    naming them; -> rows deleted per table (tables that held none left out)."""
+    naming them; -> rows deleted per table (tables that held none left out). `spark`: the session for
+    the Spark-written tables (default: one from get_spark, opened when first needed)."""
+    session: Callable[[], SparkSession] = session_on_demand(cfg, spark, app_name="gem-erasure")
     deleted: dict[str, int] = {}
     for name, schema in TABLES.items():
         path = table_path(cfg, schema)
-        if not Path(path, "_delta_log").is_dir():
+        if not table_exists(path):
             continue
         if USER_COLUMN in schema.column_names:
-            n = _delete(path, f"{USER_COLUMN} = {sql_string(user_id)}")
+            where = f"{USER_COLUMN} = {string_literal(user_id, schema)}"
         elif name == BRONZE_QUARANTINE.name:
             lines = {r for r in read_table(path, columns=["raw_line"]).column("raw_line").to_pylist()
                      if r is not None and names_user(r, user_id)}
-            n = _delete(path, f"raw_line IN ({', '.join(map(sql_string, sorted(lines)))})") if lines else 0
+            if not lines:
+                continue
+            where = f"raw_line IN ({', '.join(string_literal(x, schema) for x in sorted(lines))})"
         else:
             continue
+        n = delete_rows(session, schema, path, where, ERASURE_USER_METADATA)
         if n:
             deleted[name] = n
     return deleted
@@ -116,31 +123,34 @@ def erase_landing(landing_root: str, user_id: str) -> tuple[dict[str, int], list
     not be rewritten). A file is gzip when its name ends in `.gz`, as Spark's reader decides."""
     removed: dict[str, int] = {}
     damaged: list[str] = []
-    for folder in sorted(p for p in Path(landing_root).glob("ds=*") if p.is_dir()):
-        for path in map(Path, files_in(folder).all_files):
-            if path.name.endswith(".gz") and gzip_problem(str(path)) is not None:
-                if any(names_user(line, user_id) for line in lines_before_damage(str(path))):
-                    damaged.append(str(path))
+    for folder in partition_dirs(landing_root):
+        for uri in files_in(folder).all_files:
+            file_name = storage.name(uri)
+            if file_name.endswith(".gz") and gzip_problem(uri) is not None:
+                if any(names_user(line, user_id) for line in lines_before_damage(uri)):
+                    damaged.append(uri)
                 continue
-            data = path.read_bytes()
-            lines = (gzip.decompress(data) if path.name.endswith(".gz") else data).decode("utf-8", "replace").splitlines()
+            data = storage.read_bytes(uri)
+            lines = (gzip.decompress(data) if file_name.endswith(".gz") else data).decode("utf-8", "replace").splitlines()
             keep = [line for line in lines if not names_user(line, user_id)]
             if len(keep) == len(lines):
                 continue
-            ds = folder.name.removeprefix("ds=")
-            with LandingFile(landing_root, ds, file_name=path.name) as rewritten:
-                rewritten.write_lines(keep)  # under a hidden name, renamed over the old file when closed
-            removed[str(path.relative_to(landing_root))] = len(lines) - len(keep)
+            ds = storage.name(folder).removeprefix(PARTITION_PREFIX)
+            with LandingFile(landing_root, ds, file_name=file_name) as rewritten:
+                rewritten.write_lines(keep)  # replaces the old file whole when closed
+            removed[f"{storage.name(folder)}/{file_name}"] = len(lines) - len(keep)
     return removed, damaged
 
 
-def erase_user(cfg: GemConfig, user_id: str, now: dt.datetime | None = None) -> ErasureReport:
+def erase_user(cfg: GemConfig, user_id: str, now: dt.datetime | None = None,
+               spark: SparkSession | None = None) -> ErasureReport:
     """Delete one user everywhere (the module docstring); -> what was removed and which scheduled
-    upkeep's VACUUM finishes it (`now`: the deletion's time, default the clock's)."""
+    upkeep's VACUUM finishes it (`now`: the deletion's time, default the clock's; `spark`: as in
+    erase_tables)."""
     if not user_id.strip():
         raise ValueError("a user id is needed (got an empty one)")
     report = ErasureReport(user_id)
-    report.rows_deleted = erase_tables(cfg, user_id)
+    report.rows_deleted = erase_tables(cfg, user_id, spark)
     report.landing_lines_removed, report.damaged_landing_files = erase_landing(cfg.landing_root, user_id)
     if report.rows_deleted:
         deleted_at = now or dt.datetime.now(dt.UTC)

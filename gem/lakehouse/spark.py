@@ -4,6 +4,13 @@ Locally the session uses `cfg.spark.master` and the Delta jars fetched once at s
 `cfg.spark.jars_dir` (so runs after set-up work offline). Under spark-submit the cluster's
 settings win: the running context is reused and only Delta's SQL extension is checked.
 
+Spark reaches S3 through Hadoop's S3A connector (the jars include hadoop-aws and the AWS SDK), and
+names the store s3a:// (gem.storage.spark_uri). Where it is and in which region come from the
+standard AWS variables (gem.storage.s3_endpoint / s3_region), set on every session this module
+hands out, a running one included (`configure_object_store`): a process may set the variables after
+its session started. Credentials reach the connector through Hadoop's default provider chain (the
+JVM's AWS_* environment, instance roles), never through Spark's configuration.
+
 The jars are the artifact `configure_spark_with_delta_pip` would request (delta-spark_<spark>_<scala>)
 and its dependencies, resolved once by `make setup` from infra/delta-jars/pom.xml.
 """
@@ -22,9 +29,12 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gem import storage
 from gem.config import REPO_ROOT, GemConfig
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pyspark.sql import SparkSession
 
 JAVA_OPTIONS = "spark.driver.extraJavaOptions"
@@ -40,6 +50,18 @@ _DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
 }
+HADOOP_PREFIX = "spark.hadoop."
+# The AWS SDK's provider of credentials from the JVM's system properties (aws.accessKeyId, ...), put
+# ahead of the environment's in S3A's chain when the JVM's environment lacks this process's
+# credentials (`_share_credentials`).
+SYSTEM_PROPERTY_CREDENTIALS = "software.amazon.awssdk.auth.credentials.SystemPropertyCredentialsProvider"
+ENVIRONMENT_CREDENTIALS = "software.amazon.awssdk.auth.credentials.EnvironmentVariableCredentialsProvider"
+CREDENTIALS_PROVIDER = "fs.s3a.aws.credentials.provider"
+# AWS variable -> the SDK's system property of the same credential.
+_CREDENTIAL_PROPERTIES = {"AWS_ACCESS_KEY_ID": "aws.accessKeyId", "AWS_SECRET_ACCESS_KEY": "aws.secretAccessKey",
+                          "AWS_SESSION_TOKEN": "aws.sessionToken"}
+# The settings last applied per running context, so a session's repeated use costs no JVM call.
+_applied: dict[int, tuple[tuple[str, str], ...]] = {}
 
 
 def _under_spark_submit() -> bool:
@@ -49,6 +71,79 @@ def _under_spark_submit() -> bool:
 
 def delta_jars(cfg: GemConfig) -> list[str]:
     return sorted(glob.glob(os.path.join(cfg.spark.jars_dir, "*.jar")))
+
+
+def s3a_settings() -> dict[str, str]:
+    """Hadoop's S3A settings for the store the AWS variables name: its endpoint (path-style access,
+    TLS as the endpoint's scheme says) when it is not AWS's own, and its region; {} when the
+    variables name neither."""
+    endpoint, region = storage.s3_endpoint(), storage.s3_region()
+    settings = {}
+    if endpoint:
+        settings |= {"fs.s3a.endpoint": endpoint, "fs.s3a.path.style.access": "true",
+                     "fs.s3a.connection.ssl.enabled": str(not endpoint.lower().startswith("http://")).lower()}
+    if region:
+        settings["fs.s3a.endpoint.region"] = region
+    return settings
+
+
+def configure_object_store(spark: SparkSession) -> None:
+    """Set the S3A settings (`s3a_settings`) on the session's Hadoop configuration, which every
+    S3A file system opened later reads, also for a session started before the AWS variables were
+    set. Settings the session was started with (spark.hadoop.* of cfg.spark.conf) win; under
+    spark-submit the cluster's settings are left alone. Cheap when nothing changed since the last
+    call."""
+    if _under_spark_submit():
+        return
+    context = spark.sparkContext
+    started_with = context.getConf()
+    settings = {k: v for k, v in s3a_settings().items() if not started_with.contains(HADOOP_PREFIX + k)}
+    shared = {k: os.environ[k] for k in _CREDENTIAL_PROPERTIES if os.environ.get(k)}
+    # The credentials are compared, never kept: a digest of them stands in the cache key.
+    key = tuple(sorted(settings.items())) + (("credentials", str(hash(tuple(sorted(shared.items()))))),)
+    if _applied.get(id(context)) == key:
+        return
+    hadoop = context._jsc.hadoopConfiguration()
+    for k, v in settings.items():
+        hadoop.set(k, v)
+    if not started_with.contains(HADOOP_PREFIX + CREDENTIALS_PROVIDER):
+        _share_credentials(spark, shared)
+    _applied[id(context)] = key
+
+
+def _share_credentials(spark: SparkSession, shared: dict[str, str]) -> None:
+    """When this process has AWS credentials in its environment that the JVM's own environment
+    (fixed when the JVM started) lacks or holds otherwise, hand them to the JVM as the SDK's system
+    properties and put the SDK's system-property provider ahead of the environment's in S3A's
+    chain. Spark redacts these properties wherever it shows them (spark.redaction.regex)."""
+    jvm = spark.sparkContext._jvm
+    system = jvm.java.lang.System
+    if not shared or all(system.getenv(k) == v for k, v in shared.items()):
+        return
+    for variable, prop in _CREDENTIAL_PROPERTIES.items():
+        if variable in shared:
+            system.setProperty(prop, shared[variable])
+        else:
+            system.clearProperty(prop)
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+    chain = [p.strip() for p in (hadoop.get(CREDENTIALS_PROVIDER) or "").split(",") if p.strip()]
+    if SYSTEM_PROPERTY_CREDENTIALS not in chain:
+        at = chain.index(ENVIRONMENT_CREDENTIALS) if ENVIRONMENT_CREDENTIALS in chain else len(chain)
+        hadoop.set(CREDENTIALS_PROVIDER, ",".join([*chain[:at], SYSTEM_PROPERTY_CREDENTIALS, *chain[at:]]))
+
+
+def session_on_demand(cfg: GemConfig, spark: SparkSession | None = None,
+                      app_name: str = "gem") -> Callable[[], SparkSession]:
+    """A function returning `spark`, or without one a session from `get_spark` opened at its first
+    call: a task that turns out to touch only deltalake-written tables starts no JVM."""
+    opened: list[SparkSession] = [spark] if spark is not None else []
+
+    def session() -> SparkSession:
+        if not opened:
+            opened.append(get_spark(cfg, app_name))
+        return opened[0]
+
+    return session
 
 
 def get_spark(cfg: GemConfig, app_name: str = "gem") -> SparkSession:
@@ -62,7 +157,7 @@ def get_spark(cfg: GemConfig, app_name: str = "gem") -> SparkSession:
                 "spark-submit session lacks Delta: pass --packages io.delta:delta-spark_4.1_2.13:<ver> "
                 "and --conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension (see infra/spark)"
             )
-        return spark
+        return spark  # the cluster's own S3A settings reach s3a:// tables
 
     jars = delta_jars(cfg)
     if not jars:
@@ -84,6 +179,9 @@ def get_spark(cfg: GemConfig, app_name: str = "gem") -> SparkSession:
         # Delta's own writes stay deterministic and small-file friendly on a laptop.
         .config("spark.databricks.delta.snapshotPartitions", "2")
         .config("spark.sql.sources.partitionOverwriteMode", "static")
+        # Listing a table's folder (Delta's VACUUM) runs this many tasks; Spark's default (10000)
+        # makes one local VACUUM of a small table take minutes.
+        .config("spark.sql.sources.parallelPartitionDiscovery.parallelism", str(cfg.spark.shuffle_partitions))
     )
     conf = {**_DELTA_CONF, **cfg.spark.conf}
     if os.path.isfile(cfg.spark.local_fs_jar):
@@ -96,6 +194,9 @@ def get_spark(cfg: GemConfig, app_name: str = "gem") -> SparkSession:
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    # Set on the Hadoop configuration, not as spark.hadoop.* of the builder: a running session
+    # takes them too, and a later change of the AWS variables reaches it.
+    configure_object_store(spark)
     return spark
 
 

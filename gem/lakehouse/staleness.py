@@ -21,8 +21,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from deltalake import DeltaTable
-
 from gem.data.delta_log import read_table
 from gem.lakehouse import completions, stages, tables
 from schemas.ops import COMPLETIONS
@@ -61,7 +59,7 @@ def parse_input_key(key: str) -> tuple[str, str, str] | None:
 def all_records(cfg: GemConfig) -> dict[Key, dict[str, Any]]:
     """Every completion record, by (stage, day), in one read of the log."""
     path = tables.table_path(cfg, COMPLETIONS)
-    if not DeltaTable.is_deltatable(path):
+    if not tables.table_exists(path):
         return {}
     out = {}
     for row in read_table(path).to_pylist():

@@ -4,9 +4,14 @@ Rules (README, "Rules every stage follows"): writes replace exactly the declared
 atomically (`replaceWhere`), through gem.lakehouse.commit.StageCommit, which also publishes the
 completion record (gem.lakehouse.completions) last.
 
-Tables are path-based (`{lakehouse}/{layer}/{table}`), created with deletion vectors and column
-mapping off (so the `deltalake` package reads them through the log) and with log and removed-file
-retention longer than the attribution window plus the training horizon.
+Tables are path-based (`{lakehouse}/{layer}/{table}`, a local folder or an object store URI in
+gem.storage's one spelling), created with deletion vectors and column mapping off (so the
+`deltalake` package reads them through the log) and with log and removed-file retention longer than
+the attribution window plus the training horizon. Spark is given the path as Spark names it
+(`spark_location`: s3a://), deltalake as gem.storage names it (s3://) with gem.storage's options.
+
+Each table has one writer engine (TableSchema.writer): its data writes, compactions and deletes
+all go through that engine, and a write through the other is refused (`require_writer`).
 """
 
 from __future__ import annotations
@@ -14,23 +19,67 @@ from __future__ import annotations
 import datetime as dt
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gem import storage
 from gem.config import GemConfig
 from gem.days import day_range
+from gem.lakehouse.spark import configure_object_store
 from schemas.table import TableSchema
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+# The session conf Delta takes a commit's userMetadata from, for SQL commands (DELETE, OPTIMIZE).
+USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
+
+
 class TableSchemaMismatch(RuntimeError):
     """An existing Delta table does not match its definition in schemas/."""
 
 
+class WrongWriterError(RuntimeError):
+    """A write to a table through an engine other than the one its schema declares (TableSchema.writer)."""
+
+
 def table_path(cfg: GemConfig, schema: TableSchema) -> str:
     return schema.path(cfg.lakehouse_uri)
+
+
+def require_writer(schema: TableSchema, engine: str) -> None:
+    """Refuse a write to `schema`'s table through `engine` ("spark" or "deltalake") unless it is the
+    table's declared writer: the two engines' commits, compactions and vacuums never mix on a table."""
+    if schema.writer != engine:
+        declared = f"declares writer={schema.writer!r}" if schema.writer else "is not a Delta table (writer=None)"
+        raise WrongWriterError(
+            f"{schema.name}: refused a write through {engine}; its schema in schemas/ {declared}, and a "
+            f"table is written by one engine only (change TableSchema.writer to move it to another)")
+
+
+def table_exists(uri: str) -> bool:
+    """Whether a Delta table is at `uri` (a local folder or an object store URI): its log is there."""
+    from deltalake import DeltaTable
+
+    location = storage.normalized(uri)
+    return bool(DeltaTable.is_deltatable(location, storage_options=storage.delta_storage_options(location)))
+
+
+def spark_location(spark: SparkSession, uri: str) -> str:
+    """`uri` as Spark is given it (storage.spark_uri: s3a:// for S3), the session set up for the
+    object store first (gem.lakehouse.spark.configure_object_store)."""
+    if not storage.is_local(uri):
+        configure_object_store(spark)
+    return storage.spark_uri(uri)
+
+
+def delta_table(uri: str, version: int | None = None) -> Any:
+    """deltalake's table object at `uri` (gem.data.delta_log.delta_table: the storage options)."""
+    from gem.data.delta_log import delta_table as open_table
+
+    return open_table(uri, version)
 
 
 def table_properties(cfg: GemConfig) -> dict[str, str]:
@@ -53,10 +102,8 @@ _CONCURRENT_CREATE_ERRORS = ("DELTA_PROTOCOL_CHANGED", "DELTA_METADATA_CHANGED",
 def _appears_as_delta_table(path: str, timeout_s: float = 60.0) -> bool:
     """Whether `path` is (or within timeout_s becomes) a Delta table: the other creator's first
     commit may still be on its way."""
-    from deltalake import DeltaTable
-
     deadline = time.monotonic() + timeout_s
-    while not DeltaTable.is_deltatable(path):
+    while not table_exists(path):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.2)
@@ -74,10 +121,8 @@ def ensure_table(spark: SparkSession | None, cfg: GemConfig, schema: TableSchema
     start no JVM). The checks read the Delta log with `deltalake`, so a table that exists costs no
     Spark job.
     """
-    from deltalake import DeltaTable
-
     path = table_path(cfg, schema)
-    if not DeltaTable.is_deltatable(path):
+    if not table_exists(path):
         if spark is not None:
             cols = ", ".join(
                 f"`{c.name}` {c.sql_type}{'' if c.nullable else ' NOT NULL'}" for c in schema.columns
@@ -89,7 +134,8 @@ def ensure_table(spark: SparkSession | None, cfg: GemConfig, schema: TableSchema
             props = {**table_properties(cfg), **{f"delta.constraints.{n.lower()}": e for n, e in schema.check_constraints()}}
             listed = ", ".join(f"'{k}' = {_sql_string(v)}" for k, v in props.items())
             try:
-                spark.sql(f"CREATE TABLE IF NOT EXISTS {_q(path)} ({cols}) USING DELTA {parts} TBLPROPERTIES ({listed})")
+                spark.sql(f"CREATE TABLE IF NOT EXISTS {_q(spark_location(spark, path))} ({cols}) USING DELTA {parts} "
+                          f"TBLPROPERTIES ({listed})")
             except Exception as e:  # another process creating it at the same moment is fine (verified below)
                 if not any(code in str(e) for code in _CONCURRENT_CREATE_ERRORS):
                     raise
@@ -97,13 +143,13 @@ def ensure_table(spark: SparkSession | None, cfg: GemConfig, schema: TableSchema
                     raise
         else:
             _create_without_spark(cfg, schema, path)
-    table = DeltaTable(path)
+    table = delta_table(path)
     _verify_schema(table, path, schema)
     existing = _constraints(table)
     missing = {name: expr for name, expr in schema.check_constraints() if name.lower() not in existing}
     if missing and spark is not None:
         for name, expr in missing.items():
-            spark.sql(f"ALTER TABLE {_q(path)} ADD CONSTRAINT {name} CHECK ({expr})")
+            spark.sql(f"ALTER TABLE {_q(spark_location(spark, path))} ADD CONSTRAINT {name} CHECK ({expr})")
     elif missing:
         table.alter.add_constraint(missing)
     return path
@@ -120,9 +166,9 @@ def _create_without_spark(cfg: GemConfig, schema: TableSchema, path: str) -> Non
 
     try:
         DeltaTable.create(path, schema.arrow_schema(), mode="ignore", partition_by=list(schema.partition_by) or None,
-                          configuration=table_properties(cfg))
+                          configuration=table_properties(cfg), storage_options=storage.delta_storage_options(path))
     except DeltaError:
-        if not DeltaTable.is_deltatable(path):  # another writer creating it at the same time is fine
+        if not table_exists(path):  # another writer creating it at the same time is fine
             raise
 
 
@@ -191,8 +237,10 @@ def replace_partition(
     is the one carrying `user_metadata` (a run id), so another writer committing right after cannot
     be mistaken for this one.
     """
+    require_writer(schema, "spark")
     spark = df.sparkSession
     path = ensure_table(spark, cfg, schema)
+    location = spark_location(spark, path)
     writer = (
         df.select(*schema.column_names)
         .write.format("delta")
@@ -201,7 +249,7 @@ def replace_partition(
     )
     if user_metadata:
         writer = writer.option("userMetadata", user_metadata)
-    writer.save(path)
+    writer.save(location)
     return own_commit(spark, path, user_metadata)
 
 
@@ -214,7 +262,7 @@ def own_commit(spark: SparkSession, path: str, user_metadata: str) -> Committed:
     from delta.tables import DeltaTable
 
     # One read of the recent history (newest first), picked from in Python.
-    history = DeltaTable.forPath(spark, path).history(50)
+    history = DeltaTable.forPath(spark, spark_location(spark, path)).history(50)
     commits = history.select("version", "userMetadata", "operationMetrics").collect()
     mine = [c for c in commits if not user_metadata or c["userMetadata"] == user_metadata]
     if not mine:
@@ -224,16 +272,54 @@ def own_commit(spark: SparkSession, path: str, user_metadata: str) -> Committed:
 
 
 def latest_version(path: str) -> int:
-    from deltalake import DeltaTable
-
-    return int(DeltaTable(path).version())
+    return int(delta_table(path).version())
 
 
 def read_table(spark: SparkSession, cfg: GemConfig, schema: TableSchema, version: int | None = None) -> DataFrame:
     reader = spark.read.format("delta")
     if version is not None:
         reader = reader.option("versionAsOf", version)
-    return reader.load(table_path(cfg, schema))
+    return reader.load(spark_location(spark, table_path(cfg, schema)))
+
+
+def string_literal(value: str, schema: TableSchema) -> str:
+    """A SQL string literal in the dialect of the table's writer: Spark SQL escapes with a backslash
+    (there two quoted strings side by side are one string), deltalake's DataFusion doubles the quote."""
+    return _sql_string(value) if schema.writer == "spark" else "'" + value.replace("'", "''") + "'"
+
+
+@contextmanager
+def spark_commit_metadata(spark: SparkSession, user_metadata: str | None) -> Iterator[None]:
+    """The userMetadata of the session's Delta commits inside the block (SQL commands take no option
+    for it); the session's earlier setting is put back after."""
+    if user_metadata is None:
+        yield
+        return
+    before = spark.conf.get(USER_METADATA_CONF, None)
+    spark.conf.set(USER_METADATA_CONF, user_metadata)
+    try:
+        yield
+    finally:
+        if before is None:
+            spark.conf.unset(USER_METADATA_CONF)
+        else:
+            spark.conf.set(USER_METADATA_CONF, before)
+
+
+def delete_rows(session: Callable[[], SparkSession], schema: TableSchema, path: str, where: str,
+                user_metadata: str | None = None) -> int:
+    """A Delta DELETE of the rows matching the SQL condition `where` (its literals from
+    `string_literal`) through the table's writer engine (`session` gives the Spark session, opened
+    only for a Spark-written table); -> rows deleted. A DELETE that matches nothing commits nothing."""
+    if schema.writer == "spark":
+        spark = session()
+        with spark_commit_metadata(spark, user_metadata):
+            result = spark.sql(f"DELETE FROM {_q(spark_location(spark, path))} WHERE {where}").first()
+        return int(result["num_affected_rows"]) if result is not None else 0
+    require_writer(schema, "deltalake")
+    properties = commit_properties(user_metadata) if user_metadata is not None else None
+    metrics = delta_table(path).delete(where, commit_properties=properties)
+    return int(metrics.get("num_deleted_rows", 0))
 
 
 def commit_properties(user_metadata: str) -> Any:

@@ -24,12 +24,14 @@ import threading
 import time
 from pathlib import Path
 
+from gem import storage
 from gem.config import REPO_ROOT, GemConfig, load_config
 from gem.data.delta_log import logged_files, read_table, table_version
 from gem.days import day_range, shift_day
 from gem.environment import RETRIES_ENV, RETRY_DELAY_ENV
+from gem.lakehouse.tables import table_exists
 from gem.pipeline.airflow.runs import POLL_S, TaskReporter, airflow_env, airflow_home, init_db, run_log
-from gem.quality.runner import docs_site_dir
+from gem.quality.runner import docs_site_uri
 from gem.report.run_report import student_results, write
 from gem.sources.bayes_floor import reported_floor
 from gem.train.evaluate import metrics_table
@@ -161,7 +163,7 @@ def summarize(cfg: GemConfig) -> str:
     lines = []
     for name, schema in TABLES.items():
         path = schema.path(cfg.lakehouse_uri)
-        if not Path(path, "_delta_log").is_dir():
+        if not table_exists(path):
             lines.append(f"  {name:<28} {path}  (not written)")
             continue
         version = table_version(path)
@@ -178,7 +180,7 @@ def model_metrics(cfg: GemConfig) -> str | None:
     (None when no run has written any)."""
 
     path = GOLD_METRICS.path(cfg.lakehouse_uri)
-    if not Path(path, "_delta_log").is_dir():
+    if not table_exists(path):
         return None
     rows = [r for r in read_table(path).to_pylist() if r["arch"] == cfg.model.arch]
     if not rows:
@@ -222,7 +224,7 @@ def reports(cfg: GemConfig, ds: str) -> str:
     """Where the reports are: the run report of ds (written now, `gem report --ds ds`) and the Data Docs."""
 
     return "\n".join([f"  {'run report of ' + ds:<28} {write(cfg, ds)}",
-                      f"  {'data-quality report':<28} {docs_site_dir(cfg) / 'index.html'}"])
+                      f"  {'data-quality report':<28} {storage.join(docs_site_uri(cfg), 'index.html')}"])
 
 
 def main(argv: list[str] | None = None) -> int:

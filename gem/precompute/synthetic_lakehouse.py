@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import torch
-from deltalake import DeltaTable, write_deltalake
+from deltalake import write_deltalake
 
 from gem.config import GemConfig
 from gem.data.encode import DENSE_COLUMNS
@@ -58,9 +58,9 @@ def _fill(schema: TableSchema, columns: dict[str, Any], n: int) -> pa.Table:
 def write_partition(cfg: GemConfig, schema: TableSchema, ds: str, columns: dict[str, Any], n: int) -> int:
     """Replace partition ds of `schema` with the rows; -> the version created."""
     path = tables.ensure_table(None, cfg, schema)
-    write_deltalake(path, _fill(schema, {"ds": [dt.date.fromisoformat(ds)] * n, **columns}, n), mode="overwrite",
+    write_deltalake(tables.delta_table(path), _fill(schema, {"ds": [dt.date.fromisoformat(ds)] * n, **columns}, n), mode="overwrite",
                     predicate=tables.predicate({"ds": ds}), partition_by=list(schema.partition_by))
-    return int(DeltaTable(path).version())
+    return tables.latest_version(path)
 
 
 @dataclass
@@ -142,7 +142,7 @@ def promote_model(cfg: GemConfig, ds: str, seed: int = 0, step: int = 1) -> Any:
     torch.manual_seed(seed)
     task = build_task(cfg.model, TASKS, SPARSE_FEATURES, len(DENSE_COLUMNS), sparse_backend="torch")
     root = checkpoint_root(cfg)
-    path = checkpoint.save(root / f"{cfg.model.arch}-{ds}-{seed}", step, {"model": task.state_dict()},
+    path = checkpoint.save(checkpoint.child(root, f"{cfg.model.arch}-{ds}-{seed}"), step, {"model": task.state_dict()},
                            {"config": jsonable(cfg.to_dict())})
     promotion.promote(root, cfg.model.arch, ds, path, step, TASKS, trained_through=shift_day(ds, -1))
     publish_training_records(cfg, ds)

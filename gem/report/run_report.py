@@ -1,7 +1,8 @@
 """The run report of one day (`gem report --ds D`): what the pipeline did on D and the days before it.
 
-One HTML page with matplotlib PNGs at `{lakehouse}/_reports/runs/<D>/index.html`, built only from
-what the stages committed, with no Spark (Delta tables are read through their log):
+One HTML page with matplotlib PNGs at `{lakehouse}/_reports/runs/<D>/index.html` (a local folder or
+an object store prefix: rendered locally, then published whole by gem.report.publish), built only
+from what the stages committed, with no Spark (Delta tables are read through their log):
 
 - rows per stage and day: the completion records (_ops.completions) of the report's window;
 - quarantine by reason, per stage and day, from the same records;
@@ -21,21 +22,22 @@ a day with no completion record at all is an error (nothing ran: check the day a
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
+import posixpath
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import numpy as np
 from matplotlib.figure import Figure
 
+from gem import storage
 from gem.config import GemConfig
 from gem.data.delta_log import read_table
 from gem.days import day_range, shift_day
 from gem.lakehouse.stages import RECORDED_STAGES, held_out_day
 from gem.lakehouse.staleness import all_records
+from gem.lakehouse.tables import table_exists
 from gem.quality.results import day_results
 from gem.report import Link, Report
 from gem.sources.bayes_floor import reported_floor
@@ -50,9 +52,9 @@ class NothingRanError(ValueError):
     """The day has no completion record: no stage ran it."""
 
 
-def report_dir(cfg: GemConfig, ds: str) -> Path:
-    """Where the report of ds is written: {lakehouse}/_reports/runs/<ds>/."""
-    return Path(cfg.lakehouse_uri.removeprefix("file://")) / "_reports" / "runs" / ds
+def report_dir(cfg: GemConfig, ds: str) -> str:
+    """Where the report of ds is published: {lakehouse}/_reports/runs/<ds>/."""
+    return storage.join(cfg.lakehouse_uri, "_reports", "runs", ds)
 
 
 def _window(cfg: GemConfig, ds: str, days: int) -> list[str]:
@@ -62,7 +64,7 @@ def _window(cfg: GemConfig, ds: str, days: int) -> list[str]:
 def _read(cfg: GemConfig, schema: Any) -> list[dict[str, Any]]:
     """Every row of a table, read through its Delta log; [] when the table does not exist yet."""
     path = schema.path(cfg.lakehouse_uri)
-    if not Path(path, "_delta_log").is_dir():
+    if not table_exists(path):
         return []
     return read_table(path).to_pylist()
 
@@ -130,13 +132,25 @@ def _quarantine_figure(rows: list[dict[str, object]], days: Sequence[str]) -> Fi
     return fig
 
 
-def _docs_link(page: Path | None, out_dir: Path) -> object:
+def _relative_link(page: str, out_dir: str) -> str | None:
+    """`page` relative to `out_dir` when both are in one store (the same bucket), else None."""
+    page, out_dir = storage.normalized(page), storage.normalized(out_dir)
+    if storage.is_local(page) or storage.is_local(out_dir):
+        return os.path.relpath(page, out_dir) if storage.is_local(page) == storage.is_local(out_dir) else None
+    (page_store, page_key), (out_store, out_key) = (u.split("://", 1) for u in (page, out_dir))
+    if page_store != out_store or page_key.split("/", 1)[0] != out_key.split("/", 1)[0]:
+        return None
+    return posixpath.relpath(page_key, out_key)
+
+
+def _docs_link(page: str | None, out_dir: str) -> object:
     if page is None:
         return "(no Data Docs page)"
-    # Relative, so the lakehouse folder can be moved or served as a whole; quoted, because run
-    # names hold ':' (a first path segment with ':' would read as a URL scheme).
-
-    return Link("Data Docs", quote(os.path.relpath(page, out_dir)))
+    # Relative, so the lakehouse folder (or bucket) can be moved or served as a whole; quoted,
+    # because run names hold ':' (a first path segment with ':' would read as a URL scheme). A
+    # page in another store than the report is linked by its URI.
+    relative = _relative_link(page, out_dir)
+    return Link("Data Docs", quote(relative) if relative is not None else page)
 
 
 def _metrics_figure(rows: list[dict[str, Any]]) -> Figure:
@@ -269,9 +283,9 @@ def promoted_losses(cfg: GemConfig, ds: str) -> tuple[str, list[float]] | None:
 
     for promotion in promotions(checkpoint_root(cfg), cfg.model.arch):
         if promotion.mix_ds == ds:
-            extra = promotion.checkpoint / "extra.json"
-            if extra.is_file():
-                return promotion.version, [float(v) for v in json.loads(extra.read_text())["losses"]]
+            extra = storage.join(str(promotion.checkpoint), "extra.json")
+            if storage.exists(extra):
+                return promotion.version, [float(v) for v in storage.read_json(extra)["losses"]]
     return None
 
 
@@ -380,6 +394,6 @@ def build(cfg: GemConfig, ds: str, window_days: int = WINDOW_DAYS) -> Report:
     return report
 
 
-def write(cfg: GemConfig, ds: str, window_days: int = WINDOW_DAYS) -> Path:
-    """Build and write the report of ds -> the path of its index.html."""
+def write(cfg: GemConfig, ds: str, window_days: int = WINDOW_DAYS) -> str:
+    """Build and publish the report of ds -> the URI of its index.html (a path on a local disk)."""
     return build(cfg, ds, window_days).write(report_dir(cfg, ds))

@@ -95,7 +95,7 @@ def run(ctx: StageContext, ds: str, run_dir: Path | None = None, steps: int | No
     rank = torch.distributed.get_rank() if joined else 0
     torch.manual_seed(cfg.train.seed)
     root = checkpoint_root(cfg)
-    run_dir = Path(run_dir) if run_dir else root / f"{cfg.model.arch}-{ds}"
+    run_dir = run_dir if run_dir else checkpoint.child(root, f"{cfg.model.arch}-{ds}")
     promotion.checked_checkpoint(root, run_dir)  # refused before training, not at the promotion after it
 
     # Rank 0 commits for the stage: inputs (the mixture's record) checked and the day's record

@@ -34,7 +34,7 @@ def _landing_lines(cfg, ds: str) -> list[str]:
 
 
 @pytest.fixture
-def lakehouse(tmp_path):
+def lakehouse(tmp_path, spark):  # the Spark-written tables are erased from through Spark
     cfg = precompute_config(tmp_path)
     build_days(cfg, 2, users=8)
     raw = [line("q1", user_id=GONE), '{"event_id": "q2", "user_id": "u00004", "broken', line("q3", user_id=3),

@@ -1,12 +1,15 @@
-"""Lakehouse upkeep (gem.lakehouse.upkeep) on real Delta tables through deltalake: quarantined lines
-expire with their retention, small files are compacted without changing a row, and VACUUM deletes
-only files retired longer ago than the tables' retention."""
+"""Lakehouse upkeep (gem.lakehouse.upkeep) on real Delta tables, each through its writer engine (Spark
+for the Spark stages' tables, deltalake for the others): quarantined lines expire with their
+retention, small files are compacted without changing a row, and VACUUM deletes only files retired
+longer ago than the tables' retention."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 from deltalake import DeltaTable, write_deltalake
@@ -24,19 +27,27 @@ def _rows(path: str, version: int | None = None) -> list[tuple]:
 
 
 def _age_retired_files(path: str, version: int, days: int) -> None:
-    """Make the files `version` retired look retired `days` ago (rewrites their remove actions'
-    deletionTimestamp in the log): the clock VACUUM reads, moved back instead of waiting."""
+    """Make the files `version` retired look retired and written `days` ago (rewrites their remove
+    actions' deletionTimestamp in the log, and sets the files' modification time back): the clocks
+    VACUUM reads, moved back instead of waiting (Spark's VACUUM reads both)."""
     log = Path(path, "_delta_log", f"{version:020d}.json")
-    back = int((dt.datetime.now(dt.UTC) - dt.timedelta(days=days)).timestamp() * 1000)
+    back = dt.datetime.now(dt.UTC) - dt.timedelta(days=days)
     actions = [json.loads(x) for x in log.read_text().splitlines()]
     for a in actions:
         if "remove" in a:
-            a["remove"]["deletionTimestamp"] = back
+            a["remove"]["deletionTimestamp"] = int(back.timestamp() * 1000)
+            os.utime(Path(path, unquote(a["remove"]["path"])), (back.timestamp(), back.timestamp()))
     log.write_text("\n".join(json.dumps(a) for a in actions) + "\n")
+    log.with_name(f".{log.name}.crc").unlink(missing_ok=True)  # Hadoop's checksum of the entry as Spark wrote it
+
+
+def _last(path: str, operation: str) -> int:
+    """The version of the table's newest `operation` commit (VACUUM adds commits of its own)."""
+    return next(int(c["version"]) for c in DeltaTable(path).history() if c["operation"] == operation)
 
 
 @pytest.fixture
-def lakehouse(tmp_path):
+def lakehouse(tmp_path, spark):
     cfg = precompute_config(tmp_path)
     build_days(cfg, 2, users=8)
     for ds in ("2026-01-01", "2026-01-20", "2026-02-01"):
@@ -49,13 +60,13 @@ def lakehouse(tmp_path):
     return cfg
 
 
-def test_upkeep_expires_old_quarantine_compacts_and_vacuums_only_past_retention(lakehouse) -> None:
+def test_upkeep_expires_old_quarantine_compacts_and_vacuums_only_past_retention(lakehouse, spark) -> None:
     cfg = lakehouse
     features = table_path(cfg, SILVER_USER_FEATURES)
     files_before, rows_before = len(DeltaTable(features).file_uris()), _rows(features)
     version_before = DeltaTable(features).version()
 
-    first = upkeep(cfg, "2026-02-05")  # quarantine kept 30 days: lines before 2026-01-06 expire
+    first = upkeep(cfg, "2026-02-05", spark)  # quarantine kept 30 days: lines before 2026-01-06 expire
 
     quarantine = read_table(table_path(cfg, BRONZE_QUARANTINE)).column("ds").to_pylist()
     assert sorted({d.isoformat() for d in quarantine}) == ["2026-01-20", "2026-02-01"]
@@ -67,9 +78,8 @@ def test_upkeep_expires_old_quarantine_compacts_and_vacuums_only_past_retention(
     assert _rows(features, version_before) == rows_before  # the older version still reads
 
     # Once the compaction's retired files are older than the retention, VACUUM deletes them.
-    compaction = DeltaTable(features).version()
-    _age_retired_files(features, compaction, cfg.retention_days + 1)
-    second = upkeep(cfg, "2026-02-05")
+    _age_retired_files(features, _last(features, "OPTIMIZE"), cfg.retention_days + 1)
+    second = upkeep(cfg, "2026-02-05", spark)
     assert second.files_vacuumed[SILVER_USER_FEATURES.name] == first.files_compacted[SILVER_USER_FEATURES.name][0]
     assert _rows(features) == rows_before
     with pytest.raises(MissingDataFileError):  # its files are gone from disk
@@ -77,7 +87,7 @@ def test_upkeep_expires_old_quarantine_compacts_and_vacuums_only_past_retention(
     assert any("VACUUM" in x and SILVER_USER_FEATURES.name in x for x in second.lines())
 
 
-def test_upkeep_waits_while_a_backfill_holds_its_range(lakehouse, tmp_path, monkeypatch) -> None:
+def test_upkeep_waits_while_a_backfill_holds_its_range(lakehouse, spark, tmp_path, monkeypatch) -> None:
     """A running backfill: upkeep touches no table (each OPTIMIZE commit would race the backfill's
     rewrites), and its DAG task is rescheduled, not failed; once the hold is released it runs."""
     from airflow.sdk.exceptions import AirflowRescheduleException
@@ -103,10 +113,10 @@ def test_upkeep_waits_while_a_backfill_holds_its_range(lakehouse, tmp_path, monk
             run_upkeep("2026-02-05")
         assert isinstance(rescheduled.value.__cause__, BackfillInProgressError)
     assert versions() == before
-    assert upkeep(cfg, "2026-02-05").quarantine_rows_expired == 2  # the backfill done: upkeep runs
+    assert upkeep(cfg, "2026-02-05", spark).quarantine_rows_expired == 2  # the backfill done: upkeep runs
 
 
-def test_a_day_compacted_or_erased_from_after_its_validation_still_reads_as_validated(tmp_path) -> None:
+def test_a_day_compacted_or_erased_from_after_its_validation_still_reads_as_validated(tmp_path, spark) -> None:
     """The weekly OPTIMIZE rewrites a validated day's files with the same rows, and `gem delete-user`
     removes one user's rows: the stages that read the day as validated (StageCommit.validated_version)
     go on reading it; any other change of its rows after the validation is still refused. Refusing
@@ -131,7 +141,7 @@ def test_a_day_compacted_or_erased_from_after_its_validation_still_reads_as_vali
                                    reconciliation="test")
     validated_rows = sorted(map(repr, read_table(features, validated, where={"ds": day}).to_pylist()))
 
-    removed, added = compact(features)
+    removed, added = compact(cfg, SILVER_USER_FEATURES, lambda: spark)
     assert removed >= 2 and added >= 1
 
     def read_as_validated() -> list[str]:
@@ -141,7 +151,7 @@ def test_a_day_compacted_or_erased_from_after_its_validation_still_reads_as_vali
 
     assert read_as_validated() == validated_rows
     erased = read_table(features, where={"ds": day}).column("user_id")[0].as_py()
-    assert erase_tables(cfg, erased)[SILVER_USER_FEATURES.name] >= 1
+    assert erase_tables(cfg, erased, spark)[SILVER_USER_FEATURES.name] >= 1
     assert read_as_validated() == [r for r in validated_rows if repr(erased) not in r]
     write_deltalake(features, read_table(features, where={"ds": day}).slice(0, 1), mode="append")  # new rows
     with pytest.raises(completions.StaleInputError, match=rf"user_features ds={day} changed after its validation"):
