@@ -13,25 +13,25 @@ input of it, so a counter change alone recomputes nobody.
 
 The plan is saved as JSON in the run's folder (`plan.json`, with the full config), and
 `{lakehouse}/_ops/precompute/ds={ds}/current.json` names that folder, so a worker started on any
-host joins the run with nothing but the lakehouse location and ds.
+host joins the run with nothing but the lakehouse location and ds. Folders are URI strings (a local
+path or an object store prefix, gem.storage); both files are written whole at once (storage.write_json).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gem import storage
 from gem.config import GemConfig, load_config
 from gem.data.delta_log import read_table
 from gem.days import shift_day
 from gem.lakehouse import completions, stages
 from gem.precompute.model import ModelPin, PromotedModelMissing
-from gem.train import promotion
+from gem.train import checkpoint, promotion
 from gem.train.daily import checkpoint_root
 from schemas.precompute import GOLD_PRECOMPUTE_STATS
 
@@ -68,14 +68,15 @@ class DayPlan:
     def cfg(self) -> GemConfig:
         return load_config(overrides=self.config, environ={})
 
-    def save(self, folder: Path) -> None:
-        folder.mkdir(parents=True, exist_ok=True)
-        _write_atomic(folder / "plan.json", json.dumps(dataclasses.asdict(self), default=str))
-        _write_atomic(day_folder(self.cfg, self.ds) / "current.json", json.dumps({"run_folder": str(folder)}))
+    def save(self, folder: str) -> None:
+        """plan.json in `folder` (the run's folder URI), then current.json naming it."""
+        storage.write_json(storage.join(folder, "plan.json"), dataclasses.asdict(self))
+        storage.write_json(storage.join(day_folder(self.cfg, self.ds), "current.json"),
+                           {"run_folder": storage.normalized(folder)})
 
     @classmethod
-    def load(cls, folder: Path) -> DayPlan:
-        data = json.loads((folder / "plan.json").read_text())
+    def load(cls, folder: str | Path) -> DayPlan:
+        data = storage.read_json(storage.join(folder, "plan.json"))
         tables = {k: TableAt(**data[k]) if data[k] is not None else None
                   for k in ("sequences", "user_features", "ad_features", "examples")}
         model = ModelPin(**{**data["model"], "tasks": tuple(data["model"]["tasks"])})
@@ -83,28 +84,23 @@ class DayPlan:
                       "popular_ads": tuple(data["popular_ads"])})
 
 
-def day_folder(cfg: GemConfig, ds: str) -> Path:
-    return Path(cfg.lakehouse_uri) / "_ops" / "precompute" / f"ds={ds}"
+def day_folder(cfg: GemConfig, ds: str) -> str:
+    return storage.join(cfg.lakehouse_uri, "_ops", "precompute", f"ds={ds}")
 
 
-def run_folder(cfg: GemConfig, ds: str, run_id: str) -> Path:
-    return day_folder(cfg, ds) / run_id.replace(":", "_")
+def run_folder(cfg: GemConfig, ds: str, run_id: str) -> str:
+    return storage.join(day_folder(cfg, ds), run_id.replace(":", "_"))
 
 
-def current_run_folder(cfg: GemConfig, ds: str) -> Path:
-    """The folder of the run of ds in progress (or last run); FileNotFoundError naming the job to start."""
-    pointer = day_folder(cfg, ds) / "current.json"
-    if not pointer.is_file():
-        raise FileNotFoundError(f"no precompute run of ds={ds} under {pointer.parent}; start one with "
-                                f"`python -m jobs.precompute --ds {ds}`")
-    return Path(json.loads(pointer.read_text())["run_folder"])
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+def current_run_folder(cfg: GemConfig, ds: str) -> str:
+    """The folder (URI) of the run of ds in progress (or last run); FileNotFoundError naming the job to start."""
+    folder = day_folder(cfg, ds)
+    try:
+        pointer = storage.read_json(storage.join(folder, "current.json"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no precompute run of ds={ds} under {folder}; start one with "
+                                f"`python -m jobs.precompute --ds {ds}`") from None
+    return pointer["run_folder"]
 
 
 @dataclass(frozen=True)
@@ -153,7 +149,8 @@ def choose_model(cfg: GemConfig, ds: str) -> tuple[ModelPin, PreviousDay | None]
     if promo is None:
         raise PromotedModelMissing(
             f"precompute ds={ds}: no {arch} model is promoted for {ds} or an earlier day under "
-            f"{root / 'promoted' / arch}; pretraining must promote one first: `python -m jobs.pretrain --ds {ds}`")
+            f"{checkpoint.child(checkpoint.child(root, 'promoted'), arch)}; pretraining must promote one first: "
+            f"`python -m jobs.pretrain --ds {ds}`")
     if not promo.tasks:
         raise PromotedModelMissing(f"precompute ds={ds}: the promotion of {promo.version} lists no tasks (promoted "
                                    f"before they were recorded); rerun `python -m jobs.pretrain --ds {promo.mix_ds}`")

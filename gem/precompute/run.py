@@ -22,7 +22,6 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -104,8 +103,9 @@ def start_workers(count: int) -> list[subprocess.Popen]:
             for i in range(1, count + 1)]
 
 
-def hand_over(helpers: list[subprocess.Popen], folder: Path | None) -> None:
-    """Tell the waiting helpers the run's folder to join; None: there is no run, they exit (waited for)."""
+def hand_over(helpers: list[subprocess.Popen], folder: str | None) -> None:
+    """Tell the waiting helpers the run's folder (its URI) to join; None: there is no run, they exit
+    (waited for)."""
     for p in helpers:
         try:
             p.stdin.write(f"{folder}\n" if folder is not None else "")  # a line: fits the pipe's buffer
@@ -138,9 +138,9 @@ def run(ctx: StageContext, ds: str, workers: int | None = None) -> StageResult:
     return finish_day(commit, plan, t0, workers=count, worker_seconds=mine.seconds)
 
 
-def begin_day(ctx: StageContext, ds: str) -> tuple[StageCommit, DayPlan, Path]:
+def begin_day(ctx: StageContext, ds: str) -> tuple[StageCommit, DayPlan, str]:
     """Begin the stage's commit, plan the day and publish the plan for workers; -> (commit, plan,
-    the run's folder)."""
+    the run's folder URI)."""
     commit = StageCommit.begin(ctx, STAGE, ds)
     plan = plan_day(commit)
     folder = run_folder(ctx.cfg, ds, commit.run_id)

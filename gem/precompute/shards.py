@@ -5,11 +5,13 @@ A user's shard is the range of the 63-bit stable hash of their id (gem.data.enco
 so a shard's rows are the same users for any worker count, and a rerun of a shard replaces exactly
 them.
 
-Claims live in the run's folder `{lakehouse}/_ops/precompute/ds={ds}/{run_id}/`:
-    shard-0003.lease   the claim (gem.lakehouse.lease, heartbeat = mtime): a worker renews it per
-                       batch; one not renewed for precompute.lease_expiry_s (or whose pid is gone on
-                       this host) is taken over
-    shard-0003.done    written after the shard's commits: who did it, and when
+Claims live in the run's folder `{lakehouse}/_ops/precompute/ds={ds}/{run_id}/` (a local folder or
+an object store prefix, through gem.storage):
+    shard-0003.lease   the claim (gem.lakehouse.lease, heartbeat = its `renewed_at` field): a worker
+                       renews it per batch; one not renewed for precompute.lease_expiry_s (or whose
+                       pid is gone on this host) is taken over
+    shard-0003.done    made after the shard's commits (storage.create: one marker per shard, the
+                       first worker to finish it): who did it, and when
 A worker killed after its commits but before `.done` costs a recompute of that shard: its rerun
 replaces the same rows (the commits are idempotent), so the contents are the same.
 """
@@ -21,11 +23,11 @@ import os
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
+from gem import storage
 from gem.data.encode import hash_ids
 from gem.lakehouse import lease
 
@@ -46,32 +48,28 @@ def worker_name() -> str:
 class ShardBoard:
     """The claims and completions of one run's shards (module docstring)."""
 
-    folder: Path
+    folder: str  # the run's folder: a local path or URI
     shards: int
     expiry_s: float
 
-    def _lease_path(self, shard: int) -> Path:
-        return self.folder / f"shard-{shard:04d}.lease"
+    def _lease_path(self, shard: int) -> str:
+        return storage.join(self.folder, f"shard-{shard:04d}.lease")
 
-    def _done_path(self, shard: int) -> Path:
-        return self.folder / f"shard-{shard:04d}.done"
+    def _done_path(self, shard: int) -> str:
+        return storage.join(self.folder, f"shard-{shard:04d}.done")
 
     def done(self, shard: int) -> dict | None:
         """Who completed the shard, or None."""
-        try:
-            return json.loads(self._done_path(shard).read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            return None
+        return _read(self._done_path(shard))
 
     def remaining(self) -> list[int]:
-        return [s for s in range(self.shards) if self.done(s) is None]
+        """The shards without a `.done` marker (one listing of the run's folder)."""
+        present = {storage.name(uri) for uri in storage.listdir(self.folder)}
+        return [s for s in range(self.shards) if storage.name(self._done_path(s)) not in present]
 
     def holder(self, shard: int) -> dict | None:
         """The current claim's holder (run_id = worker name, pid, ...), or None."""
-        try:
-            return json.loads(self._lease_path(shard).read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            return None
+        return _read(self._lease_path(shard))
 
     def claims(self, worker: str, start: int = 0) -> Iterator[tuple[int, lease.Lease]]:
         """Claim undone shards one at a time, trying them from `start` round (workers start apart,
@@ -90,7 +88,15 @@ class ShardBoard:
                 continue
             yield shard, held
 
-    def mark_done(self, shard: int, worker: str, details: dict) -> None:
-        tmp = self.folder / f".shard-{shard:04d}.done.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps({"worker": worker, **details}))
-        os.replace(tmp, self._done_path(shard))  # atomic
+    def mark_done(self, shard: int, worker: str, details: dict) -> bool:
+        """Make the shard's `.done` marker; False when another worker's marker is there already (it
+        finished the same shard after taking over a lease this worker let expire: the same rows)."""
+        return storage.create(self._done_path(shard), json.dumps({"worker": worker, **details}))
+
+
+def _read(uri: str) -> dict | None:
+    """A marker's or lease's JSON, None when there is none (or it is no JSON: not a marker)."""
+    try:
+        return storage.read_json(uri)
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None

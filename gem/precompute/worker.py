@@ -1,12 +1,12 @@
 """A precompute worker: claims shards of a run until none is left, and commits each one.
 
     python -m gem.precompute.worker --ds D [--config FILE]      # join the run of D in progress
-    python -m gem.precompute.worker --run-folder DIR            # the same, naming the run's folder
+    python -m gem.precompute.worker --run-folder URI            # the same, naming the run's folder
     python -m gem.precompute.worker --run-folder -              # the folder read from stdin (jobs.precompute's helpers)
 
 Workers are plain processes, not Spark executors: the stage is a torch stage (GPU pool, no JVM),
 a process loads the model once and keeps it for all the shards it claims, and the coordination
-they need is a lease per shard on the lakehouse's filesystem (gem.precompute.shards). Any number
+they need is a lease per shard in the lakehouse's store, local or an object store (gem.precompute.shards). Any number
 can run: the job's own process is one (jobs.precompute starts precompute.workers - 1 more), a
 worker started while a run is in progress claims the shards still open, and a worker that dies
 leaves its shard to whoever finds its lease expired. Under torchrun every rank is such a worker
@@ -28,7 +28,6 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TextIO
 
 import numpy as np
@@ -238,8 +237,8 @@ class WorkerReport:
     seconds: float
 
 
-def work(folder: Path, index: int = 0, poll_s: float | None = None) -> WorkerReport:
-    """Claim and do shards of the run in `folder` until every shard is done; shards held by live
+def work(folder: str, index: int = 0, poll_s: float | None = None) -> WorkerReport:
+    """Claim and do shards of the run in `folder` (its URI) until every shard is done; shards held by live
     workers are waited for (polled every poll_s, default a quarter of the lease expiry, at most 1 s),
     so a dead worker's shard is taken over once its lease expires."""
     t0 = time.time()
@@ -266,8 +265,9 @@ def work(folder: Path, index: int = 0, poll_s: float | None = None) -> WorkerRep
                 except LeaseLost as e:
                     print(f"[{name}] {e}; leaving it")
                     continue
-                board.mark_done(shard, name, {"rows": rows, "seconds": seconds, "claimed_at": claimed_at,
-                                              "done_at": time.time()})
+                if not board.mark_done(shard, name, {"rows": rows, "seconds": seconds, "claimed_at": claimed_at,
+                                                     "done_at": time.time()}):
+                    print(f"[{name}] precompute ds={plan.ds} shard {shard}: another worker finished it too")
                 held.release()
                 done.append(shard)
                 users += rows[GOLD_FM_USER_EMBEDDINGS.name]
@@ -278,19 +278,19 @@ def work(folder: Path, index: int = 0, poll_s: float | None = None) -> WorkerRep
     return WorkerReport(worker_name(), done, users, time.time() - t0)
 
 
-def folder_from(stream: TextIO) -> Path | None:
-    """The run's folder, a line on `stream` (None when it closes empty: there is no run to join).
+def folder_from(stream: TextIO) -> str | None:
+    """The run's folder URI, a line on `stream` (None when it closes empty: there is no run to join).
     What a shard needs (the checkpoint reader, deltalake) comes with this module's imports, so a
     helper started before the day is planned has loaded it by the time the folder arrives."""
     line = stream.readline().strip()
-    return Path(line) if line else None
+    return line or None
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_config_arg(parser)
     parser.add_argument("--ds", type=iso_day, default=None, help="join the run of this day in progress")
-    parser.add_argument("--run-folder", default=None, help="the run's folder (instead of --ds); - reads it from stdin")
+    parser.add_argument("--run-folder", default=None, help="the run's folder URI (instead of --ds); - reads it from stdin")
     parser.add_argument("--index", type=int, default=int(os.environ.get("RANK", "0")),
                         help="spreads workers' first claims (default: the torchrun rank, else 0)")
     args = parser.parse_args(argv)
@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{worker_name()}] no run to join (stdin closed empty)")
             return 0
     elif args.run_folder:
-        folder = Path(args.run_folder)
+        folder = args.run_folder
     else:
         folder = current_run_folder(load_config(args.config), args.ds)
     report = work(folder, args.index)

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pytest
 import torch
 
+from gem import storage
 from gem.data.batch import Jagged
 from gem.data.delta_log import logged_files, read_table
 from gem.data.encode import VOCABULARIES, hash_ids, timestamps_us, vocab_index
@@ -270,8 +271,8 @@ def test_one_and_two_workers_write_identical_tables(tmp_path: Path) -> None:
     second_half = list(range(plan.shards // 2, plan.shards))
     claims = board.claims("test-blocker", second_half[0])
     blocked = [held for _, held in itertools.islice(claims, len(second_half))]  # this process holds them
-    assert [int(h.path.stem.split("-")[1]) for h in blocked] == second_half
-    worker = [PYTHON, "-m", "gem.precompute.worker", "--run-folder", str(folder)]
+    assert [storage.name(h.path) for h in blocked] == [f"shard-{s:04d}.lease" for s in second_half]
+    worker = [PYTHON, "-m", "gem.precompute.worker", "--run-folder", folder]
     first = subprocess.Popen([*worker, "--index", "0"], cwd=REPO, env=subprocess_env())
     try:
         _wait_for(lambda: board.remaining() == second_half, "the first worker's shards")
@@ -306,7 +307,7 @@ def test_a_worker_killed_mid_shard_leaves_it_to_the_survivor(tmp_path: Path) -> 
     promote_model(cfg, days[1])
     commit, plan, folder = begin_day(StageContext(cfg), days[1])
     board = ShardBoard(folder, plan.shards, cfg.precompute.lease_expiry_s)
-    worker = [PYTHON, "-m", "gem.precompute.worker", "--run-folder", str(folder)]
+    worker = [PYTHON, "-m", "gem.precompute.worker", "--run-folder", folder]
     doomed = subprocess.Popen([*worker, "--index", "0"], cwd=REPO, env=subprocess_env())
     deadline, held = time.time() + 120, None
     while held is None and time.time() < deadline and doomed.poll() is None:
