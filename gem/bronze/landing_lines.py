@@ -15,6 +15,7 @@ from pyspark.sql import functions as F
 
 from gem import storage
 from gem.lakehouse.landing import DATA_FILE_PATTERN, gzip_problem, lines_before_damage, list_partition
+from gem.lakehouse.tables import spark_location
 
 LINES_SCHEMA = "value STRING, source_file STRING, ds DATE, file_reason STRING, file_detail STRING"
 
@@ -55,7 +56,8 @@ def read_days(spark: SparkSession, landing_root: str, days: tuple[str, ...]) -> 
 def read_landing(spark: SparkSession, landing_root: str, files: list[str]) -> DataFrame:
     """Landing files -> DataFrame(value: raw line, source_file: file name within its ds folder,
     ds: the arrival day, from the file's partition folder `ds=YYYY-MM-DD`), in one read. Spark is
-    given the paths as its Hadoop file systems name them (gem.storage.spark_uri: s3a:// on S3)."""
+    given the paths as its Hadoop file systems name them (gem.lakehouse.tables.spark_location: s3a://
+    on S3, the session set up for the store)."""
     # Spark lists more than `threshold` named paths in a Spark job of one task per path, far slower
     # for hundreds of landing days' files than listing them here in the driver. The listing is
     # done when the DataFrame is made, so the setting is restored right after.
@@ -63,7 +65,8 @@ def read_landing(spark: SparkSession, landing_root: str, files: list[str]) -> Da
     before = spark.conf.get(threshold)
     spark.conf.set(threshold, str(max(len(files), int(before))))
     try:
-        read = spark.read.option("basePath", storage.spark_uri(landing_root)).text([storage.spark_uri(f) for f in files])
+        read = (spark.read.option("basePath", spark_location(spark, landing_root))
+                .text([storage.spark_uri(f) for f in files]))
     finally:
         spark.conf.set(threshold, before)
     return read.select("value", F.col("_metadata.file_name").alias("source_file"), F.col("ds").cast("date"))

@@ -20,12 +20,14 @@ from __future__ import annotations
 import dataclasses
 import glob
 import gzip
+import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -184,7 +186,9 @@ def get_spark(cfg: GemConfig, app_name: str = "gem") -> SparkSession:
         .config("spark.sql.sources.parallelPartitionDiscovery.parallelism", str(cfg.spark.shuffle_partitions))
     )
     conf = {**_DELTA_CONF, **cfg.spark.conf}
-    if os.path.isfile(cfg.spark.local_fs_jar):
+    # The local file system jar sits on the driver's class path only: executors of a cluster (a
+    # remote master, local-cluster's executor JVMs) use Hadoop's own local file system.
+    if is_local_master(cfg.spark.master) and os.path.isfile(cfg.spark.local_fs_jar):
         # On the JVM's own class path: Hadoop looks a file system class up there, not in spark.jars.
         conf.setdefault(CLASS_PATH, cfg.spark.local_fs_jar)
         conf.setdefault(LOCAL_FS_IMPL, NIO_LOCAL_FS)
@@ -194,10 +198,43 @@ def get_spark(cfg: GemConfig, app_name: str = "gem") -> SparkSession:
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    if not is_local_master(cfg.spark.master):
+        # Executors import the project's code (Python UDFs, mapInPandas) from the archive shipped
+        # with the application, not from whatever their hosts have installed.
+        spark.sparkContext.addPyFile(str(project_archive(Path(cfg.spark.jars_dir).parent)))
     # Set on the Hadoop configuration, not as spark.hadoop.* of the builder: a running session
     # takes them too, and a later change of the AWS variables reaches it.
     configure_object_store(spark)
     return spark
+
+
+def is_local_master(master: str) -> bool:
+    """Whether the driver is the only JVM (local, local[N], local[*]): no executor to ship anything to."""
+    return master == "local" or master.startswith("local[")
+
+
+# The packages an executor imports: the pipeline, the table schemas, the stage entry points.
+PROJECT_PACKAGES = ("gem", "schemas", "jobs")
+
+
+def project_archive(cache_dir: Path) -> Path:
+    """A zip of the project's Python packages (PROJECT_PACKAGES) for executors' Python workers,
+    named by a digest of its contents, so a changed tree ships a new archive and an unchanged one
+    is built once."""
+    files = sorted(p for package in PROJECT_PACKAGES for p in (REPO_ROOT / package).rglob("*.py"))
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.relative_to(REPO_ROOT).as_posix().encode())
+        digest.update(path.read_bytes())
+    target = cache_dir / f"gem-code-{digest.hexdigest()[:16]}.zip"
+    if not target.is_file():
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
+            for path in files:
+                archive.write(path, path.relative_to(REPO_ROOT).as_posix())
+        partial.replace(target)
+    return target
 
 
 def archive_classes(cfg: GemConfig) -> Path:
