@@ -24,7 +24,6 @@ any other EXPIRY_S seconds after its last renewal.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
@@ -52,22 +51,8 @@ def hold_path(cfg: GemConfig, start: str, end: str) -> str:
 def hold(cfg: GemConfig, start: str, end: str, run_id: str) -> Iterator[lease.Lease]:
     """Hold days start..end for the duration of the block (renewed in a background thread);
     LeaseHeldError naming the holder when a live backfill already holds this very range."""
-    held = lease.acquire_path(hold_path(cfg, start, end), run_id, f"backfill {start}..{end}",
-                              expiry_s=EXPIRY_S, renewed=True)
-    stop = threading.Event()
-
-    def renew() -> None:
-        while not stop.wait(RENEW_S):
-            held.renew()
-
-    renewer = threading.Thread(target=renew, name=f"backfill-hold-{start}..{end}", daemon=True)
-    renewer.start()
-    try:
+    with lease.held(hold_path(cfg, start, end), run_id, f"backfill {start}..{end}", EXPIRY_S, RENEW_S) as held:
         yield held
-    finally:
-        stop.set()
-        renewer.join()
-        held.release()
 
 
 def live_holds(cfg: GemConfig) -> list[tuple[str, str, dict]]:

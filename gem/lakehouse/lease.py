@@ -31,7 +31,10 @@ import datetime as dt
 import json
 import os
 import socket
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -165,3 +168,34 @@ def acquire_path(path: str | Path, run_id: str, what: str, expiry_s: float = LEA
         if storage.replace_if(uri, body, seen):  # the stale lease, unless another took it first
             return Lease(path, run_id)
     raise LeaseHeldError(f"{what}: could not take the lease {uri}; retry")
+
+
+@contextmanager
+def held(path: str | Path, run_id: str, what: str, expiry_s: float, renew_s: float,
+         wait_s: float = 0.0, poll_s: float = 1.0) -> Iterator[Lease]:
+    """Hold the lease file `path` for the block, renewed every `renew_s` by a background thread
+    (presumed dead `expiry_s` after its last renewal); a live holder makes it wait up to `wait_s`,
+    then LeaseHeldError naming the holder."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            lease = acquire_path(path, run_id, what, expiry_s=expiry_s, renewed=True)
+            break
+        except LeaseHeldError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(poll_s)
+    stop = threading.Event()
+
+    def renew() -> None:
+        while not stop.wait(renew_s):
+            lease.renew()
+
+    renewer = threading.Thread(target=renew, name=f"lease-{storage.name(path)}", daemon=True)
+    renewer.start()
+    try:
+        yield lease
+    finally:
+        stop.set()
+        renewer.join()
+        lease.release()

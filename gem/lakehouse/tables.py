@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from gem import storage
 from gem.config import GemConfig
 from gem.days import day_range
+from gem.lakehouse import lease
 from gem.lakehouse.spark import configure_object_store
 from schemas.table import TableSchema
 
@@ -249,8 +251,36 @@ def replace_partition(
     )
     if user_metadata:
         writer = writer.option("userMetadata", user_metadata)
-    writer.save(location)
-    return own_commit(spark, path, user_metadata)
+    with single_driver(path, user_metadata or "spark-write"):
+        writer.save(location)
+        return own_commit(spark, path, user_metadata)
+
+
+# Delta's log store for S3 (S3SingleDriverLogStore) makes commits safe between the threads of one
+# driver only: two drivers committing one version at once both succeed and one commit is lost. On an
+# object store each Spark write of a table therefore holds that table's writer lease (one driver at a
+# time, other drivers wait); a local file system's log store commits by an atomic rename and needs none.
+DRIVER_LEASE_EXPIRY_S = 600.0
+DRIVER_LEASE_RENEW_S = 30.0
+DRIVER_LEASE_WAIT_S = 3600.0
+
+
+def driver_lease_path(path: str) -> str:
+    """The writer lease of the table at `path`: a file in its folder that Delta ignores (its name
+    starts with an underscore, as _delta_log's does, so neither the log nor VACUUM looks at it)."""
+    return storage.join(path, "_gem_writer.json")
+
+
+@contextmanager
+def single_driver(path: str, run_id: str, wait_s: float = DRIVER_LEASE_WAIT_S) -> Iterator[None]:
+    """Hold the writer lease of the Spark table at `path` for the block when it is on an object
+    store (waiting up to wait_s for another driver's write to finish); on a local disk, nothing to hold."""
+    if storage.is_local(path):
+        yield
+        return
+    with lease.held(driver_lease_path(path), f"{run_id}:{os.getpid()}", f"a Spark write of {storage.name(path)}",
+                    DRIVER_LEASE_EXPIRY_S, DRIVER_LEASE_RENEW_S, wait_s=wait_s):
+        yield
 
 
 def own_commit(spark: SparkSession, path: str, user_metadata: str) -> Committed:
@@ -313,7 +343,7 @@ def delete_rows(session: Callable[[], SparkSession], schema: TableSchema, path: 
     only for a Spark-written table); -> rows deleted. A DELETE that matches nothing commits nothing."""
     if schema.writer == "spark":
         spark = session()
-        with spark_commit_metadata(spark, user_metadata):
+        with single_driver(path, user_metadata or "spark-delete"), spark_commit_metadata(spark, user_metadata):
             result = spark.sql(f"DELETE FROM {_q(spark_location(spark, path))} WHERE {where}").first()
         return int(result["num_affected_rows"]) if result is not None else 0
     require_writer(schema, "deltalake")

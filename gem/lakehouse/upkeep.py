@@ -34,7 +34,7 @@ from gem.config import GemConfig, load_config
 from gem.days import shift_day
 from gem.lakehouse.backfill_hold import BackfillInProgressError, live_holds
 from gem.lakehouse.spark import session_on_demand
-from gem.lakehouse.tables import delete_rows, delta_table, spark_location, table_exists, table_path
+from gem.lakehouse.tables import delete_rows, delta_table, single_driver, spark_location, table_exists, table_path
 from schemas import TABLES
 from schemas.events import BRONZE_QUARANTINE
 from schemas.table import TableSchema
@@ -89,7 +89,8 @@ def compact(cfg: GemConfig, schema: TableSchema, session: Session | None = None)
         from delta.tables import DeltaTable
 
         spark = (session or session_on_demand(cfg, app_name="gem-upkeep"))()
-        rows = DeltaTable.forPath(spark, spark_location(spark, path)).optimize().executeCompaction().collect()
+        with single_driver(path, "upkeep-optimize"):
+            rows = DeltaTable.forPath(spark, spark_location(spark, path)).optimize().executeCompaction().collect()
         metrics = rows[0]["metrics"].asDict() if rows else {}
     else:
         metrics = delta_table(path).optimize.compact()
@@ -105,9 +106,10 @@ def vacuum(cfg: GemConfig, schema: TableSchema, session: Session | None = None) 
     if schema.writer == "spark":
         spark = (session or session_on_demand(cfg, app_name="gem-upkeep"))()
         target = f"delta.`{spark_location(spark, path)}` RETAIN {hours} HOURS"
-        doomed = spark.sql(f"VACUUM {target} DRY RUN").count()
-        if doomed:
-            spark.sql(f"VACUUM {target}").collect()
+        with single_driver(path, "upkeep-vacuum"):  # Delta logs a VACUUM as commits
+            doomed = spark.sql(f"VACUUM {target} DRY RUN").count()
+            if doomed:
+                spark.sql(f"VACUUM {target}").collect()
         return doomed
     return len(delta_table(path).vacuum(retention_hours=hours, dry_run=False, enforce_retention_duration=True))
 

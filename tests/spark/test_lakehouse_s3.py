@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import datetime as dt
 import multiprocessing
+import subprocess
+import time
 
 import pyarrow as pa
 import pytest
@@ -20,7 +22,7 @@ from gem.lakehouse.commit import StageCommit, StageContext
 from schemas.events import BRONZE_AD_EVENTS
 from schemas.ops import COMPLETIONS
 from tests.landing_lines import bronze_event
-from tests.support import make_config
+from tests.support import PYTHON, make_config, subprocess_env
 
 DAYS = ("2026-01-01", "2026-01-02")
 WRITERS = 2
@@ -128,3 +130,34 @@ def test_a_write_through_the_other_engine_is_refused(spark, s3_cfg, tmp_path) ->
                                                       r"writer='spark'"):
         commit.replace_arrow(rows, BRONZE_AD_EVENTS)
     assert not tables.table_exists(tables.table_path(cfg, BRONZE_AD_EVENTS))
+
+
+HOLD_S = 20.0  # longer than a small write takes, so a write that did not wait commits before the release
+# A second driver holding the table's writer lease: another process (a lease held by this very
+# process would count as left over from an earlier try and be taken over).
+_HOLDER = """
+import sys, time
+from gem.lakehouse import lease, tables
+with lease.held(tables.driver_lease_path(sys.argv[1]), "other-driver", "test", 60, 5):
+    print("held", flush=True)
+    time.sleep(float(sys.argv[2]))
+print(time.time(), flush=True)
+"""
+
+
+def test_a_spark_write_on_s3_waits_for_the_driver_writing_the_table(spark, s3_cfg) -> None:
+    """Delta's S3 log store is safe for one driver at a time: a Spark write holds the table's writer
+    lease, so a second driver's write waits until the first has committed, and no commit is lost."""
+    path = tables.ensure_table(spark, s3_cfg, BRONZE_AD_EVENTS)
+    holder = subprocess.Popen([PYTHON, "-c", _HOLDER, path, str(HOLD_S)], stdout=subprocess.PIPE, text=True,
+                              env=subprocess_env())
+    assert holder.stdout.readline().strip() == "held"
+    started = time.time()
+    committed = tables.replace_partition(_events(spark, ["w1"], DAYS[0]), s3_cfg, BRONZE_AD_EVENTS,
+                                         {"ds": DAYS[0]}, "waiting-writer")
+    finished = time.time()
+    released_at = float(holder.stdout.readline())
+    assert holder.wait(timeout=60) == 0
+    assert finished >= released_at >= started + HOLD_S, (started, released_at, finished)
+    assert committed.rows == 1 and committed.version == tables.latest_version(path)
+    assert not storage.exists(tables.driver_lease_path(path))  # released after the commit
