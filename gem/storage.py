@@ -465,3 +465,57 @@ def delta_storage_options(uri: str | Path) -> dict[str, str] | None:
     if region:
         options["AWS_REGION"] = region
     return options
+
+
+# ---- reachability ------------------------------------------------------------------------------
+# Checked once per bucket and process before a stage starts, so a wrong endpoint, a missing bucket
+# or missing credentials fail at once with one line naming what is missing (never a secret), not in
+# the middle of a Spark job.
+_REACHABLE: set[str] = set()
+
+
+def require_reachable(*uris: str | Path) -> None:
+    """StorageError naming what is missing when the object store of one of `uris` cannot be used:
+    no credentials, an endpoint that does not answer, a bucket that does not exist or refuses them."""
+    for uri in uris:
+        _require_bucket(uri)
+
+
+def _require_bucket(uri: str | Path) -> None:
+    protocol = scheme(uri)
+    if protocol == "file":
+        return
+    if protocol not in ("s3", "s3a"):
+        raise StorageError(f"{uri}: only local folders and S3 (s3://) are supported")
+    bucket = _key(uri).split("/", 1)[0]
+    if bucket in _REACHABLE:
+        return
+    # boto3 only here: most processes that import this module never check a bucket.
+    import boto3  # noqa: PLC0415
+    import botocore.config  # noqa: PLC0415
+    import botocore.exceptions  # noqa: PLC0415
+
+    session = boto3.session.Session()
+    if session.get_credentials() is None:
+        raise StorageError(f"no AWS credentials for {protocol}://{bucket}: set AWS_ACCESS_KEY_ID and "
+                           "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, or run where an instance role applies)")
+    endpoint = s3_endpoint()
+    where = endpoint or "AWS's S3 endpoint"
+    client = session.client("s3", endpoint_url=endpoint, region_name=s3_region(),
+                            config=botocore.config.Config(connect_timeout=5, read_timeout=10,
+                                                          retries={"max_attempts": 1}))
+    try:
+        client.head_bucket(Bucket=bucket)
+    except botocore.exceptions.EndpointConnectionError:
+        raise StorageError(f"the S3 endpoint {where} does not answer (for {protocol}://{bucket}): check "
+                           "AWS_ENDPOINT_URL") from None
+    except botocore.exceptions.ClientError as error:
+        code = str(error.response.get("Error", {}).get("Code", ""))
+        if code in ("404", "NoSuchBucket"):
+            raise StorageError(f"the bucket {bucket} does not exist at {where} (lakehouse or landing URI "
+                               f"{normalized(uri)}): create it or fix the URI") from None
+        if code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+            raise StorageError(f"the bucket {bucket} at {where} refuses these credentials ({code}): check "
+                               "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or the bucket's policy") from None
+        raise StorageError(f"the bucket {bucket} at {where} cannot be used: {code}") from None
+    _REACHABLE.add(bucket)

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import groupby
 
+from gem import storage
 from gem.config import GemConfig, add_config_arg, load_config
 from gem.days import day_range, iso_day
 from gem.lakehouse import backfill_hold
@@ -96,6 +97,7 @@ def run_stage_over(ctx: StageContext, stage: Stage, run_days: list[str],
     of each run day that has one) in one call, `entry(ctx, first, through=last)` for several (stages
     declared with `ranges`), `entry(ctx, ds)` for one; "skipped" when nothing was ready."""
     started = time.monotonic()
+    storage.require_reachable(ctx.cfg.lakehouse_uri, ctx.cfg.landing_root)  # an unusable store fails here, named
     days = [d for d in (stage.ds(ctx.cfg, r) for r in run_days) if d is not None]
     # Held by a running backfill: refused before the entry opens Spark (StageCommit.begin checks too).
     for ds in days:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from gem import storage
 from gem.config import GemConfig, load_config
 from gem.days import iso_day
 from gem.lakehouse.stages import STAGES, Stage, ready_on_day
@@ -201,6 +203,11 @@ def stage_command(module: str, job: Callable[..., int]) -> typer.Typer:
         ds, through, ready_on = given["ds"], given.get("through"), given.get("ready_on")
         _check_days(ctx, stage, ds, through, ready_on)
         cfg = load_config(given["config"])
+        try:
+            storage.require_reachable(cfg.lakehouse_uri, cfg.landing_root)
+        except storage.StorageError as error:
+            print(f"{stage.name}: {error}", file=sys.stderr)
+            return 2
         if ready_on is not None:
             ds = ready_on_day(cfg, ready_on)
             if ds is None:

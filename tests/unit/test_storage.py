@@ -4,11 +4,14 @@ the same answers; exclusive create has exactly one winner under concurrency on b
 from __future__ import annotations
 
 import multiprocessing
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from gem import storage
+from tests.support import PYTHON, subprocess_env
 
 ROUNDS = 20
 CONTENDERS = 16
@@ -203,3 +206,35 @@ def test_move_a_folder(root: str):
     other = "s3://some-bucket/x" if storage.is_local(root) else "/tmp/x"
     with pytest.raises(ValueError, match="different stores"):
         storage.move_folder(source, other)
+
+
+def test_an_unusable_object_store_fails_at_once_naming_what_is_missing(s3_server, monkeypatch, tmp_path: Path):
+    """A missing bucket, missing credentials and an endpoint that does not answer each fail with one
+    line naming it, before any stage work, and never print a secret; a local folder needs nothing."""
+    storage.require_reachable(str(tmp_path))
+    with pytest.raises(storage.StorageError, match="the bucket gem-no-such-bucket does not exist"):
+        storage.require_reachable("s3://gem-no-such-bucket/lake")
+    secret = os.environ["AWS_SECRET_ACCESS_KEY"]
+    for variable in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with pytest.raises(storage.StorageError, match="no AWS credentials for s3://gem-other"):
+        storage.require_reachable("s3://gem-other/lake")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "gem-local")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens on the discard port
+    with pytest.raises(storage.StorageError, match="does not answer") as refused:
+        storage.require_reachable("s3://gem-third/lake")
+    assert secret not in str(refused.value)
+
+
+def test_a_job_on_a_missing_bucket_exits_with_the_reason(s3_server, tmp_path: Path):
+    config = tmp_path / "gem.yaml"
+    config.write_text("lakehouse_uri: s3://gem-missing-bucket/lake\n")
+    done = subprocess.run([PYTHON, "-m", "jobs.ingest_events", "--ds", "2026-01-01", "--config", str(config)],
+                          check=False, capture_output=True, text=True, timeout=300, env=subprocess_env())
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "the bucket gem-missing-bucket does not exist" in done.stderr
+    assert "Traceback" not in done.stderr and os.environ["AWS_SECRET_ACCESS_KEY"] not in done.stdout + done.stderr
