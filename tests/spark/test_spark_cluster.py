@@ -1,0 +1,131 @@
+"""The Spark stages run unchanged on a Spark cluster: two days through every Spark stage by `gem bulk`
+in its own process, its session on a cluster master, against the same days on the suite's local
+session; the work ran in at least two executor processes other than the driver (Spark's event log
+names the executor of every task), and every table's rows and every completion record's counts
+agree.
+
+Quick tier: `local-cluster[2,1,1024]` (Spark's own test cluster: a master and two executor JVMs
+started by the driver). Slow tier: the standalone cluster of the cluster demo (gem.pipeline.services:
+a master and two workers from pyspark's distribution, each on its own loopback address), and a
+worker killed mid-stage: the stage completes on the survivor and leaves no partial data."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gem.config import load_config
+from gem.lakehouse.commit import StageContext
+from gem.pipeline.bulk import run_range
+from gem.pipeline.services import SparkCluster
+from schemas import TABLES
+from tests.support import C1_JVM_CONF, PYTHON, lakehouse_rows, subprocess_env
+
+DAYS = ("2026-01-01", "2026-01-02")
+LAST_SPARK_STAGE = "validate_examples"
+RECORD_COUNTS = ("rows_in", "rows_written", "rows_quarantined", "quarantined_by_reason")
+
+
+def _config(root: Path, master: str, event_log: Path | None = None, **conf: str) -> Path:
+    """A small two-day world in its own lakehouse under root, its Spark session on `master`."""
+    spark_conf = dict(C1_JVM_CONF)
+    if event_log is not None:
+        event_log.mkdir(parents=True, exist_ok=True)
+        spark_conf.update({"spark.eventLog.enabled": "true", "spark.eventLog.dir": event_log.as_uri(),
+                           "spark.eventLog.compress": "false"})
+    spark_conf.update(conf)
+    path = root / "gem.yaml"
+    root.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump({
+        "lakehouse_uri": str(root / "lakehouse"), "start_ds": DAYS[0], "attribution_window_days": 0,
+        "spark": {"master": master, "shuffle_partitions": 4, "driver_memory": "1g", "conf": spark_conf},
+        "generator": {"users": 300, "ads": 60, "advertisers": 12, "events_per_day": 3000, "chunk_impressions": 1500},
+    }))
+    return path
+
+
+def _bulk(config: Path) -> subprocess.Popen[str]:
+    cmd = [PYTHON, "-m", "gem.pipeline.command", "bulk", "--start", DAYS[0], "--end", DAYS[-1],
+           "--through-stage", LAST_SPARK_STAGE, "--config", str(config)]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=subprocess_env())
+
+
+def _executors_that_ran_tasks(event_log: Path) -> set[str]:
+    """Executor ids of every finished task in the event logs under event_log."""
+    executors = set()
+    # Spark 4 writes each application's log as a folder of rolled files (eventlog_v2_<app>/events_*).
+    # (beside them an empty appstatus_* marker).
+    for log in event_log.rglob("events_*"):
+        for line in filter(None, log.read_text().splitlines()):
+            event = json.loads(line)
+            if event.get("Event") == "SparkListenerTaskEnd":
+                executors.add(event["Task Info"]["Executor ID"])
+    return executors
+
+
+def _local_reference(spark, root: Path):
+    cfg = load_config(str(_config(root, "local[2]")))
+    runs = list(run_range(cfg, DAYS[0], DAYS[-1], LAST_SPARK_STAGE, ctx=StageContext(cfg, spark)))
+    assert {r.state for r in runs} == {"success"}, runs
+    return cfg
+
+
+def _assert_same_lakehouse(reference, other) -> None:
+    compared = 0
+    for name in TABLES:
+        rows = lakehouse_rows(reference, name)
+        assert lakehouse_rows(other, name) == rows, name
+        compared += bool(rows)
+    assert compared >= 8
+
+
+def _finish(process: subprocess.Popen[str], timeout_s: float = 1200) -> str:
+    out, _ = process.communicate(timeout=timeout_s)
+    assert process.returncode == 0, out[-4000:]
+    return out
+
+
+def test_the_stages_on_a_local_cluster_write_what_local_mode_writes(spark, tmp_path: Path):
+    events = tmp_path / "events"
+    cluster_cfg = _config(tmp_path / "cluster", "local-cluster[2,1,1024]", events,
+                          **{"spark.executor.memory": "512m"})
+    _finish(_bulk(cluster_cfg))
+    executors = _executors_that_ran_tasks(events)
+    assert len(executors - {"driver"}) >= 2, executors
+    reference = _local_reference(spark, tmp_path / "local")
+    _assert_same_lakehouse(reference, load_config(str(cluster_cfg)))
+
+
+@pytest.mark.slow
+def test_the_stages_on_a_standalone_cluster_survive_a_lost_worker(spark, tmp_path: Path):
+    events = tmp_path / "events"
+    with SparkCluster(tmp_path / "cluster-logs") as cluster:
+        config = _config(tmp_path / "cluster", cluster.master_url, events,
+                         **{"spark.executor.memory": "512m", "spark.executor.cores": "1",
+                            "spark.driver.host": "127.0.0.1"})
+        process = _bulk(config)
+        # Kill worker 2 once the run's executors have done some work: the stage in flight loses
+        # its tasks there and reruns them on worker 1.
+        def kill_when_busy() -> None:
+            deadline = time.monotonic() + 600
+            while time.monotonic() < deadline and process.poll() is None:
+                apps = cluster.status().get("activeapps", [])
+                if apps and sum(log.stat().st_size for log in events.rglob("*") if log.is_file()) > 200_000:
+                    cluster.kill_worker(1)
+                    return
+                time.sleep(1)
+        killer = threading.Thread(target=kill_when_busy)
+        killer.start()
+        _finish(process)
+        killer.join()
+        assert cluster.alive_workers() == 1
+    executors = _executors_that_ran_tasks(events)
+    assert len(executors - {"driver"}) >= 2, executors
+    reference = _local_reference(spark, tmp_path / "local")
+    _assert_same_lakehouse(reference, load_config(str(config)))
