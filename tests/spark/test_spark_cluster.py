@@ -56,14 +56,20 @@ def _bulk(config: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=subprocess_env())
 
 
-def _executors_that_ran_tasks(event_log: Path) -> set[str]:
-    """Executor ids of every finished task in the event logs under event_log."""
+def _executors_that_ran_tasks(event_log: Path, live: bool = False) -> set[str]:
+    """Executor ids of every finished task in the event logs under event_log (live: a log being
+    written, whose last line may be partial)."""
     executors = set()
     # Spark 4 writes each application's log as a folder of rolled files (eventlog_v2_<app>/events_*).
     # (beside them an empty appstatus_* marker).
     for log in event_log.rglob("events_*"):
         for line in filter(None, log.read_text().splitlines()):
-            event = json.loads(line)
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                if live:
+                    continue
+                raise
             if event.get("Event") == "SparkListenerTaskEnd":
                 executors.add(event["Task Info"]["Executor ID"])
     return executors
@@ -110,16 +116,15 @@ def test_the_stages_on_a_standalone_cluster_survive_a_lost_worker(spark, tmp_pat
                          **{"spark.executor.memory": "512m", "spark.executor.cores": "1",
                             "spark.driver.host": "127.0.0.1"})
         process = _bulk(config)
-        # Kill worker 2 once the run's executors have done some work: the stage in flight loses
-        # its tasks there and reruns them on worker 1.
+        # Kill worker 2 once both executors have finished tasks: the stages still to run lose it
+        # and run on worker 1.
         def kill_when_busy() -> None:
-            deadline = time.monotonic() + 600
+            deadline = time.monotonic() + 900
             while time.monotonic() < deadline and process.poll() is None:
-                apps = cluster.status().get("activeapps", [])
-                if apps and sum(log.stat().st_size for log in events.rglob("*") if log.is_file()) > 200_000:
+                if len(_executors_that_ran_tasks(events, live=True) - {"driver"}) >= 2:
                     cluster.kill_worker(1)
                     return
-                time.sleep(1)
+                time.sleep(2)
         killer = threading.Thread(target=kill_when_busy)
         killer.start()
         _finish(process)
