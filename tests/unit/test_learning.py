@@ -15,18 +15,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gem.model import metrics
-from gem.model.build import build_task
 from gem.model.configs import (
     DLRMConfig,
     EmbeddingConfig,
+    EventConfig,
     HSTUConfig,
     InterFormerConfig,
     KunlunConfig,
     ModelConfig,
     WukongConfig,
 )
-from gem.study.traffic import DENSE_DIM, SPARSE, batches, simulate
+from gem.study import runner
+from gem.study.traffic import batches, simulate
 
 LEARN_MARGIN = 0.05
 SEQUENCE_MARGIN = 0.01
@@ -43,8 +43,6 @@ def traffic():
 
 
 def _config(arch: str, pooling: str = "hsp") -> ModelConfig:
-    from gem.model.configs import EventConfig
-
     events = {"impression": EventConfig(width=16, depth=2, window=16, max_len=LENGTHS["impression"]),
               "click": EventConfig(width=16, depth=2, window=8, max_len=LENGTHS["click"]),
               "conversion": EventConfig(width=8, activations=("silu",), depth=1, window=4, max_len=4)}
@@ -70,37 +68,15 @@ def train_and_score(traffic, arch: str, sequences: bool = True, epochs: int = 2,
 
 
 def _train_and_score(traffic, arch: str, sequences: bool, epochs: int, pooling: str) -> tuple[float, dict[str, float]]:
+    # The pipeline's loop and scorer: gem.study.runner.run trains through gem.train's Trainer and
+    # scores with gem.train.evaluate.
     train = batches(traffic, (0, 1), 256, LENGTHS, sequences=sequences, seed=1, label_types=("click",))
     held_out = batches(traffic, (2,), 2048, LENGTHS, sequences=sequences, shuffle=False, label_types=("click",))
-    torch.manual_seed(0)
-    task = build_task(_config(arch, pooling), train[0].tasks, SPARSE, DENSE_DIM)
-    labels = torch.cat([b.labels for b in train])
-    masks = torch.cat([b.label_mask for b in train]).float()
-    task.heads.init_from_base_rates(dict(zip(train[0].tasks, (labels.sum(0) / masks.sum(0)).tolist(), strict=True)))
-    opt = torch.optim.Adam(task.parameters(), lr=3e-3)
-    task.train()
-    for _ in range(epochs):
-        for batch in train:
-            opt.zero_grad()
-            loss, _ = task(batch)
-            loss.backward()
-            opt.step()
-    task.eval()
-    probs, ys, tasks = [], [], []
-    with torch.no_grad():
-        for batch in held_out:
-            p = torch.sigmoid(task.logits(batch))
-            col = batch.label_mask.float().argmax(1)
-            probs.append(p[torch.arange(batch.size), col])
-            ys.append(batch.labels[torch.arange(batch.size), col])
-            tasks.append(col)
-    p, y, col = torch.cat(probs), torch.cat(ys), torch.cat(tasks)
-    per_task = {}
-    for j, name in enumerate(held_out[0].tasks):
-        m = col == j
-        if float(y[m].sum()) >= MIN_POSITIVES:
-            per_task[name] = float(metrics.ne(p[m], y[m], torch.ones_like(p[m])))
-    return float(metrics.ne(p, y, torch.ones_like(p))), per_task
+    result = runner.run(_config(arch, pooling), train, {"held_out": held_out}, lr=3e-3, seed=0, epochs=epochs,
+                        device=torch.device("cpu"), bf16=False)
+    scores = result.scores["held_out"]
+    per_task = {name: scores.ne((name,)) for name in scores.tasks if scores.positives(name) >= MIN_POSITIVES}
+    return scores.ne(scores.tasks), per_task
 
 
 @pytest.mark.slow
