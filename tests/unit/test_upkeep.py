@@ -66,7 +66,7 @@ def test_upkeep_expires_old_quarantine_compacts_and_vacuums_only_past_retention(
     files_before, rows_before = len(DeltaTable(features).file_uris()), _rows(features)
     version_before = DeltaTable(features).version()
 
-    first = upkeep(cfg, "2026-02-05", spark)  # quarantine kept 30 days: lines before 2026-01-06 expire
+    first = upkeep(cfg, "2026-02-05", spark)  # past the quarantine retention for the first days only
 
     quarantine = read_table(table_path(cfg, BRONZE_QUARANTINE)).column("ds").to_pylist()
     assert sorted({d.isoformat() for d in quarantine}) == ["2026-01-20", "2026-02-01"]
