@@ -28,7 +28,7 @@ import os
 import posixpath
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -346,6 +346,20 @@ def _condition_failed(error: OSError) -> bool:
     return response.get("Error", {}).get("Code") in _CONDITION_FAILED
 
 
+def _if_condition_holds(request: Callable[[], object]) -> bool:
+    """Send a conditional S3 request: True if it was applied, False if the object is gone or its
+    condition does not hold."""
+    try:
+        request()
+    except FileNotFoundError:
+        return False
+    except OSError as error:
+        if _condition_failed(error):
+            return False
+        raise
+    return True
+
+
 def replace_if(uri: str | Path, data: bytes | str, expected: str) -> bool:
     """Replace the whole file with `data` only if it is still at version `expected` (from `version`),
     atomically across processes and hosts (S3: a conditional PUT with If-Match): True if replaced,
@@ -358,15 +372,7 @@ def replace_if(uri: str | Path, data: bytes | str, expected: str) -> bool:
                 return False
             os.replace(_local_temporary(path, payload), path)
             return True
-    try:
-        _conditional_store(uri).pipe_file(_key(uri), payload, IfMatch=expected)
-    except FileNotFoundError:
-        return False
-    except OSError as error:
-        if _condition_failed(error):
-            return False
-        raise
-    return True
+    return _if_condition_holds(lambda: _conditional_store(uri).pipe_file(_key(uri), payload, IfMatch=expected))
 
 
 def delete_if(uri: str | Path, expected: str) -> bool:
@@ -381,16 +387,9 @@ def delete_if(uri: str | Path, expected: str) -> bool:
             return True
     bucket, _, key = _key(uri).partition("/")
     fs = _conditional_store(uri)
-    try:
-        fs.call_s3("delete_object", Bucket=bucket, Key=key, IfMatch=expected)
-    except FileNotFoundError:
-        return False
-    except OSError as error:
-        if _condition_failed(error):
-            return False
-        raise
+    deleted = _if_condition_holds(lambda: fs.call_s3("delete_object", Bucket=bucket, Key=key, IfMatch=expected))
     fs.invalidate_cache(_key(uri))
-    return True
+    return deleted
 
 
 def move_folder(uri: str | Path, target: str | Path) -> None:

@@ -15,6 +15,7 @@ evaluate one expression. https://chromedevtools.github.io/devtools-protocol/
 
 from __future__ import annotations
 
+import html.parser
 import json
 import os
 import shutil
@@ -53,6 +54,18 @@ class RenderedPage:
     title: str
     text: str  # document.body.innerText: what a reader sees, without markup or hidden elements
     images: list[RenderedImage]
+
+
+class LinkParser(html.parser.HTMLParser):
+    """The href of every link (<a>) of an HTML page fed to it, in order (no browser needed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hrefs: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "a":
+            self.hrefs += [v for k, v in attrs if k == "href" and v]
 
 
 def in_ci() -> bool:

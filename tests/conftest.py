@@ -57,3 +57,11 @@ def s3_bucket(s3_server: S3Server) -> str:
     name = f"gem-test-{uuid.uuid4().hex[:12]}"
     storage.filesystem("s3://").mkdir(name)
     return f"s3://{name}"
+
+
+@pytest.fixture(params=["local", "s3"])
+def lake_root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A lakehouse root on a local folder, then on the local S3 API: a test taking it runs on both."""
+    if request.param == "local":
+        return str(tmp_path / "lake")
+    return request.getfixturevalue("s3_bucket") + "/lake"

@@ -5,7 +5,6 @@ downloads the lakehouse finds a page that renders with its figures and its Data 
 
 from __future__ import annotations
 
-import html.parser
 import os
 import re
 import subprocess
@@ -25,7 +24,7 @@ from gem.lakehouse.commit import StageContext
 from gem.quality.runner import DOCS_SITE_DIR, RESULTS_DIR, build_data_docs, local_root, validate
 from gem.report import run_report
 from jobs import validate_events
-from tests.browser import render
+from tests.browser import LinkParser, render
 from tests.spark.test_quality import DS, clean_day, write_day
 from tests.support import REPO, make_config
 
@@ -46,18 +45,8 @@ def _relative(uri: str, base: str) -> str:
     return storage.normalized(uri)[len(storage.normalized(base)) + 1:]
 
 
-class _Links(html.parser.HTMLParser):
-    def __init__(self) -> None:
-        super().__init__()
-        self.hrefs: list[str] = []
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag == "a":
-            self.hrefs += [v for k, v in attrs if k == "href" and v]
-
-
 def _links(text: str) -> list[str]:
-    parser = _Links()
+    parser = LinkParser()
     parser.feed(text)
     return parser.hrefs
 

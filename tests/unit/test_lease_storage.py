@@ -23,11 +23,9 @@ ROUNDS = 10
 EXPIRY_S = 60.0
 
 
-@pytest.fixture(params=["local", "s3"])
-def root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "local":
-        return str(tmp_path / "lake")
-    return request.getfixturevalue("s3_bucket") + "/lake"
+@pytest.fixture
+def root(lake_root: str) -> str:
+    return lake_root
 
 
 def _as_if_elsewhere(uri: str, **fields) -> None:

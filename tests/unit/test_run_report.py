@@ -10,7 +10,6 @@ Data Docs link pointing at a page that exists.
 
 from __future__ import annotations
 
-import html.parser
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,7 +26,7 @@ from gem.lakehouse.stages import STAGES
 from gem.report.run_report import build, loss_summary, promoted_losses, report_dir
 from schemas.metrics import GOLD_METRICS
 from schemas.precompute import GOLD_PRECOMPUTE_STATS
-from tests.browser import render
+from tests.browser import LinkParser, render
 from tests.precompute_lakehouse import build_days, precompute_config
 
 if TYPE_CHECKING:
@@ -71,16 +70,6 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"cfg": cfg, "days": days, "index": index}
 
 
-class _Links(html.parser.HTMLParser):
-    def __init__(self) -> None:
-        super().__init__()
-        self.hrefs: list[str] = []
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag == "a":
-            self.hrefs += [v for k, v in attrs if k == "href" and v]
-
-
 def test_the_report_renders_with_every_figure(lake):
     index = lake["index"]
     assert index == str(Path(report_dir(lake["cfg"], lake["days"][2]), "index.html"))
@@ -117,7 +106,7 @@ def test_data_quality_shows_the_newest_result_and_links_to_its_page(lake):
     # report.rules failed, then passed on the rerun: the newest result is the one shown.
     assert f"report.rules\t{lake['days'][2]}\tpassed\t1\t0\t0\tData Docs" in text
     assert f"report.warn\t{lake['days'][2]}\twarnings\t1\t0\t1\tData Docs" in text
-    links = _Links()
+    links = LinkParser()
     links.feed(Path(lake["index"]).read_text())
     docs = [h for h in links.hrefs if h.endswith(".html") and "data_docs" in h]
     assert len(docs) == 2

@@ -17,11 +17,9 @@ ROUNDS = 20
 CONTENDERS = 16
 
 
-@pytest.fixture(params=["local", "s3"])
-def root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "local":
-        return str(tmp_path / "lake")
-    return request.getfixturevalue("s3_bucket") + "/lake"
+@pytest.fixture
+def root(lake_root: str) -> str:
+    return lake_root
 
 
 def test_uri_spellings():
