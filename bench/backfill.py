@@ -17,7 +17,6 @@ the same for 3 days.
 
 from __future__ import annotations
 
-import argparse
 import os
 import socket
 import subprocess
@@ -25,8 +24,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Annotated
 
-from bench.results import Figure, add_results_dir_arg, record
+import typer
+
+from bench.results import RESULTS_DIR, Figure, ResultsDirOption, record
+from gem.command_line import job_app, run_command
 from gem.config import REPO_ROOT, load_config
 from gem.days import day_range, shift_day
 from gem.lakehouse.compare import NOT_COMPARED, lakehouse_rows
@@ -77,17 +80,16 @@ def differing_tables(cfg_a: Path, cfg_b: Path) -> tuple[list[str], int]:
     return differ, filled
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--days", type=int, default=7)
-    parser.add_argument("--events-per-day", type=int, default=4000)
-    parser.add_argument("--users", type=int, default=400)
-    parser.add_argument("--ads", type=int, default=80)
-    add_results_dir_arg(parser)
-    args = parser.parse_args(argv)
+def command_line(
+    day_count: Annotated[int, typer.Option("--days")] = 7,
+    events_per_day: Annotated[int, typer.Option()] = 4000,
+    users: Annotated[int, typer.Option()] = 400,
+    ads: Annotated[int, typer.Option()] = 80,
+    results_dir: ResultsDirOption = RESULTS_DIR,
+) -> int:
     root = Path(tempfile.mkdtemp(prefix="gem-bench-backfill-"))
-    days = day_range(START_DS, shift_day(START_DS, args.days - 1))
-    configs = {arm: world_config(root / arm, args.events_per_day, args.users, args.ads) for arm in ("daily", "backfill")}
+    days = day_range(START_DS, shift_day(START_DS, day_count - 1))
+    configs = {arm: world_config(root / arm, events_per_day, users, ads) for arm in ("daily", "backfill")}
     seconds = {}
     started = time.monotonic()
     daily_runs(airflow_env(root / "daily" / "airflow_home", configs["daily"]), days)
@@ -99,24 +101,32 @@ def main(argv: list[str] | None = None) -> int:
         print(done.stdout[-4000:], done.stderr[-4000:], sep="\n")
         raise SystemExit(f"gem backfill failed (exit {done.returncode}); files under {root}")
     differ, filled = differing_tables(configs["daily"], configs["backfill"])
-    print(f"{args.days} days of {args.events_per_day:,} impressions ({args.users} users, {args.ads} ads) under {root}")
-    print(f"  daily runs (airflow dags test, one per day): {seconds['daily']:.0f}s ({seconds['daily'] / args.days:.0f}s a day)")
+    print(f"{day_count} days of {events_per_day:,} impressions ({users} users, {ads} ads) under {root}")
+    print(f"  daily runs (airflow dags test, one per day): {seconds['daily']:.0f}s ({seconds['daily'] / day_count:.0f}s a day)")
     print(f"  gem backfill (Airflow's backfill, scheduler + LocalExecutor): {seconds['backfill']:.0f}s "
-          f"({seconds['backfill'] / args.days:.0f}s a day) = {seconds['backfill'] / seconds['daily']:.2f}x the daily runs")
+          f"({seconds['backfill'] / day_count:.0f}s a day) = {seconds['backfill'] / seconds['daily']:.2f}x the daily runs")
     print(f"  tables: {filled} hold rows; " + (f"DIFFERENT: {', '.join(differ)}" if differ else "every one equal"))
     record("backfill", "gem backfill (Airflow's backfill) against the same days run daily, side by side", [
-        Figure("days", "days run by each arm", args.days),
+        Figure("days", "days run by each arm", day_count),
         Figure("daily_s", "daily runs (airflow dags test, one per day), wall time", round(seconds["daily"]), "s"),
         Figure("backfill_s", "gem backfill (scheduler + LocalExecutor), wall time", round(seconds["backfill"]), "s"),
-        Figure("daily_s_per_day", "daily runs, wall time per day", round(seconds["daily"] / args.days), "s"),
-        Figure("backfill_s_per_day", "gem backfill, wall time per day", round(seconds["backfill"] / args.days), "s"),
+        Figure("daily_s_per_day", "daily runs, wall time per day", round(seconds["daily"] / day_count), "s"),
+        Figure("backfill_s_per_day", "gem backfill, wall time per day", round(seconds["backfill"] / day_count), "s"),
         Figure("backfill_over_daily", "gem backfill / daily runs, wall time",
                round(seconds["backfill"] / seconds["daily"], 2), "x"),
         Figure("tables_with_rows", "tables holding rows", filled),
         Figure("tables_differing", "tables whose rows differ between the arms", len(differ)),
-    ], notes=f"{args.events_per_day:,} impressions a day, {args.users} users, {args.ads} ads."
-             + (f" Tables that differ: {', '.join(differ)}." if differ else ""), results_dir=args.results_dir)
+    ], notes=f"{events_per_day:,} impressions a day, {users} users, {ads} ads."
+             + (f" Tables that differ: {', '.join(differ)}." if differ else ""), results_dir=results_dir)
     return 1 if differ else 0
+
+
+
+
+def main(argv: list[str] | None = None) -> int:
+    app = job_app("python -m bench.backfill")
+    app.command(help=__doc__.splitlines()[0])(command_line)
+    return run_command(app, argv)
 
 
 if __name__ == "__main__":

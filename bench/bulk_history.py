@@ -21,14 +21,17 @@ not a gate).
 
 from __future__ import annotations
 
-import argparse
 import calendar
 import random
 import tempfile
 import time
 from pathlib import Path
+from typing import Annotated
 
-from bench.results import Figure, add_results_dir_arg, record
+import typer
+
+from bench.results import RESULTS_DIR, Figure, ResultsDirOption, record
+from gem.command_line import job_app, run_command
 from gem.config import load_config
 from gem.days import day_range, shift_day
 from gem.lakehouse.commit import StageContext
@@ -98,25 +101,24 @@ def _run(cfg, first: str, last: str, ctx, day_by_day: bool = False) -> tuple[flo
     return time.monotonic() - started, per_stage
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--days", type=int, default=1000)
-    parser.add_argument("--ratings", type=int, default=560_000, help="about 1.8 events each")
-    parser.add_argument("--compare-days", type=int, default=8, help="days of the side-by-side arms (0: none)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--workdir", type=Path, default=None,
-                        help="an empty folder to write into and keep (the lakehouse, for inspection); default: a "
-                             "temporary folder, removed at the end")
-    add_results_dir_arg(parser)
-    args = parser.parse_args(argv)
-    last = shift_day(START_DS, args.days - 1)
-    if args.workdir is not None and args.workdir.exists() and any(args.workdir.iterdir()):
-        parser.error(f"--workdir {args.workdir} is not empty")
+def command_line(
+    day_count: Annotated[int, typer.Option("--days")] = 1000,
+    ratings: Annotated[int, typer.Option(help="about 1.8 events each")] = 560_000,
+    compare_days: Annotated[int, typer.Option(help="days of the side-by-side arms (0: none)")] = 8,
+    seed: Annotated[int, typer.Option()] = 0,
+    workdir: Annotated[Path | None, typer.Option(
+        help="an empty folder to write into and keep (the lakehouse, for inspection); default: a temporary "
+             "folder, removed at the end")] = None,
+    results_dir: ResultsDirOption = RESULTS_DIR,
+) -> int:
+    last = shift_day(START_DS, day_count - 1)
+    if workdir is not None and workdir.exists() and any(workdir.iterdir()):
+        raise typer.BadParameter(f"{workdir} is not empty", param_hint="--workdir")
 
     with tempfile.TemporaryDirectory(prefix="gem-bulk-history-") as tmp:
-        root = args.workdir.resolve() if args.workdir is not None else Path(tmp)
+        root = workdir.resolve() if workdir is not None else Path(tmp)
         started = time.monotonic()
-        write_movielens(root / "ml-1m", args.days, args.ratings, args.seed)
+        write_movielens(root / "ml-1m", day_count, ratings, seed)
         cfg = _config(root, "full")
         summary = import_movielens(cfg, root / "ml-1m")
         events = sum(summary["events_by_type"].values())
@@ -126,12 +128,12 @@ def main(argv: list[str] | None = None) -> int:
         spark = get_spark(cfg, app_name="bench-bulk-history")
 
         seconds: dict[str, float] = {}
-        if args.compare_days:
-            compare_last = shift_day(START_DS, args.compare_days - 1)
+        if compare_days:
+            compare_last = shift_day(START_DS, compare_days - 1)
             for arm, day_by_day in (("day_by_day", True), ("ranged", False)):
                 arm_cfg = _config(root, arm)
                 seconds[arm], _ = _run(arm_cfg, START_DS, compare_last, StageContext(arm_cfg, spark), day_by_day)
-            print(f"first {args.compare_days} days: day_by_day {seconds['day_by_day']:.0f}s, ranged "
+            print(f"first {compare_days} days: day_by_day {seconds['day_by_day']:.0f}s, ranged "
                   f"{seconds['ranged']:.0f}s: ranged is {seconds['day_by_day'] / seconds['ranged']:.2f}x faster",
                   flush=True)
 
@@ -149,18 +151,26 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if seconds:
         figures += [
-            Figure("compare_day_by_day_s", f"first {args.compare_days} days, one day at a time",
+            Figure("compare_day_by_day_s", f"first {compare_days} days, one day at a time",
                    round(seconds["day_by_day"]), "s"),
-            Figure("compare_ranged_s", f"first {args.compare_days} days, ranged", round(seconds["ranged"]), "s"),
-            Figure("ranged_speedup", f"first {args.compare_days} days: day by day / ranged, wall time",
+            Figure("compare_ranged_s", f"first {compare_days} days, ranged", round(seconds["ranged"]), "s"),
+            Figure("ranged_speedup", f"first {compare_days} days: day by day / ranged, wall time",
                    round(seconds["day_by_day"] / seconds["ranged"], 2), "x"),
         ]
     record("bulk_history", "A long history through the bulk path: landing to validated training examples", figures,
-           notes=f"synthetic MovieLens-1M-format history: {args.ratings:,} ratings over {days} days "
-                 f"(seed {args.seed}).",
+           notes=f"synthetic MovieLens-1M-format history: {ratings:,} ratings over {days} days "
+                 f"(seed {seed}).",
            extra={"seconds_per_stage": {stage: round(t, 1) for stage, t in per_stage.items()}},
-           results_dir=args.results_dir)
+           results_dir=results_dir)
     return 0
+
+
+
+
+def main(argv: list[str] | None = None) -> int:
+    app = job_app("python -m bench.bulk_history")
+    app.command(help=__doc__.splitlines()[0])(command_line)
+    return run_command(app, argv)
 
 
 if __name__ == "__main__":

@@ -22,15 +22,18 @@ CPU run (--tiny, CI's smoke) and a --no-record run only print them.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import statistics
 import time
+from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 import torch
+import typer
 
-from bench.results import Figure, add_results_dir_arg, record
+from bench.results import RESULTS_DIR, Figure, ResultsDirOption, record
+from gem.command_line import run_function
 from gem.config import TrainConfig
 from gem.data.batch import Batch, Jagged, Sparse
 from gem.data.encode import DENSE_COLUMNS, HASHED_IDS, VOCABULARIES
@@ -176,35 +179,47 @@ def run_model(cfg: ModelConfig, batch: Batch, flops_per_example: int, steps: int
     return {"step_s": step_s, "examples_per_s": b / step_s, "tflops": 3 * flops_per_example * b / step_s / 1e12}
 
 
-def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--dim", type=int, default=256)
-    parser.add_argument("--length", type=int, default=512)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--tiny", action="store_true", help="a seconds-long CPU smoke run (never published)")
-    parser.add_argument("--no-record", action="store_true", help="print the figures only (a smoke run's)")
-    add_results_dir_arg(parser)
-    args = parser.parse_args(argv)
-    if args.tiny:
-        args.batch, args.dim, args.length, args.layers, args.steps = 4, 64, 16, 2, 2
+@dataclasses.dataclass(frozen=True)
+class Size:
+    """What a run trains: the batch, the models' width, impression length and layers, the timed steps."""
+
+    batch: int
+    dim: int
+    length: int
+    layers: int
+    steps: int
+
+
+TINY = Size(batch=4, dim=64, length=16, layers=2, steps=2)  # --tiny: a seconds-long CPU smoke run
+
+
+def command_line(
+    batch: Annotated[int, typer.Option()] = 256,
+    dim: Annotated[int, typer.Option()] = 256,
+    length: Annotated[int, typer.Option()] = 512,
+    layers: Annotated[int, typer.Option()] = 4,
+    steps: Annotated[int, typer.Option()] = 20,
+    tiny: Annotated[bool, typer.Option("--tiny", help="a seconds-long CPU smoke run (never published)")] = False,
+    no_record: Annotated[bool, typer.Option("--no-record", help="print the figures only (a smoke run's)")] = False,
+    results_dir: ResultsDirOption = RESULTS_DIR,
+) -> dict[str, dict[str, float]]:
+    size = TINY if tiny else Size(batch, dim, length, layers, steps)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     bf16 = device.type == "cuda"
     torch.manual_seed(0)
     np.random.seed(0)
-    kunlun_cfg, hstu_cfg, lengths = configs(args.dim, args.length, args.layers)
-    batch = synthetic_batch(args.batch, lengths).to(device)
+    kunlun_cfg, hstu_cfg, lengths = configs(size.dim, size.length, size.layers)
+    examples = synthetic_batch(size.batch, lengths).to(device)
     models = model_configs(kunlun_cfg, hstu_cfg)
     flops = {name: forward_flops(cfg) for name, cfg in models.items()}
     results = {}
     for name, cfg in models.items():  # one task on the device at a time
-        results[name] = run_model(cfg, batch, flops[name], args.steps, device, bf16)
+        results[name] = run_model(cfg, examples, flops[name], size.steps, device, bf16)
         if device.type == "cuda":
             torch.cuda.empty_cache()
     peak = matmul_peak_tflops(device, torch.bfloat16 if bf16 else torch.float32, 8192 if bf16 else 512)
-    print(f"device {device} ({'bf16 autocast' if bf16 else 'fp32'}), batch {args.batch}, dim {args.dim}, "
-          f"impression length {args.length}, layers {args.layers}; matmul peak {peak:,.1f} TFLOP/s (this run)")
+    print(f"device {device} ({'bf16 autocast' if bf16 else 'fp32'}), batch {size.batch}, dim {size.dim}, "
+          f"impression length {size.length}, layers {size.layers}; matmul peak {peak:,.1f} TFLOP/s (this run)")
     print(f"{'model':<14} {'GFLOP/ex fwd':>12} {'step ms':>9} {'ex/s':>10} {'TFLOP/s':>9} {'MFU spec':>9} "
           f"{'MFU meas':>9}")
     for name, r in results.items():
@@ -212,12 +227,17 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
                   "mfu_measured_peak": r["tflops"] / peak})
         print(f"{name:<14} {flops[name] / 1e9:>12.3f} {1e3 * r['step_s']:>9.1f} {r['examples_per_s']:>10,.0f} "
               f"{r['tflops']:>9.3f} {r['mfu_spec']:>9.2%} {r['mfu_measured_peak']:>9.2%}")
-    if device.type == "cuda" and not (args.tiny or args.no_record):
-        publish(results, peak, args)
+    if device.type == "cuda" and not (tiny or no_record):
+        publish(results, peak, size, results_dir)
     return results
 
 
-def publish(results: dict[str, dict[str, float]], peak: float, args: argparse.Namespace) -> None:
+def main(argv: list[str] | None = None) -> dict[str, dict[str, float]] | None:
+    """The figures of each model (None after --help)."""
+    return run_function(command_line, argv, prog="python -m bench.gpu_train", help=__doc__.splitlines()[0])
+
+
+def publish(results: dict[str, dict[str, float]], peak: float, size: Size, results_dir: Path) -> None:
     """Each model's step time, throughput and MFU, and the layouts' and models' ratios, as `gpu_train`."""
     names = {"kunlun": "Kunlun (jagged)", "kunlun_padded": "Kunlun (padded)", "hstu": "HSTU"}
     figures = []
@@ -240,9 +260,9 @@ def publish(results: dict[str, dict[str, float]], peak: float, args: argparse.Na
                round(results["hstu"]["step_s"] / kunlun, 2), "x"),
     ]
     record("gpu_train", "Training-step throughput on a GPU (bf16): Kunlun jagged and padded, HSTU", figures,
-           notes=f"batch {args.batch}, dim {args.dim}, impression length {args.length}, {args.layers} layers, "
-                 f"{args.steps} timed steps of gem.train.trainer.Trainer; synthetic full-length sequences.",
-           results_dir=args.results_dir)
+           notes=f"batch {size.batch}, dim {size.dim}, impression length {size.length}, {size.layers} layers, "
+                 f"{size.steps} timed steps of gem.train.trainer.Trainer; synthetic full-length sequences.",
+           results_dir=results_dir)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Ingest throughput on this machine: generate one synthetic day, ingest it, report events/s.
 
-`python -m bench.ingest_throughput [--events 1000000 10000000] [--root /tmp/gem-bench]`
+`python -m bench.ingest_throughput [--events 1000000 --events 10000000] [--root /tmp/gem-bench]`
 
 Each size gets a fresh lakehouse; the generator's and ingest's seconds are reported separately,
 ingest's events/s counts every landing line (good and quarantined); the figures are published through
@@ -9,12 +9,16 @@ bench.results (ingest_throughput). Not a test: nothing here gates CI.
 
 from __future__ import annotations
 
-import argparse
 import shutil
+import sys
 import time
 from pathlib import Path
+from typing import Annotated
 
-from bench.results import Figure, add_results_dir_arg, record
+import typer
+
+from bench.results import RESULTS_DIR, Figure, ResultsDirOption, record
+from gem.command_line import job_app, run_command
 from gem.config import load_config
 from gem.lakehouse.commit import StageContext
 from gem.lakehouse.spark import get_spark
@@ -50,20 +54,21 @@ def run_size(root: Path, events: int, master: str) -> dict[str, float]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--events", type=int, nargs="+", default=[1_000_000, 10_000_000])
-    parser.add_argument("--root", default="/tmp/gem-bench")
-    parser.add_argument("--master", default="local[2]")
-    add_results_dir_arg(parser)
-    args = parser.parse_args()
-    rows = [run_size(Path(args.root) / str(n), n, args.master) for n in args.events]
+def command_line(
+    events: Annotated[list[int] | None, typer.Option(
+        help="events of one synthetic day, one run per size (repeatable) [default: 1000000, 10000000]")] = None,
+    root: Annotated[Path, typer.Option()] = Path("/tmp/gem-bench"),
+    master: Annotated[str, typer.Option()] = "local[2]",
+    results_dir: ResultsDirOption = RESULTS_DIR,
+) -> None:
+    sizes = events or [1_000_000, 10_000_000]
+    rows = [run_size(root / str(n), n, master) for n in sizes]
     print(f"{'events':>12} {'generate s':>11} {'ingest s':>9} {'ingest events/s':>16}")
     for r in rows:
         print(f"{int(r['events']):>12,} {r['generate_s']:>11.1f} {r['ingest_s']:>9.1f} {r['ingest_events_per_s']:>16,.0f}")
-    shutil.rmtree(args.root, ignore_errors=True)
+    shutil.rmtree(root, ignore_errors=True)
     figures = []
-    for n, r in zip(args.events, rows, strict=True):  # keyed by the size asked for (lines ingested vary)
+    for n, r in zip(sizes, rows, strict=True):  # keyed by the size asked for (lines ingested vary)
         figures += [
             Figure(f"events{n}_ingest_events_per_s", f"{n:,} events: ingest", round(r["ingest_events_per_s"]),
                    "events/s"),
@@ -71,8 +76,14 @@ def main() -> None:
             Figure(f"events{n}_generate_s", f"{n:,} events: the generator, wall time", round(r["generate_s"], 1), "s"),
         ]
     record("ingest_throughput", "Ingest throughput: one synthetic day generated, then ingested", figures,
-           notes=f"Spark master {args.master}; each size in a fresh lakehouse.", results_dir=args.results_dir)
+           notes=f"Spark master {master}; each size in a fresh lakehouse.", results_dir=results_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    app = job_app("python -m bench.ingest_throughput")
+    app.command(help=__doc__)(command_line)
+    return run_command(app, argv)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -21,21 +21,23 @@ nothing here gates CI.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime as dt
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import typer
 from deltalake import write_deltalake
 
-from bench.results import Figure, add_results_dir_arg, record
+from bench.results import RESULTS_DIR, Figure, ResultsDirOption, record
+from gem.command_line import day_option, job_app, run_command
 from gem.config import LoaderConfig, load_config
 from gem.data.delta_log import logged_files, partition_types, table_version
 from gem.data.loader import ExampleStream, ResumableLoader
@@ -186,21 +188,20 @@ def examples_per_second(manifest: Manifest, cfg: LoaderConfig, batches: int, rep
     return statistics.median(rates)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lakehouse", default="lakehouse")
-    parser.add_argument("--mix-ds", default="2026-01-03")  # the demo's last day
-    parser.add_argument("--examples", type=int, default=200_000)
-    parser.add_argument("--users", type=int, default=5_000)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--batches", type=int, default=60)
-    parser.add_argument("--batch-size", type=int, default=512)
-    add_results_dir_arg(parser)
-    args = parser.parse_args()
+def command_line(
+    lakehouse: Annotated[str, typer.Option()] = "lakehouse",
+    mix_ds: Annotated[str, day_option("--mix-ds", "the mixture manifest's day")] = "2026-01-03",  # the demo's last day
+    examples: Annotated[int, typer.Option()] = 200_000,
+    users: Annotated[int, typer.Option()] = 5_000,
+    workers: Annotated[int, typer.Option()] = 2,
+    batches: Annotated[int, typer.Option()] = 60,
+    batch_size: Annotated[int, typer.Option()] = 512,
+    results_dir: ResultsDirOption = RESULTS_DIR,
+) -> None:
 
-    mixing = mixing_bytes(args.lakehouse, args.mix_ds)
+    mixing = mixing_bytes(lakehouse, mix_ds)
     if mixing is None:
-        print(f"mixing bytes: skipped (no gold.mixture_manifest ds={args.mix_ds} under {args.lakehouse})")
+        print(f"mixing bytes: skipped (no gold.mixture_manifest ds={mix_ds} under {lakehouse})")
     else:
         print(f"mixing bytes: manifest {mixing['manifest_bytes']:,} B ({mixing['manifest_rows']} rows) vs materialized "
               f"copy of one pass {mixing['materialized_copy_bytes']:,} B ({mixing['rows_drawn_one_pass']:,} rows; "
@@ -210,17 +211,17 @@ def main() -> None:
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for length in (256, 1024):
-            paths = write_synthetic(Path(tmp) / f"L{length}", args.examples, args.users, length)
-            cfg = LoaderConfig(batch_size=args.batch_size, num_workers=args.workers, max_impressions=length,
+            paths = write_synthetic(Path(tmp) / f"L{length}", examples, users, length)
+            cfg = LoaderConfig(batch_size=batch_size, num_workers=workers, max_impressions=length,
                                max_clicks=max(1, length // 4), max_conversions=max(1, length // 16))
             if length == 256:
                 five = synthetic_manifest(paths, dict(zip(BENCH_SURFACES, (1.0, 0.9, 0.8, 0.7, 0.6), strict=True)))
                 one = synthetic_manifest(paths, {BENCH_SURFACES[0]: 1.0})
-                results["one_source"] = examples_per_second(one, cfg, args.batches)
-                results["five_sources"] = examples_per_second(five, cfg, args.batches)
+                results["one_source"] = examples_per_second(one, cfg, batches)
+                results["five_sources"] = examples_per_second(five, cfg, batches)
             all_rate_one = synthetic_manifest(paths, {s: 1.0 for s in BENCH_SURFACES})
-            results[f"length_{length}"] = examples_per_second(all_rate_one, cfg, args.batches)
-    print(f"loader, {args.workers} workers, batch {args.batch_size}, examples/s (median of 3):")
+            results[f"length_{length}"] = examples_per_second(all_rate_one, cfg, batches)
+    print(f"loader, {workers} workers, batch {batch_size}, examples/s (median of 3):")
     print(f"  1 source {results['one_source']:,.0f} | 5-source mix {results['five_sources']:,.0f} "
           f"| ratio {results['five_sources'] / results['one_source']:.2f}x (goal >= 0.95x)")
     print(f"  sequences L=256 {results['length_256']:,.0f} | L=1024 {results['length_1024']:,.0f} "
@@ -240,18 +241,24 @@ def main() -> None:
     ]
     if mixing is not None:
         figures += [
-            Figure("manifest_bytes", f"mixture manifest of {args.mix_ds}", mixing["manifest_bytes"], "B"),
+            Figure("manifest_bytes", f"mixture manifest of {mix_ds}", mixing["manifest_bytes"], "B"),
             Figure("materialized_copy_bytes", "a materialized copy of one pass's rows",
                    mixing["materialized_copy_bytes"], "B"),
             Figure("copy_over_manifest_bytes", "materialized copy / manifest, bytes",
                    round(mixing["materialized_copy_bytes"] / mixing["manifest_bytes"]), "x"),
         ]
     record("loader_throughput", "Loader and mixing costs: a mix against one source, long sequences, manifest bytes",
-           figures, notes=f"{args.workers} loader workers, batch {args.batch_size}, {args.examples:,} examples of "
-                          f"{args.users:,} users; median of 3 runs of {args.batches} batches."
+           figures, notes=f"{workers} loader workers, batch {batch_size}, {examples:,} examples of "
+                          f"{users:,} users; median of 3 runs of {batches} batches."
                           + ("" if mixing else " Mixing bytes skipped: no mixture manifest in the lakehouse."),
-           results_dir=args.results_dir)
+           results_dir=results_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    app = job_app("python -m bench.loader_throughput")
+    app.command(help=__doc__.splitlines()[0])(command_line)
+    return run_command(app, argv)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -6,16 +6,17 @@
 One run, side by side, on a synthetic lakehouse written without Spark (gem.precompute.synthetic_lakehouse:
 real Delta tables, the pipeline's default Kunlun width with random weights) of two days, everyone
 active on day 1 and `--changed` of the users on day 2, once per `--users` size:
-  1. day 1 (a refresh, every user active) with 1 single-threaded worker, then again with 2 (this
-     process and one more): users per second = users computed / wall seconds of the whole stage
-     (plan, model loads, the second worker's start, commits, stats included), and over the shards
-     alone (first claim to last done);
+  1. day 1 (a refresh, every user active) on a local Spark session with 1 task slot, then again
+     with 2 (local[1], local[2]; one single-threaded task per slot): users per second = users
+     computed / wall seconds of the whole stage (plan, Python workers' start and model loads,
+     commits, stats included; the session's own start excluded), and over the shard tasks alone
+     (first task started to last finished);
   2. day 2 incremental (only the changed users), then the same day as a full recompute
      (model_refresh_days 1): wall seconds of the stage (both compute the same predictions and
-     speculative pairs of day 2's active users) and worker seconds of the user embeddings.
-A small day cannot amortize what a larger one can: the second worker's interpreter start and
-imports (it overlaps the plan), up to a shard's worth of imbalance at the end, and each shard's
-fixed reads beside the embeddings of few changed users; hence one run per size.
+     speculative pairs of day 2's active users) and task seconds of the user embeddings.
+A small day cannot amortize what a larger one can: each Python worker's interpreter start, imports
+and model load, up to a shard's worth of imbalance at the end, and each shard's fixed reads beside
+the embeddings of few changed users; hence one run per size.
 Before those, the speculative-pair policy on the event generator's own traffic at the demo's volumes.
 On CUDA only: the precompute forward (predict: body + heads) in bf16 on synthetic full-length
 batches, FLOPs from gem.model.flops, against the roofline min(matmul peak, arithmetic intensity x
@@ -27,19 +28,21 @@ Published through bench.results: the CPU figures as `precompute`, the GPU ones a
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import pyarrow as pa
 import torch
+import typer
 
 from bench.gpu_train import matmul_peak_tflops, synthetic_inputs
-from bench.results import Figure, add_results_dir_arg, record
+from bench.results import RESULTS_DIR, Figure, ResultsDirOption, record
+from gem.command_line import run_function
 from gem.config import load_config
 from gem.data.encode import DENSE_COLUMNS
 from gem.data.loader import SPARSE_FEATURES
@@ -59,41 +62,61 @@ def lakehouse_config(root: Path, users: int, shards: int, **precompute: Any) -> 
     return load_config(overrides={
         "lakehouse_uri": str(root / "lakehouse"), "start_ds": START, "attribution_window_days": 0,
         "model": {"arch": "kunlun", "embeddings": {"buckets": buckets}},
-        "precompute": {"shards": shards, "lease_expiry_s": 30.0, **precompute}}, environ={})
+        "precompute": {"shards": shards, **precompute}}, environ={})
 
 
-def cpu_bench(args: argparse.Namespace) -> dict[str, float]:
+@dataclass(frozen=True)
+class World:
+    """The synthetic lakehouse of one CPU run: its users and ads, the share of users active (changed)
+    on day 2, the impressions per active user and day, and precompute's shards."""
+
+    users: int
+    changed: float
+    impressions: int
+    ads: int
+    shards: int
+
+
+def cpu_bench(world: World) -> dict[str, float]:
     # The lakehouse half imports deltalake, which the GPU image (`--gpu-only`) does not have.
     from gem.lakehouse.commit import StageContext  # noqa: PLC0415
+    from gem.lakehouse.spark import get_spark  # noqa: PLC0415
     from gem.precompute.run import run  # noqa: PLC0415
     from gem.precompute.synthetic_lakehouse import build_days, promote_model, publish_training_records  # noqa: PLC0415
 
     root = Path(tempfile.mkdtemp(prefix="gem-bench-precompute-"))
-    cfg = lakehouse_config(root, args.users, args.shards)
+    cfg = lakehouse_config(root, world.users, world.shards)
     t0 = time.time()
-    _, days = build_days(cfg, 2, users=args.users, ads=args.ads, active_share=args.changed,
-                         impressions_per_user=args.impressions)
+    _, days = build_days(cfg, 2, users=world.users, ads=world.ads, active_share=world.changed,
+                         impressions_per_user=world.impressions)
     promote_model(cfg, days[0])
     publish_training_records(cfg, days[1])
-    print(f"lakehouse of {args.users} users ({args.impressions} impressions each a day active), 2 days, in "
+    print(f"lakehouse of {world.users} users ({world.impressions} impressions each a day active), 2 days, in "
           f"{time.time() - t0:.1f}s at {root}")
     out: dict[str, float] = {}
     # Elastic scaling on day 1, where every user is active: embeddings, predictions and pairs of all.
-    scaling = {w: run(StageContext(cfg), days[0], workers=w) for w in (1, 2)}
+    scaling = {}
+    for w in (1, 2):
+        session_cfg = load_config(overrides={**cfg.to_dict(), "spark": {"master": f"local[{w}]"}}, environ={})
+        spark = get_spark(session_cfg, app_name=f"bench-precompute-{w}")
+        try:
+            scaling[w] = run(StageContext(session_cfg, spark), days[0])
+        finally:
+            spark.stop()  # the next size starts its own session with its own task slots
     for w, result in scaling.items():
         users = result.details["users_computed"]
         out[f"users_per_s_{w}w"] = users / result.seconds
         out[f"shard_users_per_s_{w}w"] = users / result.details["shards_window_s"]
-        print(f"day 1 (everyone active, a refresh), {w} worker(s): {users} users in {result.seconds:.1f}s = "
+        print(f"day 1 (everyone active, a refresh), {w} task slot(s): {users} users in {result.seconds:.1f}s = "
               f"{out[f'users_per_s_{w}w']:.0f} users/s for the stage; {out[f'shard_users_per_s_{w}w']:.0f} users/s "
-              f"from the first shard claimed to the last done ({result.details['shards_window_s']:.1f}s)")
+              f"from the first shard task started to the last finished ({result.details['shards_window_s']:.1f}s)")
     out["speedup_2w"] = out["users_per_s_2w"] / out["users_per_s_1w"]
     out["shard_speedup_2w"] = out["shard_users_per_s_2w"] / out["shard_users_per_s_1w"]
-    print(f"2 workers / 1 worker: {out['speedup_2w']:.2f}x for the stage, {out['shard_speedup_2w']:.2f}x over the "
+    print(f"2 task slots / 1: {out['speedup_2w']:.2f}x for the stage, {out['shard_speedup_2w']:.2f}x over the "
           f"shards (goal >= 1.7x)")
     # Day 2: incremental after day 1, then the same day as a full recompute.
-    incremental = run(StageContext(cfg), days[1], workers=1)
-    full = run(StageContext(lakehouse_config(root, args.users, args.shards, model_refresh_days=1)), days[1], workers=1)
+    incremental = run(StageContext(cfg), days[1])
+    full = run(StageContext(lakehouse_config(root, world.users, world.shards, model_refresh_days=1)), days[1])
     changed = incremental.details["users_computed"] / incremental.details["users_total"]
     out["changed_share"] = changed
     out["incremental_share"] = incremental.seconds / full.seconds
@@ -103,7 +126,7 @@ def cpu_bench(args: argparse.Namespace) -> dict[str, float]:
           f"{out['incremental_share']:.1%} of the full recompute's {full.seconds:.1f}s for the stage; the user "
           f"embeddings {inc['embeddings']:.2f}s = {out['incremental_embedding_share']:.1%} of {tot['embeddings']:.2f}s "
           f"(goal <= 15%)")
-    print("worker seconds by phase, incremental / full: " + ", ".join(
+    print("task seconds by phase, incremental / full: " + ", ".join(
         f"{p} {inc[p]:.2f} / {tot[p]:.2f}" for p in tot))
     print(f"speculative pairs of day 1 on day 2: hit rate {incremental.details['hit_rate']:.1%}, wasted "
           f"{incremental.details['wasted_share']:.1%}, model age {incremental.details['model_age_days']} d, "
@@ -208,63 +231,73 @@ def gpu_bench(batch: int, steps: int) -> dict[str, float] | None:
             "flop_per_byte": flops["total"] * batch / moved}
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--users", type=lambda v: [int(x) for x in v.split(",")], default=[6000, 30000],
-                        help="users of the synthetic lakehouse, comma-separated for one run per size")
-    parser.add_argument("--changed", type=float, default=0.1, help="share of users active (changed) on day 2")
-    parser.add_argument("--impressions", type=int, default=4, help="impressions per active user and day")
-    parser.add_argument("--ads", type=int, default=200)
-    parser.add_argument("--shards", type=int, default=8)
-    parser.add_argument("--gpu-batch", type=int, default=4096)
-    parser.add_argument("--gpu-steps", type=int, default=20)
-    parser.add_argument("--gpu-only", action="store_true")
-    parser.add_argument("--policy-only", action="store_true",
-                        help="only the pair policy on generator traffic (printed, not published)")
-    add_results_dir_arg(parser)
-    args = parser.parse_args(argv)
+def command_line(
+    users: Annotated[str, typer.Option(
+        help="users of the synthetic lakehouse, comma-separated for one run per size")] = "6000,30000",
+    changed: Annotated[float, typer.Option(help="share of users active (changed) on day 2")] = 0.1,
+    impressions: Annotated[int, typer.Option(help="impressions per active user and day")] = 4,
+    ads: Annotated[int, typer.Option()] = 200,
+    shards: Annotated[int, typer.Option()] = 8,
+    gpu_batch: Annotated[int, typer.Option()] = 4096,
+    gpu_steps: Annotated[int, typer.Option()] = 20,
+    gpu_only: Annotated[bool, typer.Option("--gpu-only")] = False,
+    policy_only: Annotated[bool, typer.Option(
+        "--policy-only", help="only the pair policy on generator traffic (printed, not published)")] = False,
+    results_dir: ResultsDirOption = RESULTS_DIR,
+) -> dict[str, Any]:
+    try:
+        sizes = [int(x) for x in users.split(",")]
+    except ValueError:
+        raise typer.BadParameter(f"{users!r} is not comma-separated numbers", param_hint="--users") from None
     results: dict[str, Any] = {}
-    if not args.gpu_only:
+    if not gpu_only:
         demo = load_config(Path(__file__).resolve().parent.parent / "configs" / "demo.yaml", environ={})
         defaults = demo.precompute
         results["policy"] = policy_on_generator_traffic(demo.generator.users, demo.generator.ads,
                                                         demo.generator.events_per_day, 3, defaults.recent_ads,
                                                         defaults.popular_ads)
-    if not (args.gpu_only or args.policy_only):
-        # Per size: the fixed costs (a helper's interpreter start and imports, each shard's reads)
+    worlds = [World(size, changed, impressions, ads, shards) for size in sizes]
+    if not (gpu_only or policy_only):
+        # Per size: the fixed costs (Python workers' start, imports and model loads, each shard's reads)
         # weigh on a small day and fade on a larger one.
-        results["cpu"] = {users: cpu_bench(argparse.Namespace(**{**vars(args), "users": users}))
-                          for users in args.users}
-        if len(args.users) > 1:
+        results["cpu"] = {world.users: cpu_bench(world) for world in worlds}
+        if len(sizes) > 1:
             print("by size: " + "; ".join(
-                f"{users} users: 2 workers {r['speedup_2w']:.2f}x (shards {r['shard_speedup_2w']:.2f}x), "
+                f"{size} users: 2 task slots {r['speedup_2w']:.2f}x (shards {r['shard_speedup_2w']:.2f}x), "
                 f"10%-changed embeddings {r['incremental_embedding_share']:.1%} of full"
-                for users, r in results["cpu"].items()))
-    results["gpu"] = None if args.policy_only else gpu_bench(args.gpu_batch, args.gpu_steps)
+                for size, r in results["cpu"].items()))
+    results["gpu"] = None if policy_only else gpu_bench(gpu_batch, gpu_steps)
     if results.get("cpu"):
-        publish_cpu(results["cpu"], results["policy"], args)
+        publish_cpu(results["cpu"], results["policy"], worlds[0], results_dir)
     if results["gpu"] is not None:
-        publish_gpu(results["gpu"], args)
+        publish_gpu(results["gpu"], gpu_batch, gpu_steps, results_dir)
     return results
 
 
-def publish_cpu(by_size: dict[int, dict[str, float]], policy: dict[str, float], args: argparse.Namespace) -> None:
-    """The CPU figures of every size, and the policy's, as the `precompute` result."""
+def main(argv: list[str] | None = None) -> dict[str, Any] | None:
+    """The policy's, the CPU runs' and the GPU's figures (None after --help)."""
+    return run_function(command_line, argv, prog="python -m bench.precompute", help=__doc__.splitlines()[0])
+
+
+def publish_cpu(by_size: dict[int, dict[str, float]], policy: dict[str, float], world: World,
+                results_dir: Path) -> None:
+    """The CPU figures of every size (`world`: any size's, for what the sizes share), and the
+    policy's, as the `precompute` result."""
     figures = []
     for users, r in by_size.items():
         key, who = f"users{users}", f"{users:,} users"
         figures += [
-            Figure(f"{key}_users_per_s_1w", f"{who}, day 1 (a refresh), 1 worker: whole stage",
+            Figure(f"{key}_users_per_s_1w", f"{who}, day 1 (a refresh), local[1]: whole stage",
                    round(r["users_per_s_1w"]), "users/s"),
-            Figure(f"{key}_users_per_s_2w", f"{who}, day 1 (a refresh), 2 workers: whole stage",
+            Figure(f"{key}_users_per_s_2w", f"{who}, day 1 (a refresh), local[2]: whole stage",
                    round(r["users_per_s_2w"]), "users/s"),
-            Figure(f"{key}_speedup_2w", f"{who}: 2 workers / 1, whole stage", round(r["speedup_2w"], 2), "x"),
-            Figure(f"{key}_shard_speedup_2w", f"{who}: 2 workers / 1, first shard claimed to last done",
+            Figure(f"{key}_speedup_2w", f"{who}: local[2] / local[1], whole stage", round(r["speedup_2w"], 2), "x"),
+            Figure(f"{key}_shard_speedup_2w", f"{who}: local[2] / local[1], first shard task started to last finished",
                    round(r["shard_speedup_2w"], 2), "x"),
             Figure(f"{key}_incremental_share", f"{who}: day 2 incremental ({r['changed_share']:.0%} of users "
                    "changed) / full recompute, whole stage", round(100 * r["incremental_share"], 1), "%"),
             Figure(f"{key}_incremental_embedding_share", f"{who}: day 2 incremental / full recompute, "
-                   "user-embedding worker seconds", round(100 * r["incremental_embedding_share"], 1), "%"),
+                   "user-embedding task seconds", round(100 * r["incremental_embedding_share"], 1), "%"),
         ]
     figures += [
         Figure("policy_hit_rate", "speculative pairs on generator traffic: hit rate",
@@ -274,12 +307,12 @@ def publish_cpu(by_size: dict[int, dict[str, float]], policy: dict[str, float], 
         Figure("policy_pairs_per_active_user", "speculative pairs per active user",
                round(policy["pairs_per_active_user"], 1)),
     ]
-    record("precompute", "Precompute on the CPU: 2 workers against 1, an incremental day against a full recompute",
-           figures, notes=f"{args.impressions} impressions per active user and day, {args.ads} ads, "
-                          f"{args.shards} shards; single-threaded torch workers.", results_dir=args.results_dir)
+    record("precompute", "Precompute on the CPU: 2 Spark task slots against 1, an incremental day against a full recompute",
+           figures, notes=f"{world.impressions} impressions per active user and day, {world.ads} ads, "
+                          f"{world.shards} shards; one single-threaded torch task per Spark task slot.", results_dir=results_dir)
 
 
-def publish_gpu(gpu: dict[str, float], args: argparse.Namespace) -> None:
+def publish_gpu(gpu: dict[str, float], batch: int, steps: int, results_dir: Path) -> None:
     """The forward's figures on CUDA as the `precompute_roofline` result."""
     record("precompute_roofline", "Precompute forward on a GPU (bf16) against its roofline", [
         Figure("examples_per_s", "forward, bf16", round(gpu["examples_per_s"]), "examples/s"),
@@ -290,7 +323,7 @@ def publish_gpu(gpu: dict[str, float], args: argparse.Namespace) -> None:
         Figure("matmul_peak_tflops", "matmul peak, timed in the same run (8192^3 bf16)",
                round(gpu["matmul_peak_tflops"]), "TFLOP/s"),
         Figure("copy_tb_per_s", "copy bandwidth, timed in the same run", round(gpu["copy_tb_per_s"], 2), "TB/s"),
-    ], notes=f"the demo's model, batch {args.gpu_batch}, {args.gpu_steps} steps.", results_dir=args.results_dir)
+    ], notes=f"the demo's model, batch {batch}, {steps} steps.", results_dir=results_dir)
 
 
 if __name__ == "__main__":

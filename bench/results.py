@@ -15,7 +15,6 @@ that page instead of typing figures by hand.
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import json
 import os
@@ -24,6 +23,9 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Annotated
+
+import typer
 
 from gem.environment import CODE_VERSION_ENV
 
@@ -122,11 +124,10 @@ def result_path(name: str, results_dir: Path = RESULTS_DIR) -> Path:
     return results_dir / f"{name}.json"
 
 
-def add_results_dir_arg(parser: argparse.ArgumentParser) -> None:
-    """A benchmark's --results-dir: where `record` writes its JSON (default docs/benchmarks/; another
-    folder keeps a trial run's figures out of the published ones)."""
-    parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR,
-                        help="folder for the result's JSON (default: docs/benchmarks)")
+# A benchmark's --results-dir: where `record` writes its JSON (default docs/benchmarks/; another
+# folder keeps a trial run's figures out of the published ones). `results_dir: ResultsDirOption = RESULTS_DIR`.
+ResultsDirOption = Annotated[Path, typer.Option(
+    "--results-dir", help="folder for the result's JSON (default: docs/benchmarks)", show_default=False)]
 
 
 def record(

@@ -13,15 +13,17 @@ test: nothing here gates CI.
 
 from __future__ import annotations
 
-import argparse
+import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+import typer
 from pyspark.sql import functions as F
 
-from bench.results import Figure, add_results_dir_arg, record
+from bench.results import RESULTS_DIR, Figure, ResultsDirOption, record
 from bench.silver_incremental import START, bench_config
+from gem.command_line import job_app, run_command
 from gem.days import shift_day
 from gem.lakehouse import tables
 from gem.lakehouse.spark import get_spark
@@ -36,16 +38,15 @@ def _noop(df: Any) -> float:
     return time.perf_counter() - t0
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--root", default="/tmp/gem-bench-silver")
-    parser.add_argument("--days", type=int, default=30)
-    parser.add_argument("--master", default="local[2]")
-    add_results_dir_arg(parser)
-    args = parser.parse_args()
-    cfg = bench_config(Path(args.root), args.master)
+def command_line(
+    root: Annotated[Path, typer.Option()] = Path("/tmp/gem-bench-silver"),
+    days: Annotated[int, typer.Option()] = 30,
+    master: Annotated[str, typer.Option()] = "local[2]",
+    results_dir: ResultsDirOption = RESULTS_DIR,
+) -> None:
+    cfg = bench_config(root, master)
     spark = get_spark(cfg, app_name="bench-sequence-lookup")
-    ds = shift_day(START, args.days - 1)
+    ds = shift_day(START, days - 1)
     day = F.lit(ds).cast("date")
     sequences = tables.read_table(spark, cfg, SILVER_USER_SEQUENCES)
     users = tables.read_table(spark, cfg, BRONZE_AD_EVENTS).where(F.col("ds") == day).select("user_id").distinct()
@@ -66,9 +67,15 @@ def main() -> None:
         Figure("every_row_wide_s", "wide columns of every history row", round(every_s, 1), "s"),
         Figure("every_row_over_lookup", "every history row's wide columns / the job's lookup",
                round(every_s / rows_s, 2), "x"),
-    ], notes=f"day {args.days} of the lakehouse bench.silver_incremental left in {args.root}: {history_rows:,} "
-             f"history rows, {active_users:,} active users.", results_dir=args.results_dir)
+    ], notes=f"day {days} of the lakehouse bench.silver_incremental left in {root}: {history_rows:,} "
+             f"history rows, {active_users:,} active users.", results_dir=results_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    app = job_app("python -m bench.sequence_lookup")
+    app.command(help=__doc__.splitlines()[0])(command_line)
+    return run_command(app, argv)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -29,18 +29,21 @@ run's). Not a test: nothing here gates CI.
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import json
 import shutil
+import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import duckdb
+import typer
 from pyspark.sql import functions as F
 
-from bench.results import Figure, add_results_dir_arg, record
+from bench.results import RESULTS_DIR, Figure, ResultsDirOption, record
+from gem.command_line import job_app, run_command
 from gem.config import GemConfig, load_config
 from gem.data.delta_log import logged_files, table_version
 from gem.days import day_range, shift_day
@@ -241,55 +244,69 @@ def _timed(fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, float]:
     return out, time.perf_counter() - t0
 
 
-def duckdb_only(args: argparse.Namespace) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Setup:
+    """One run's world and machine: bronze's volume, the folder it writes under, the Spark master and
+    DuckDB's threads, and whether DuckDB's full sequences recompute is skipped."""
+
+    events_per_day: int
+    days: int
+    users: int
+    root: Path
+    master: str
+    threads: int
+    skip_duckdb_sequences: bool
+
+
+def duckdb_only(setup: Setup) -> dict[str, Any]:
     """--duckdb-only: the DuckDB half over the bronze files and Spark outputs an earlier run of this
     benchmark left in --root (its Spark figures are in that run's output); the outputs are checked
     against Spark's tables before any figure is printed."""
-    root = Path(args.root)
-    cfg = bench_config(root, args.master)
-    last = shift_day(START, args.days - 1)
+    root = setup.root
+    cfg = bench_config(root, setup.master)
+    last = shift_day(START, setup.days - 1)
     spark = get_spark(cfg, app_name="bench-silver-check")
     full_totals = _sequence_totals(spark.read.format("delta").load(str(root / "full_sequences")))
     spark_features = _feature_totals_of_day(spark, cfg, last)
     spark.stop()
-    return {"days": args.days, "users_total": full_totals["rows"],
-            **_duckdb_half(args, cfg, last, full_totals, spark_features)}
+    return {"days": setup.days, "users_total": full_totals["rows"],
+            **_duckdb_half(setup, cfg, last, full_totals, spark_features)}
 
 
-def _duckdb_half(args: argparse.Namespace, cfg: GemConfig, last: str, full_totals: dict[str, int],
+def _duckdb_half(setup: Setup, cfg: GemConfig, last: str, full_totals: dict[str, int],
                  spark_features: dict[str, int]) -> dict[str, Any]:
     """DuckDB's full sequences and features of day N, checked against Spark's totals, timed."""
-    root = Path(args.root)
+    root = setup.root
     out: dict[str, Any] = {"duckdb_memory_limit": DUCKDB_MEMORY["limit"]}
-    if args.skip_duckdb_sequences:
+    if setup.skip_duckdb_sequences:
         out["duckdb_sequences_full_s"] = None
         out["duckdb_sequences_full_error"] = "not run (--skip-duckdb-sequences)"
     else:
         try:
             duck_seq, duck_seq_s = _timed(duck_full_sequences, cfg, last, str(root / "duck_sequences.parquet"),
-                                          args.threads)
+                                          setup.threads)
             assert duck_seq == full_totals, (duck_seq, full_totals)
             out |= {"duckdb_sequences_full_s": duck_seq_s,
-                    "duckdb_full_sequences_events_per_s": args.events_per_day * args.days / duck_seq_s}
+                    "duckdb_full_sequences_events_per_s": setup.events_per_day * setup.days / duck_seq_s}
         except duckdb.OutOfMemoryException as e:
             # Its ordered list() aggregation cannot spill: running out of memory is an outcome, reported.
             out["duckdb_sequences_full_s"] = None
             out["duckdb_sequences_full_error"] = f"out of memory at memory_limit={DUCKDB_MEMORY['limit']}: {e}"[:300]
             print(out["duckdb_sequences_full_error"], flush=True)
-    duck_feat, duck_feat_s = _timed(duck_features, cfg, last, str(root / "duck_features.parquet"), args.threads)
+    duck_feat, duck_feat_s = _timed(duck_features, cfg, last, str(root / "duck_features.parquet"), setup.threads)
     assert duck_feat == spark_features, (duck_feat, spark_features)
-    feature_events = args.events_per_day * min(args.days - 1, max(WINDOW_DAYS))
+    feature_events = setup.events_per_day * min(setup.days - 1, max(WINDOW_DAYS))
     return out | {"duckdb_features_s": duck_feat_s, "duckdb_features_events_per_s": feature_events / duck_feat_s}
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    root = Path(args.root)
+def run(setup: Setup) -> dict[str, Any]:
+    root = setup.root
     shutil.rmtree(root, ignore_errors=True)
-    cfg = bench_config(root, args.master)
+    cfg = bench_config(root, setup.master)
     spark = get_spark(cfg, app_name="bench-silver")
-    days = day_range(START, shift_day(START, args.days - 1))
+    days = day_range(START, shift_day(START, setup.days - 1))
     last = days[-1]
-    n_events, synth_s = _timed(synth_bronze, spark, cfg, days, args.events_per_day, args.users)
+    n_events, synth_s = _timed(synth_bronze, spark, cfg, days, setup.events_per_day, setup.users)
     print(f"synthesized {n_events:,} bronze events over {len(days)} days in {synth_s:.0f}s", flush=True)
 
     chain_s, compaction_s = [], []
@@ -333,7 +350,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     assert not feats_full.details["incremental"] and spark_features == inc_features, (spark_features, inc_features)
     spark.stop()  # DuckDB gets the machine to itself
     spark_result = {
-        "events_per_day": args.events_per_day, "days": args.days, "users": args.users, "bronze_events": n_events,
+        "events_per_day": setup.events_per_day, "days": setup.days, "users": setup.users, "bronze_events": n_events,
         "active_users_day_n": seq_inc.details["users"], "users_total": full_totals["rows"],
         "spark_sequences_chain_mean_s": sum(chain_s) / len(chain_s) if chain_s else None,
         "spark_sequences_chain_s": chain_s,
@@ -347,42 +364,50 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "incremental_amortized_over_full_sequences": seq_amortized_s / seq_full_s,
         "incremental_over_full_sequences_plus_features": (seq_amortized_s + feat_s) / (seq_full_s + feat_full_s),
         "spark_full_sequences_events_per_s": n_events / seq_full_s,
-        "spark_features_events_per_s": args.events_per_day * min(args.days - 1, max(WINDOW_DAYS)) / feat_full_s,
+        "spark_features_events_per_s": setup.events_per_day * min(setup.days - 1, max(WINDOW_DAYS)) / feat_full_s,
     }
     print(json.dumps(spark_result), flush=True)  # kept even if the DuckDB half fails
-    result = {**spark_result, **_duckdb_half(args, cfg, last, full_totals, spark_features)}
+    result = {**spark_result, **_duckdb_half(setup, cfg, last, full_totals, spark_features)}
     if result["duckdb_sequences_full_s"] is not None:
         result["spark_over_duckdb_speed_sequences"] = result["duckdb_sequences_full_s"] / seq_full_s
     result["spark_over_duckdb_speed_features"] = result["duckdb_features_s"] / feat_full_s
     return result
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events-per-day", type=int, default=2_000_000)
-    parser.add_argument("--days", type=int, default=30)
-    parser.add_argument("--users", type=int, default=1_000_000)
-    parser.add_argument("--root", default="/tmp/gem-bench-silver")
-    parser.add_argument("--master", default="local[2]")
-    parser.add_argument("--threads", type=int, default=2, help="DuckDB threads (match the Spark cores)")
-    parser.add_argument("--json", default="", help="also write the result to this file")
-    parser.add_argument("--duckdb-memory", default="8GB", help="DuckDB memory_limit (Spark is stopped by then)")
-    parser.add_argument("--skip-duckdb-sequences", action="store_true",
-                        help="skip DuckDB's full sequences recompute (its ordered aggregation cannot spill)")
-    parser.add_argument("--duckdb-only", action="store_true",
-                        help="only the DuckDB half, over what an earlier run left in --root (printed, not published)")
-    add_results_dir_arg(parser)
-    args = parser.parse_args()
-    DUCKDB_MEMORY["limit"] = args.duckdb_memory
-    result = duckdb_only(args) if args.duckdb_only else run(args)
+def command_line(
+    events_per_day: Annotated[int, typer.Option()] = 2_000_000,
+    days: Annotated[int, typer.Option()] = 30,
+    users: Annotated[int, typer.Option()] = 1_000_000,
+    root: Annotated[Path, typer.Option()] = Path("/tmp/gem-bench-silver"),
+    master: Annotated[str, typer.Option()] = "local[2]",
+    threads: Annotated[int, typer.Option(help="DuckDB threads (match the Spark cores)")] = 2,
+    json_file: Annotated[Path | None, typer.Option("--json", help="also write the result to this file")] = None,
+    duckdb_memory: Annotated[str, typer.Option(help="DuckDB memory_limit (Spark is stopped by then)")] = "8GB",
+    skip_duckdb_sequences: Annotated[bool, typer.Option(
+        "--skip-duckdb-sequences", help="skip DuckDB's full sequences recompute (its ordered aggregation cannot spill)")
+    ] = False,
+    only_duckdb: Annotated[bool, typer.Option(
+        "--duckdb-only", help="only the DuckDB half, over what an earlier run left in --root (printed, not published)")
+    ] = False,
+    results_dir: ResultsDirOption = RESULTS_DIR,
+) -> None:
+    setup = Setup(events_per_day, days, users, root, master, threads, skip_duckdb_sequences)
+    DUCKDB_MEMORY["limit"] = duckdb_memory
+    result = duckdb_only(setup) if only_duckdb else run(setup)
     print(json.dumps(result, indent=2))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2))
-    if not args.duckdb_only:
-        publish(result, args)
+    if json_file is not None:
+        json_file.write_text(json.dumps(result, indent=2))
+    if not only_duckdb:
+        publish(result, setup, results_dir)
 
 
-def publish(r: dict[str, Any], args: argparse.Namespace) -> None:
+def main(argv: list[str] | None = None) -> int:
+    app = job_app("python -m bench.silver_incremental")
+    app.command(help=__doc__.splitlines()[0])(command_line)
+    return run_command(app, argv)
+
+
+def publish(r: dict[str, Any], setup: Setup, results_dir: Path) -> None:
     """The headline seconds and ratios of a full run as the `silver_incremental` result."""
     def seconds(key: str, label: str) -> Figure:
         return Figure(key, label, round(r[key], 1), "s")
@@ -411,7 +436,7 @@ def publish(r: dict[str, Any], args: argparse.Namespace) -> None:
                           "full sequences: DuckDB seconds / Spark seconds (Spark's speed-up)")]
     record("silver_incremental", "Silver build: the incremental day N against a full recompute, Spark against DuckDB",
            figures, notes=f"{r['events_per_day']:,} events a day for {r['days']} days, {r['users']:,} users; Spark "
-                          f"master {args.master}; DuckDB with {args.threads} threads and memory_limit "
+                          f"master {setup.master}; DuckDB with {setup.threads} threads and memory_limit "
                           f"{r['duckdb_memory_limit']}."
                           + (f" DuckDB's full sequences: {r['duckdb_sequences_full_error']}"
                              if r.get("duckdb_sequences_full_error") else ""),
@@ -419,8 +444,8 @@ def publish(r: dict[str, Any], args: argparse.Namespace) -> None:
                   "spark_sequences_compaction_s": [round(x, 1) for x in r["spark_sequences_compaction_s"]],
                   "sequence_compaction_days": r["sequence_compaction_days"],
                   "active_users_day_n": r["active_users_day_n"]},
-           results_dir=args.results_dir)
+           results_dir=results_dir)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

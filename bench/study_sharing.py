@@ -16,19 +16,21 @@ its ratio to one process alone. On CUDA in bf16, published through bench.results
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import multiprocessing
 import os
 import time
 from pathlib import Path
+from typing import Annotated, Literal
 
 # NVML answers whether there is a GPU: the parent must not initialize CUDA before it forks.
 os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 
 import torch
+import typer
 
-from bench.results import Figure, add_results_dir_arg, record
+from bench.results import RESULTS_DIR, Figure, ResultsDirOption, record
+from gem.command_line import run_function
 from gem.study.presets import PRESETS
 from gem.study.runner import run
 from gem.study.study import Study
@@ -52,37 +54,41 @@ def measure(cfg, batches, processes: int, device: torch.device) -> float:
     return processes * sum(b.size for b in batches) / max(seconds)
 
 
-def main(argv: list[str] | None = None) -> dict[str, dict[int, float]]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", default="kunlun@2,interformer@2,dlrm@2")
-    parser.add_argument("--processes", default="1,4,8")
-    parser.add_argument("--batch", type=int, default=None, help="default: the gpu preset's")
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    add_results_dir_arg(parser)
-    args = parser.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
+def command_line(
+    jobs: Annotated[str, typer.Option()] = "kunlun@2,interformer@2,dlrm@2",
+    processes: Annotated[str, typer.Option()] = "1,4,8",
+    batch: Annotated[int | None, typer.Option(help="default: the gpu preset's")] = None,
+    steps: Annotated[int, typer.Option()] = 20,
+    device: Annotated[Literal["cuda", "cpu"], typer.Option()] = "cuda",
+    results_dir: ResultsDirOption = RESULTS_DIR,
+) -> dict[str, dict[int, float]]:
+    if device == "cuda" and not torch.cuda.is_available():
         print("no CUDA: nothing to measure")
         return {}
     gpu = PRESETS["gpu"]
-    preset = dataclasses.replace(gpu, batch_size=args.batch or gpu.batch_size, device=args.device,
+    preset = dataclasses.replace(gpu, batch_size=batch or gpu.batch_size, device=device,
                                  traffic=dataclasses.replace(gpu.traffic, impressions_per_day=60_000))
     study = Study(preset, log=lambda _: None)
-    jobs, _, _ = study.plan()
-    batches = study.data("train", study.tasks)[: args.steps]
-    counts = [int(p) for p in args.processes.split(",")]
+    planned, _, _ = study.plan()
+    batches = study.data("train", study.tasks)[:steps]
+    counts = [int(p) for p in processes.split(",")]
     print(f"batch {preset.batch_size}, {len(batches)} steps per process; examples/s of all processes together")
     results: dict[str, dict[int, float]] = {}
-    for name in args.jobs.split(","):
-        job = jobs[name]
+    for name in jobs.split(","):
+        job = planned[name]
         started = time.perf_counter()
         results[name] = {p: measure(job.config, batches, p, study.device) for p in counts}
         alone = results[name][counts[0]]
         cells = "  ".join(f"{p} proc {r:>9,.0f} ({r / alone:.2f}x)" for p, r in results[name].items())
         print(f"{name:<16} {job.flops / 1e6:>6.1f} MFLOP/ex  {cells}  [{time.perf_counter() - started:.0f} s]", flush=True)
-    if args.device == "cuda":
-        publish(results, preset.batch_size, len(batches), args.results_dir)
+    if device == "cuda":
+        publish(results, preset.batch_size, len(batches), results_dir)
     return results
+
+
+def main(argv: list[str] | None = None) -> dict[str, dict[int, float]] | None:
+    """Each job's examples/s per process count (None after --help)."""
+    return run_function(command_line, argv, prog="python -m bench.study_sharing", help=__doc__.splitlines()[0])
 
 
 def publish(results: dict[str, dict[int, float]], batch: int, steps: int, results_dir: Path) -> None:

@@ -32,7 +32,6 @@ FLOPs for the jagged layout). The figures are published through bench.results (t
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -41,9 +40,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
+import typer
 
 REPO = Path(__file__).resolve().parents[1]
 LOADER_LENGTHS = {"impression": 256, "click": 128, "conversion": 32}  # LoaderConfig defaults (the demo's)
@@ -229,52 +231,73 @@ def run_arm(tree: Path, batches: Path, steps: int, warmup: int, checkpoint_every
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--baseline", default="af6e102", help="the commit whose code the new arms are compared with")
-    p.add_argument("--baseline-tree", type=Path, default=None, help="an existing checkout of it (else a worktree)")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--steps", type=int, default=None, help="timed steps (default: the demo's train.steps)")
-    p.add_argument("--checkpoint-every", type=int, default=None,
-                   help="steps between checkpoints (default: the demo's train.checkpoint_every)")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--world", choices=sorted(WORLDS), default="demo",
-                   help="whose examples: this tree's generator at the demo's volumes, or the baseline's world")
-    p.add_argument("--make-examples", type=Path, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--cpu-bf16", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)
-    # Not bench.results.add_results_dir_arg: the workers run this file in the baseline tree, whose
+@dataclass(frozen=True)
+class Plan:
+    """What a run compares: the baseline commit, whose examples (the world), and how the arms train:
+    rounds, timed steps, steps between checkpoints, warm-up steps."""
+
+    baseline: str
+    world: str
+    rounds: int
+    steps: int
+    checkpoint_every: int
+    warmup: int
+
+
+def command_line(
+    baseline: Annotated[str, typer.Option(help="the commit whose code the new arms are compared with")] = "af6e102",
+    baseline_tree: Annotated[Path | None, typer.Option(help="an existing checkout of it (else a worktree)")] = None,
+    rounds: Annotated[int, typer.Option()] = 3,
+    steps: Annotated[int | None, typer.Option(help="timed steps (default: the demo's train.steps)")] = None,
+    checkpoint_every: Annotated[int | None, typer.Option(
+        help="steps between checkpoints (default: the demo's train.checkpoint_every)")] = None,
+    warmup: Annotated[int, typer.Option()] = 2,
+    worker_batches: Annotated[Path | None, typer.Option("--worker", hidden=True)] = None,
+    world: Annotated[str, typer.Option(
+        help=f"whose examples ({', '.join(sorted(WORLDS))}): this tree's generator at the demo's volumes, "
+             "or the baseline's world")] = "demo",
+    make_examples_to: Annotated[Path | None, typer.Option("--make-examples", hidden=True)] = None,
+    cpu_bf16: Annotated[bool, typer.Option("--cpu-bf16", hidden=True)] = False,
+    compile_body: Annotated[bool, typer.Option("--compile", hidden=True)] = False,
+    # Not bench.results.ResultsDirOption: the workers run this file in the baseline tree, whose
     # bench package may not have that module; only the summary (this tree) imports it.
-    p.add_argument("--results-dir", type=Path, default=None,
-                   help="folder for the result's JSON (default: docs/benchmarks)")
-    a = p.parse_args()
-    if a.make_examples:
-        make_examples(a.make_examples, a.world)
+    results_dir: Annotated[Path | None, typer.Option(
+        help="folder for the result's JSON (default: docs/benchmarks)")] = None,
+) -> None:
+    """CPU training throughput at the demo size: a baseline commit's code against this tree's, side by side."""
+    if world not in WORLDS:
+        raise typer.BadParameter(f"one of {', '.join(sorted(WORLDS))}", param_hint="--world")
+    if make_examples_to:
+        make_examples(make_examples_to, world)
         return
-    if a.steps is None or a.checkpoint_every is None:  # resolved here: a worker may run under the baseline's gem
+    if steps is None or checkpoint_every is None:  # resolved here: a worker may run under the baseline's gem
         demo = _demo_train_config()
-        a.steps = demo.steps if a.steps is None else a.steps
-        a.checkpoint_every = demo.checkpoint_every if a.checkpoint_every is None else a.checkpoint_every
-    if a.worker:
-        print(json.dumps(worker(a.worker, a.steps, a.warmup, a.checkpoint_every, a.cpu_bf16, a.compile)))
+        steps = demo.steps if steps is None else steps
+        checkpoint_every = demo.checkpoint_every if checkpoint_every is None else checkpoint_every
+    if worker_batches:
+        print(json.dumps(worker(worker_batches, steps, warmup, checkpoint_every, cpu_bf16, compile_body)))
         return
+    compare(Plan(baseline, world, rounds, steps, checkpoint_every, warmup), baseline_tree, results_dir)
+
+
+def compare(plan: Plan, baseline_tree: Path | None, results_dir: Path | None) -> None:
+    """The arms side by side, plan.rounds times, in subprocesses; the summary printed and published."""
     work = Path(tempfile.mkdtemp(prefix="gem-train-bench-"))
-    tree = a.baseline_tree
+    tree = baseline_tree
     if tree is None:
         tree = work / "baseline"
-        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), a.baseline], check=True,
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), plan.baseline], check=True,
                        capture_output=True)
     try:
-        if a.world == "baseline" and not (tree / "gem" / "study" / "traffic.py").is_file():
+        if plan.world == "baseline" and not (tree / "gem" / "study" / "traffic.py").is_file():
             raise SystemExit(f"--world baseline makes examples with the baseline tree's gem.study.traffic, "
-                             f"which {a.baseline} does not have: use --world demo or a later --baseline")
+                             f"which {plan.baseline} does not have: use --world demo or a later --baseline")
         examples = work / "examples.npz"
-        generator = REPO if a.world == "demo" else tree  # both arms read the same rows either way
+        generator = REPO if plan.world == "demo" else tree  # both arms read the same rows either way
         subprocess.run([sys.executable, str(Path(__file__).resolve()), "--make-examples", str(examples),
-                        "--world", a.world], cwd=generator, env={**os.environ, "PYTHONPATH": str(generator)},
+                        "--world", plan.world], cwd=generator, env={**os.environ, "PYTHONPATH": str(generator)},
                        check=True)
-        count = a.warmup + a.steps + 1
+        count = plan.warmup + plan.steps + 1
         stream, grouped = work / "stream.pt", work / "sorted.pt"
         compose(examples, stream, False, 512, count)
         compose(examples, grouped, True, 512, count)
@@ -284,21 +307,21 @@ def main() -> None:
                 "new, bf16 autocast": (REPO, grouped, True, False),
                 "new, torch.compile": (REPO, grouped, False, True)}
         results: dict[str, list[dict[str, object]]] = {k: [] for k in arms}
-        for r in range(a.rounds):
+        for r in range(plan.rounds):
             for name, (root, batches, cpu_bf16, compile_body) in arms.items():
                 # The compiled arm warms up on every batch once: inductor compiles again when a batch's
                 # token counts cross a size its kernels were specialized at (a reduction over more than
                 # 4,096 rows takes another accumulator). It then measures as many steps on the same
                 # batches again (a checkpoint every checkpoint_every steps still); the worker reports
                 # any graph compiled while it was timed.
-                warmup = count if compile_body else a.warmup
-                results[name].append(run_arm(root, batches, a.steps, warmup, a.checkpoint_every, cpu_bf16,
+                warmup = count if compile_body else plan.warmup
+                results[name].append(run_arm(root, batches, plan.steps, warmup, plan.checkpoint_every, cpu_bf16,
                                              compile_body, work / "inductor-cache"))
                 print(f"round {r + 1} {name}: {results[name][-1]}", flush=True)
         medians = {k: statistics.median(x["examples_per_s"] for x in v) for k, v in results.items()}
         print(f"\nCPU training at the demo size (batch 512, {results['new'][0]['threads']} threads), "
-              f"median over {a.rounds} rounds of the mean of {a.steps} steps, a checkpoint every "
-              f"{a.checkpoint_every}:")
+              f"median over {plan.rounds} rounds of the mean of {plan.steps} steps, a checkpoint every "
+              f"{plan.checkpoint_every}:")
         for name, value in medians.items():
             print(f"  {name:32s} {value:8.0f} examples/s   padding {results[name][0]['padding']}")
         print(f"  speed-up new / baseline: {medians['new'] / medians['baseline']:.2f}x "
@@ -320,9 +343,9 @@ def main() -> None:
             even = f"{c['warmup_excess_s'] / saved:.0f} steps" if saved > 0 else "never"
             print(f"  round {r}: compiling took {c['warmup_excess_s']:.0f} s "
                   f"({'cold' if r == 1 else 'warm'} inductor cache), paid back after {even}")
-        publish(results, a)
+        publish(results, plan, results_dir)
     finally:
-        if a.baseline_tree is None:
+        if baseline_tree is None:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], check=False)
         shutil.rmtree(work, ignore_errors=True)  # the examples and batches: about 0.6 GB
 
@@ -331,7 +354,7 @@ ARM_KEYS = {"baseline": "baseline", "new": "new", "new code, stream-order batche
             "new, bf16 autocast": "new_bf16", "new, torch.compile": "new_compile"}
 
 
-def publish(results: dict[str, list[dict[str, object]]], a: argparse.Namespace) -> None:
+def publish(results: dict[str, list[dict[str, object]]], plan: Plan, results_dir: Path | None) -> None:
     """Each arm's median examples/s, the ratios to the baseline (of the medians and within rounds) and
     the compile seconds, as the `train_throughput` result."""
     from bench.results import RESULTS_DIR, Figure, record
@@ -359,13 +382,13 @@ def publish(results: dict[str, list[dict[str, object]]], a: argparse.Namespace) 
         figures.append(Figure("compile_warm_s", "torch.compile, compiling from a warm inductor cache (median)",
                               statistics.median(c["warmup_excess_s"] for c in compiled[1:]), "s"))
     record("train_throughput", "CPU training at the demo size: a baseline commit against this tree, side by side",
-           figures, notes=f"baseline {a.baseline}; {a.rounds} rounds of {a.steps} steps, a checkpoint every "
-                          f"{a.checkpoint_every}; batch 512, {results['new'][0]['threads']} threads; "
-                          f"examples from the {a.world} world.",
-           extra={"baseline": a.baseline,
+           figures, notes=f"baseline {plan.baseline}; {plan.rounds} rounds of {plan.steps} steps, a checkpoint every "
+                          f"{plan.checkpoint_every}; batch 512, {results['new'][0]['threads']} threads; "
+                          f"examples from the {plan.world} world.",
+           extra={"baseline": plan.baseline,
                   "padding": {key: results[arm][0]["padding"] for arm, key in ARM_KEYS.items()}},
-           results_dir=a.results_dir or RESULTS_DIR)
+           results_dir=results_dir or RESULTS_DIR)
 
 
 if __name__ == "__main__":
-    main()
+    typer.run(command_line)

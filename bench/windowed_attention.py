@@ -10,13 +10,15 @@ gem.model.ops.gdpa.BAND_MIN_WINDOWS windows on.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import time
+from typing import Annotated
 
 import torch
+import typer
 
-from bench.results import Figure, add_results_dir_arg, record
+from bench.results import RESULTS_DIR, Figure, ResultsDirOption, record
+from gem.command_line import job_app, run_command
 from gem.model.ops.gdpa import gdpa, windowed_gdpa
 from gem.model.ops.masks import sliding_window_mask
 
@@ -42,36 +44,41 @@ def band_step(q, k, v, activations, lengths, window: int) -> None:
     windowed_gdpa(q, k, v, activations, 0.25, 1 / window, lengths, window).sum().backward()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=512)
-    parser.add_argument("--heads", type=int, default=2)
-    parser.add_argument("--head-dim", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=10)
-    add_results_dir_arg(parser)
-    args = parser.parse_args(argv)
+def command_line(
+    batch: Annotated[int, typer.Option()] = 512,
+    heads: Annotated[int, typer.Option()] = 2,
+    head_dim: Annotated[int, typer.Option()] = 16,
+    repeats: Annotated[int, typer.Option()] = 10,
+    results_dir: ResultsDirOption = RESULTS_DIR,
+) -> int:
     torch.manual_seed(0)
-    activations = ("silu", "gelu", "silu", "relu")[: args.heads]
+    activations = ("silu", "gelu", "silu", "relu")[:heads]
     figures = []
     for length, window in SHAPES:
-        batch = max(1, args.batch * 64 // length)  # about the same number of positions per step
-        q, k, v = (torch.randn(batch, args.heads, length, args.head_dim, requires_grad=True) for _ in range(3))
-        lengths = torch.randint(1, length + 1, (batch,))
+        rows = max(1, batch * 64 // length)  # about the same number of positions per step
+        q, k, v = (torch.randn(rows, heads, length, head_dim, requires_grad=True) for _ in range(3))
+        lengths = torch.randint(1, length + 1, (rows,))
 
         mask = sliding_window_mask(lengths, length, window)
         dense = functools.partial(dense_step, q, k, v, activations, mask, window)
         band = functools.partial(band_step, q, k, v, activations, lengths, window)
-        d, b = step_seconds(dense, args.repeats), step_seconds(band, args.repeats)
-        print(f"L={length:>5} window={window:>3} batch={batch:>4}: dense {d * 1e3:8.1f} ms  band {b * 1e3:8.1f} ms  "
+        d, b = step_seconds(dense, repeats), step_seconds(band, repeats)
+        print(f"L={length:>5} window={window:>3} batch={rows:>4}: dense {d * 1e3:8.1f} ms  band {b * 1e3:8.1f} ms  "
               f"dense/band {d / b:5.2f}", flush=True)
-        shape = f"L={length}, window {window}, batch {batch}"
+        shape = f"L={length}, window {window}, batch {rows}"
         figures += [Figure(f"L{length}_w{window}_dense_ms", f"{shape}: dense", round(d * 1e3, 2), "ms"),
                     Figure(f"L{length}_w{window}_band_ms", f"{shape}: band", round(b * 1e3, 2), "ms"),
                     Figure(f"L{length}_w{window}_dense_over_band", f"{shape}: dense / band", round(d / b, 2), "x")]
     record("windowed_attention", "Sliding-window self-GDPA, forward + backward: dense scores against the band kernel",
-           figures, notes=f"{args.heads} heads of {args.head_dim}, {args.repeats} timed steps after 2 warm-up; "
-                          f"{torch.get_num_threads()} threads, fp32.", results_dir=args.results_dir)
+           figures, notes=f"{heads} heads of {head_dim}, {repeats} timed steps after 2 warm-up; "
+                          f"{torch.get_num_threads()} threads, fp32.", results_dir=results_dir)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    app = job_app("python -m bench.windowed_attention")
+    app.command(help=__doc__.splitlines()[0])(command_line)
+    return run_command(app, argv)
 
 
 if __name__ == "__main__":

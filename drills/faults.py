@@ -32,7 +32,6 @@ tests/e2e/test_faults.py runs a small version (two stages, two kills each).
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import signal
@@ -43,11 +42,13 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+import typer
 import yaml
 
-from bench.results import Figure, add_results_dir_arg, record
+from bench.results import RESULTS_DIR, Figure, ResultsDirOption, record
+from gem.command_line import job_app, run_command
 from gem.config import load_config
 from gem.data.delta_log import read_table
 from gem.days import day_range, shift_day
@@ -290,28 +291,27 @@ def drill_stage(stage: str, ds: str, cfg_path: Path, lakehouse: Path, snapshots:
     return drill
 
 
-def main(argv: list[str] | None = None) -> int:
+def command_line(
+    kills: Annotated[int, typer.Option(min=1, help="kill points per stage, spread over its run")] = 20,
+    stages: Annotated[str, typer.Option(
+        help="comma-separated stages to drill (default: every stage that writes or checks a table)",
+        show_default=False)] = ",".join(s.name for s in RECORDED_STAGES),
+    day_count: Annotated[int, typer.Option("--days", min=2, help="the day under test is the last of this many")] = 4,
+    root: Annotated[Path | None, typer.Option(help="working folder (default: a temporary one, removed)")] = None,
+    results_dir: ResultsDirOption = RESULTS_DIR,
+) -> int:
     names = [s.name for s in STAGES]
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kills", type=int, default=20, help="kill points per stage, spread over its run")
-    parser.add_argument("--stages", default=",".join(s.name for s in RECORDED_STAGES),
-                        help="comma-separated stages to drill (default: every stage that writes or checks a table)")
-    parser.add_argument("--days", type=int, default=4, help="the day under test is the last of this many")
-    parser.add_argument("--root", default=None, help="working folder (default: a temporary one, removed)")
-    add_results_dir_arg(parser)
-    args = parser.parse_args(argv)
-    chosen = [s.strip() for s in args.stages.split(",") if s.strip()]
+    chosen = [s.strip() for s in stages.split(",") if s.strip()]
     unknown = sorted(set(chosen) - set(names))
-    if unknown or args.kills < 1 or args.days < 2:
-        parser.error(f"unknown stages {unknown}; stages: {', '.join(names)}" if unknown
-                     else "--kills must be >= 1 and --days >= 2")
-    days = day_range(START_DS, shift_day(START_DS, args.days - 1))
+    if unknown:
+        raise typer.BadParameter(f"unknown stages {unknown}; stages: {', '.join(names)}", param_hint="--stages")
+    days = day_range(START_DS, shift_day(START_DS, day_count - 1))
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gem-faults-") as tmp:
-        root = Path(args.root) if args.root else Path(tmp)
+        root = root or Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
         log = root / "jobs.log"
-        print(f"fault drill: days {days[0]}..{days[-1]}, day under test {days[-1]}, {args.kills} kills per "
+        print(f"fault drill: days {days[0]}..{days[-1]}, day under test {days[-1]}, {kills} kills per "
               f"stage; the jobs' output: {log}", flush=True)
         cfg_path = prepare(root, days, log)
         lakehouse = Path(yaml.safe_load(cfg_path.read_text())["lakehouse_uri"])
@@ -321,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:  # registry order: each stage finds every earlier one done
             if name in chosen:
                 print(f"  {name}:", flush=True)
-                drills.append(drill_stage(name, days[-1], cfg_path, lakehouse, snapshots, args.kills, log))
+                drills.append(drill_stage(name, days[-1], cfg_path, lakehouse, snapshots, kills, log))
                 # The stage's figures as soon as it is done: a drill stopped later keeps them.
                 print(f"  {name} done: " + drills[-1].line().strip(), flush=True)
             else:
@@ -332,11 +332,18 @@ def main(argv: list[str] | None = None) -> int:
         failed = [f for d in drills for f in d.failures]
         print("all survived" if not failed else f"{len(failed)} problems:\n  " + "\n  ".join(failed))
     if set(chosen) == {s.name for s in RECORDED_STAGES}:
-        publish(drills, len(failed), args, time.monotonic() - started)
+        publish(drills, len(failed), kills, day_count, time.monotonic() - started, results_dir)
     return 0 if not failed else 1
 
 
-def publish(drills: list[StageDrill], problems: int, args: argparse.Namespace, wall_s: float) -> None:
+def main(argv: list[str] | None = None) -> int:
+    app = job_app("python -m drills.faults")
+    app.command(help=__doc__.splitlines()[0])(command_line)
+    return run_command(app, argv)
+
+
+def publish(drills: list[StageDrill], problems: int, kills: int, day_count: int, wall_s: float,
+            results_dir: Path) -> None:
     """The drill's totals as its published result, each stage's row in `extra`."""
     slowest = max(drills, key=lambda d: d.slowest_recovery_s)
     figures = [
@@ -354,9 +361,9 @@ def publish(drills: list[StageDrill], problems: int, args: argparse.Namespace, w
                            "slowest_recovery_s": round(d.slowest_recovery_s, 1), "clean_s": round(d.clean_s, 1)}
                  for d in drills}
     record("fault_drill", "Fault drill: every stage killed with SIGKILL mid-run, rerun, compared", figures,
-           notes=f"{args.kills} kill points per stage over {args.days} days (the last one under test); pretraining "
+           notes=f"{kills} kill points per stage over {day_count} days (the last one under test); pretraining "
                  "also killed inside its first and second checkpoint save.",
-           extra={"stages": per_stage}, results_dir=args.results_dir)
+           extra={"stages": per_stage}, results_dir=results_dir)
 
 
 if __name__ == "__main__":

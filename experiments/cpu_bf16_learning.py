@@ -16,17 +16,20 @@ floor, and each arm's training examples/s; the same figures are published throug
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Annotated
 
 import torch
+import typer
 
-from bench.results import Figure, add_results_dir_arg, record
+from bench.results import RESULTS_DIR, Figure, ResultsDirOption, record
+from gem.command_line import job_app, run_command
 from gem.config import load_config
 from gem.model.build import build_task
 from gem.stats import mean_interval
@@ -59,41 +62,39 @@ def interval(values: list[float]) -> str:
     return f"{mean:.4f} [{low:.4f}, {high:.4f}]"
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--steps", type=int, default=120, help="the demo's train.steps")
-    p.add_argument("--traffic-seed", type=int, default=7)
-    add_results_dir_arg(p)
-    a = p.parse_args()
-
+def command_line(
+    seeds: Annotated[int, typer.Option()] = 3,
+    steps: Annotated[int, typer.Option(help="the demo's train.steps")] = 120,
+    traffic_seed: Annotated[int, typer.Option()] = 7,
+    results_dir: ResultsDirOption = RESULTS_DIR,
+) -> None:
     cfg = load_config(REPO / "configs" / "demo.yaml", environ={})
     g = cfg.generator
     lengths = {e: cfg.loader.max_length(e) for e in ("impression", "click", "conversion")}  # the loader's cuts
     traffic = simulate(days=4, impressions_per_day=g.events_per_day, users=g.users, ads=g.ads,
-                       seed=a.traffic_seed)
-    train_batches = batches(traffic, (1, 2), cfg.loader.batch_size, lengths, seed=a.traffic_seed)
+                       seed=traffic_seed)
+    train_batches = batches(traffic, (1, 2), cfg.loader.batch_size, lengths, seed=traffic_seed)
     train_batches = [b for b in train_batches if b.size == cfg.loader.batch_size]
     held_out = batches(traffic, (3,), 4096, lengths, shuffle=False)
     tasks = train_batches[0].tasks
     groups = {"click": tuple(t for t in tasks if t.endswith("/click")),
               "conversion": tuple(t for t in tasks if not t.endswith("/click"))}
     print(f"traffic: {len(train_batches)} training batches of {cfg.loader.batch_size} (days 1-2), "
-          f"{sum(b.size for b in held_out)} held-out examples (day 3); {a.steps} steps per run, "
+          f"{sum(b.size for b in held_out)} held-out examples (day 3); {steps} steps per run, "
           f"{torch.get_num_threads()} threads", flush=True)
 
     ne: dict[str, dict[str, list[float]]] = {arm: {k: [] for k in groups} for arm in ("fp32", "bf16")}
     speed: dict[str, list[float]] = {"fp32": [], "bf16": []}
-    for seed in range(a.seeds):
+    for seed in range(seeds):
         for arm in ("fp32", "bf16"):
-            scores, examples_per_s = train_and_score(cfg, train_batches, held_out, seed, a.steps, arm == "bf16")
+            scores, examples_per_s = train_and_score(cfg, train_batches, held_out, seed, steps, arm == "bf16")
             speed[arm].append(examples_per_s)
             for k, names in groups.items():
                 ne[arm][k].append(scores.ne(names))
             print(f"seed {seed} {arm}: click NE {ne[arm]['click'][-1]:.4f}, conversion NE "
                   f"{ne[arm]['conversion'][-1]:.4f}, {examples_per_s:,.0f} examples/s", flush=True)
 
-    print(f"\nheld-out NE (day 3), mean and 95% interval over {a.seeds} seeds:")
+    print(f"\nheld-out NE (day 3), mean and 95% interval over {seeds} seeds:")
     figures, intervals = [], {}
     for k, names in groups.items():
         diffs = [b - f for b, f in zip(ne["bf16"][k], ne["fp32"][k], strict=True)]
@@ -117,9 +118,15 @@ def main() -> None:
                 Figure("bf16_examples_per_s", "training, bf16 autocast (median over seeds)", round(bf16), "examples/s"),
                 Figure("bf16_over_fp32_speed", "training speed, bf16 autocast / fp32", round(bf16 / fp32, 2), "x")]
     record("cpu_bf16_learning", "CPU bf16 autocast against fp32: held-out NE of the demo's pretraining, same seeds",
-           figures, notes=f"{a.seeds} seeds, {a.steps} steps each; days 1-2 train, day 3 held out.",
-           extra={"intervals": intervals}, results_dir=a.results_dir)
+           figures, notes=f"{seeds} seeds, {steps} steps each; days 1-2 train, day 3 held out.",
+           extra={"intervals": intervals}, results_dir=results_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    app = job_app("python -m experiments.cpu_bf16_learning")
+    app.command(help=__doc__.splitlines()[0])(command_line)
+    return run_command(app, argv)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

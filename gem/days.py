@@ -5,7 +5,6 @@ Standard library only: the stage registry, which the DAG processor imports on ev
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 
 # The pipeline's first day unless the config says otherwise (GemConfig.start_ds); the DAG file reads
@@ -14,11 +13,12 @@ DEFAULT_START_DS = "2026-01-01"
 
 
 def iso_day(text: str) -> str:
-    """A calendar day written YYYY-MM-DD, returned normalised; usable as an argparse `type`."""
+    """A calendar day written YYYY-MM-DD, returned normalised; ValueError otherwise (a command line's
+    day option turns it into a usage error: gem.command_line.day_value)."""
     try:
         return dt.date.fromisoformat(text).isoformat()
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--ds must be a day written YYYY-MM-DD, got {text!r}") from None
+        raise ValueError(f"must be a day written YYYY-MM-DD, got {text!r}") from None
 
 
 def shift_day(ds: str, days: int) -> str:

@@ -26,19 +26,19 @@ states whether these runs reproduce that, with the numbers either way.
 
 from __future__ import annotations
 
-import argparse
 import math
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
+import typer
 
 from gem import storage
-from gem.config import GemConfig, add_config_arg, load_config
+from gem.command_line import ConfigOption, day_option, job_app, run_command
+from gem.config import GemConfig, load_config
 from gem.data.delta_log import read_table
-from gem.days import iso_day
 from gem.distill.run import DistillInputs, StudentRun, plan_inputs, ready, train_student
 from gem.lakehouse import stages, tables
 from gem.lakehouse.commit import StageCommit
@@ -185,25 +185,30 @@ def history_code_bytes(cfg: GemConfig, ds: str) -> float | None:
     return rows[0]["history_code_bytes_per_user"] if rows else None
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_config_arg(parser)
-    parser.add_argument("--ds", required=True, type=iso_day, help="the run day whose distillation to compare")
-    parser.add_argument("--seeds", type=int, default=3, help="seeds per arm (at least 3 for intervals)")
-    parser.add_argument("--steps", type=int, default=None, help="training steps per student (default "
-                        "student_train.steps, at most one pass over the day)")
-    args = parser.parse_args(argv)
-    cfg = load_config(args.config)
+def command_line(
+    ds: Annotated[str, day_option("--ds", "the run day whose distillation to compare")],
+    config: ConfigOption = None,
+    seeds: Annotated[int, typer.Option(help="seeds per arm (at least 3 for intervals)")] = 3,
+    steps: Annotated[int | None, typer.Option(
+        help="training steps per student (default student_train.steps, at most one pass over the day)")] = None,
+) -> int:
+    cfg = load_config(config)
     try:
-        inputs = read_inputs(cfg, args.ds)
+        inputs = read_inputs(cfg, ds)
     except NothingToDistill as e:
         print(f"transfer report: {e}")
         return 1
     with tempfile.TemporaryDirectory(prefix="gem-transfer-") as tmp:
-        results = run_arms(cfg, inputs, args.seeds, args.steps, Path(tmp))
-    path = write_report(cfg, args.ds, inputs, results, args.seeds, history_code_bytes(cfg, args.ds))
+        results = run_arms(cfg, inputs, seeds, steps, Path(tmp))
+    path = write_report(cfg, ds, inputs, results, seeds, history_code_bytes(cfg, ds))
     print(f"transfer report: {path}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    app = job_app("python -m gem.distill.transfer")
+    app.command(help=__doc__.splitlines()[0])(command_line)
+    return run_command(app, argv)
 
 
 if __name__ == "__main__":

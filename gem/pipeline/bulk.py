@@ -24,16 +24,20 @@ be. The first failure stops the run; the stages after it have not run, and `gem 
 
 from __future__ import annotations
 
-import argparse
 import importlib
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import groupby
+from typing import Annotated
+
+import typer
 
 from gem import storage
-from gem.config import GemConfig, add_config_arg, load_config
-from gem.days import day_range, iso_day
+from gem.command_line import ConfigOption, day_option, job_app, run_command
+from gem.config import GemConfig, load_config
+from gem.days import day_range
 from gem.lakehouse import backfill_hold
 from gem.lakehouse.commit import StageContext, StageResult
 from gem.lakehouse.stages import STAGES, Stage
@@ -133,27 +137,33 @@ def run_range(cfg: GemConfig, start: str, end: str, through_stage: str | None = 
                 yield run_stage(ctx, stage, run_day, entry)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--start", required=True, type=iso_day, help="first run day, YYYY-MM-DD")
-    parser.add_argument("--end", required=True, type=iso_day, help="last run day, YYYY-MM-DD")
-    parser.add_argument("--through-stage", default=None, help="the last stage to run each day (default: all)")
-    add_config_arg(parser)
-    args = parser.parse_args(argv)
-    cfg = load_config(args.config)
+def command_line(
+    start: Annotated[str, day_option("--start", "first run day, YYYY-MM-DD")],
+    end: Annotated[str, day_option("--end", "last run day, YYYY-MM-DD")],
+    through_stage: Annotated[str | None, typer.Option(help="the last stage to run each day (default: all)")] = None,
+    config: ConfigOption = None,
+) -> int:
+    cfg = load_config(config)
     started = time.monotonic()
     try:
-        stages_through(args.through_stage)
-        checked_days(cfg, args.start, args.end)
+        stages_through(through_stage)
     except ValueError as e:
-        parser.error(str(e))
-    for run in run_range(cfg, args.start, args.end, args.through_stage):
+        raise typer.BadParameter(str(e), param_hint="--through-stage") from None
+    try:
+        checked_days(cfg, start, end)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--start") from None
+    for run in run_range(cfg, start, end, through_stage):
         print(run.line(), flush=True)
-    print(f"bulk {args.start}..{args.end}: done in {time.monotonic() - started:.0f}s")
+    print(f"bulk {start}..{end}: done in {time.monotonic() - started:.0f}s")
     return 0
 
 
-if __name__ == "__main__":
-    import sys
+def main(argv: list[str] | None = None) -> int:
+    app = job_app("python -m gem.pipeline.bulk")
+    app.command(help=__doc__.splitlines()[0])(command_line)
+    return run_command(app, argv)
 
+
+if __name__ == "__main__":
     sys.exit(main())

@@ -14,15 +14,16 @@ and the job's own options: the parameters of `job(call, ...)` after the first, d
 typer command (e.g. `--full` of build_features). The command resolves the stage and the day, loads
 the config, and returns `job(StageCall, **options)`: the exit status. `job_app` and `run_command`
 serve the jobs that are no stage (status, import_movielens) with the same conventions as the `gem`
-command (gem/pipeline/command.py): plain click help, no pretty tracebacks.
+command (gem/pipeline/command.py): plain click help, no pretty tracebacks. They, the --config
+option and the day callback come from gem.command_line (what every command line shares, below the
+pipeline) and are importable from here too.
 """
 
 from __future__ import annotations
 
-import argparse
 import inspect
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -30,8 +31,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from gem import storage
+from gem.command_line import DAY, ConfigOption, day_value, job_app, run_command
 from gem.config import GemConfig, load_config
-from gem.days import iso_day
 from gem.lakehouse.stages import STAGES, Stage, ready_on_day
 from gem.pipeline.airflow.orchestration import NOTHING_READY_EXIT
 
@@ -39,13 +40,6 @@ if TYPE_CHECKING:
     from gem.lakehouse.commit import StageResult
 
 __all__ = ["DAY", "ConfigOption", "StageCall", "day_value", "job_app", "job_exit", "run_command", "stage_command"]
-
-DAY = "YYYY-MM-DD"
-ConfigOption = Annotated[
-    Path | None,
-    typer.Option("--config", help="YAML config file (default: $GEM_CONFIG, else the built-in defaults)",
-                 exists=True, dir_okay=False),
-]
 
 
 @dataclass(frozen=True)
@@ -59,41 +53,6 @@ class StageCall:
     through: str | None
     config: Path | None
     cfg: GemConfig
-
-
-def day_value(value: str | None) -> str | None:
-    """typer callback: a day written YYYY-MM-DD (gem.days.iso_day), normalised; a usage error otherwise."""
-    if value is None:
-        return None
-    try:
-        return iso_day(value)
-    except argparse.ArgumentTypeError as e:
-        raise typer.BadParameter(str(e).replace("--ds ", "")) from None
-
-
-def job_app(prog: str) -> typer.Typer:
-    """An empty typer app for `prog` (e.g. "python -m jobs.status"): register its one command with
-    `app.command(help=...)` and run it with `run_command`."""
-    return typer.Typer(
-        name=prog,
-        add_completion=False,
-        pretty_exceptions_enable=False,
-        rich_markup_mode=None,  # plain click help: paragraphs re-wrapped to the terminal
-    )
-
-
-def run_command(app: typer.Typer, argv: Sequence[str] | None = None) -> int:
-    """Run a job's command line as its `main(argv)` does (argv None: the process's arguments) ->
-    the exit status its command returns (0 after --help). A usage error prints the usage and
-    raises SystemExit(2), as argparse did."""
-    command = typer.main.get_command(app)
-    try:
-        code = command.main(args=argv, prog_name=app.info.name, standalone_mode=False)
-    except typer.TyperException as e:
-        # The usage errors typer raises (its click's ClickException) print themselves, usage line included.
-        e.show()
-        raise SystemExit(e.exit_code) from None
-    return int(code or 0)
 
 
 def job_exit(result: StageResult) -> int:

@@ -19,7 +19,6 @@ and every page view calls out. Here:
 
 from __future__ import annotations
 
-import argparse
 import base64
 import filecmp
 import hashlib
@@ -33,9 +32,13 @@ import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 from urllib.parse import urlsplit
 
-from gem.config import REPO_ROOT, add_config_arg, load_config
+import typer
+
+from gem.command_line import ConfigOption, job_app, run_command
+from gem.config import REPO_ROOT, load_config
 
 ASSET_MANIFEST = REPO_ROOT / "infra" / "dq_assets" / "assets.txt"
 # Where vendored files live inside a Data Docs site.
@@ -313,17 +316,17 @@ def localize_site(site_dir: str | Path, files: Sequence[VendoredFile]) -> int:
 # Command line: `python -m gem.quality.docs_assets --fetch` (set-up) or `--check`.
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Fetch or check the pinned Data Docs assets.")
-    add_config_arg(parser)
-    action = parser.add_mutually_exclusive_group(required=True)
-    action.add_argument("--fetch", action="store_true", help="fetch missing assets (npm pack) into the cache")
-    action.add_argument("--check", action="store_true", help="exit 1 if any pinned asset is missing")
-    parser.add_argument("--dest", default=None, help="cache folder (default: quality.docs_assets_dir)")
-    args = parser.parse_args(argv)
-    cache_dir = args.dest or load_config(args.config).quality.docs_assets_dir
+def command_line(
+    config: ConfigOption = None,
+    fetch: Annotated[bool, typer.Option("--fetch", help="fetch missing assets (npm pack) into the cache")] = False,
+    check: Annotated[bool, typer.Option("--check", help="exit 1 if any pinned asset is missing")] = False,
+    dest: Annotated[str | None, typer.Option(help="cache folder (default: quality.docs_assets_dir)")] = None,
+) -> int:
+    if fetch == check:
+        raise typer.BadParameter("give one of --fetch and --check", param_hint="--fetch / --check")
+    cache_dir = dest or load_config(config).quality.docs_assets_dir
     files = load_manifest()
-    if args.fetch:
+    if fetch:
         fetched = fetch_assets(cache_dir, files)
         print(f"Data Docs assets in {cache_dir}: fetched {fetched or 'nothing (all present)'}")
     missing = missing_assets(cache_dir, files)
@@ -332,6 +335,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     print(f"all {len(files)} pinned Data Docs assets present in {cache_dir}")
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    app = job_app("python -m gem.quality.docs_assets")
+    app.command(help="Fetch or check the pinned Data Docs assets.")(command_line)
+    return run_command(app, argv)
 
 
 if __name__ == "__main__":

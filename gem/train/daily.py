@@ -12,7 +12,6 @@ run's final checkpoint for D.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime as dt
 import json
@@ -20,17 +19,18 @@ import os
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import pyarrow as pa
 import torch
+import typer
 
 from gem import storage
-from gem.config import GemConfig, add_config_arg, load_config
+from gem.command_line import ConfigOption, day_option, job_app, run_command
+from gem.config import GemConfig, load_config
 from gem.data.encode import DENSE_COLUMNS
 from gem.data.loader import SPARSE_FEATURES, ExampleStream, ResumableLoader
 from gem.data.manifest import Manifest, read_manifest
-from gem.days import iso_day
 from gem.environment import code_version
 from gem.lakehouse.commit import StageCommit, StageContext, StageResult
 from gem.model.build import build_task
@@ -145,18 +145,24 @@ def run(ctx: StageContext, ds: str, run_dir: Path | None = None, steps: int | No
                                                                              details=details)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_config_arg(parser)
-    parser.add_argument("--mix-ds", required=True, type=iso_day, help="the gold.mixture_manifest day to train on")
-    parser.add_argument("--run-dir", default=None, help="checkpoint folder under train.checkpoint_root (default: <arch>-<ds> there)")
-    parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("--no-progress", action="store_true")
-    args = parser.parse_args(argv)
-    result = run(StageContext(load_config(args.config)), args.mix_ds, args.run_dir, args.steps, not args.no_progress)
+def command_line(
+    mix_ds: Annotated[str, day_option("--mix-ds", "the gold.mixture_manifest day to train on")],
+    config: ConfigOption = None,
+    run_dir: Annotated[str | None, typer.Option(
+        help="checkpoint folder under train.checkpoint_root (default: <arch>-<ds> there)")] = None,
+    steps: Annotated[int | None, typer.Option()] = None,
+    no_progress: Annotated[bool, typer.Option("--no-progress")] = False,
+) -> int:
+    result = run(StageContext(load_config(config)), mix_ds, run_dir, steps, not no_progress)
     if result.published:
         print(result.summary())
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    app = job_app("python -m gem.train")
+    app.command(help=__doc__.splitlines()[0])(command_line)
+    return run_command(app, argv)
 
 
 def metrics_rows(cfg: GemConfig, ds: str, run_id: str, arch: str, scores: dict[str, dict[str, Any]], steps: int,
