@@ -339,16 +339,15 @@ class PrecomputeConfig:
     # A refresh loads the newest promoted model and recomputes every user; between refreshes the
     # pinned model recomputes only users whose sequence snapshot changed (the others carry forward).
     model_refresh_days: PositiveInt = 7
-    # Fixed user-hash ranges: the unit of work, of lease and of commit. Fixed so a shard's rows mean
-    # the same users on every run and for every worker count.
+    # Fixed user-hash ranges: the unit of work (one Spark task each) and of commit. Fixed so a
+    # shard's rows mean the same users on every run and for every executor count.
     shards: PositiveInt = 8
-    # Worker processes the job starts; more can join a running day (python -m gem.precompute.worker).
-    workers: PositiveInt = 1
-    # Each worker computes single-threaded: N workers use N cores, and results do not depend on the
-    # thread count (reductions are ordered the same way).
-    threads_per_worker: PositiveInt = 1
-    # A shard lease not renewed for this long is taken over (its worker is presumed dead).
-    lease_expiry_s: PositiveFloat = 60.0
+    # CPU threads each task computes with: an executor core runs one task, and results do not
+    # depend on the thread count (reductions are ordered the same way).
+    threads_per_task: PositiveInt = 1
+    # GPUs each task asks Spark's scheduler for (a task resource profile on the precompute stage;
+    # executors must offer `gpu` resources, spark.executor.resource.gpu.*). 0: tasks score on the CPU.
+    gpus_per_task: NonNegativeFloat = 0.0
     batch_size: PositiveInt = 256
     # Speculative pairs for tomorrow, per user active on ds: the ads of their `recent_ads` most recent
     # distinct impressions, plus the day's `popular_ads` most impressed ads. On the generator's
@@ -382,6 +381,9 @@ LabelType = Literal[LABEL_TYPES]
 # variable that still sets one fails naming the replacement instead of "unknown key".
 RENAMED_KEYS: dict[str, str | None] = {
     "demo.start_ds": "start_ds (the demo runs the pipeline's first demo.days days)",
+    "precompute.workers": "Spark's executors (spark.executor.instances or spark.dynamicAllocation.*; precompute runs as Spark tasks)",
+    "precompute.threads_per_worker": "precompute.threads_per_task",
+    "precompute.lease_expiry_s": "Spark's task retries and speculation (spark.task.maxFailures, spark.speculation)",
 }
 
 
@@ -657,8 +659,3 @@ def load_config(
             return GemConfig(**dict(overrides or {}))
     except ValidationError as error:
         raise ConfigError(describe_errors(error, environ, file, yaml_data)) from None
-
-
-def add_config_arg(parser: Any) -> None:
-    """The `--config FILE` flag every job and entry point shares."""
-    parser.add_argument("--config", default=None, help="YAML config file (default: $GEM_CONFIG or built-in)")

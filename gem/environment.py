@@ -15,6 +15,10 @@ read where no config is loaded, or they steer a process rather than the pipeline
                             DAG is parsed.
     GEM_CRASH_AT            a named crash point at which the fault drill kills a job (gem.faults); a
                             drill's instruction to one process, never a setting.
+    GEM_HOLD_AT             a glob of named hold points (gem.faults.hold_point) at which a process
+    GEM_HOLD_RELEASE        waits until the file GEM_HOLD_RELEASE exists: a test's way to hold
+                            Spark tasks back (a straggler, a run waiting for an executor to join);
+                            passed to executors as spark.executorEnv.*, never a setting.
     GEM_CODE_VERSION        the code version recorded with metrics and benchmark results where the
                             checkout has no git history (a copied tree on a device machine).
 
@@ -37,6 +41,8 @@ LANDING_POKE_ENV = "GEM_LANDING_POKE_S"
 LANDING_TIMEOUT_ENV = "GEM_LANDING_TIMEOUT_S"
 BACKFILL_POKE_ENV = "GEM_BACKFILL_POKE_S"
 CRASH_AT_ENV = "GEM_CRASH_AT"
+HOLD_AT_ENV = "GEM_HOLD_AT"
+HOLD_RELEASE_ENV = "GEM_HOLD_RELEASE"
 CODE_VERSION_ENV = "GEM_CODE_VERSION"
 
 

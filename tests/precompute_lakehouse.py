@@ -26,6 +26,6 @@ def precompute_config(tmp_path: Path, **precompute: Any) -> GemConfig:
         tmp_path, start_ds=START, attribution_window_days=0,
         model={"arch": "kunlun", "kunlun": {"dim": 16, "mlp_hidden": 32},
                "embeddings": {"dim": 16, "buckets": buckets}},
-        precompute={"shards": 4, "batch_size": 8, "lease_expiry_s": 2.0, "popular_ads": 3, "recent_ads": 3,
+        precompute={"shards": 4, "batch_size": 8, "popular_ads": 3, "recent_ads": 3,
                     **precompute},
     )

@@ -4,6 +4,7 @@ completion records, and a tiny model, batch and trainer for the torch tests."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import shutil
 import sys
@@ -250,3 +251,26 @@ def ruff_path() -> str:
     found = str(local) if local.exists() else shutil.which("ruff")
     assert found is not None, "ruff is pinned in requirements.txt; run `make setup`"
     return found
+
+
+def spark_events(event_log: Path, live: bool = False) -> list[dict[str, Any]]:
+    """Every event of the Spark event logs under event_log, in order per log (live: logs being
+    written, whose last line may be partial). Spark 4 writes each application's log as a folder of
+    rolled files (eventlog_v2_<app>/events_*), beside an empty appstatus_* marker."""
+    events = []
+    for log in sorted(event_log.rglob("events_*")):
+        for line in filter(None, log.read_text().splitlines()):
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError:
+                if live:
+                    continue
+                raise
+    return events
+
+
+def finished_tasks(event_log: Path, live: bool = False) -> list[dict[str, Any]]:
+    """The Task Info of every finished task in the event logs (executor, index, attempt,
+    speculative, failed), with the end reason's name added as "Reason"."""
+    return [{**e["Task Info"], "Reason": e["Task End Reason"]["Reason"]}
+            for e in spark_events(event_log, live) if e.get("Event") == "SparkListenerTaskEnd"]

@@ -196,6 +196,9 @@ def get_spark(cfg: GemConfig, app_name: str = "gem") -> SparkSession:
         conf[JAVA_OPTIONS] = f"{conf.get(JAVA_OPTIONS, '')} -XX:SharedArchiveFile={cfg.spark.class_archive}".strip()
     for k, v in conf.items():
         builder = builder.config(k, v)
+    # PySpark's workers (mapInArrow, UDFs) run the interpreter PYSPARK_PYTHON names when the context
+    # starts, "python3" on PATH without it (spark.pyspark.python reaches only spark-submit).
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     if not is_local_master(cfg.spark.master):

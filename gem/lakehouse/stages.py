@@ -225,13 +225,15 @@ STAGES: tuple[Stage, ...] = (
     Stage("pretrain", "pretrain", spark=False, skippable=True, pool=GPU_POOL, needs=(Need("mix"),),
           writes=(Writes("gold.metrics"),),
           doc="continued pretraining on ds's mixture; held-out metrics; promotes the model"),
-    Stage("precompute", "precompute", spark=False, skippable=True, pool=GPU_POOL,
+    # A Spark stage: its shards run as tasks on the session's executors, which hold the GPUs it asks
+    # for (precompute.gpus_per_task), so it queues in no Airflow pool of its own.
+    Stage("precompute", "precompute", skippable=True,
           needs=(Need("pretrain"), Need("validate_silver"), Need("validate_examples", held_out_day)),
           writes=(Writes("gold.fm_user_embeddings"), Writes("gold.fm_predictions", held_out_day),
                   Writes("gold.fm_history_codes", held_out_day),
                   Writes("gold.fm_speculative_pairs"), Writes("gold.precompute_stats")),
           doc="Solaris: user embeddings (incremental), predictions for the held-out day's impressions, "
-              "speculative pairs for ds+1 and the measured use of ds-1's, in user-hash shards"),
+              "speculative pairs for ds+1 and the measured use of ds-1's, one Spark task per user-hash shard"),
     # Also reads precompute and the validations of the previous held-out day (its training day),
     # noted when it runs: on the first days there is none and the stage skips.
     Stage("distill", "distill", spark=False, skippable=True, pool=GPU_POOL,

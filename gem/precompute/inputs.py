@@ -1,8 +1,9 @@
 """A precompute day's inputs, read through the Delta log at the plan's versions (no Spark).
 
-A worker keeps one DayInputs for the run: the small indexes (which users have a sequence row on
-which day, the held-out day's examples) are read once per worker; a shard's sequences are read and
-flattened for that shard's users only, so a worker's work grows with its shards, not with the day.
+An executor's Python worker keeps one DayInputs for the run (gem.precompute.executors): the small
+indexes (which users have a sequence row on which day, the held-out day's examples) are read once
+per worker; a shard's sequences are read and flattened for that shard's users only, so a task's
+work grows with its shard, not with the day.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class DayInputs:
         self._sequence_files: dict[str, list[LoggedFile]] | None = None
         self._user_day: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._examples: pa.Table | None = None
-        self._days: dict[str, pa.Table] = {}  # sequence partitions read (SNAPSHOT_COLUMNS), once per worker
+        self._days: dict[str, pa.Table] = {}  # sequence partitions read (SNAPSHOT_COLUMNS), read once per worker
         self._counters: tuple[pa.Table, pa.Table] | None = None
 
     def sequence_files(self) -> dict[str, list[LoggedFile]]:

@@ -1,6 +1,6 @@
-"""The precompute model: a promoted checkpoint loaded once per worker as a plain-torch task.
+"""The precompute model: a promoted checkpoint loaded as a plain-torch task, once per executor Python worker.
 
-Plain torch (no torchrec, no process group): a worker computes forward passes only, on one device.
+Plain torch (no torchrec, no process group): a task computes forward passes only, on one device.
 A checkpoint trained with torchrec tables is read under the plain task's names
 (gem.model.embeddings.collection_state_key maps them; torch.distributed.checkpoint reshards the saved
 shards into whole tables).

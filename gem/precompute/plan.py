@@ -1,4 +1,4 @@
-"""What one precompute day computes, decided once by the job before any worker starts.
+"""What one precompute day computes, decided once by the driver before any task starts.
 
 Model refresh: a day is a refresh day when no precompute ran in the precompute.model_refresh_days
 before it, or its pinned model was pinned that many days ago or more. A refresh pins the newest
@@ -11,21 +11,17 @@ gem.precompute.read). The user representation reads only the user's sequences an
 (Kunlun.user_representation); the dense counters, which change for everyone every day, are not an
 input of it, so a counter change alone recomputes nobody.
 
-The plan is saved as JSON in the run's folder (`plan.json`, with the full config), and
-`{lakehouse}/_ops/precompute/ds={ds}/current.json` names that folder, so a worker started on any
-host joins the run with nothing but the lakehouse location and ds. Folders are URI strings (a local
-path or an object store prefix, gem.storage); both files are written whole at once (storage.write_json).
+The plan travels to the executors inside the Spark tasks (gem.precompute.executors): it holds the
+full config and every input's pinned version, so a task needs nothing else to compute its shard.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 from dataclasses import dataclass
-from pathlib import Path
+from functools import cached_property
 from typing import Any
 
-from gem import storage
 from gem.config import GemConfig, load_config
 from gem.data.delta_log import read_table
 from gem.days import shift_day
@@ -64,43 +60,9 @@ class DayPlan:
     input_versions: dict[str, int]
     config: dict[str, Any]
 
-    @property
+    @cached_property
     def cfg(self) -> GemConfig:
         return load_config(overrides=self.config, environ={})
-
-    def save(self, folder: str) -> None:
-        """plan.json in `folder` (the run's folder URI), then current.json naming it."""
-        storage.write_json(storage.join(folder, "plan.json"), dataclasses.asdict(self))
-        storage.write_json(storage.join(day_folder(self.cfg, self.ds), "current.json"),
-                           {"run_folder": storage.normalized(folder)})
-
-    @classmethod
-    def load(cls, folder: str | Path) -> DayPlan:
-        data = storage.read_json(storage.join(folder, "plan.json"))
-        tables = {k: TableAt(**data[k]) if data[k] is not None else None
-                  for k in ("sequences", "user_features", "ad_features", "examples")}
-        model = ModelPin(**{**data["model"], "tasks": tuple(data["model"]["tasks"])})
-        return cls(**{**data, **tables, "model": model, "sequence_days": tuple(data["sequence_days"]),
-                      "popular_ads": tuple(data["popular_ads"])})
-
-
-def day_folder(cfg: GemConfig, ds: str) -> str:
-    return storage.join(cfg.lakehouse_uri, "_ops", "precompute", f"ds={ds}")
-
-
-def run_folder(cfg: GemConfig, ds: str, run_id: str) -> str:
-    return storage.join(day_folder(cfg, ds), run_id.replace(":", "_"))
-
-
-def current_run_folder(cfg: GemConfig, ds: str) -> str:
-    """The folder (URI) of the run of ds in progress (or last run); FileNotFoundError naming the job to start."""
-    folder = day_folder(cfg, ds)
-    try:
-        pointer = storage.read_json(storage.join(folder, "current.json"))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"no precompute run of ds={ds} under {folder}; start one with "
-                                f"`python -m jobs.precompute --ds {ds}`") from None
-    return pointer["run_folder"]
 
 
 @dataclass(frozen=True)

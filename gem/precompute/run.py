@@ -3,11 +3,12 @@
     StageCommit.begin          inputs checked (pretrain, validate_silver of ds, validate_examples of
                                the held-out day), the day's record withdrawn, the day's lease taken
     plan                       model (refresh or pinned), users, input versions, popular ads (gem.precompute.plan)
-    workers                    this process and precompute.workers - 1 more claim shards until all
-                               are done; each shard commits its rows of the four tables itself
-    stats, record              the parts adopted into the record (rows from the commits' metrics;
-                               one prediction per held-out impression checked), the observed use of
-                               yesterday's speculative pairs, gold.precompute_stats, the record last
+    shards                     one Spark task per shard on the session's executors; each commits its
+                               shard's rows of the four tables itself (gem.precompute.executors)
+    stats, record              the parts adopted into the record (rows from the commits' metrics,
+                               checked against the tasks' reports; one prediction per held-out
+                               impression checked), the observed use of yesterday's speculative
+                               pairs, gold.precompute_stats, the record last
 
 Skip or fail: the stage skips (nothing published; the job exits 99) when ds has no mixture, i.e.
 pretraining itself had nothing to train on and skipped (the pipeline's first days). Once there is a
@@ -18,23 +19,18 @@ pretrain record without a promoted model fails with PromotedModelMissing.
 from __future__ import annotations
 
 import datetime as dt
-import os
-import subprocess
-import sys
 import time
 from typing import Any
 
 import pyarrow as pa
 
-from gem.config import REPO_ROOT
 from gem.data.delta_log import logged_files, read_logged, read_table
 from gem.days import shift_day
 from gem.lakehouse import completions, tables
 from gem.lakehouse.commit import ReconciliationError, StageCommit, StageContext, StageResult
 from gem.precompute import speculative
-from gem.precompute.plan import STAGE, DayPlan, TableAt, choose_model, examples_day, run_folder, sequence_days
-from gem.precompute.shards import ShardBoard
-from gem.precompute.worker import work
+from gem.precompute.executors import run_shards
+from gem.precompute.plan import STAGE, DayPlan, TableAt, choose_model, examples_day, sequence_days
 from schemas.examples import SILVER_TRAINING_EXAMPLES
 from schemas.features import SILVER_AD_FEATURES, SILVER_USER_FEATURES
 from schemas.precompute import (
@@ -93,75 +89,34 @@ def impressions_on(files: list[Any], ds: str) -> pa.Table:
     return speculative.day_impressions(read_logged(today, {}, ["user_id", "impressions"]), ds)
 
 
-def start_workers(count: int) -> list[subprocess.Popen]:
-    """`count` worker processes on this host (gem.precompute.worker), started before the day is
-    planned: each imports torch and the lakehouse readers (about as long as the plan takes) while
-    this process plans, then waits on its stdin for the run's folder (hand_over)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
-    return [subprocess.Popen([sys.executable, "-m", "gem.precompute.worker", "--run-folder", "-",
-                              "--index", str(i)], cwd=REPO_ROOT, env=env, stdin=subprocess.PIPE, text=True)
-            for i in range(1, count + 1)]
-
-
-def hand_over(helpers: list[subprocess.Popen], folder: str | None) -> None:
-    """Tell the waiting helpers the run's folder (its URI) to join; None: there is no run, they exit
-    (waited for)."""
-    for p in helpers:
-        try:
-            p.stdin.write(f"{folder}\n" if folder is not None else "")  # a line: fits the pipe's buffer
-            p.stdin.close()
-        except BrokenPipeError:  # it died before it was told: its exit status says so
-            pass
-    if folder is None:
-        for p in helpers:
-            p.wait()
-
-
-def run(ctx: StageContext, ds: str, workers: int | None = None) -> StageResult:
-    """Precompute day ds (module docstring); workers: processes in all, this one included
-    (default precompute.workers). Nothing published when ds has no mixture (pretraining skipped)."""
+def run(ctx: StageContext, ds: str) -> StageResult:
+    """Precompute day ds (module docstring) on the Spark session of `ctx`. Nothing published when ds
+    has no mixture (pretraining skipped)."""
     t0, cfg = time.time(), ctx.cfg
     if completions.completion(cfg, "mix", ds) is None:
         print(f"precompute ds={ds}: pretraining had no mixture for {ds} and skipped; nothing to precompute yet")
         return StageResult(STAGE, ds, 0.0)
-    count = workers or cfg.precompute.workers
-    helpers = start_workers(count - 1)
-    folder = None
-    try:
-        commit, plan, folder = begin_day(ctx, ds)
-    finally:
-        hand_over(helpers, folder)
-    mine = work(folder, index=0)
-    failed = [p.args for p in helpers if p.wait() != 0]
-    if failed:  # their shards were finished by the others (work returns only when all are done)
-        print(f"precompute ds={ds}: {len(failed)} worker(s) exited with an error; their shards were taken over")
-    return finish_day(commit, plan, t0, workers=count, worker_seconds=mine.seconds)
-
-
-def begin_day(ctx: StageContext, ds: str) -> tuple[StageCommit, DayPlan, str]:
-    """Begin the stage's commit, plan the day and publish the plan for workers; -> (commit, plan,
-    the run's folder URI)."""
     commit = StageCommit.begin(ctx, STAGE, ds)
     plan = plan_day(commit)
-    folder = run_folder(ctx.cfg, ds, commit.run_id)
-    plan.save(folder)
-    for schema in (*PRECOMPUTE_TABLES, GOLD_PRECOMPUTE_STATS):  # created once, before workers race to
-        tables.ensure_table(None, ctx.cfg, schema)
-    return commit, plan, folder
+    for schema in (*PRECOMPUTE_TABLES, GOLD_PRECOMPUTE_STATS):  # created once, before the tasks race to
+        tables.ensure_table(None, cfg, schema)
+    reports = run_shards(ctx.spark_for(STAGE, ds), plan)
+    return finish_day(commit, plan, reports, t0)
 
 
-def finish_day(commit: StageCommit, plan: DayPlan, started: float, **details: Any) -> StageResult:
-    """Once every shard is done: adopt the parts, check one prediction per example, write the day's
-    stats and publish the record."""
-    folder = run_folder(commit.cfg, plan.ds, plan.run_id)
-    board = ShardBoard(folder, plan.shards, commit.cfg.precompute.lease_expiry_s)
-    left = board.remaining()
-    if left:
-        raise RuntimeError(f"precompute ds={plan.ds}: shards {left} are not done; start a worker: "
-                           f"`python -m gem.precompute.worker --ds {plan.ds}`")
+def finish_day(commit: StageCommit, plan: DayPlan, reports: list[dict[str, Any]], started: float) -> StageResult:
+    """Once every shard's task has reported: adopt the parts, check them against the reports and
+    one prediction per example, write the day's stats and publish the record."""
+    done = sorted(r["shard"] for r in reports)
+    if done != list(range(plan.shards)):
+        raise ReconciliationError(f"precompute ds={plan.ds}: reports of shards {done}, expected 0..{plan.shards - 1}")
     parts = [str(s) for s in range(plan.shards)]
     for schema in PRECOMPUTE_TABLES:
         commit.adopt_parts(schema, parts)
+        reported = sum(r["rows"][schema.name] for r in reports)
+        if commit.committed_rows[schema.name] != reported:
+            raise ReconciliationError(f"precompute ds={plan.ds}: {schema.name}'s part commits hold "
+                                      f"{commit.committed_rows[schema.name]} rows, the tasks reported {reported}")
     expected = _examples_rows(plan)
     if commit.committed_rows[GOLD_FM_PREDICTIONS.name] != expected:
         raise ReconciliationError(f"precompute ds={plan.ds}: {commit.committed_rows[GOLD_FM_PREDICTIONS.name]} "
@@ -176,11 +131,14 @@ def finish_day(commit: StageCommit, plan: DayPlan, started: float, **details: An
                                      "history_codes", "history_code_bytes_per_user",
                                      "speculative_pairs", "hit_rate", "wasted_share", "model_age_days",
                                      "input_age_days")}
-    done = [board.done(s) for s in range(plan.shards)]
-    phases = {p: sum(d["seconds"][p] for d in done) for p in done[0]["seconds"]}
-    window = max(d["done_at"] for d in done) - min(d["claimed_at"] for d in done)
+    workers, devices = {r["worker"] for r in reports}, sorted({r["device"] for r in reports})
+    print(f"precompute ds={plan.ds}: {plan.shards} shard tasks in {len(workers)} Python worker(s) on "
+          f"{', '.join(devices)}; the model loaded {sum(r['loaded_model'] for r in reports)} time(s)")
+    phases = {p: sum(r["seconds"][p] for r in reports) for p in reports[0]["seconds"]}
+    window = max(r["finished"] for r in reports) - min(r["started"] for r in reports)
     return commit.result(started, model_version=plan.model.version, **figures, shard_seconds=phases,
-                         shards_window_s=window, **details)
+                         shards_window_s=window, python_workers=len(workers), devices=devices,
+                         model_loads=sum(r["loaded_model"] for r in reports))
 
 
 def _examples_rows(plan: DayPlan) -> int:

@@ -18,7 +18,7 @@ START_DS = "2026-01-01"
 
 def world_config(root: Path, events_per_day: int = 4000, users: int = 400, ads: int = 80) -> Path:
     """A small world's config in root/gem.yaml (its lakehouse in root/lakehouse): one training day per
-    mixture, 4 training steps, one precompute worker; short-lived C1-only job JVMs."""
+    mixture, 4 training steps; short-lived C1-only job JVMs."""
     root.mkdir(parents=True, exist_ok=True)
     path = root / "gem.yaml"
     path.write_text(yaml.safe_dump({
@@ -30,6 +30,5 @@ def world_config(root: Path, events_per_day: int = 4000, users: int = 400, ads: 
         "mix": {"train_days": 1, "validation_days": 0},
         "loader": {"batch_size": 128, "num_workers": 0},
         "train": {"steps": 4, "checkpoint_every": 2},
-        "precompute": {"workers": 1},
     }))
     return path

@@ -43,7 +43,8 @@ UPSTREAM = {
 }
 SENSOR = "wait_for_landing"
 SKIPPABLE = {"generate_events", "assemble_examples", "validate_examples", "mix", "pretrain", "precompute", "distill"}
-POOLS = {"pretrain": "gpu", "precompute": "gpu", "distill": "gpu"}  # everything else runs in the default pool
+# Everything else runs in the default pool; precompute is a Spark stage whose executors hold the GPUs.
+POOLS = {"pretrain": "gpu", "distill": "gpu"}
 # The tasks that wait for their own previous run (day-over-day state), written out by hand; each
 # task's Assets: tests.support.DAG_OUTLETS.
 DEPENDS_ON_PAST = {"build_sequences"}

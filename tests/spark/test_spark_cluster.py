@@ -11,7 +11,6 @@ worker killed mid-stage: the stage completes on the survivor and leaves no parti
 
 from __future__ import annotations
 
-import json
 import subprocess
 import threading
 import time
@@ -25,7 +24,7 @@ from gem.lakehouse.commit import StageContext
 from gem.pipeline.bulk import run_range
 from gem.pipeline.services import SparkCluster
 from schemas import TABLES
-from tests.support import C1_JVM_CONF, PYTHON, lakehouse_rows, subprocess_env
+from tests.support import C1_JVM_CONF, PYTHON, finished_tasks, lakehouse_rows, subprocess_env
 
 DAYS = ("2026-01-01", "2026-01-02")
 LAST_SPARK_STAGE = "validate_examples"
@@ -57,22 +56,7 @@ def _bulk(config: Path) -> subprocess.Popen[str]:
 
 
 def _executors_that_ran_tasks(event_log: Path, live: bool = False) -> set[str]:
-    """Executor ids of every finished task in the event logs under event_log (live: a log being
-    written, whose last line may be partial)."""
-    executors = set()
-    # Spark 4 writes each application's log as a folder of rolled files (eventlog_v2_<app>/events_*).
-    # (beside them an empty appstatus_* marker).
-    for log in event_log.rglob("events_*"):
-        for line in filter(None, log.read_text().splitlines()):
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
-                if live:
-                    continue
-                raise
-            if event.get("Event") == "SparkListenerTaskEnd":
-                executors.add(event["Task Info"]["Executor ID"])
-    return executors
+    return {task["Executor ID"] for task in finished_tasks(event_log, live)}
 
 
 def _local_reference(spark, root: Path):

@@ -35,6 +35,9 @@ from schemas.metrics import GOLD_METRICS
 from schemas.precompute import GOLD_FM_HISTORY_CODES, GOLD_FM_PREDICTIONS
 from tests.precompute_lakehouse import build_days, precompute_config, promote_model, publish_training_records
 
+# Precompute runs its shard tasks on the suite's local Spark session.
+pytestmark = pytest.mark.usefixtures("spark")
+
 if TYPE_CHECKING:
     from gem.config import GemConfig
 

@@ -1,19 +1,15 @@
 """Solaris precompute (gem.precompute, jobs.precompute) on a real Delta lakehouse written without
-Spark (gem.precompute.synthetic_lakehouse) and a real tiny Kunlun: what the tables hold equals what the
-model computes; 1 and 2 workers write the same tables; a worker killed mid-shard leaves its shard to
-the survivor with the same result; an incremental day equals a full recompute for the changed users
-and leaves the others' rows alone; the speculative pairs' use is recorded; a missing promoted model
+Spark (gem.precompute.synthetic_lakehouse) and a real tiny Kunlun, its shards run as Spark tasks:
+what the tables hold equals what the model computes; a rerun replaces the same rows, and each Python
+worker loads the model once; on a local cluster, a task killed mid-commit is rerun by Spark and the
+tables equal local mode's; an incremental day equals a full recompute for the changed users and
+leaves the others' rows alone; the speculative pairs' use is recorded; a missing promoted model
 fails clearly, and a day without a mixture skips."""
 
 from __future__ import annotations
 
 import datetime as dt
-import itertools
-import os
-import signal
-import socket
 import subprocess
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,20 +17,22 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
+import yaml
 
-from gem import storage
+from gem.config import load_config
 from gem.data.batch import Jagged
 from gem.data.delta_log import logged_files, read_table
 from gem.data.encode import VOCABULARIES, hash_ids, timestamps_us, vocab_index
 from gem.data.loader import EXAMPLE_COLUMNS, example_batch
 from gem.days import shift_day
+from gem.environment import CRASH_AT_ENV
 from gem.lakehouse import completions, tables
 from gem.lakehouse.commit import StageContext
-from gem.precompute import run as precompute_run
+from gem.lakehouse.compare import NOT_COMPARED
 from gem.precompute.model import PrecomputeModel, PromotedModelMissing, user_batch
 from gem.precompute.read import user_embeddings
-from gem.precompute.run import begin_day, finish_day, run
-from gem.precompute.shards import ShardBoard, shard_of
+from gem.precompute.run import run
+from gem.precompute.shards import shard_of
 from schemas.examples import SILVER_TRAINING_EXAMPLES
 from schemas.precompute import (
     GOLD_FM_HISTORY_CODES,
@@ -51,10 +49,13 @@ from tests.precompute_lakehouse import (
     promote_model,
     publish_training_records,
 )
-from tests.support import PYTHON, REPO, subprocess_env
+from tests.support import PYTHON, REPO, finished_tasks, lakehouse_rows, needs_cuda, subprocess_env
 
 if TYPE_CHECKING:
     from gem.config import GemConfig
+
+# In-process runs share the suite's local session (its shard tasks run in its Python workers).
+pytestmark = pytest.mark.usefixtures("spark")
 
 
 def contents(cfg: GemConfig, schema: Any, ds: str | None = None) -> list[dict]:
@@ -257,90 +258,93 @@ def test_incremental_equals_a_full_recompute_for_the_changed_users(lake: dict[st
         assert row["sequence_ds"] == full[row["user_id"]]["sequence_ds"]
 
 
-def test_one_and_two_workers_write_identical_tables(tmp_path: Path) -> None:
-    """Day 2 with one worker, then rerun with two worker processes that split the shards between
-    them (made deterministic: the first is paused once it has done the shards left to it): the same
-    rows, replaced, not added."""
+def test_a_rerun_replaces_the_days_rows_and_each_python_worker_loads_the_model_once(tmp_path: Path) -> None:
+    """Day 2 twice on the suite's local session: the same rows, replaced, not added; the shards' tasks
+    share their Python workers' model (one load per worker, fewer than the shards)."""
     cfg = precompute_config(tmp_path)
     _, days = build_days(cfg, 2)
     promote_model(cfg, days[1])
-    run(StageContext(cfg), days[1], workers=1)
-    one = {s.name: contents(cfg, s) for s in PRECOMPUTE_TABLES}
-    commit, plan, folder = begin_day(StageContext(cfg), days[1])
-    board = ShardBoard(folder, plan.shards, cfg.precompute.lease_expiry_s)
-    second_half = list(range(plan.shards // 2, plan.shards))
-    claims = board.claims("test-blocker", second_half[0])
-    blocked = [held for _, held in itertools.islice(claims, len(second_half))]  # this process holds them
-    assert [storage.name(h.path) for h in blocked] == [f"shard-{s:04d}.lease" for s in second_half]
-    worker = [PYTHON, "-m", "gem.precompute.worker", "--run-folder", folder]
-    first = subprocess.Popen([*worker, "--index", "0"], cwd=REPO, env=subprocess_env())
-    try:
-        _wait_for(lambda: board.remaining() == second_half, "the first worker's shards")
-        os.kill(first.pid, signal.SIGSTOP)  # it would take the rest once released
-        for held in blocked:
-            held.release()
-        second = subprocess.Popen([*worker, "--index", "1"], cwd=REPO, env=subprocess_env())
-        assert second.wait(timeout=300) == 0
-    finally:
-        os.kill(first.pid, signal.SIGCONT)
-    assert first.wait(timeout=300) == 0
-    finish_day(commit, plan, time.time())
-    assert {s.name: contents(cfg, s) for s in PRECOMPUTE_TABLES} == one
-    assert all(one.values())
-    workers = [board.done(s)["worker"] for s in range(plan.shards)]
-    assert workers == [f"{socket.gethostname()}:{p.pid}" for p in (first, second) for _ in second_half]
-    # The job's own way: a helper started before the plan, handed the run's folder on its stdin.
-    run(StageContext(cfg), days[1], workers=2)
-    assert {s.name: contents(cfg, s) for s in PRECOMPUTE_TABLES} == one
+    first = run(StageContext(cfg), days[1])
+    once = {s.name: contents(cfg, s) for s in PRECOMPUTE_TABLES}
+    assert all(once.values())
+    again = run(StageContext(cfg), days[1])
+    assert {s.name: contents(cfg, s) for s in PRECOMPUTE_TABLES} == once
+    for result in (first, again):
+        assert result.details["model_loads"] == result.details["python_workers"] < cfg.precompute.shards
 
 
-def _wait_for(condition: Any, what: str, timeout_s: float = 120.0) -> None:
-    deadline = time.time() + timeout_s
-    while not condition():
-        assert time.time() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
+def test_on_a_local_cluster_a_task_killed_mid_commit_reruns_and_the_tables_equal_local_mode(
+        tmp_path: Path) -> None:
+    """The job on local-cluster[2,1,1024] (a master and two executor JVMs), the first attempt of shard
+    1 killed after its first table's commit: Spark reruns the task, which replaces the shard's rows;
+    the five tables equal the same day's in local mode, and the tasks ran in both executors."""
+    local = precompute_config(tmp_path / "local")
+    events = tmp_path / "events"
+    events.mkdir()
+    cluster = load_config(overrides={**precompute_config(tmp_path / "cluster").to_dict(), "spark": {
+        "master": "local-cluster[2,1,1024]", "shuffle_partitions": 2, "driver_memory": "1g",
+        "conf": {"spark.executor.memory": "512m", "spark.eventLog.enabled": "true",
+                 "spark.eventLog.dir": events.as_uri(), "spark.eventLog.compress": "false"}}}, environ={})
+    for cfg in (local, cluster):  # the same seeded days and model in both lakehouses
+        _, days = build_days(cfg, 2)
+        promote_model(cfg, days[1])
+    run(StageContext(local), days[1])
+    config = tmp_path / "cluster.yaml"
+    config.write_text(yaml.safe_dump(cluster.to_dict()))
+    crash = f"precompute:shard=1:attempt=0:committed={GOLD_FM_USER_EMBEDDINGS.name}"
+    job = subprocess.run([PYTHON, "-m", "jobs.precompute", "--ds", days[1], "--config", str(config)], check=False,
+                         cwd=REPO, env={**subprocess_env(), CRASH_AT_ENV: crash}, capture_output=True, text=True, timeout=600)
+    assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
+    for schema in (*PRECOMPUTE_TABLES, GOLD_PRECOMPUTE_STATS):
+        rows = lakehouse_rows(local, schema.name, NOT_COMPARED)
+        assert rows, schema.name
+        assert lakehouse_rows(cluster, schema.name, NOT_COMPARED) == rows, schema.name
+    tasks = finished_tasks(events)
+    assert len({t["Executor ID"] for t in tasks if t["Reason"] == "Success"} - {"driver"}) >= 2, tasks
+    shard_1 = sorted((t["Attempt"], t["Reason"]) for t in tasks if t["Index"] == 1)
+    assert shard_1[0][0] == 0 and shard_1[0][1] != "Success" and shard_1[-1][1] == "Success", shard_1
 
 
-def test_a_worker_killed_mid_shard_leaves_it_to_the_survivor(tmp_path: Path) -> None:
-    cfg = precompute_config(tmp_path)
-    _, days = build_days(cfg, 2)
-    promote_model(cfg, days[1])
-    commit, plan, folder = begin_day(StageContext(cfg), days[1])
-    board = ShardBoard(folder, plan.shards, cfg.precompute.lease_expiry_s)
-    worker = [PYTHON, "-m", "gem.precompute.worker", "--run-folder", folder]
-    doomed = subprocess.Popen([*worker, "--index", "0"], cwd=REPO, env=subprocess_env())
-    deadline, held = time.time() + 120, None
-    while held is None and time.time() < deadline and doomed.poll() is None:
-        held = next((s for s in range(plan.shards) if (board.holder(s) or {}).get("pid") == doomed.pid), None)
-        time.sleep(0.005)
-    assert held is not None, "the worker never claimed a shard"
-    os.kill(doomed.pid, signal.SIGKILL)  # mid-shard: it claims, then reads and computes before any commit
-    survivor = subprocess.Popen([*worker, "--index", "1"], cwd=REPO, env=subprocess_env())
-    assert survivor.wait(timeout=300) == 0
-    assert doomed.wait() == -signal.SIGKILL
-    assert board.remaining() == []
-    assert board.done(held)["worker"] == f"{socket.gethostname()}:{survivor.pid}"  # taken over
-    finish_day(commit, plan, time.time())
-    killed = {s.name: contents(cfg, s) for s in PRECOMPUTE_TABLES}
-    run(StageContext(cfg), days[1])  # the same day, uninterrupted
-    assert {s.name: contents(cfg, s) for s in PRECOMPUTE_TABLES} == killed
+@needs_cuda
+def test_with_a_gpu_per_task_each_shard_scores_on_the_gpu_spark_gave_it(tmp_path: Path) -> None:
+    """precompute.gpus_per_task 1 on local-cluster[1,1,2048] whose worker offers GPU 0: the tasks
+    score on cuda:0, and the tables match a CPU run within float tolerance."""
+    cpu = precompute_config(tmp_path / "cpu")
+    script = tmp_path / "gpus.sh"
+    script.write_text("#!/bin/sh\necho '{\"name\": \"gpu\", \"addresses\": [\"0\"]}'\n")
+    script.chmod(0o755)
+    gpu = load_config(overrides={**precompute_config(tmp_path / "gpu").to_dict(),
+                                 "precompute": {**cpu.to_dict()["precompute"], "gpus_per_task": 1},
+                                 "spark": {"master": "local-cluster[1,1,2048]", "shuffle_partitions": 2, "conf": {
+                                     "spark.worker.resource.gpu.amount": "1",
+                                     "spark.worker.resource.gpu.discoveryScript": str(script),
+                                     "spark.executor.resource.gpu.amount": "1",
+                                     "spark.executor.resource.gpu.discoveryScript": str(script)}}}, environ={})
+    for cfg in (cpu, gpu):
+        _, days = build_days(cfg, 2)
+        promote_model(cfg, days[1])
+    run(StageContext(cpu), days[1])
+    config = tmp_path / "gpu.yaml"
+    config.write_text(yaml.safe_dump(gpu.to_dict()))
+    job = subprocess.run([PYTHON, "-m", "jobs.precompute", "--ds", days[1], "--config", str(config)], check=False,
+                         cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=600)
+    assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
+    assert "Python worker(s) on cuda:0;" in job.stdout, job.stdout
+    on_cpu = {r["user_id"]: r["embedding"] for r in contents(cpu, GOLD_FM_USER_EMBEDDINGS)}
+    on_gpu = {r["user_id"]: r["embedding"] for r in contents(gpu, GOLD_FM_USER_EMBEDDINGS)}
+    assert on_gpu.keys() == on_cpu.keys()
+    for user, embedding in on_cpu.items():
+        torch.testing.assert_close(torch.tensor(on_gpu[user]), torch.tensor(embedding), rtol=1e-4, atol=1e-5)
 
 
-def test_a_missing_promoted_model_fails_clearly_and_a_day_without_mixture_skips(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+def test_a_missing_promoted_model_fails_clearly_and_a_day_without_mixture_skips(tmp_path: Path) -> None:
     cfg = precompute_config(tmp_path)
     _, days = build_days(cfg, 2)
     skipped = run(StageContext(cfg), days[1])  # pretraining skipped: no mixture for the day
     assert not skipped.published and completions.completion(cfg, "precompute", days[1]) is None
     publish_training_records(cfg, days[1])  # pretraining ran, but promoted nothing
-    helpers: list[subprocess.Popen] = []
-    start = precompute_run.start_workers
-    monkeypatch.setattr(precompute_run, "start_workers", lambda count: helpers.extend(start(count)) or helpers)
     with pytest.raises(PromotedModelMissing, match=r"no kunlun model is promoted for 2026-01-02 or an earlier day"):
-        run(StageContext(cfg), days[1], workers=2)
-    # The helper started before the plan failed was told there is no run, and exited cleanly.
-    assert len(helpers) == 1 and helpers[0].returncode == 0
-    assert "no run to join" in capfd.readouterr().out
+        run(StageContext(cfg), days[1])
     assert completions.completion(cfg, "precompute", days[1]) is None
 
 

@@ -29,6 +29,9 @@ from schemas.precompute import GOLD_PRECOMPUTE_STATS
 from tests.browser import LinkParser, render
 from tests.precompute_lakehouse import build_days, precompute_config
 
+# Precompute runs its shard tasks on the suite's local Spark session.
+pytestmark = pytest.mark.usefixtures("spark")
+
 if TYPE_CHECKING:
     from gem.config import GemConfig
 
