@@ -159,6 +159,7 @@ def get_spark(cfg: GemConfig, app_name: str = "gem") -> SparkSession:
                 "spark-submit session lacks Delta: pass --packages io.delta:delta-spark_4.1_2.13:<ver> "
                 "and --conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension (see infra/spark)"
             )
+        ship_project(spark, cfg)
         return spark  # the cluster's own S3A settings reach s3a:// tables
 
     jars = delta_jars(cfg)
@@ -201,14 +202,20 @@ def get_spark(cfg: GemConfig, app_name: str = "gem") -> SparkSession:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
-    if not is_local_master(cfg.spark.master):
-        # Executors import the project's code (Python UDFs, mapInPandas) from the archive shipped
-        # with the application, not from whatever their hosts have installed.
-        spark.sparkContext.addPyFile(str(project_archive(Path(cfg.spark.jars_dir).parent)))
+    ship_project(spark, cfg)
     # Set on the Hadoop configuration, not as spark.hadoop.* of the builder: a running session
     # takes them too, and a later change of the AWS variables reaches it.
     configure_object_store(spark)
     return spark
+
+
+def ship_project(spark: SparkSession, cfg: GemConfig) -> None:
+    """On a cluster (any master but local), executors import the project's code (mapInArrow, UDFs)
+    from an archive shipped with the application, not from whatever their hosts have installed.
+    Shipped by the session, also under spark-submit: a --py-files archive would come first on the
+    driver's path too, where the project's non-Python files (configs, assets) are not."""
+    if not is_local_master(spark.sparkContext.master):
+        spark.sparkContext.addPyFile(str(project_archive(Path(cfg.spark.jars_dir).parent)))
 
 
 def is_local_master(master: str) -> bool:

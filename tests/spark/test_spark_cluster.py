@@ -21,10 +21,11 @@ import yaml
 
 from gem.config import load_config
 from gem.lakehouse.commit import StageContext
+from gem.lakehouse.spark import delta_jars
 from gem.pipeline.bulk import run_range
-from gem.pipeline.services import SparkCluster
+from gem.pipeline.services import SparkCluster, spark_home
 from schemas import TABLES
-from tests.support import C1_JVM_CONF, PYTHON, finished_tasks, lakehouse_rows, subprocess_env
+from tests.support import C1_JVM_CONF, PYTHON, REPO, finished_tasks, lakehouse_rows, subprocess_env
 
 DAYS = ("2026-01-01", "2026-01-02")
 LAST_SPARK_STAGE = "validate_examples"
@@ -90,6 +91,40 @@ def test_the_stages_on_a_local_cluster_write_what_local_mode_writes(spark, tmp_p
     assert len(executors - {"driver"}) >= 2, executors
     reference = _local_reference(spark, tmp_path / "local")
     _assert_same_lakehouse(reference, load_config(str(cluster_cfg)))
+
+
+def test_a_stage_under_spark_submit_writes_what_the_session_factory_writes(spark, tmp_path: Path):
+    """ingest_events of one day submitted with pyspark's own spark-submit to local-cluster[2,1,1024]
+    (the cluster's settings from infra/spark/spark-defaults.conf, the Delta jars shipped with --jars,
+    the project's code by the session factory) writes the rows the in-process session writes."""
+    events = tmp_path / "events"
+    submitted = load_config(str(_config(tmp_path / "submitted", "local[2]")))
+    for cfg in (submitted, load_config(str(_config(tmp_path / "local", "local[2]")))):
+        runs = list(run_range(cfg, DAYS[0], DAYS[0], "generate_events"))
+        assert {r.state for r in runs} == {"success"}, runs
+    reference = load_config(str(tmp_path / "local" / "gem.yaml"))
+    assert {r.state for r in run_range(reference, DAYS[0], DAYS[0], "ingest_events",
+                                       ctx=StageContext(reference, spark))} == {"success"}
+    # The repository's cluster settings, but the jars fetched at set-up instead of spark.jars.packages.
+    settings = [line.split(None, 1) for line in (REPO / "infra/spark/spark-defaults.conf").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+    conf = [arg for key, value in settings if key != "spark.jars.packages" for arg in ("--conf", f"{key}={value}")]
+    events.mkdir()
+    submit = [str(spark_home() / "bin" / "spark-submit"), "--master", "local-cluster[2,1,1024]",
+              "--conf", "spark.executor.memory=512m", "--conf", "spark.eventLog.enabled=true",
+              "--conf", f"spark.eventLog.dir={events.as_uri()}", "--conf", "spark.eventLog.compress=false",
+              "--conf", f"spark.pyspark.python={PYTHON}", *conf,
+              "--jars", ",".join(delta_jars(submitted)),
+              str(REPO / "jobs" / "ingest_events.py"), "--ds", DAYS[0], "--config", str(tmp_path / "submitted" / "gem.yaml")]
+    job = subprocess.run(submit, check=False, capture_output=True, text=True, timeout=600, env=subprocess_env())
+    assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
+    assert len(_executors_that_ran_tasks(events) - {"driver"}) >= 2
+    compared = 0
+    for name in TABLES:
+        rows = lakehouse_rows(reference, name)
+        assert lakehouse_rows(submitted, name) == rows, name
+        compared += bool(rows)
+    assert compared >= 2
 
 
 @pytest.mark.slow
