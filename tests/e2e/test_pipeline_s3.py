@@ -10,11 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
+from typer.testing import CliRunner
 
 from gem import storage
 from gem.lakehouse import tables
 from gem.lakehouse.commit import StageContext
 from gem.pipeline.bulk import run_range
+from gem.pipeline.command import app
 from gem.report import run_report
 from schemas import TABLES
 from tests.support import lakehouse_rows, make_config
@@ -63,3 +66,19 @@ def test_the_run_report_publishes_on_the_object_store(chain) -> None:
     cfg, _, _ = chain
     index = run_report.write(cfg, DAYS[-1])
     assert index.startswith(f"{cfg.lakehouse_uri}/_reports/") and "<html" in storage.read_text(index).lower()
+
+
+def test_the_gem_command_reads_the_lakehouse_on_the_object_store(chain, tmp_path: Path) -> None:
+    """`gem status` lists the days' records and `gem report` writes the day's page, both from the
+    bucket, with nothing but the config file naming it."""
+    cfg, _, _ = chain
+    config = tmp_path / "gem.yaml"
+    config.write_text(yaml.safe_dump(cfg.to_dict()))
+    status = CliRunner().invoke(app, ["status", "--config", str(config), "--no-airflow"])
+    assert status.exit_code == 0, status.output
+    for stage in ("ingest_events", "precompute", "distill"):
+        assert stage in status.output, status.output
+    report = CliRunner().invoke(app, ["report", "--ds", DAYS[-1], "--config", str(config)])
+    assert report.exit_code == 0, report.output
+    page = report.output.strip().splitlines()[-1]
+    assert page.startswith(f"{cfg.lakehouse_uri}/_reports/") and "<html" in storage.read_text(page).lower()
