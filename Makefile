@@ -16,7 +16,7 @@ LOCAL_FS_JAR := $(CACHE)/gem-localfs.jar
 # Optional: PyTorch's CPU wheel index, to install the small CPU-only torch build (see README).
 TORCH_INDEX_URL ?=
 
-.PHONY: setup browser demo test test-slow test-all bench clean-data
+.PHONY: setup browser demo cluster-demo test test-slow test-all bench clean-data
 
 setup: $(PKG_STAMP) $(JARS_STAMP) $(ASSETS_STAMP) $(LOCAL_FS_JAR) $(CLASS_ARCHIVE)
 
@@ -59,6 +59,11 @@ $(ASSETS_STAMP): $(PKG_STAMP) infra/dq_assets/assets.txt infra/dq_assets/fetch.s
 
 demo: setup
 	$(PY) -m gem.pipeline.demo $(if $(CONFIG),--config $(CONFIG),)
+
+# The demo's days on the local cluster topology: an S3 API server holding the lakehouse and a Spark
+# master with two workers (gem/pipeline/cluster_demo.py; docs/cluster.md). Stops all it started.
+cluster-demo: setup
+	$(PY) -m gem.pipeline.cluster_demo $(if $(CONFIG),--config $(CONFIG),)
 
 # `make test`: every test not marked slow (the quick tier; CI runs it). `make test-slow`:
 # the slow tier (end-to-end Airflow runs with the real scheduler, the learning claims, crash and

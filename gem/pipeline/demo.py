@@ -8,13 +8,16 @@ logical date, so it processes ds=D; see gem/pipeline/airflow/orchestration.py) a
 (gem.pipeline.demo_process), so the Airflow days' Spark stages run on the bulk days' warm JVM. It prints one
 line per stage or task as it finishes (day, task, state, seconds); Spark's log goes to
 .airflow/runs/demo-<first>..<last>.spark.log and each Airflow run's to .airflow/runs/gem_daily-<D>.log,
-whose paths it prints first. At the end it reads the tables back through the Delta log with the
-`deltalake` package (no Spark) and prints their locations, row counts per day and the reports' paths.
+whose paths it prints first. At the end it prints the seconds per stage, reads the tables back through
+the Delta log with the `deltalake` package (no Spark) and prints their locations, row counts per day,
+the held-out metrics and the reports' paths (`report`).
+
+`make cluster-demo` (gem.pipeline.cluster_demo) runs the same days with `run_days` and prints the same
+summary with `report`, on the local cluster topology.
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import queue
 import sqlite3
@@ -22,7 +25,12 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
+
+import typer
 
 from gem import storage
 from gem.config import REPO_ROOT, GemConfig, load_config
@@ -31,6 +39,10 @@ from gem.days import day_range, shift_day
 from gem.environment import RETRIES_ENV, RETRY_DELAY_ENV
 from gem.lakehouse.tables import table_exists
 from gem.pipeline.airflow.runs import POLL_S, TaskReporter, airflow_env, airflow_home, init_db, run_log
+from gem.pipeline.bulk import StageRun
+from gem.pipeline.cli import job_app, run_command
+from gem.pipeline.demo_process import DAY_DONE, DAY_START, STAGE_RUN, parse_stage_run
+from gem.pipeline.services import stop_group
 from gem.quality.runner import docs_site_uri
 from gem.report.run_report import student_results, write
 from gem.sources.bayes_floor import reported_floor
@@ -47,15 +59,27 @@ def demo_days(cfg: GemConfig) -> tuple[list[str], list[str]]:
     return days[: cfg.demo.bulk_days], days[cfg.demo.bulk_days:]
 
 
-def run_days(cfg_path: Path, cfg: GemConfig) -> list[tuple[str, float]]:
+@dataclass
+class DemoRun:
+    """What `run_days` ran: seconds per part (the bulk path, each Airflow run), and each stage's run
+    on the bulk path."""
+
+    parts: list[tuple[str, float]] = field(default_factory=list)
+    bulk_runs: list[StageRun] = field(default_factory=list)
+
+
+# How long the child's process group has to exit after SIGTERM, when the parent stops early.
+STOP_TIMEOUT_S = 20.0
+
+
+def run_days(cfg_path: Path, cfg: GemConfig) -> DemoRun:
     """Run the demo days in order in one process (gem.pipeline.demo_process): the first demo.bulk_days through
     the bulk path, the others through Airflow's `dags test`, so every Spark stage after the first runs
     on one warm JVM. One line per stage or task as it finishes; Spark's log and each Airflow run's log
-    go to files whose paths are printed. -> (what ran, seconds) per part; exits on a failure."""
+    go to files whose paths are printed. Exits on a failure.
 
-    # Imported here: it imports Airflow, which reads its config on import, and this process sets
-    # Airflow's environment for the child only.
-    from gem.pipeline.demo_process import DAY_DONE, DAY_START  # noqa: PLC0415
+    The child runs in its own process group (with its JVM and anything it starts); when this
+    function ends early (a failure, an interrupt, an exception), the group is stopped before it returns."""
 
     env = airflow_env(cfg, cfg_path)
     env.setdefault(RETRIES_ENV, "1")
@@ -72,59 +96,67 @@ def run_days(cfg_path: Path, cfg: GemConfig) -> list[tuple[str, float]]:
     command = (f". infra/airflow/airflow_env.sh && exec {sys.executable} -m gem.pipeline.demo_process "
                f"--config {cfg_path.resolve()} {' '.join(args)}")
     lines: queue.Queue[str | None] = queue.Queue()
-    timings: list[tuple[str, float]] = []
+    ran = DemoRun()
     with open(spark_log, "w") as err:
         proc = subprocess.Popen(["bash", "-c", command], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
-                                stderr=err, text=True)
+                                stderr=err, text=True, start_new_session=True)
+        try:
+            def pump() -> None:
+                assert proc.stdout is not None
+                for line in proc.stdout:
+                    lines.put(line.rstrip("\n"))
+                lines.put(None)
 
-        def pump() -> None:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                lines.put(line.rstrip("\n"))
-            lines.put(None)
-
-        threading.Thread(target=pump, daemon=True).start()
-        t0, reporter, part = time.time(), None, f"bulk path ds={bulk[0]}..{bulk[-1]}" if bulk else None
-        while True:
-            try:
-                line = lines.get(timeout=POLL_S)
-            except queue.Empty:
-                line = ""
-            if reporter is not None:
-                reporter.report()
-            if line is None:
-                break
-            word, *rest = line.split() or [""]
-            if word == DAY_START:
-                if part is not None:
-                    timings.append((part, time.time() - t0))
-                ds, before = rest
-                print(f"gem_daily ds={ds}: Airflow's log: {run_log(env, ds)}", flush=True)
-                t0, part = time.time(), f"gem_daily run of ds={ds}"
-                reporter = TaskReporter(airflow_home(env) / "airflow.db", ds, int(before),
-                                        lambda task: print(task, flush=True))
-            elif word == DAY_DONE:
-                ds, outcome = rest
+            threading.Thread(target=pump, daemon=True).start()
+            t0, reporter, part = time.time(), None, f"bulk path ds={bulk[0]}..{bulk[-1]}" if bulk else None
+            while True:
+                try:
+                    line = lines.get(timeout=POLL_S)
+                except queue.Empty:
+                    line = ""
                 if reporter is not None:
                     reporter.report()
-                reporter = None
-                if outcome != "ok":
-                    raise SystemExit(f"demo failed: the gem_daily run of ds={ds} failed; see {run_log(env, ds)}")
-                timings.append((part or ds, time.time() - t0))
-                part = None
-            elif line:
-                print(line, flush=True)
-    if proc.wait() != 0:
-        raise SystemExit(f"demo failed (exit {proc.returncode}); see {spark_log}")
+                if line is None:
+                    break
+                word, *rest = line.split(maxsplit=1) or [""]
+                if word == STAGE_RUN:
+                    run = parse_stage_run(rest[0])
+                    ran.bulk_runs.append(run)
+                    print(run.line(), flush=True)
+                elif word == DAY_START:
+                    if part is not None:
+                        ran.parts.append((part, time.time() - t0))
+                    ds, before = rest[0].split()
+                    print(f"gem_daily ds={ds}: Airflow's log: {run_log(env, ds)}", flush=True)
+                    t0, part = time.time(), f"gem_daily run of ds={ds}"
+                    reporter = TaskReporter(airflow_home(env) / "airflow.db", ds, int(before),
+                                            lambda task: print(task, flush=True))
+                elif word == DAY_DONE:
+                    ds, outcome = rest[0].split()
+                    if reporter is not None:
+                        reporter.report()
+                    reporter = None
+                    if outcome != "ok":
+                        raise SystemExit(f"demo failed: the gem_daily run of ds={ds} failed; see {run_log(env, ds)}")
+                    ran.parts.append((part or ds, time.time() - t0))
+                    part = None
+                elif line:
+                    print(line, flush=True)
+            if proc.wait() != 0:
+                raise SystemExit(f"demo failed (exit {proc.returncode}); see {spark_log}")
+        finally:
+            stop_group(proc, STOP_TIMEOUT_S)
     if part is not None:
-        timings.append((part, time.time() - t0))
-    return timings
+        ran.parts.append((part, time.time() - t0))
+    return ran
 
 
-def task_seconds(airflow_home: Path, days: list[str]) -> str:
-    """Seconds and state of every task of the demo's runs, read from Airflow's metadata DB.
+def task_seconds(airflow_home: Path, days: list[str], bulk_runs: Sequence[StageRun] = ()) -> str:
+    """Seconds and state of every stage: of its runs on the bulk path (`bulk_runs`, one column, a
+    stage's runs summed), and of every task of the demo's Airflow runs, read from Airflow's metadata DB.
 
-    One row per task (in the order the tasks first started), one column per run (the ds it processed).
+    One row per task (in the order the tasks first started in Airflow, then stages only the bulk path
+    ran), one column for the bulk path and one per Airflow run (the ds it processed).
     """
 
     db = airflow_home / "airflow.db"
@@ -147,9 +179,23 @@ def task_seconds(airflow_home: Path, days: list[str]) -> str:
         totals[day] += seconds
         cells.setdefault(task, {})[day] = f"{seconds:.0f}s" if state == "success" else f"{seconds:.0f}s {state}"
     order = sorted(cells, key=lambda t: first_start[t])
-    header = "  " + f"{'task':<20}" + "".join(f"{d:>18}" for d in days)
-    lines = [header] + ["  " + f"{t:<20}" + "".join(f"{cells[t].get(d, '-'):>18}" for d in days) for t in order]
-    lines.append("  " + f"{'all tasks':<20}" + "".join(f"{totals[d]:>17.0f}s" for d in days))
+    columns = list(days)
+    if bulk_runs:
+        column = f"bulk {bulk_runs[0].run_day}..{max(r.through or r.run_day for r in bulk_runs)}"
+        columns.insert(0, column)
+        totals[column] = sum(r.seconds for r in bulk_runs)
+        for stage in dict.fromkeys(r.stage for r in bulk_runs):
+            runs = [r for r in bulk_runs if r.stage == stage]
+            seconds = sum(r.seconds for r in runs)
+            ran = any(r.state == "success" for r in runs)
+            cells.setdefault(stage, {})[column] = f"{seconds:.0f}s" if ran else f"{seconds:.0f}s skipped"
+            if stage not in order:
+                order.append(stage)
+    widths = {c: max(18, len(c) + 2) for c in columns}
+    header = "  " + f"{'task':<20}" + "".join(f"{c:>{widths[c]}}" for c in columns)
+    lines = [header] + ["  " + f"{t:<20}" + "".join(f"{cells[t].get(c, '-'):>{widths[c]}}" for c in columns)
+                        for t in order]
+    lines.append("  " + f"{'all tasks':<20}" + "".join(f"{totals[c]:>{widths[c] - 1}.0f}s" for c in columns))
     return "\n".join(lines)
 
 
@@ -227,20 +273,18 @@ def reports(cfg: GemConfig, ds: str) -> str:
                       f"  {'data-quality report':<28} {storage.join(docs_site_uri(cfg), 'index.html')}"])
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default=str(DEFAULT_CONFIG))
-    args = parser.parse_args(argv)
-    cfg_path = Path(args.config)
-    cfg = load_config(cfg_path)
-    t0 = time.time()
-    timings = run_days(cfg_path, cfg)
+def report(cfg_path: Path, cfg: GemConfig, ran: DemoRun, started: float) -> int:
+    """The demo's closing printout, after `run_days` returned `ran` (it started at `started`, a
+    time.time()): the seconds per part and per stage, the tables, the held-out metrics, the reports.
+    -> the demo's exit status: 1 when pretraining wrote no held-out metrics."""
     print("\n== GEM demo done ==")
-    for what, seconds in timings:
+    for what, seconds in ran.parts:
         print(f"  {what}: {seconds:.0f}s")
-    print(f"  total wall time: {time.time() - t0:.0f}s")
-    print("== seconds per task of each Airflow run (by the day it processed; from Airflow's metadata DB) ==")
-    print(task_seconds(airflow_home(), demo_days(cfg)[1]))
+    print(f"  total wall time: {time.time() - started:.0f}s")
+    bulk, daily = demo_days(cfg)
+    print("== seconds per stage: its runs on the bulk path (a ranged stage runs once for all its days), and per task "
+          "of each Airflow run (by the day it processed; from Airflow's metadata DB) ==")
+    print(task_seconds(airflow_home(), daily, ran.bulk_runs))
     print("== tables ==")
     print(f"  {'landing files':<28} {cfg.landing_root}")
     print(summarize(cfg))
@@ -248,7 +292,6 @@ def main(argv: list[str] | None = None) -> int:
     metrics = model_metrics(cfg)
     print(metrics or f"  none: no pretraining run wrote {GOLD_METRICS.path(cfg.lakehouse_uri)}")
     print("== students: held-out metrics per task beside the FM's logged predictions (gold.metrics) ==")
-    bulk, daily = demo_days(cfg)
     last = (bulk + daily)[-1]
     students = student_metrics(cfg)
     print(students or "  none: the distill stage needs precompute on two consecutive days")
@@ -262,6 +305,22 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 1
     return 0
+
+
+ConfigFile = Annotated[Path, typer.Option("--config", help="the demo's YAML config", exists=True, dir_okay=False)]
+
+
+def command_line(config: ConfigFile = DEFAULT_CONFIG) -> int:
+    """Run the demo days (the bulk path, then Airflow), then print the summary."""
+    cfg = load_config(config)
+    started = time.time()
+    return report(config, cfg, run_days(config, cfg), started)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    app = job_app("python -m gem.pipeline.demo")
+    app.command(help=__doc__.split("\n\n")[0])(command_line)
+    return run_command(app, argv)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ runs its tasks in the process that calls it, so their Spark sessions are the bul
 the JVM is started and its JIT warmed once, and the Airflow day's Spark stages run faster than in
 a fresh `airflow dags test` process.
 
-What the parent (gem.pipeline.demo) reads on stdout: the bulk path's lines, then per Airflow day one line
+What the parent (gem.pipeline.demo) reads on stdout: one line `STAGE_RUN <json>` per stage of the bulk
+path as it finishes (a gem.pipeline.bulk.StageRun), the stages' own output, then per Airflow day one line
 `AIRFLOW_DAY <ds> <newest DAG run id before it>` and one line `AIRFLOW_DONE <ds> <ok|failed>`;
 between them the day's own output (Airflow's, its tasks') goes to its run log
 (gem.pipeline.airflow.runs.run_log), and the parent prints each task as it finishes from the metadata DB.
@@ -18,24 +19,38 @@ Spark's log stays in this process's stderr: the JVM keeps the stderr it was star
 
 from __future__ import annotations
 
-import argparse
 import contextlib
+import dataclasses
+import json
 import logging
 import os
 import sys
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Annotated, TextIO
+
+import typer
 
 from gem.config import load_config
-from gem.days import iso_day
 from gem.pipeline.airflow.orchestration import DAG_ID, manual_logical_date
 from gem.pipeline.airflow.runs import airflow_home, newest_run_id, run_log
-from gem.pipeline.bulk import run_range
+from gem.pipeline.bulk import StageRun, run_range
+from gem.pipeline.cli import DAY, day_value, job_app, run_command
 
 DAY_START = "AIRFLOW_DAY"
 DAY_DONE = "AIRFLOW_DONE"
+STAGE_RUN = "STAGE_RUN"
+
+
+def stage_run_line(run: StageRun) -> str:
+    """The line that hands one bulk stage's run to the parent (`parse_stage_run` reads it back)."""
+    return f"{STAGE_RUN} {json.dumps(dataclasses.asdict(run))}"
+
+
+def parse_stage_run(text: str) -> StageRun:
+    """A StageRun from the JSON after STAGE_RUN on a `stage_run_line`."""
+    return StageRun(**json.loads(text))
 
 
 @contextlib.contextmanager
@@ -90,26 +105,41 @@ def run_airflow_day(ds: str, parent: TextIO) -> bool:
     return ok
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", required=True)
-    parser.add_argument("--bulk-start", type=iso_day, default=None)
-    parser.add_argument("--bulk-end", type=iso_day, default=None)
-    parser.add_argument("--airflow-day", type=iso_day, action="append", default=[])
-    args = parser.parse_args(argv)
-    if (args.bulk_start is None) != (args.bulk_end is None):
-        parser.error("--bulk-start and --bulk-end go together")
-    if args.bulk_start is not None:
-        for run in run_range(load_config(args.config), args.bulk_start, args.bulk_end):
-            print(run.line(), flush=True)
+def days_value(values: list[str] | None) -> list[str]:
+    """typer callback: each day of a repeated day option, normalised (gem.pipeline.cli.day_value)."""
+    return [day for day in map(day_value, values or []) if day is not None]
+
+
+def command_line(
+    config: Annotated[Path, typer.Option("--config", help="the demo's YAML config", exists=True, dir_okay=False)],
+    bulk_start: Annotated[str | None, typer.Option(
+        help="first day through the bulk path (with --bulk-end)", metavar=DAY, callback=day_value)] = None,
+    bulk_end: Annotated[str | None, typer.Option(
+        help="last day through the bulk path (with --bulk-start)", metavar=DAY, callback=day_value)] = None,
+    airflow_day: Annotated[list[str] | None, typer.Option(
+        help="a day through `airflow dags test`, after the bulk days (repeat for several, in order)",
+        metavar=DAY, callback=days_value)] = None,
+) -> int:
+    """Run the bulk days, then each Airflow day, in this process (one Spark session for all)."""
+    if (bulk_start is None) != (bulk_end is None):
+        raise typer.BadParameter("--bulk-start and --bulk-end go together", param_hint="--bulk-end")
+    if bulk_start is not None and bulk_end is not None:
+        for run in run_range(load_config(config), bulk_start, bulk_end):
+            print(stage_run_line(run), flush=True)
     try:
-        for ds in args.airflow_day:
+        for ds in airflow_day or []:
             if not run_airflow_day(ds, sys.stdout):
                 return 1
     finally:
         # Airflow's logging writes to stdout; py4j's goodbye at exit would land among the parent's lines.
         logging.getLogger("py4j").setLevel(logging.WARNING)
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    app = job_app("python -m gem.pipeline.demo_process")
+    app.command(help=__doc__.split("\n\n")[0])(command_line)
+    return run_command(app, argv)
 
 
 if __name__ == "__main__":

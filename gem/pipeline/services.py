@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
 
+import psutil
+
 # Stand-in credentials of the local S3 API server: moto accepts any key, and botocore, s3fs, S3A
 # and delta-rs all refuse to sign a request without one.
 LOCAL_S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "gem-local", "AWS_SECRET_ACCESS_KEY": "gem-local"}
@@ -34,6 +36,38 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a process of group `pgid` still runs (zombies, which hold nothing, do not count)."""
+    for process in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(process.pid) == pgid and process.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return False
+
+
+def stop_group(process: subprocess.Popen, timeout_s: float) -> None:
+    """Stop the process group that `process` leads (started with start_new_session=True): SIGTERM
+    to the whole group, then SIGKILL to what is left of it after timeout_s. Members that outlive
+    their leader (a JVM whose Python driver died) are stopped too; the leader is reaped."""
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+    except ProcessLookupError:  # the group is gone already
+        process.poll()
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None and not group_alive(process.pid):
+            return
+        time.sleep(0.2)
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
 
 
 def _tail(log: Path, lines: int = 20) -> str:
@@ -89,14 +123,8 @@ class S3Server:
                                 f"{self.ready_timeout_s:.0f} s:\n{_tail(log)}")
 
     def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        if self.process is not None:
+            stop_group(self.process, timeout_s=10)
 
     def reset(self) -> None:
         """Forget every bucket and object (moto's reset endpoint)."""
@@ -204,14 +232,7 @@ class SparkCluster:
     def stop(self) -> None:
         # Workers first (they take their executors with them), then the master.
         for name in sorted(self.processes, key=lambda n: n == "spark-master"):
-            process = self.processes[name]
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-                try:
-                    process.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    os.killpg(process.pid, signal.SIGKILL)
-                    process.wait()
+            stop_group(self.processes[name], timeout_s=20)
 
     def __enter__(self) -> Self:
         return self.start()

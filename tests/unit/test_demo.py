@@ -141,3 +141,33 @@ def test_an_airflow_days_output_goes_to_its_log_and_then_back(tmp_path: Path) ->
                           cwd=Path(demo.__file__).resolve().parents[1])
     assert done.stdout.split() == ["before", "after"]
     assert sorted(log.read_text().split("\n")) == ["", "inside", "inside err", "raw"]
+
+
+def test_task_seconds_gives_the_bulk_path_a_column_of_its_own(tmp_path: Path) -> None:
+    """The bulk path's runs (from gem.pipeline.demo_process's STAGE_RUN lines) in one column before
+    the Airflow runs': a stage's runs summed, "skipped" only where none of them ran."""
+    import sqlite3
+
+    from gem.pipeline.bulk import StageRun
+    from gem.pipeline.demo_process import STAGE_RUN, parse_stage_run, stage_run_line
+
+    with sqlite3.connect(tmp_path / "airflow.db") as conn:
+        conn.execute("CREATE TABLE dag_run (dag_id TEXT, run_id TEXT, logical_date TEXT, data_interval_start TEXT)")
+        conn.execute("CREATE TABLE task_instance (dag_id TEXT, run_id TEXT, task_id TEXT, state TEXT, "
+                     "start_date TEXT, end_date TEXT)")
+        conn.execute("INSERT INTO dag_run VALUES ('gem_daily', 'm1', '2026-01-05 00:00:01', '2026-01-04 00:00:00')")
+        conn.executemany("INSERT INTO task_instance VALUES ('gem_daily', 'm1', ?, ?, ?, ?)", [
+            ("generate_events", "success", "2026-12-03 10:00:00", "2026-12-03 10:00:05"),
+            ("ingest_events", "success", "2026-12-03 10:00:05", "2026-12-03 10:00:45")])
+    runs = [StageRun("2026-01-01", "generate_events", "2026-01-01", "success", 1.2),
+            StageRun("2026-01-02", "generate_events", "2026-01-02", "success", 2.1),
+            StageRun("2026-01-01", "ingest_events", "2026-01-01", "success", 30.4, "ingested", through="2026-01-02"),
+            StageRun("2026-01-01", "mix", None, "skipped", 0.2), StageRun("2026-01-02", "mix", None, "skipped", 0.1)]
+    # What the parent reads back from the child's line is the run itself.
+    assert [parse_stage_run(stage_run_line(r).removeprefix(STAGE_RUN + " ")) for r in runs] == runs
+    lines = demo.task_seconds(tmp_path, ["2026-01-04"], runs).splitlines()
+    assert lines[0].split() == ["task", "bulk", "2026-01-01..2026-01-02", "2026-01-04"]
+    rows = {line.split()[0]: line.split()[1:] for line in lines[1:]}
+    assert rows["generate_events"] == ["3s", "5s"] and rows["ingest_events"] == ["30s", "40s"]
+    assert rows["mix"] == ["0s", "skipped", "-"]
+    assert rows["all"] == ["tasks", "34s", "45s"]

@@ -1,0 +1,239 @@
+"""`make cluster-demo`: the demo's days on the local cluster topology, then everything it started stopped.
+
+    python -m gem.pipeline.cluster_demo [--config configs/demo.yaml] [--work-dir .airflow/cluster-demo]
+
+It starts, each with a readiness timeout (gem.pipeline.services): the S3 API server (moto in server
+mode) on 127.0.0.1 with a bucket for the lakehouse, and a standalone Spark cluster (a master and two
+workers from pyspark's own distribution, each on its own loopback address, one core and
+WORKER_MEMORY for executors each). It writes the demo's config changed only where the topology
+requires (`cluster_config`): the lakehouse (and the landing zone, where the config names one) in the
+bucket, `spark.master` the cluster's URL, the executors and the driver sized for a 2-core machine.
+The S3 server's AWS variables go into this process's environment before anything else starts, so
+every child inherits them: the Spark daemons and their executors, the demo's process and Airflow's
+tasks. The days then run as `make demo` runs them (gem.pipeline.demo.run_days: the bulk days in one
+Spark application, the later days through `airflow dags test` on SQLite, in the same process and
+Spark application), and the same summary prints (gem.pipeline.demo.report), then the seconds each
+service took to start and to stop.
+
+Whatever ends the run (its end, a failure, an exception, SIGINT, SIGTERM), it stops what it started:
+the demo's process group (the Spark driver with it), the Spark workers with their executors, the
+master, the S3 server, then any other process it started that still runs.
+
+Files, under --work-dir: the Airflow home of these runs (airflow.db, new each run, since the lakehouse
+is new each run; runs/ with the driver's Spark log and each Airflow run's log), services/
+(s3-server.log, spark-master.log, spark-worker-<n>.log, and each executor's stdout and stderr under
+spark-worker-<n>-work/<application>/<executor>/), and the config it ran (cluster-demo.yaml). The
+lakehouse lives in the S3 server's memory and goes with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Annotated, Any
+
+import psutil
+import typer
+import yaml
+
+from gem import storage
+from gem.config import REPO_ROOT, load_config
+from gem.pipeline.cli import job_app, run_command
+from gem.pipeline.demo import DEFAULT_CONFIG, ConfigFile, report, run_days
+from gem.pipeline.services import S3Server, SparkCluster
+
+DEFAULT_WORK_DIR = REPO_ROOT / ".airflow" / "cluster-demo"
+DEFAULT_BUCKET = "gem-demo"
+WORKERS = 2
+# Memory each worker offers its one executor, and the executor's heap: two executors and the driver
+# (DRIVER_MEMORY) stay well inside a 24 GiB machine beside the training process.
+WORKER_MEMORY = "2g"
+DRIVER_MEMORY = "2g"
+# What the cluster adds to the demo's `spark.conf`: one executor per worker with its core and memory;
+# the driver on 127.0.0.1, which the workers' loopback addresses reach.
+CLUSTER_SPARK_CONF = {
+    "spark.driver.host": "127.0.0.1",
+    "spark.executor.cores": "1",
+    "spark.executor.memory": WORKER_MEMORY,
+    "spark.cores.max": str(WORKERS),
+}
+S3_SERVER = "S3 API server"
+SPARK_CLUSTER = "Spark cluster"
+# How long stragglers (a process started here that outlived its service's stop) get after SIGTERM.
+SWEEP_TIMEOUT_S = 10.0
+
+
+def cluster_config(base: Mapping[str, Any], bucket: str, master_url: str) -> dict[str, Any]:
+    """The demo's config (`base`, as read from its YAML) on the cluster topology: the lakehouse in the
+    bucket (the landing zone beside it, where `base` puts it elsewhere), `spark.master` the cluster's
+    URL, the executors' and the driver's memory capped; everything else as in `base`."""
+    cfg = copy.deepcopy(dict(base))
+    cfg["lakehouse_uri"] = f"s3://{bucket}/lakehouse"
+    if cfg.get("landing_uri"):
+        cfg["landing_uri"] = f"s3://{bucket}/landing"
+    spark = dict(cfg.get("spark") or {})
+    spark.update(master=master_url, driver_memory=DRIVER_MEMORY, conf={**spark.get("conf", {}), **CLUSTER_SPARK_CONF})
+    cfg["spark"] = spark
+    return cfg
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM arrived: unwinds like KeyboardInterrupt, so every service's stop runs."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _interrupt(signum: int, _frame: FrameType | None) -> None:
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def signals_ignored() -> Iterator[None]:
+    """SIGINT and SIGTERM ignored inside the block (the stop of what was started finishes)."""
+    saved = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+
+
+def stop_stragglers(started: Sequence[psutil.Process]) -> list[str]:
+    """SIGTERM, then SIGKILL after SWEEP_TIMEOUT_S, to each process of `started` still running ->
+    a description of each one that had to be stopped here."""
+    running = []
+    for process in started:
+        try:
+            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                running.append(process)
+        except psutil.Error:
+            continue
+    described = []
+    for process in running:
+        with contextlib.suppress(psutil.Error):
+            described.append(f"pid {process.pid} ({' '.join(process.cmdline())[:120]})")
+            process.terminate()
+    _, alive = psutil.wait_procs(running, timeout=SWEEP_TIMEOUT_S)
+    for process in alive:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    psutil.wait_procs(alive, timeout=SWEEP_TIMEOUT_S)
+    return described
+
+
+@dataclass
+class Topology:
+    """The services of the local cluster topology, started in order and stopped in reverse, with the
+    seconds each took to start and to stop."""
+
+    work_dir: Path
+    bucket: str = DEFAULT_BUCKET
+    s3: S3Server = field(init=False)
+    spark: SparkCluster = field(init=False)
+    seconds: dict[tuple[str, str], float] = field(default_factory=dict, init=False)  # (service, start|stop)
+    stragglers: list[str] = field(default_factory=list, init=False)
+
+    def __post_init__(self) -> None:
+        logs = self.work_dir / "services"
+        self.s3 = S3Server(logs)
+        self.spark = SparkCluster(logs, workers=WORKERS, worker_cores=1, worker_memory=WORKER_MEMORY)
+
+    def _timed(self, name: str, what: str, step: Callable[[], object]) -> None:
+        t0 = time.monotonic()
+        step()
+        self.seconds[name, what] = time.monotonic() - t0
+
+    def start(self) -> None:
+        """The S3 server (its AWS variables into this process's environment, then the bucket), then
+        the Spark cluster, whose daemons and executors inherit the variables."""
+        self._timed(S3_SERVER, "start", self.s3.start)
+        os.environ.update(self.s3.environment())
+        storage.filesystem("s3://").mkdir(self.bucket)
+        print(f"S3 API server at {self.s3.endpoint} (bucket {self.bucket}): ready in "
+              f"{self.seconds[S3_SERVER, 'start']:.0f}s", flush=True)
+        self._timed(SPARK_CLUSTER, "start", self.spark.start)
+        print(f"Spark master at {self.spark.master_url} with {WORKERS} workers "
+              f"({', '.join(self.spark.worker_host(i) for i in range(WORKERS))}; 1 core, {WORKER_MEMORY} each): "
+              f"ready in {self.seconds[SPARK_CLUSTER, 'start']:.0f}s; services' logs: {self.s3.log_dir}", flush=True)
+
+    def stop(self) -> None:
+        """The Spark workers (their executors with them) and master, the S3 server, then any other
+        process this one started that still runs (what the services' own stops missed)."""
+        started = psutil.Process().children(recursive=True)
+        self._timed(SPARK_CLUSTER, "stop", self.spark.stop)
+        self._timed(S3_SERVER, "stop", self.s3.stop)
+        self.stragglers = stop_stragglers(started)
+
+    def summary(self) -> str:
+        lines = []
+        for name, where in ((S3_SERVER, self.s3.endpoint), (SPARK_CLUSTER, self.spark.master_url)):
+            took = [f"{done} in {self.seconds[name, what]:.0f}s" for what, done in (("start", "started"), ("stop", "stopped"))
+                    if (name, what) in self.seconds]
+            lines.append(f"  {name + ' ' + where:<44} {', '.join(took) or 'not started'}")
+        lines += [f"  stopped after its service: {s}" for s in self.stragglers]
+        return "\n".join(lines)
+
+
+def run(config: Path, work_dir: Path, bucket: str) -> int:
+    """Start the topology, run the demo's days on it and print the summary, then stop the topology
+    (also on a failure or an interrupt) -> the demo's exit status (128 + the signal's number when
+    interrupted)."""
+    started = time.time()
+    work_dir = work_dir.resolve()
+    work_dir.mkdir(parents=True, exist_ok=True)
+    # The Airflow home of these runs: a new metadata DB, as the lakehouse is new.
+    os.environ["AIRFLOW_HOME"] = str(work_dir)
+    (work_dir / "airflow.db").unlink(missing_ok=True)
+    topology = Topology(work_dir, bucket)
+    saved = {s: signal.signal(s, _interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        topology.start()
+        cfg_path = work_dir / "cluster-demo.yaml"
+        demo_cfg = yaml.safe_load(config.read_text()) or {}
+        cfg_path.write_text(yaml.safe_dump(cluster_config(demo_cfg, bucket, topology.spark.master_url), sort_keys=False))
+        cfg = load_config(cfg_path)
+        print(f"config: {cfg_path} ({config} with the lakehouse at {cfg.lakehouse_uri} and Spark on "
+              f"{cfg.spark.master})", flush=True)
+        return report(cfg_path, cfg, run_days(cfg_path, cfg), started)
+    except Interrupted as interrupted:
+        print(f"cluster demo: {interrupted} received; stopping what it started", file=sys.stderr, flush=True)
+        return 128 + interrupted.signum
+    finally:
+        with signals_ignored():
+            topology.stop()
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+        print("== cluster services (all stopped) ==")
+        print(topology.summary())
+        print(f"  cluster demo wall time: {time.time() - started:.0f}s", flush=True)
+
+
+def command_line(
+    config: ConfigFile = DEFAULT_CONFIG,
+    work_dir: Annotated[Path, typer.Option(
+        help="where its Airflow home, services' logs and config go", file_okay=False)] = DEFAULT_WORK_DIR,
+    bucket: Annotated[str, typer.Option(help="the S3 bucket the lakehouse goes in")] = DEFAULT_BUCKET,
+) -> int:
+    """Start the S3 API server and a Spark master with two workers, run the demo's days on them (the
+    bulk path, then Airflow), print the summary, and stop everything it started."""
+    return run(config, work_dir, bucket)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    app = job_app("python -m gem.pipeline.cluster_demo")
+    app.command(help=__doc__.split("\n\n")[0])(command_line)
+    return run_command(app, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
