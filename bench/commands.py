@@ -1,11 +1,15 @@
-"""The README's two commands timed on a fresh clone: `make setup`, then `make demo` and `make test`.
+"""The README's two commands and the cluster demo timed on a fresh clone: `make setup`, then
+`make demo`, `make test` and `make cluster-demo`.
 
-    python -m bench.commands                # both; writes docs/benchmarks/make_demo.json and make_test.json
-    python -m bench.commands --only demo    # one of them
+    python -m bench.commands                # all three; writes docs/benchmarks/make_demo.json,
+                                            # make_test.json and make_cluster_demo.json
+    python -m bench.commands --only demo    # one of them (repeatable)
     python -m bench.commands --keep         # leave the clone (its lakehouse, logs) for a look afterwards
 
 The clone is of this checkout's HEAD (uncommitted changes are not in it; the results name HEAD). Set-up runs first and is timed on its own: its time depends on what pip, Maven and npm
 already hold in their caches on this host, while the two commands after it do not download anything.
+When both demos run, the cluster demo's result also records the largest difference between the
+held-out NE per task the two printed (they train on the same rows).
 Each command runs as CI runs it (`CI=true`: a browser test without Chromium fails instead of
 skipping); a command that fails stops the bench with the tail of its log, and nothing is recorded.
 """
@@ -25,8 +29,11 @@ import typer
 
 from bench.results import REPO_ROOT, Figure, current_commit, record
 
-COMMANDS = ("demo", "test")
+COMMANDS = ("demo", "test", "cluster-demo")
 PYTEST_SUMMARY = re.compile(r"=+ (?P<body>.*\d+ passed.*) in [\d.]+s")
+# A row of the demo's "pretraining: held-out metrics per task" table: task, examples, positives, NE, ...
+HELD_OUT_ROW = re.compile(r"^\s+(?P<task>[a-z_]+/[a-z_]+)\s+[\d,]+\s+[\d,]+\s+(?P<ne>\d+\.\d+)\s")
+HELD_OUT_HEADER = "== pretraining: held-out metrics per task"
 
 
 class CommandFailed(Exception):
@@ -59,11 +66,26 @@ def pytest_counts(log_text: str) -> dict[str, int]:
     return counts
 
 
+def held_out_ne(log_text: str) -> dict[str, float]:
+    """task -> held-out NE from the pretraining table a demo prints at its end."""
+    _, found, table = log_text.partition(HELD_OUT_HEADER)
+    if not found:
+        raise CommandFailed(f"no '{HELD_OUT_HEADER}' table in the demo's log")
+    rows = {}
+    for line in table.splitlines():
+        match = HELD_OUT_ROW.match(line)
+        if match is not None:
+            rows[match["task"]] = float(match["ne"])
+        elif rows:  # the table's end
+            break
+    return rows
+
+
 def main(
-    only: Annotated[list[str] | None, typer.Option("--only", help="demo or test (repeatable); default: both")] = None,
+    only: Annotated[list[str] | None, typer.Option("--only", help="demo, test or cluster-demo (repeatable); default: all")] = None,
     keep: Annotated[bool, typer.Option("--keep", help="keep the clone and its logs")] = False,
 ) -> None:
-    """Time `make demo` and `make test` on a fresh clone of HEAD after `make setup`."""
+    """Time `make demo`, `make test` and `make cluster-demo` on a fresh clone of HEAD after `make setup`."""
     wanted = only or list(COMMANDS)
     if unknown := sorted(set(wanted) - set(COMMANDS)):
         raise typer.BadParameter(f"unknown command(s) {unknown}; choose from {list(COMMANDS)}", param_hint="--only")
@@ -103,6 +125,20 @@ def main(
                 ],
                 commit=commit,
             )
+        if "cluster-demo" in wanted:
+            cluster_s = timed_make("cluster-demo", clone, workspace / "cluster-demo.log")
+            figures = [Figure("wall_s", "`make cluster-demo`, after set-up (services started and stopped included)",
+                              round(cluster_s, 1), "s")]
+            if "demo" in wanted:
+                local, cluster = (held_out_ne((workspace / f"{name}.log").read_text()) for name in ("demo", "cluster-demo"))
+                if set(local) != set(cluster):
+                    raise CommandFailed(f"the demos' held-out tasks differ: {sorted(set(local) ^ set(cluster))}")
+                gap = max(abs(local[task] - cluster[task]) for task in local)
+                figures.append(Figure("max_ne_gap", f"largest |held-out NE difference| to `make demo` over "
+                                      f"{len(local)} tasks", round(gap, 4)))
+            record("make_cluster_demo", "`make cluster-demo` on a fresh clone", figures, commit=commit,
+                   notes="The demo's days on a local S3 API server and a standalone Spark master with two "
+                         "workers, one core each (gem/pipeline/cluster_demo.py).")
     except CommandFailed as error:
         keep = True
         raise SystemExit(str(error)) from None

@@ -193,7 +193,9 @@ def get_spark(cfg: GemConfig, app_name: str = "gem") -> SparkSession:
         # On the JVM's own class path: Hadoop looks a file system class up there, not in spark.jars.
         conf.setdefault(CLASS_PATH, cfg.spark.local_fs_jar)
         conf.setdefault(LOCAL_FS_IMPL, NIO_LOCAL_FS)
-    if os.path.isfile(cfg.spark.class_archive):
+    # The archive was dumped with the local file system jar on the class path; a driver started
+    # without it (any master but local) cannot map it and would warn.
+    if is_local_master(cfg.spark.master) and os.path.isfile(cfg.spark.class_archive):
         conf[JAVA_OPTIONS] = f"{conf.get(JAVA_OPTIONS, '')} -XX:SharedArchiveFile={cfg.spark.class_archive}".strip()
     for k, v in conf.items():
         builder = builder.config(k, v)
