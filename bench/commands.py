@@ -50,8 +50,13 @@ def timed_make(target: str, clone: Path, log: Path) -> float:
     if completed.returncode != 0:
         tail = "\n".join(log.read_text().splitlines()[-40:])
         raise CommandFailed(f"`make {target}` exited {completed.returncode} after {seconds:.0f} s; log {log}:\n{tail}")
-    print(f"make {target}: {seconds:.0f} s (log {log})")
+    print(f"make {target}: {seconds:.0f} s (log {log}); load average over the last 15 min: {os.getloadavg()[2]:.1f}")
     return seconds
+
+
+def load_figure(command: str) -> Figure:
+    """The host's 15-minute load average as a command ends: how busy the cores were beside it."""
+    return Figure("load_avg_15m", f"host load average, last 15 min, as `{command}` ended", round(os.getloadavg()[2], 1))
 
 
 def pytest_counts(log_text: str) -> dict[str, int]:
@@ -104,6 +109,7 @@ def main(
                 "`make demo` on a fresh clone",
                 [
                     Figure("wall_s", "`make demo`, after set-up", round(demo_s, 1), "s"),
+                    load_figure("make demo"),
                     Figure("setup_s", "`make setup` on the fresh clone (pip, Maven and npm caches as the host had them)",
                            round(setup_s, 1), "s"),
                 ],
@@ -119,6 +125,7 @@ def main(
                 "`make test` on a fresh clone",
                 [
                     Figure("wall_s", "`make test`, after set-up", round(test_s, 1), "s"),
+                    load_figure("make test"),
                     Figure("passed", "tests passed", counts.get("passed", 0)),
                     Figure("skipped", "tests skipped (the GPU tier without CUDA)", counts.get("skipped", 0)),
                     Figure("deselected", "slow-tier tests left to `make test-slow`", counts.get("deselected", 0)),
@@ -128,7 +135,7 @@ def main(
         if "cluster-demo" in wanted:
             cluster_s = timed_make("cluster-demo", clone, workspace / "cluster-demo.log")
             figures = [Figure("wall_s", "`make cluster-demo`, after set-up (services started and stopped included)",
-                              round(cluster_s, 1), "s")]
+                              round(cluster_s, 1), "s"), load_figure("make cluster-demo")]
             if "demo" in wanted:
                 local, cluster = (held_out_ne((workspace / f"{name}.log").read_text()) for name in ("demo", "cluster-demo"))
                 if set(local) != set(cluster):
