@@ -245,6 +245,28 @@ def run_two_ranks(worker: Any, tmp_path: Path) -> tuple[Any, Any]:
     return r0, r1
 
 
+def checkpoint_tensors(step_dir: Path) -> dict[str, Any]:
+    """Every tensor of a torch.distributed.checkpoint folder (gem.train.checkpoint), read whole without
+    a process group, under flat dotted keys: "model.heads.bias", "optimizer.heads.bias.exp_avg",
+    "embedding_optimizer.state.<table>.<table>.momentum1"."""
+    import tempfile
+
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory() as scratch:
+        dcp_to_torch_save(step_dir, Path(scratch) / "whole.pt")
+        nested = torch.load(Path(scratch) / "whole.pt", weights_only=False)
+    flat, todo = {}, [("", nested)]
+    while todo:
+        prefix, level = todo.pop()
+        for key, value in level.items():
+            if isinstance(value, dict):
+                todo.append((f"{prefix}{key}.", value))
+            else:
+                flat[prefix + key] = value
+    return flat
+
+
 def ruff_path() -> str:
     """The pinned ruff of this venv (else one on PATH); a missing ruff fails the calling test."""
     local = Path(sys.executable).parent / "ruff"

@@ -416,6 +416,14 @@ class ResumableLoader:
         cursors = {int(k): tuple(v) for k, v in state["cursors"].items()}
         self.state = {"pass": int(state["pass"]), "cursors": cursors, "rotation": int(state["rotation"])}
 
+    def resharded_state(self, states: list[dict[str, Any]]) -> dict[str, Any]:
+        """The state each rank loads under another world size than the one that saved `states` (one
+        per saving rank): cursors belong to the saver's world_size x num_workers shards, which another
+        world size deals other files, so every rank starts the earliest pass a saving rank was in
+        (that pass's rows read before the checkpoint are read again; none is skipped)."""
+        return {"pass": min(int(s["pass"]) for s in states), "cursors": {}, "rotation": 0,
+                "interleave_files": self.stream.cfg.interleave_files}
+
     def _loader(self) -> DataLoader:
         workers = 0 if self.stream.cfg.in_process else self.stream.cfg.num_workers
         return DataLoader(self.stream, batch_size=None, num_workers=workers,

@@ -43,7 +43,12 @@ class NonFiniteLossError(FloatingPointError):
 
 
 class BatchStream(Protocol):
-    """What the trainer needs from a loader (gem.data.loader.ResumableLoader has it)."""
+    """What the trainer needs from a loader (gem.data.loader.ResumableLoader has it).
+
+    A stream that can continue under another world size than the one that saved its positions
+    also has `resharded_state(states) -> state`: from every saving rank's state_dict, in rank order,
+    the state each rank of the new world loads (`Trainer.resume` refuses a world-size change
+    without it)."""
 
     def batches(self, limit: int | None = None) -> Iterator[Batch]: ...
     def state_dict(self) -> dict[str, Any]: ...
@@ -71,6 +76,12 @@ class CyclingStream:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.position = int(state["position"])
 
+    @staticmethod
+    def resharded_state(states: list[dict[str, Any]]) -> dict[str, Any]:
+        """Every rank steps together, so each saving rank's position is the number of steps taken:
+        under any world size each rank continues its own list there."""
+        return {"position": min(int(s["position"]) for s in states)}
+
 
 @dataclass
 class TrainResult:
@@ -95,7 +106,13 @@ class Trainer:
                  under a fused AdamW, in DDP when there is more than one rank (gem.train.sharding).
                  A single process gets a one-rank gloo group.
     Checkpoints hold the model (tables as sharded tensors), the dense optimizer's state by
-    parameter name, the tables' fused optimizer state, the loader's position and the RNG states.
+    parameter name, the tables' fused optimizer state, and every rank's loader position and RNG
+    states (each rank reads its own shard of the data).
+
+    A checkpoint resumes under another world size than the one that saved it (torchrun with more or
+    fewer ranks): torch.distributed.checkpoint reshards the tables and their fused optimizer state
+    to the new plan, and the dense weights and AdamW state are whole on every rank; the stream's
+    positions are placed by its `resharded_state` (BatchStream), with a warning.
 
     run_dir None: no checkpoints (nothing to resume from, none written). device None: the current
     CUDA device when there is one, else the CPU; a caller that must run elsewhere (the study's CPU
@@ -179,11 +196,24 @@ class Trainer:
     def _load_model_state(self, model_state: dict[str, Any]) -> None:
         self._checkpointed.load_state_dict(model_state)
 
+    def _rank_states(self) -> list[dict[str, Any]]:
+        """Every rank's stream position and RNG states, in rank order (every rank takes part)."""
+        mine = {"loader": self.stream.state_dict(), "rng": checkpoint.rng_state()}
+        if checkpoint.single_process():
+            return [mine]
+        states: list[Any] = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(states, mine)
+        return states
+
     def save(self) -> checkpoint.Location:
+        """Write this step's checkpoint (every rank calls it). extra.json holds rank 0's loader and RNG
+        states as "loader" and "rng" and, under more than one rank, every rank's as "ranks"."""
         if self.run_dir is None:
             raise ValueError("this Trainer has no run folder (run_dir None), so it writes no checkpoint")
-        extra = {"losses": self.losses, "loader": self.stream.state_dict(), "rng": checkpoint.rng_state(),
-                 "config": self.config_snapshot}
+        ranks = self._rank_states()
+        extra = {"losses": self.losses, **ranks[0], "world_size": len(ranks), "config": self.config_snapshot}
+        if len(ranks) > 1:
+            extra["ranks"] = ranks
         return checkpoint.save(self.run_dir, self.step, self._state(), extra)
 
     def resume(self) -> bool:
@@ -221,9 +251,31 @@ class Trainer:
         checkpoint.load_optimizer_state(self._checkpointed.named_parameters(), self.optimizer, state["optimizer"])
         if self.sharded:
             self.model.fused_optimizer.load_state_dict(state["embedding_optimizer"])
-        self.stream.load_state_dict(extra["loader"])
-        checkpoint.set_rng_state(extra["rng"])
+        mine = self._resharded_rank_state(extra)
+        self.stream.load_state_dict(mine["loader"])
+        checkpoint.set_rng_state(mine["rng"])
         self.step, self.losses = int(extra["step"]), list(extra["losses"])
+
+    def _resharded_rank_state(self, extra: dict[str, Any]) -> dict[str, Any]:
+        """This rank's loader and RNG states from a checkpoint's extra.json: its own under the saver's
+        world size; under another one, the stream's `resharded_state` of the saving ranks' positions
+        and rank 0's RNG states (with a warning: the data order then differs from an uninterrupted
+        run's). A stream without `resharded_state` is refused with CheckpointError."""
+        saved = extra.get("ranks") or [{"loader": extra["loader"], "rng": extra["rng"]}]
+        distributed = torch.distributed.is_initialized()
+        world = torch.distributed.get_world_size() if distributed else 1
+        if len(saved) == world:
+            return saved[torch.distributed.get_rank() if distributed else 0]
+        reshard = getattr(self.stream, "resharded_state", None)
+        if reshard is None:
+            raise checkpoint.CheckpointError(
+                f"step {extra['step']} was saved by {len(saved)} rank(s) and this run has {world}: the weights and "
+                f"optimizer states reshard, but {type(self.stream).__name__} cannot place its saved positions under "
+                f"another world size; resume with {len(saved)} rank(s)")
+        state = reshard([s["loader"] for s in saved])
+        warnings.warn(f"step {extra['step']} was saved by {len(saved)} rank(s), this run has {world}: weights and "
+                      f"optimizer states resharded; the data stream continues from {state}", stacklevel=3)
+        return {"loader": state, "rng": saved[0]["rng"]}
 
     def warm_start(self, source: str | Path) -> checkpoint.Location:
         """Weights from a checkpoint folder, or a run folder's latest checkpoint (optimizers and

@@ -10,7 +10,7 @@ import datetime as dt
 import math
 import random
 import shutil
-from itertools import pairwise
+from itertools import islice, pairwise, takewhile
 from pathlib import Path
 from typing import Any
 
@@ -586,6 +586,126 @@ def test_train_cli_under_torchrun_shards_tables_and_resumes(lake, tmp_path):
     rows = read_table(metrics_path).to_pylist()
     assert len(rows) == len(TASKS) and len({r["run_id"] for r in rows}) == 1
     assert "resumed" in torchrun("--steps", "6")
+
+
+def test_loader_states_saved_by_two_ranks_restart_their_pass_under_one_rank(lake):
+    """Cursors belong to the saving world's shards, which one rank deals otherwise: resharded, the
+    states of two ranks in the middle of pass 0 start one rank at the beginning of pass 0."""
+    cfg, _, _ = lake
+    states = []
+    for rank in (0, 1):
+        loader = ResumableLoader(_stream(cfg, rank=rank, world=2))
+        list(islice(loader.batches(), 2))
+        states.append(loader.state_dict())
+    assert all(s["pass"] == 0 and s["cursors"] for s in states) and states[0]["cursors"] != states[1]["cursors"]
+    alone = ResumableLoader(_stream(cfg, rank=0, world=1))
+    alone.load_state_dict(alone.resharded_state(states))
+    fresh = ResumableLoader(_stream(cfg, rank=0, world=1))
+    resumed, expected = list(islice(alone.batches(), 3)), list(islice(fresh.batches(), 3))
+    assert [b.example_ids for b in resumed] == [b.example_ids for b in expected]
+
+
+@pytest.mark.slow
+def test_train_cli_on_two_torchrun_nodes_resumes_a_killed_run_bit_identically(lake, tmp_path):
+    """Two torchrun "nodes" of one process each, their agents on their own loopback addresses
+    (127.0.0.2 hosting the c10d rendezvous, 127.0.0.3 joining it), train the day's model through
+    `python -m gem.train` with the tables sharded across them (gloo; its connections on lo). Killed
+    on both nodes right after writing the shards of its second checkpoint (left unpublished) and
+    launched again, the run resumes from the first one, each rank at its own place in the mixture,
+    and ends with the tensors (weights, AdamW and the tables' RowWiseAdagrad states), losses and
+    held-out scores of an uninterrupted two-node run."""
+    import os
+    import re
+    import signal
+    import subprocess
+
+    import yaml
+
+    from gem.environment import CRASH_AT_ENV
+    from gem.pipeline.services import free_port
+    from gem.train import checkpoint
+    from tests.support import PYTHON, REPO, checkpoint_tensors, subprocess_env
+
+    cfg, _, _ = lake
+    data = _plain(cfg.to_dict())
+    data["model"]["embeddings"]["backend"] = "torchrec"
+    data["train"].update({"steps": 6, "checkpoint_every": 2, "embedding_optimizer": "rowwise_adagrad"})
+    data["loader"]["num_workers"] = 0
+    nodes = (("127.0.0.2", True), ("127.0.0.3", False))  # (agent address, hosts the rendezvous store)
+
+    def two_nodes(name: str, **env: str) -> list[tuple[int, str]]:
+        """Launch both nodes' torchrun of the run `name` (its own checkpoint root); -> (exit code, output) per node."""
+        data["train"]["checkpoint_root"] = str(tmp_path / name)
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(data))
+        endpoint = f"{nodes[0][0]}:{free_port(nodes[0][0])}"
+        launched = []
+        for i, (address, host) in enumerate(nodes):
+            log = tmp_path / f"{name}-node{i}-{len(list(tmp_path.glob(f'{name}-node{i}-*')))}.log"
+            cmd = [PYTHON, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                   "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", name,
+                   "--rdzv-conf", f"is_host={int(host)}", "--local-addr", address, "--max-restarts", "0",
+                   "-m", "gem.train", "--config", str(path), "--mix-ds", MIX_DS, "--no-progress",
+                   "--run-dir", str(tmp_path / name / "run")]
+            # LOGLEVEL: the agents log their rendezvous (group rank, the workers' master address).
+            node_env = subprocess_env() | {"GLOO_SOCKET_IFNAME": "lo", "LOGLEVEL": "INFO", **env}
+            with log.open("w") as out:
+                process = subprocess.Popen(cmd, cwd=REPO, env=node_env, stdout=out, stderr=subprocess.STDOUT,
+                                           start_new_session=True)
+            launched.append((process, log))
+        try:
+            return [(process.wait(timeout=600), log.read_text()) for process, log in launched]
+        finally:
+            for process, _ in launched:
+                if process.poll() is None:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait()
+
+    def held_out(output: str) -> list[str]:
+        """The lines of the held-out scores table a run prints (indented, after its run id line)."""
+        lines = output.split("held-out day", 1)[1].splitlines()[1:]
+        return list(takewhile(lambda line: line.startswith("  "), lines))
+
+    full = two_nodes("full")
+    assert [code for code, _ in full] == [0, 0], "\n".join(out[-3000:] for _, out in full)
+    joined = "".join(out for _, out in full)
+    assert "[rank 0] trained 6 steps" in joined and "[rank 1] trained 6 steps" in joined
+    # The agents met as a group of two; the workers' store is on the address of the node that got rank 0.
+    agents = [(int(re.search(r"group_rank=(\d+)", out)[1]), re.search(r"master_addr=(\S+)", out)[1], address)
+              for (_, out), (address, _) in zip(full, nodes, strict=True)]
+    assert sorted(rank for rank, _, _ in agents) == [0, 1]
+    assert all(master == next(a for r, _, a in agents if r == 0) for _, master, _ in agents)
+    # Killed on both nodes with its step-4 shards written and not yet published.
+    killed = two_nodes("killed", **{CRASH_AT_ENV: "checkpoint:shards_written@2"})
+    assert all(code != 0 for code, _ in killed)
+    run = tmp_path / "killed" / "run"
+    assert checkpoint.latest(run) == checkpoint.step_dir(run, 2)
+    assert len(list(checkpoint.step_dir(run, 4).glob("*.distcp"))) == 2
+    # Each rank's place in the mixture is its own: the shards they read are not the same.
+    ranks = checkpoint.read_extra(checkpoint.step_dir(run, 2))["ranks"]
+    assert len(ranks) == 2 and ranks[0]["loader"]["cursors"] and ranks[0]["loader"] != ranks[1]["loader"]
+    resumed = two_nodes("killed")
+    assert [code for code, _ in resumed] == [0, 0], "\n".join(out[-3000:] for _, out in resumed)
+    assert all("resumed" in out and "at step 2" in out for _, out in resumed)
+    assert "removed the unpublished checkpoint" in "".join(out for _, out in resumed)
+    # The same tensors, bit for bit, as the uninterrupted run's final checkpoint.
+    expected = checkpoint_tensors(checkpoint.step_dir(tmp_path / "full" / "run", 6))
+    got = checkpoint_tensors(checkpoint.step_dir(run, 6))
+    assert set(expected) == set(got)
+    assert any(k.startswith("model.embeddings.collection.") for k in expected)
+    assert any(k.startswith("embedding_optimizer.") for k in expected)
+    for key, tensor in expected.items():
+        assert torch.equal(tensor, got[key]), key
+    extra_full = checkpoint.read_extra(checkpoint.step_dir(tmp_path / "full" / "run", 6))
+    extra_resumed = checkpoint.read_extra(checkpoint.step_dir(run, 6))
+    assert extra_resumed["losses"] == extra_full["losses"]
+    # Every rank ends at the same place in the mixture. (Not the same torch RNG state: each DataLoader
+    # iterator draws its base seed from it, and the resumed run started its iterator later; no
+    # training op draws from it, as the equal tensors show.)
+    assert [r["loader"] for r in extra_resumed["ranks"]] == [r["loader"] for r in extra_full["ranks"]]
+    (scores_full,) = [held_out(out) for _, out in full if "held-out day" in out]
+    (scores_resumed,) = [held_out(out) for _, out in resumed if "held-out day" in out]
+    assert scores_resumed == scores_full and any("reels/click" in line for line in scores_full)
 
 
 def test_a_day_rewritten_after_its_validation_is_refused_until_revalidated(lake, tmp_path):
