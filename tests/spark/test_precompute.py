@@ -273,6 +273,7 @@ def test_a_rerun_replaces_the_days_rows_and_each_python_worker_loads_the_model_o
         assert result.details["model_loads"] == result.details["python_workers"] < cfg.precompute.shards
 
 
+@pytest.mark.slow  # a local cluster's executor JVMs and their Python workers start cold
 def test_on_a_local_cluster_a_task_killed_mid_commit_reruns_and_the_tables_equal_local_mode(
         tmp_path: Path) -> None:
     """The job on local-cluster[2,1,1024] (a master and two executor JVMs), the first attempt of shard

@@ -5,9 +5,10 @@ names the executor of every task), and every table's rows and every completion r
 agree.
 
 Quick tier: `local-cluster[2,1,1024]` (Spark's own test cluster: a master and two executor JVMs
-started by the driver). Slow tier: the standalone cluster of the cluster demo (gem.pipeline.services:
-a master and two workers from pyspark's distribution, each on its own loopback address), and a
-worker killed mid-stage: the stage completes on the survivor and leaves no partial data."""
+started by the driver). Slow tier: one stage submitted with pyspark's spark-submit; the standalone
+cluster of the cluster demo (gem.pipeline.services: a master and two workers from pyspark's
+distribution, each on its own loopback address), and a worker killed mid-stage: the stage
+completes on the survivor and leaves no partial data."""
 
 from __future__ import annotations
 
@@ -94,6 +95,7 @@ def test_the_stages_on_a_local_cluster_write_what_local_mode_writes(spark, tmp_p
     _assert_same_lakehouse(reference, load_config(str(cluster_cfg)))
 
 
+@pytest.mark.slow
 def test_a_stage_under_spark_submit_writes_what_the_session_factory_writes(spark, tmp_path: Path):
     """ingest_events of one day submitted with pyspark's own spark-submit to local-cluster[2,1,1024]
     (the cluster's settings from infra/spark/spark-defaults.conf, the Delta jars shipped with --jars,
