@@ -30,7 +30,9 @@ import typer
 from bench.results import REPO_ROOT, Figure, current_commit, record
 
 COMMANDS = ("demo", "test", "cluster-demo")
-PYTEST_SUMMARY = re.compile(r"=+ (?P<body>.*\d+ passed.*) in [\d.]+s")
+# pytest's last summary line: "=== 662 passed, 14 skipped in 3060.43s ===", or without the rules
+# when a report section (e.g. --durations) comes before it under -q.
+PYTEST_SUMMARY = re.compile(r"^=*\s*(?P<body>\d+ passed.*?) in [\d.]+s", re.MULTILINE)
 # A row of the demo's "pretraining: held-out metrics per task" table: task, examples, positives, NE, ...
 HELD_OUT_ROW = re.compile(r"^\s+(?P<task>[a-z_]+/[a-z_]+)\s+[\d,]+\s+[\d,]+\s+(?P<ne>\d+\.\d+)\s")
 HELD_OUT_HEADER = "== pretraining: held-out metrics per task"
