@@ -143,7 +143,7 @@ def main(
                 if set(local) != set(cluster):
                     raise CommandFailed(f"the demos' held-out tasks differ: {sorted(set(local) ^ set(cluster))}")
                 gap = max(abs(local[task] - cluster[task]) for task in local)
-                figures.append(Figure("max_ne_gap", f"largest |held-out NE difference| to `make demo` over "
+                figures.append(Figure("max_ne_gap", f"largest absolute held-out NE difference to `make demo` over "
                                       f"{len(local)} tasks", round(gap, 4)))
             record("make_cluster_demo", "`make cluster-demo` on a fresh clone", figures, commit=commit,
                    notes="The demo's days on a local S3 API server and a standalone Spark master with two "
