@@ -1,7 +1,7 @@
 """train.compile on the CPU: torch.compile (inductor, dynamic shapes) of the dense body trains as eager does.
 
-Minutes on 2 cores from a cold inductor cache (faster warm): inductor builds the tiny model's
-kernels with the host's C++ compiler, which is what this tests."""
+Slow tier: inductor builds the tiny model's kernels with the host's C++ compiler, which is what
+this tests, and from a cold cache (a fresh clone's) that takes minutes on 2 cores."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
+@pytest.mark.slow
 def test_compiled_body_trains_as_eager_and_its_checkpoints_load_uncompiled(tmp_path):
     """Ten steps over six batches of different token counts: the same losses as eager (to float
     rounding: inductor fuses and reorders), parameters that stay close, and checkpoints whose
