@@ -16,7 +16,7 @@ LOCAL_FS_JAR := $(CACHE)/gem-localfs.jar
 # Optional: PyTorch's CPU wheel index, to install the small CPU-only torch build (see README).
 TORCH_INDEX_URL ?=
 
-.PHONY: setup browser demo cluster-demo test test-slow test-all bench clean-data
+.PHONY: setup browser services demo cluster-demo test test-slow test-all bench clean-data
 
 setup: $(PKG_STAMP) $(JARS_STAMP) $(ASSETS_STAMP) $(LOCAL_FS_JAR) $(CLASS_ARCHIVE)
 
@@ -62,7 +62,7 @@ demo: setup
 
 # The demo's days on the local cluster topology: an S3 API server holding the lakehouse and a Spark
 # master with two workers (gem/pipeline/cluster_demo.py; docs/cluster.md). Stops all it started.
-cluster-demo: setup
+cluster-demo: setup services
 	$(PY) -m gem.pipeline.cluster_demo $(if $(CONFIG),--config $(CONFIG),)
 
 # `make test`: every test not marked slow (the quick tier; CI runs it). `make test-slow`:
@@ -72,13 +72,18 @@ cluster-demo: setup
 browser:
 	@bash infra/chromium.sh $(PY)
 
-test: setup browser
+# Redis and PostgreSQL for the Airflow cluster (Celery's broker, the metadata DB) of the slow tests and
+# cluster-demo: Debian's packages, installed when missing and root can (infra/cluster_services.sh).
+services:
+	@bash infra/cluster_services.sh
+
+test: setup browser services
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
-test-slow: setup browser
+test-slow: setup browser services
 	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)
 
-test-all: setup browser
+test-all: setup browser services
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: setup

@@ -333,6 +333,37 @@ class TrainConfig:
 
 
 @dataclass(frozen=True, config=SECTION)
+class StudentTrainConfig(TrainConfig):
+    """A surface's student's daily training (gem/distill/): TrainConfig's fields, and what it trains on."""
+
+    # The example days a student trains on: every day among the `days` before the held-out day
+    # whose examples the FM predicted (gold.fm_predictions), as serving would have logged them; at
+    # most training_horizon_days. `steps` run whole: passes over those days repeat until they do.
+    days: PositiveInt = 1
+    # Train beside each student the no-FM baseline (variant "baseline") on the same days and steps,
+    # warm-started from its own promoted one, and score it on the same held-out examples
+    # (gold.metrics arch "student:baseline"): what the FM's signals add. Ignored when the student
+    # is itself the baseline.
+    baseline: bool = True
+
+
+@dataclass(frozen=True, config=SECTION)
+class PromotionConfig:
+    """The promotion gate (gem/train/gate.py) of the foundation model and of each surface's student.
+
+    A trained model is promoted only when, per label type (its tasks pooled across surfaces), its
+    held-out NE is at most the promoted model's NE on the same examples plus `ne_tolerance`; with
+    no model promoted yet, below 1 (the base rate). Otherwise the model promoted before stays in use
+    until `gem promote` overrides the refusal."""
+
+    # Absolute NE: with 0.01 a candidate at 0.915 replaces a promoted model at 0.910, one at 0.925 does not.
+    ne_tolerance: Fraction = 0.01
+    # A task votes only with at least this many (weighted) positives on the held-out day: fewer give
+    # an NE too noisy to judge by. A model with no voting task is promoted, its record saying so.
+    min_positives: PositiveInt = 100
+
+
+@dataclass(frozen=True, config=SECTION)
 class PrecomputeConfig:
     """Solaris precompute of the foundation model's outputs (gem/precompute/, jobs/precompute.py)."""
 
@@ -372,6 +403,49 @@ class DemoConfig:
         if self.bulk_days >= self.days:
             raise ValueError(f"demo.bulk_days={self.bulk_days} must be below demo.days={self.days}: "
                              "at least the last demo day runs through Airflow")
+        return self
+
+
+# How the DAG's model tasks launch (LauncherConfig.kind).
+LauncherKind = Literal["in_process", "torchrun", "cluster_job"]
+LAUNCHER_KINDS = get_args(LauncherKind)
+
+
+@dataclass(frozen=True, config=SECTION)
+class LauncherConfig:
+    """How the DAG's pretrain, precompute and distill tasks launch their stage
+    (gem.pipeline.airflow.orchestration.LAUNCHED_STAGES; every other task runs in its own process).
+
+    kind: "in_process" runs the stage in the Airflow task's process, as every other stage (the
+    embedded default); "torchrun" runs it in torchrun processes on the worker's host
+    (gem.deploy.launch); "cluster_job" submits it to Kubernetes from the manifests gem.deploy renders:
+    pretraining and distillation as Kubeflow PyTorchJobs, precompute as a SparkApplication
+    (docs/cluster.md). The DAG reads this section when it is parsed: the DAG processor's config decides.
+    """
+
+    kind: LauncherKind = "in_process"
+    # Pretraining's processes per node: on this host under torchrun, on each pod of its PyTorchJob
+    # (precompute and distill join no process group and run one process).
+    nproc_per_node: PositiveInt = 1
+    # cluster_job: pretraining's pods (an elastic job: it starts with min_nodes, takes up to max_nodes).
+    min_nodes: PositiveInt = 1
+    max_nodes: PositiveInt = 2
+    # cluster_job: GPUs a training pod asks for (0: CPU training); distillation asks for at most one.
+    gpus_per_node: NonNegativeInt = 0
+    # cluster_job: precompute's Spark executors.
+    spark_executors: PositiveInt = 2
+    # cluster_job: the image deploy/Dockerfile builds, the namespace the jobs run in, and the Airflow
+    # connection to the cluster.
+    image: str = "gem-pipeline:latest"
+    namespace: str = "gem"
+    kubernetes_conn_id: str = "kubernetes_default"
+    # cluster_job: seconds between two looks at a PyTorchJob's state.
+    poll_s: PositiveFloat = 30.0
+
+    @model_validator(mode="after")
+    def _nodes_ordered(self) -> Self:
+        if self.min_nodes > self.max_nodes:
+            raise ValueError(f"launcher.min_nodes={self.min_nodes} is above launcher.max_nodes={self.max_nodes}")
         return self
 
 
@@ -429,10 +503,16 @@ class GemConfig(BaseSettings):
     # The per-surface students distilled from the foundation model (gem/model/student.py).
     student: StudentConfig = Field(default_factory=StudentConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
-    # The students' daily training (gem/distill/): one pass over a surface's newest FM-predicted day.
-    student_train: TrainConfig = Field(default_factory=lambda: TrainConfig(steps=60, lr=3e-3, checkpoint_every=60))
+    # The students' daily training (gem/distill/): student_train.steps over a surface's FM-predicted
+    # days of the last student_train.days.
+    student_train: StudentTrainConfig = Field(
+        default_factory=lambda: StudentTrainConfig(steps=60, lr=3e-3, checkpoint_every=60))
     precompute: PrecomputeConfig = Field(default_factory=PrecomputeConfig)
+    # When a trained model (foundation model or student) replaces the promoted one (gem/train/gate.py).
+    promotion: PromotionConfig = Field(default_factory=PromotionConfig)
     demo: DemoConfig = Field(default_factory=DemoConfig)
+    # How the DAG's pretrain, precompute and distill tasks launch (in-process, torchrun, a cluster job).
+    launcher: LauncherConfig = Field(default_factory=LauncherConfig)
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -449,6 +529,9 @@ class GemConfig(BaseSettings):
             raise ValueError(
                 f"ingest.max_event_lag_days={self.ingest.max_event_lag_days} must exceed attribution_window_days="
                 f"{self.attribution_window_days}: conversions arriving late must reach bronze to be counted")
+        if self.student_train.days > self.training_horizon_days:
+            raise ValueError(f"student_train.days={self.student_train.days} must be at most training_horizon_days="
+                             f"{self.training_horizon_days}: retention_days keeps training inputs only that far back")
         floor = self.attribution_window_days + self.training_horizon_days
         if self.retention_days <= floor:
             raise ValueError(

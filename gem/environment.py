@@ -24,7 +24,15 @@ read where no config is loaded, or they steer a process rather than the pipeline
 
 The shell environment of infra/airflow/airflow_env.sh also reads GEM_REPO (the checkout to serve
 the DAGs from) and GEM_AIRFLOW_HOST, GEM_AIRFLOW_PORT, GEM_AIRFLOW_USERS (the local API server's
-address and users): Airflow's own settings, exported before Python starts.
+address and users): Airflow's own settings, exported before Python starts. When it sets the
+embedded SQLite DB (no AIRFLOW__DATABASE__SQL_ALCHEMY_CONN given), it records that URL in
+GEM_AIRFLOW_DEFAULT_DB, so a later sourcing for another AIRFLOW_HOME moves it along.
+
+Airflow's API server (gem.pipeline.airflow.api), where to reach it and as whom; credentials are
+never settings, and without GEM_AIRFLOW_API_URL `gem` starts a server of its own:
+    GEM_AIRFLOW_API_URL       the API server's base URL (e.g. a deployment's).
+    GEM_AIRFLOW_API_USER      the user to log in as (default admin).
+    GEM_AIRFLOW_API_PASSWORD  its password (default: the one Airflow generated into $AIRFLOW_HOME).
 """
 
 from __future__ import annotations
@@ -44,6 +52,10 @@ CRASH_AT_ENV = "GEM_CRASH_AT"
 HOLD_AT_ENV = "GEM_HOLD_AT"
 HOLD_RELEASE_ENV = "GEM_HOLD_RELEASE"
 CODE_VERSION_ENV = "GEM_CODE_VERSION"
+DEFAULT_DB_ENV = "GEM_AIRFLOW_DEFAULT_DB"
+API_URL_ENV = "GEM_AIRFLOW_API_URL"
+API_USER_ENV = "GEM_AIRFLOW_API_USER"
+API_PASSWORD_ENV = "GEM_AIRFLOW_API_PASSWORD"
 
 
 def code_version() -> str:

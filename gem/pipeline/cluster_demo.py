@@ -5,25 +5,32 @@
 It starts, each with a readiness timeout (gem.pipeline.services): the S3 API server (moto in server
 mode) on 127.0.0.1 with a bucket for the lakehouse, and a standalone Spark cluster (a master and two
 workers from pyspark's own distribution, each on its own loopback address, one core and
-WORKER_MEMORY for executors each). It writes the demo's config changed only where the topology
-requires (`cluster_config`): the lakehouse (and the landing zone, where the config names one) in the
-bucket, `spark.master` the cluster's URL, the executors and the driver sized for a 2-core machine.
+WORKER_MEMORY for executors each); after the bulk days, Airflow as a cluster
+(gem.pipeline.airflow.stack): PostgreSQL as its metadata DB, Redis as the Celery broker, the API
+server, DAG processor, scheduler (CeleryExecutor) and two Celery workers of one task slot each.
+It writes the demo's config changed only where the topology requires (`cluster_config`): the
+lakehouse (and the landing zone, where the config names one) in the bucket, `spark.master` the
+cluster's URL, the executors and the driver sized for a 2-core machine.
 The S3 server's AWS variables go into this process's environment before anything else starts, so
 every child inherits them: the Spark daemons and their executors, the demo's process and Airflow's
-tasks. The days then run as `make demo` runs them (gem.pipeline.demo.run_days: the bulk days in one
-Spark application, the later days through `airflow dags test` on SQLite, in the same process and
-Spark application), and the same summary prints (gem.pipeline.demo.report), then the seconds each
-service took to start and to stop.
+tasks. The bulk days run as `make demo` runs them (gem.pipeline.demo_process: every stage in one
+Spark application); each later day is a DAG run triggered through the cluster's REST API and run by
+the scheduler on the Celery workers (each task in its own process and Spark application on the
+standalone cluster), one line per task as it finishes, then how many tasks each worker ran. The
+same summary as `make demo` prints (gem.pipeline.demo.report), then the seconds each service took
+to start and to stop.
 
 Whatever ends the run (its end, a failure, an exception, SIGINT, SIGTERM), it stops what it started:
-the demo's process group (the Spark driver with it), the Spark workers with their executors, the
+the demo's process group (the Spark driver with it), the Airflow cluster (scheduler first, the
+workers with their task processes), Redis, PostgreSQL, the Spark workers with their executors, the
 master, the S3 server, then any other process it started that still runs.
 
-Files, under --work-dir: the Airflow home of these runs (airflow.db, new each run, since the lakehouse
-is new each run; runs/ with the driver's Spark log and each Airflow run's log), services/
-(s3-server.log, spark-master.log, spark-worker-<n>.log, and each executor's stdout and stderr under
-spark-worker-<n>-work/<application>/<executor>/), and the config it ran (cluster-demo.yaml). The
-lakehouse lives in the S3 server's memory and goes with it.
+Files, under --work-dir: the Airflow home of these runs (runs/ with the bulk path's Spark log, logs/
+with each task's log), services/ (s3-server.log, spark-master.log, spark-worker-<n>.log, and each
+executor's stdout and stderr under spark-worker-<n>-work/<application>/<executor>/; postgres/,
+redis/, airflow/ with each Airflow process's log), and the config it ran (cluster-demo.yaml). The
+lakehouse lives in the S3 server's memory and the metadata DB in a new PostgreSQL cluster; both go
+with their servers.
 """
 
 from __future__ import annotations
@@ -32,8 +39,10 @@ import contextlib
 import copy
 import os
 import signal
+import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,9 +55,15 @@ import yaml
 
 from gem import storage
 from gem.config import REPO_ROOT, load_config
+from gem.environment import RETRIES_ENV, RETRY_DELAY_ENV
+from gem.pipeline.airflow.api import airflow_api
+from gem.pipeline.airflow.orchestration import DAG_ID
+from gem.pipeline.airflow.runs import TaskReporter, airflow_env, now
+from gem.pipeline.airflow.stack import AirflowCluster, trigger_day, unpause, wait_for_run
 from gem.pipeline.cli import job_app, run_command
-from gem.pipeline.demo import DEFAULT_CONFIG, ConfigFile, report, run_days
-from gem.pipeline.services import S3Server, SparkCluster
+from gem.pipeline.demo import DEFAULT_CONFIG, ConfigFile, DemoRun, demo_days, report
+from gem.pipeline.demo_process import STAGE_RUN, parse_stage_run
+from gem.pipeline.services import PostgresServer, RedisServer, S3Server, SparkCluster, stop_group
 
 DEFAULT_WORK_DIR = REPO_ROOT / ".airflow" / "cluster-demo"
 DEFAULT_BUCKET = "gem-demo"
@@ -67,6 +82,13 @@ CLUSTER_SPARK_CONF = {
 }
 S3_SERVER = "S3 API server"
 SPARK_CLUSTER = "Spark cluster"
+POSTGRES = "PostgreSQL"
+REDIS = "Redis"
+AIRFLOW = "Airflow cluster"
+# An Airflow day's run on the cluster; a demo day on 2 cores takes a fraction of it.
+RUN_TIMEOUT_S = 3 * 3600.0
+# How long the bulk path's process group has to exit after SIGTERM, when the demo stops early.
+STOP_TIMEOUT_S = 20.0
 # How long stragglers (a process started here that outlived its service's stop) get after SIGTERM.
 SWEEP_TIMEOUT_S = 10.0
 
@@ -140,6 +162,9 @@ class Topology:
     bucket: str = DEFAULT_BUCKET
     s3: S3Server = field(init=False)
     spark: SparkCluster = field(init=False)
+    postgres: PostgresServer = field(init=False)
+    redis: RedisServer = field(init=False)
+    airflow: AirflowCluster | None = field(default=None, init=False)
     seconds: dict[tuple[str, str], float] = field(default_factory=dict, init=False)  # (service, start|stop)
     stragglers: list[str] = field(default_factory=list, init=False)
 
@@ -147,6 +172,8 @@ class Topology:
         logs = self.work_dir / "services"
         self.s3 = S3Server(logs)
         self.spark = SparkCluster(logs, workers=WORKERS, worker_cores=1, worker_memory=WORKER_MEMORY)
+        self.postgres = PostgresServer(logs / "postgres")
+        self.redis = RedisServer(logs / "redis")
 
     def _timed(self, name: str, what: str, step: Callable[[], object]) -> None:
         t0 = time.monotonic()
@@ -166,17 +193,41 @@ class Topology:
               f"({', '.join(self.spark.worker_host(i) for i in range(WORKERS))}; 1 core, {WORKER_MEMORY} each): "
               f"ready in {self.seconds[SPARK_CLUSTER, 'start']:.0f}s; services' logs: {self.s3.log_dir}", flush=True)
 
+    def start_airflow(self, env: Mapping[str, str]) -> AirflowCluster:
+        """PostgreSQL and Redis, then the Airflow cluster on them (WORKERS Celery workers) with the
+        Airflow environment `env` (the demo's config, the S3 server's variables)."""
+        self._timed(POSTGRES, "start", self.postgres.start)
+        self._timed(REDIS, "start", self.redis.start)
+        self.airflow = AirflowCluster(env, self.postgres.url, self.redis.url, self.work_dir / "services" / "airflow",
+                                      workers=WORKERS)
+        self._timed(AIRFLOW, "start", self.airflow.start)
+        print(f"Airflow cluster at {self.airflow.api_url}: metadata DB on PostgreSQL {self.postgres.host}:"
+              f"{self.postgres.port}, Celery broker Redis {self.redis.host}:{self.redis.port}, workers "
+              f"{', '.join(self.airflow.worker_names())} (1 task slot each): ready in "
+              f"{sum(self.seconds[name, 'start'] for name in (POSTGRES, REDIS, AIRFLOW)):.0f}s; "
+              f"logs: {self.airflow.logs}", flush=True)
+        return self.airflow
+
     def stop(self) -> None:
-        """The Spark workers (their executors with them) and master, the S3 server, then any other
-        process this one started that still runs (what the services' own stops missed)."""
+        """The Airflow cluster, Redis and PostgreSQL, the Spark workers (their executors with them) and
+        master, the S3 server, then any other process this one started that still runs (what the
+        services' own stops missed)."""
         started = psutil.Process().children(recursive=True)
+        if self.airflow is not None:
+            self._timed(AIRFLOW, "stop", self.airflow.stop)
+        for name, service in ((REDIS, self.redis), (POSTGRES, self.postgres)):
+            if service.process is not None:
+                self._timed(name, "stop", service.stop)
         self._timed(SPARK_CLUSTER, "stop", self.spark.stop)
         self._timed(S3_SERVER, "stop", self.s3.stop)
         self.stragglers = stop_stragglers(started)
 
     def summary(self) -> str:
         lines = []
-        for name, where in ((S3_SERVER, self.s3.endpoint), (SPARK_CLUSTER, self.spark.master_url)):
+        services = ((S3_SERVER, self.s3.endpoint), (SPARK_CLUSTER, self.spark.master_url),
+                    (POSTGRES, f"{self.postgres.host}:{self.postgres.port}"), (REDIS, self.redis.url),
+                    (AIRFLOW, self.airflow.api_url if self.airflow is not None else ""))
+        for name, where in services:
             took = [f"{done} in {self.seconds[name, what]:.0f}s" for what, done in (("start", "started"), ("stop", "stopped"))
                     if (name, what) in self.seconds]
             lines.append(f"  {name + ' ' + where:<44} {', '.join(took) or 'not started'}")
@@ -191,9 +242,9 @@ def run(config: Path, work_dir: Path, bucket: str) -> int:
     started = time.time()
     work_dir = work_dir.resolve()
     work_dir.mkdir(parents=True, exist_ok=True)
-    # The Airflow home of these runs: a new metadata DB, as the lakehouse is new.
+    # The Airflow home of these runs (task logs, secrets); the metadata DB is a new PostgreSQL
+    # cluster each run, as the lakehouse is new.
     os.environ["AIRFLOW_HOME"] = str(work_dir)
-    (work_dir / "airflow.db").unlink(missing_ok=True)
     topology = Topology(work_dir, bucket)
     saved = {s: signal.signal(s, _interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -204,7 +255,16 @@ def run(config: Path, work_dir: Path, bucket: str) -> int:
         cfg = load_config(cfg_path)
         print(f"config: {cfg_path} ({config} with the lakehouse at {cfg.lakehouse_uri} and Spark on "
               f"{cfg.spark.master})", flush=True)
-        return report(cfg_path, cfg, run_days(cfg_path, cfg), started)
+        bulk, daily = demo_days(cfg)
+        env = airflow_env(cfg, cfg_path)
+        env.setdefault(RETRIES_ENV, "1")
+        env.setdefault(RETRY_DELAY_ENV, "10")  # a demo fails fast instead of waiting 5 minutes
+        ran = DemoRun()
+        if bulk:
+            run_bulk_days(cfg_path, env, bulk, ran, work_dir / "runs" / f"bulk-{bulk[0]}..{bulk[-1]}.spark.log")
+        if daily:
+            run_airflow_days(topology.start_airflow(env), daily, ran, work_dir)
+        return report(cfg_path, cfg, ran, started)
     except Interrupted as interrupted:
         print(f"cluster demo: {interrupted} received; stopping what it started", file=sys.stderr, flush=True)
         return 128 + interrupted.signum
@@ -218,6 +278,60 @@ def run(config: Path, work_dir: Path, bucket: str) -> int:
         print(f"  cluster demo wall time: {time.time() - started:.0f}s", flush=True)
 
 
+def run_bulk_days(cfg_path: Path, env: Mapping[str, str], days: list[str], ran: DemoRun, log: Path) -> None:
+    """The bulk days through gem.pipeline.demo_process (every stage in one process and Spark
+    application, in its own process group), one line per stage as it finishes (into `ran`); Spark's
+    log goes to `log`. Exits on a failure."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    print(f"bulk path ds={days[0]}..{days[-1]} in one process and one Spark application; Spark's log: {log}",
+          flush=True)
+    command = (f". infra/airflow/airflow_env.sh && exec {sys.executable} -m gem.pipeline.demo_process "
+               f"--config {cfg_path} --bulk-start {days[0]} --bulk-end {days[-1]}")
+    t0 = time.time()
+    with open(log, "w") as err:
+        proc = subprocess.Popen(["bash", "-c", command], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
+                                stderr=err, text=True, start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            word, _, rest = line.rstrip("\n").partition(" ")
+            if word == STAGE_RUN:
+                ran.bulk_runs.append(parse_stage_run(rest))
+                print(ran.bulk_runs[-1].line(), flush=True)
+            else:
+                print(line.rstrip("\n"), flush=True)
+        if proc.wait() != 0:
+            raise SystemExit(f"cluster demo failed: the bulk path exited with {proc.returncode}; see {log}")
+    finally:
+        stop_group(proc, STOP_TIMEOUT_S)
+    ran.parts.append((f"bulk path ds={days[0]}..{days[-1]}", time.time() - t0))
+
+
+def run_airflow_days(cluster: AirflowCluster, days: list[str], ran: DemoRun, work_dir: Path) -> None:
+    """Each day a DAG run triggered through the cluster's REST API, run by its scheduler on the
+    Celery workers, one after the other: one line per task as it finishes, then the run's state and
+    how many tasks each worker ran (into `ran`). Exits when a run failed."""
+    with airflow_api(cluster.environment(), work_dir / "runs" / "client-api-server.log") as api:
+        unpause(api)
+        for ds in days:
+            t0 = time.time()
+            run_id = trigger_day(api, ds)
+            logs = work_dir / "logs" / f"dag_id={DAG_ID}" / f"run_id={run_id}"
+            print(f"gem_daily ds={ds}: run {run_id} on the Celery workers; task logs: {logs}", flush=True)
+            reporter = TaskReporter(api, ds, now(), lambda task: print(task, flush=True), run_id=run_id)
+            run = wait_for_run(api, run_id, RUN_TIMEOUT_S, on_poll=reporter.report)
+            reporter.report(wait=True)
+            ran.airflow_tasks[ds] = reporter.tasks
+            per_worker = Counter(t.hostname for t in reporter.tasks if t.hostname)
+            print(f"gem_daily ds={ds}: {run.state}; tasks per worker: "
+                  + ", ".join(f"{host} {n}" for host, n in sorted(per_worker.items())), flush=True)
+            if run.state != "success":
+                failed = [t.task_id for t in reporter.tasks if t.state in ("failed", "upstream_failed")]
+                raise SystemExit(f"cluster demo failed: the gem_daily run of ds={ds} failed ({', '.join(failed)}); "
+                                 f"see the task logs under {logs}")
+            ran.parts.append((f"gem_daily run of ds={ds} (Celery workers)", time.time() - t0))
+
+
 def command_line(
     config: ConfigFile = DEFAULT_CONFIG,
     work_dir: Annotated[Path, typer.Option(
@@ -225,7 +339,8 @@ def command_line(
     bucket: Annotated[str, typer.Option(help="the S3 bucket the lakehouse goes in")] = DEFAULT_BUCKET,
 ) -> int:
     """Start the S3 API server and a Spark master with two workers, run the demo's days on them (the
-    bulk path, then Airflow), print the summary, and stop everything it started."""
+    bulk path, then Airflow on PostgreSQL and two Celery workers), print the summary, and stop
+    everything it started."""
     return run(config, work_dir, bucket)
 
 

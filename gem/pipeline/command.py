@@ -9,6 +9,8 @@
     gem import-movielens PATH [--config F]           a MovieLens ml-1m / ml-100k folder -> landing
     gem delete-user USER_ID [--config F]             one user's rows in every table and raw lines
                                                      in landing and quarantine deleted
+    gem score --model A --input R --out P [--ds D]   a promoted student's artifact scores feature
+                                                     rows (gem.serve.score; no torch, no Spark)
 
 Each subcommand is a thin layer over the library (gem.pipeline.airflow.runs, jobs.status, gem.pipeline.bulk,
 jobs.import_movielens); `gem SUBCOMMAND --help` says more. Built on typer.
@@ -22,7 +24,9 @@ from typing import Annotated
 
 import typer
 
-from gem.pipeline.cli import ConfigOption, day_value
+# From gem.command_line, not gem.pipeline.cli (which loads the config and the stage registry): `gem score`
+# runs in a process that imports no training code.
+from gem.command_line import ConfigOption, day_value
 
 app = typer.Typer(
     help="The GEM pipeline: run days through Airflow, see what is done, import real data.",
@@ -43,10 +47,12 @@ def run(
 ) -> None:
     """One day through Airflow: the gem_daily DAG's run for ds.
 
-    `airflow dags test`, every stage of the registry in order, against the metadata DB of
-    $AIRFLOW_HOME (default .airflow/). Prints one line per task as it finishes (day, task, state,
-    seconds); Airflow's log goes to a file whose path it prints. Exits 1 when the run failed."""
+    `airflow dags test`, every stage of the registry in order, against Airflow's metadata DB
+    (AIRFLOW__DATABASE__SQL_ALCHEMY_CONN, else SQLite in $AIRFLOW_HOME, default .airflow/). Prints one
+    line per task as it finishes (day, task, state, seconds; read through Airflow's API); Airflow's
+    log goes to a file whose path it prints. Exits 1 when the run failed."""
     from gem.config import load_config
+    from gem.pipeline.airflow.api import API_UNAVAILABLE
     from gem.pipeline.airflow.runs import airflow_env, init_db, run_day, run_log
 
     cfg = load_config(config)
@@ -55,7 +61,11 @@ def run(
     log = run_log(env, ds)
     typer.echo(f"gem_daily ds={ds}: Airflow's and the jobs' log: {log}")
     started = time.monotonic()
-    ok = run_day(ds, env, log, on_task=lambda line: typer.echo(str(line)))
+    try:
+        ok = run_day(ds, env, log, on_task=lambda line: typer.echo(str(line)))
+    except API_UNAVAILABLE as e:
+        typer.echo(f"gem run: reading the run of ds={ds} through Airflow's API: {e}", err=True)
+        raise typer.Exit(1) from None
     typer.echo(f"gem_daily ds={ds}: {'success' if ok else 'failed'} in {time.monotonic() - started:.0f}s")
     if not ok:
         typer.echo(f"see {log}; `gem status` lists the failed task and its error", err=True)
@@ -83,6 +93,7 @@ def backfill(
     from gem.config import load_config
     from gem.lakehouse.stages import STAGES
     from gem.lakehouse.staleness import all_records
+    from gem.pipeline.airflow.api import API_UNAVAILABLE
     from gem.pipeline.airflow.backfill import REPROCESS_BEHAVIOURS, BackfillError, later_days
     from gem.pipeline.airflow.backfill import backfill as run_backfill
     from gem.pipeline.airflow.runs import airflow_env
@@ -107,7 +118,7 @@ def backfill(
     try:
         result = run_backfill(start, end, airflow_env(cfg, config), reprocess=reprocess, from_stage=from_stage, cfg=cfg,
                               on_task=lambda line: typer.echo(str(line)), later_stale=later_stale)
-    except BackfillError as e:
+    except (BackfillError, *API_UNAVAILABLE) as e:
         typer.echo(f"gem backfill: {e}", err=True)
         raise typer.Exit(1) from None
     for ds, state in result.runs.items():
@@ -147,7 +158,8 @@ def status(
     """Per stage and day: done, stale or missing; Airflow's failed runs.
 
     From the completion records (a stale one says what to rerun first), then the DAG's failed runs
-    from Airflow's metadata DB with the task that failed and why."""
+    from Airflow's API with the task that failed and why (on the embedded default, through an API
+    server started for the command)."""
     from jobs.status import main as status_main
 
     argv = _config_args(config) + [a for flag, day in (("--start", start), ("--end", end)) if day
@@ -156,29 +168,38 @@ def status(
     if code:
         raise typer.Exit(code)
     if airflow_runs:
+        from gem.pipeline.airflow.api import API_UNAVAILABLE
+
         typer.echo("")
-        typer.echo("\n".join(failed_run_lines(config)))
+        try:
+            typer.echo("\n".join(failed_run_lines(config)))
+        except API_UNAVAILABLE as e:
+            typer.echo(f"gem status: Airflow's failed runs: {e}", err=True)
+            raise typer.Exit(1) from None
 
 
 def failed_run_lines(config: Path | None) -> list[str]:
-    """Airflow's failed runs of gem_daily, each with the failures the DAG's callback recorded
-    (gem.pipeline.airflow.orchestration.record_task_failure): task, try, error."""
+    """Airflow's failed runs of gem_daily (from its API), each with the failures the DAG's callback
+    recorded (gem.pipeline.airflow.orchestration.record_task_failure): task, try, error."""
     from gem.config import load_config
-    from gem.pipeline.airflow.orchestration import read_task_failures
-    from gem.pipeline.airflow.runs import airflow_env, airflow_home, failed_runs
+    from gem.pipeline.airflow.api import airflow_api, embedded_db
+    from gem.pipeline.airflow.orchestration import DAG_ID, read_task_failures
+    from gem.pipeline.airflow.runs import airflow_env, airflow_home
 
     env = airflow_env(load_config(config), config)
-    if not (airflow_home() / "airflow.db").is_file():
+    db = embedded_db(env)
+    if db is not None and not db.is_file():  # no server to start on a DB that does not exist
         return [f"Airflow: no metadata DB in {airflow_home()} yet (no run through Airflow)"]
-    runs = failed_runs(env)
+    with airflow_api(env, airflow_home(env) / "runs" / "status.api-server.log") as api:
+        runs = api.failed_runs(DAG_ID)
     if not runs:
         return ["Airflow: no failed runs of gem_daily"]
     failures = read_task_failures(airflow_home())
     lines = [f"Airflow: {len(runs)} failed run(s) of gem_daily:"]
-    for run in sorted(runs, key=lambda r: str(r.get("logical_date"))):
-        mine = [f for f in failures if f["run_id"] == run["run_id"]]
+    for run in sorted(runs, key=lambda r: str(r.logical_date)):
+        mine = [f for f in failures if f["run_id"] == run.run_id]
         days = sorted({f["ds"] for f in mine if f.get("ds")})
-        lines.append(f"  run {run['run_id']} (logical date {str(run.get('logical_date'))[:10]}"
+        lines.append(f"  run {run.run_id} (logical date {str(run.logical_date)[:10]}"
                      + (f", ds={', '.join(days)})" if days else ")"))
         for f in mine:
             lines.append(f"    {f['task_id']} (try {f['try_number']}): {f['error']}")
@@ -267,6 +288,73 @@ def delete_user(
         raise typer.BadParameter(str(e)) from None
     for line in report.lines():
         typer.echo(line)
+
+
+@app.command()
+def promote(
+    ds: Annotated[str, typer.Option("--ds", help="the day whose promoted model to set, YYYY-MM-DD", callback=day_value)],
+    reason: Annotated[str, typer.Option(help="why: kept in the promotion record")],
+    model: Annotated[str | None, typer.Option(
+        help="the model: an architecture (default: the config's model.arch) or a student, "
+             "student-<variant>-<surface>")] = None,
+    from_ds: Annotated[str | None, typer.Option(
+        "--from-ds", help="roll back: promote the model promoted for this earlier day as ds's, YYYY-MM-DD",
+        callback=day_value)] = None,
+    by: Annotated[str | None, typer.Option(help="who decides (default: the user running the command)")] = None,
+    config: ConfigOption = None,
+) -> None:
+    """Promote a model by hand: override the promotion gate's refusal, or roll back.
+
+    Without --from-ds, the model that ds's run trained and the gate refused becomes ds's promoted
+    model; with --from-ds E, the model promoted for the earlier day E does. It serves ds and the days
+    after (precompute's next refresh, the next warm starts) until a later day promotes another. The
+    record keeps who, why and the gate's figures (gem.train.promotion); `gem status` lists it. Exits
+    1 when there is nothing to promote."""
+    import getpass
+
+    from gem.config import load_config
+    from gem.train.promotion import PromotionError, checkpoint_root, model_names, override, roll_back
+
+    if not reason.strip():
+        raise typer.BadParameter("say why the model is promoted", param_hint="--reason")
+    cfg = load_config(config)
+    root, name, who = checkpoint_root(cfg), model or cfg.model.arch, by or getpass.getuser()
+    known = model_names(root)
+    if name not in known:
+        raise typer.BadParameter(f"{name} has no promotion or decision under {root}; models there: "
+                                 f"{', '.join(known) or 'none'}", param_hint="--model")
+    try:
+        decision = roll_back(root, name, ds, from_ds, who, reason) if from_ds else override(root, name, ds, who, reason)
+    except PromotionError as e:
+        typer.echo(f"gem promote: {e}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(decision.summary())
+
+
+@app.command()
+def score(
+    model: Annotated[str, typer.Option(help="a student artifact folder (the distill stage writes them under "
+                                            "<lakehouse>/_checkpoints/serving/<student>/<ds>/)")],
+    input_rows: Annotated[str, typer.Option("--input", help="feature rows: a Parquet file or folder, or a Delta table")],
+    out: Annotated[str, typer.Option(help="predictions: a path ending in .parquet (one Parquet file), else a Delta table")],
+    ds: Annotated[str | None, typer.Option("--ds", help="the day of a Delta input to score, YYYY-MM-DD",
+                                           callback=day_value)] = None,
+) -> None:
+    """Score feature rows with a promoted student's artifact (onnxruntime; no torch, no Spark).
+
+    The rows carry the columns of the artifact's feature_spec.json; a missing column, a wrong dtype,
+    a negative id or a row of another surface stops the run with an error naming the column, and an
+    empty input is an error (gem.serve.score). Writes one prediction row per input row, in order."""
+    from gem.serve.features import ArtifactError, FeatureError
+    from gem.serve.score import InputError
+    from gem.serve.score import score as score_rows
+
+    try:
+        result = score_rows(model, input_rows, out, ds)
+    except (ArtifactError, FeatureError, InputError) as e:
+        typer.echo(f"gem score: {e}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"gem score: {result.rows:,} rows scored in {result.seconds:.2f}s -> {result.out}")
 
 
 def main() -> None:

@@ -3,12 +3,15 @@
 The first `demo.bulk_days` days load through the bulk path (gem.pipeline.bulk: every stage in one process
 and Spark session, as a history is loaded before daily runs take over). Each later demo day D runs
 as `airflow dags test gem_daily <D+1 00:00:01>` (a manual run covers the last full day before its
-logical date, so it processes ds=D; see gem/pipeline/airflow/orchestration.py) against a SQLite metadata DB in
-.airflow/, with $GEM_CONFIG pointing the jobs at the demo config. Both happen in one child process
+logical date, so it processes ds=D; see gem/pipeline/airflow/orchestration.py) against Airflow's metadata DB
+(SQLite in .airflow/ unless AIRFLOW__DATABASE__SQL_ALCHEMY_CONN names another), with $GEM_CONFIG
+pointing the jobs at the demo config. Both happen in one child process
 (gem.pipeline.demo_process), so the Airflow days' Spark stages run on the bulk days' warm JVM. It prints one
 line per stage or task as it finishes (day, task, state, seconds); Spark's log goes to
 .airflow/runs/demo-<first>..<last>.spark.log and each Airflow run's to .airflow/runs/gem_daily-<D>.log,
-whose paths it prints first. At the end it prints the seconds per stage, reads the tables back through
+whose paths it prints first. What Airflow recorded (each task's state and times) comes from its REST
+API (gem.pipeline.airflow.api): the configured server, else one started once for the demo, in the
+background while the bulk days run. At the end it prints the seconds per stage, reads the tables back through
 the Delta log with the `deltalake` package (no Spark) and prints their locations, row counts per day,
 the held-out metrics and the reports' paths (`report`).
 
@@ -20,12 +23,11 @@ from __future__ import annotations
 
 import datetime as dt
 import queue
-import sqlite3
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
@@ -38,6 +40,7 @@ from gem.data.delta_log import logged_files, read_table, table_version
 from gem.days import day_range, shift_day
 from gem.environment import RETRIES_ENV, RETRY_DELAY_ENV
 from gem.lakehouse.tables import table_exists
+from gem.pipeline.airflow.api import TaskRun, airflow_api
 from gem.pipeline.airflow.runs import POLL_S, TaskReporter, airflow_env, airflow_home, init_db, run_log
 from gem.pipeline.bulk import StageRun
 from gem.pipeline.cli import job_app, run_command
@@ -61,11 +64,12 @@ def demo_days(cfg: GemConfig) -> tuple[list[str], list[str]]:
 
 @dataclass
 class DemoRun:
-    """What `run_days` ran: seconds per part (the bulk path, each Airflow run), and each stage's run
-    on the bulk path."""
+    """What `run_days` ran: seconds per part (the bulk path, each Airflow run), each stage's run on
+    the bulk path, and the task instances of each Airflow run (by the day it processed)."""
 
     parts: list[tuple[str, float]] = field(default_factory=list)
     bulk_runs: list[StageRun] = field(default_factory=list)
+    airflow_tasks: dict[str, list[TaskRun]] = field(default_factory=dict)
 
 
 # How long the child's process group has to exit after SIGTERM, when the parent stops early.
@@ -75,8 +79,9 @@ STOP_TIMEOUT_S = 20.0
 def run_days(cfg_path: Path, cfg: GemConfig) -> DemoRun:
     """Run the demo days in order in one process (gem.pipeline.demo_process): the first demo.bulk_days through
     the bulk path, the others through Airflow's `dags test`, so every Spark stage after the first runs
-    on one warm JVM. One line per stage or task as it finishes; Spark's log and each Airflow run's log
-    go to files whose paths are printed. Exits on a failure.
+    on one warm JVM. One line per stage or task as it finishes (the tasks read through Airflow's API,
+    its server started here in the background when none is configured); Spark's log and each Airflow
+    run's log go to files whose paths are printed. Exits on a failure.
 
     The child runs in its own process group (with its JVM and anything it starts); when this
     function ends early (a failure, an interrupt, an exception), the group is stopped before it returns."""
@@ -97,7 +102,8 @@ def run_days(cfg_path: Path, cfg: GemConfig) -> DemoRun:
                f"--config {cfg_path.resolve()} {' '.join(args)}")
     lines: queue.Queue[str | None] = queue.Queue()
     ran = DemoRun()
-    with open(spark_log, "w") as err:
+    api_log = spark_log.with_name(f"demo-{days[0]}..{days[-1]}.api-server.log")
+    with airflow_api(env, api_log) as api, open(spark_log, "w") as err:
         proc = subprocess.Popen(["bash", "-c", command], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
                                 stderr=err, text=True, start_new_session=True)
         try:
@@ -126,15 +132,16 @@ def run_days(cfg_path: Path, cfg: GemConfig) -> DemoRun:
                 elif word == DAY_START:
                     if part is not None:
                         ran.parts.append((part, time.time() - t0))
-                    ds, before = rest[0].split()
+                    ds, since = rest[0].split()
                     print(f"gem_daily ds={ds}: Airflow's log: {run_log(env, ds)}", flush=True)
                     t0, part = time.time(), f"gem_daily run of ds={ds}"
-                    reporter = TaskReporter(airflow_home(env) / "airflow.db", ds, int(before),
+                    reporter = TaskReporter(api, ds, dt.datetime.fromisoformat(since),
                                             lambda task: print(task, flush=True))
                 elif word == DAY_DONE:
                     ds, outcome = rest[0].split()
                     if reporter is not None:
-                        reporter.report()
+                        reporter.report(wait=True)
+                        ran.airflow_tasks[ds] = reporter.tasks
                     reporter = None
                     if outcome != "ok":
                         raise SystemExit(f"demo failed: the gem_daily run of ds={ds} failed; see {run_log(env, ds)}")
@@ -151,31 +158,25 @@ def run_days(cfg_path: Path, cfg: GemConfig) -> DemoRun:
     return ran
 
 
-def task_seconds(airflow_home: Path, days: list[str], bulk_runs: Sequence[StageRun] = ()) -> str:
+def task_seconds(airflow_tasks: Mapping[str, Sequence[TaskRun]], days: list[str],
+                 bulk_runs: Sequence[StageRun] = ()) -> str:
     """Seconds and state of every stage: of its runs on the bulk path (`bulk_runs`, one column, a
-    stage's runs summed), and of every task of the demo's Airflow runs, read from Airflow's metadata DB.
+    stage's runs summed), and of every task of the demo's Airflow runs (`airflow_tasks`: the task
+    instances of the run of each day, as Airflow's API gave them).
 
     One row per task (in the order the tasks first started in Airflow, then stages only the bulk path
     ran), one column for the bulk path and one per Airflow run (the ds it processed).
     """
 
-    db = airflow_home / "airflow.db"
-    if not db.is_file():
-        return f"  (no Airflow metadata DB at {db})"
-    with sqlite3.connect(db) as conn:
-        rows = conn.execute(
-            "SELECT substr(r.data_interval_start, 1, 10), t.task_id, t.state, t.start_date, t.end_date "
-            "FROM task_instance t JOIN dag_run r ON r.dag_id = t.dag_id AND r.run_id = t.run_id "
-            "WHERE t.dag_id = 'gem_daily'"
-        ).fetchall()
+    rows = [(day, t.task_id, t.state, t.start, t.seconds) for day, tasks in airflow_tasks.items() for t in tasks]
     cells: dict[str, dict[str, str]] = {}
     first_start: dict[str, str] = {}
     totals = dict.fromkeys(days, 0.0)
-    for day, task, state, start, end in rows:
-        first_start[task] = min(first_start.get(task) or "~", start or "~")  # never started: last
+    for day, task, state, start, seconds in rows:
+        started = start.isoformat() if start else "~"  # never started: last
+        first_start[task] = min(first_start.get(task) or "~", started)
         if day not in totals:
             continue
-        seconds = (dt.datetime.fromisoformat(end) - dt.datetime.fromisoformat(start)).total_seconds() if start and end else 0.0
         totals[day] += seconds
         cells.setdefault(task, {})[day] = f"{seconds:.0f}s" if state == "success" else f"{seconds:.0f}s {state}"
     order = sorted(cells, key=lambda t: first_start[t])
@@ -243,8 +244,9 @@ def model_metrics(cfg: GemConfig) -> str | None:
 
 
 def student_metrics(cfg: GemConfig) -> str | None:
-    """The latest distillation run's students beside the FM's logged predictions of the same held-out
-    examples, per task, from gold.metrics (None when no distill run has written any)."""
+    """The latest distillation run's students beside the no-FM baseline students and the FM's logged
+    predictions of the same held-out examples, per task, from gold.metrics (None when no distill run
+    has written any)."""
 
     found = student_results(cfg)
     if found is None:
@@ -255,13 +257,17 @@ def student_metrics(cfg: GemConfig) -> str | None:
         return "    n/a" if v is None else f"{v:7.4f}"
 
     width = max((len(r["task"]) for r in rows), default=len("task"))
-    lines = [f"  run {run_id}: {arch} per surface, trained on the FM's logged predictions"
-             + (" and history codes" if cfg.student.uses("history_codes") else ""),
-             "  each day a student takes at most one pass over its surface's examples of the day before,",
-             "  warm-started from the one promoted the day before (its first day from scratch: where a surface",
-             "  has few steps, it has learned little yet)",
-             f"    {'task':<{width}} {'examples':>9} {'steps':>5} {'NE':>7} {'AUC':>7} {'FM NE':>7} {'FM AUC':>7}"]
-    lines += [f"    {r['task']:<{width}} {r['examples']:>9,} {'n/a' if r['steps'] is None else r['steps']:>5} {fmt(r['NE'])} {fmt(r['AUC'])} "
+    signals = "predictions and history codes" if cfg.student.uses("history_codes") else "predictions"
+    window = f"{cfg.student_train.days} day{'s' if cfg.student_train.days > 1 else ''}"
+    header = (f"    {'task':<{width}} {'examples':>9} {'steps':>5} {'NE':>7} {'AUC':>7} {'base NE':>7} {'base AUC':>8} "
+              f"{'FM NE':>7} {'FM AUC':>7}")
+    lines = [f"  run {run_id}: {arch} per surface, trained on the FM's logged {signals}; base: the no-FM baseline",
+             f"  student. Each day both train {cfg.student_train.steps} steps on their surface's examples of the FM-predicted days",
+             f"  of the {window} before the held-out one, warm-started from the ones promoted before (on their first",
+             "  day from scratch), and are scored on the same held-out examples as the FM's logged predictions",
+             header]
+    lines += [f"    {r['task']:<{width}} {r['examples']:>9,} {'n/a' if r['steps'] is None else r['steps']:>5} "
+              f"{fmt(r['NE'])} {fmt(r['AUC'])} {fmt(r['baseline NE'])} {fmt(r['baseline AUC']):>8} "
               f"{fmt(r['FM NE'])} {fmt(r['FM AUC'])}" for r in rows]
     return "\n".join(lines)
 
@@ -284,7 +290,7 @@ def report(cfg_path: Path, cfg: GemConfig, ran: DemoRun, started: float) -> int:
     bulk, daily = demo_days(cfg)
     print("== seconds per stage: its runs on the bulk path (a ranged stage runs once for all its days), and per task "
           "of each Airflow run (by the day it processed; from Airflow's metadata DB) ==")
-    print(task_seconds(airflow_home(), daily, ran.bulk_runs))
+    print(task_seconds(ran.airflow_tasks, daily, ran.bulk_runs))
     print("== tables ==")
     print(f"  {'landing files':<28} {cfg.landing_root}")
     print(summarize(cfg))

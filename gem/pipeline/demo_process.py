@@ -11,9 +11,10 @@ a fresh `airflow dags test` process.
 
 What the parent (gem.pipeline.demo) reads on stdout: one line `STAGE_RUN <json>` per stage of the bulk
 path as it finishes (a gem.pipeline.bulk.StageRun), the stages' own output, then per Airflow day one line
-`AIRFLOW_DAY <ds> <newest DAG run id before it>` and one line `AIRFLOW_DONE <ds> <ok|failed>`;
+`AIRFLOW_DAY <ds> <UTC time before its run was made>` and one line `AIRFLOW_DONE <ds> <ok|failed>`;
 between them the day's own output (Airflow's, its tasks') goes to its run log
-(gem.pipeline.airflow.runs.run_log), and the parent prints each task as it finishes from the metadata DB.
+(gem.pipeline.airflow.runs.run_log), and the parent prints each task as it finishes, read through
+Airflow's API (the day's run is the newest of ds made after that time).
 Spark's log stays in this process's stderr: the JVM keeps the stderr it was started with.
 """
 
@@ -34,7 +35,7 @@ import typer
 
 from gem.config import load_config
 from gem.pipeline.airflow.orchestration import DAG_ID, manual_logical_date
-from gem.pipeline.airflow.runs import airflow_home, newest_run_id, run_log
+from gem.pipeline.airflow.runs import now, run_log
 from gem.pipeline.bulk import StageRun, run_range
 from gem.pipeline.cli import DAY, day_value, job_app, run_command
 
@@ -94,7 +95,7 @@ def airflow_dags_test(ds: str) -> bool:
 
 def run_airflow_day(ds: str, parent: TextIO) -> bool:
     """One Airflow day, framed for the parent by the DAY_START and DAY_DONE lines on `parent`."""
-    print(f"{DAY_START} {ds} {newest_run_id(airflow_home() / 'airflow.db')}", file=parent, flush=True)
+    print(f"{DAY_START} {ds} {now().isoformat()}", file=parent, flush=True)
     with output_to(run_log(os.environ, ds)):
         try:
             ok = airflow_dags_test(ds)

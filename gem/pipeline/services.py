@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -233,6 +236,222 @@ class SparkCluster:
         # Workers first (they take their executors with them), then the master.
         for name in sorted(self.processes, key=lambda n: n == "spark-master"):
             stop_group(self.processes[name], timeout_s=20)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# Debian's package of the redis-server program (infra/cluster_services.sh installs it where root can).
+REDIS_SERVER = "redis-server"
+
+
+@dataclass
+class RedisServer:
+    """redis-server on 127.0.0.1 in its own process, as the Celery executor's broker: no persistence
+    (no snapshots, no append-only file), its working folder `work_dir`, its log work_dir/redis.log.
+
+    `url` is what a client connects to (database 0; `url_of(n)` names another database). Never a
+    system service: started here on a free port and stopped with `stop()`."""
+
+    work_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 0
+    ready_timeout_s: float = 30.0
+    process: subprocess.Popen[bytes] | None = field(default=None, init=False)
+
+    @property
+    def url(self) -> str:
+        return self.url_of(0)
+
+    def url_of(self, database: int) -> str:
+        return f"redis://{self.host}:{self.port}/{database}"
+
+    def ping(self) -> bool:
+        """Whether the server answers PING (its protocol's inline form) with PONG."""
+        try:
+            with socket.create_connection((self.host, self.port), timeout=2) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(64).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def start(self) -> Self:
+        self.port = self.port or free_port(self.host)
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        log = self.work_dir / "redis.log"
+        command = [REDIS_SERVER, "--bind", self.host, "--port", str(self.port), "--save", "", "--appendonly", "no",
+                   "--dir", str(self.work_dir), "--daemonize", "no", "--logfile", str(log)]
+        try:
+            self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+        except FileNotFoundError:
+            raise ServiceStartError(f"no {REDIS_SERVER} on PATH: install Debian's redis-server package "
+                                    "(infra/cluster_services.sh does, as root)") from None
+        deadline = time.monotonic() + self.ready_timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise ServiceStartError(f"redis-server exited with {self.process.returncode}:\n{_tail(log)}")
+            if self.ping():
+                return self
+            time.sleep(0.1)
+        self.stop()
+        raise ServiceStartError(f"redis-server was not ready on {self.host}:{self.port} after "
+                                f"{self.ready_timeout_s:.0f} s:\n{_tail(log)}")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            stop_group(self.process, timeout_s=10)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# Where Debian installs PostgreSQL's server programs (initdb, postgres, pg_ctl), one folder per version.
+POSTGRES_LIB = Path("/usr/lib/postgresql")
+# The unprivileged system user a PostgresServer started by root runs as (PostgreSQL refuses root).
+POSTGRES_OS_USER = "gem-postgres"
+
+
+def postgres_bin() -> Path:
+    """The folder of PostgreSQL's server programs: that of `initdb` on PATH, else Debian's newest."""
+    found = shutil.which("initdb")
+    if found:
+        return Path(found).resolve().parent
+    versions = sorted((p for p in POSTGRES_LIB.glob("*/bin") if p.parent.name.isdigit()), key=lambda p: int(p.parent.name))
+    if not versions:
+        raise ServiceStartError(f"no PostgreSQL server programs (initdb on PATH or {POSTGRES_LIB}/<version>/bin): "
+                                "install Debian's postgresql package")
+    return versions[-1]
+
+
+def postgres_os_user() -> pwd.struct_passwd:
+    """POSTGRES_OS_USER, created as a system user without a home or login shell when missing."""
+    try:
+        return pwd.getpwnam(POSTGRES_OS_USER)
+    except KeyError:
+        pass
+    made = subprocess.run(["useradd", "--system", "--no-create-home", "--home-dir", "/nonexistent", "--shell",
+                           "/usr/sbin/nologin", POSTGRES_OS_USER], capture_output=True, text=True, check=False)
+    try:
+        return pwd.getpwnam(POSTGRES_OS_USER)  # made here, or by a process that ran useradd at the same time
+    except KeyError:
+        raise ServiceStartError(f"cannot create the system user {POSTGRES_OS_USER} PostgreSQL runs as "
+                                f"(useradd exited with {made.returncode}): {made.stderr.strip()}") from None
+
+
+@dataclass
+class PostgresServer:
+    """PostgreSQL on 127.0.0.1 in its own process group, from Debian's binaries: a new cluster at
+    each start (initdb, fsync off: a throwaway database) with one database, `database`, owned by
+    `user`, who connects without a password over the loopback address only (no Unix socket). Its
+    log: work_dir/postgres.log. Never a system service.
+
+    Root cannot run PostgreSQL: under root the cluster belongs to POSTGRES_OS_USER (created when
+    missing) and lives in a folder of its own under the system's temporary folder, which that user
+    can reach (work_dir may sit in a folder only root can enter); `stop()` removes it. Otherwise the
+    cluster is work_dir/postgres-data.
+
+    `shut_down()` stops the server and keeps its cluster; `resume()` starts it again on the same
+    cluster and port (an outage of the database, in a fault drill).
+
+    `url` is the SQLAlchemy URL (psycopg2 driver) to connect with."""
+
+    work_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 0
+    user: str = "gem"
+    database: str = "airflow"
+    ready_timeout_s: float = 60.0
+    process: subprocess.Popen[bytes] | None = field(default=None, init=False)
+    data_dir: Path | None = field(default=None, init=False)
+    _own_dir: Path | None = field(default=None, init=False)
+
+    @property
+    def url(self) -> str:
+        return f"postgresql+psycopg2://{self.user}@{self.host}:{self.port}/{self.database}"
+
+    @staticmethod
+    def _as_owner(command: list[str]) -> list[str]:
+        """`command` as the cluster's owner: POSTGRES_OS_USER under root (runuser), else this user."""
+        return ["runuser", "-u", POSTGRES_OS_USER, "--", *command] if os.geteuid() == 0 else command
+
+    def _run(self, command: list[str], log: Path, what: str) -> None:
+        with open(log, "ab") as out:
+            done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, check=False)
+        if done.returncode != 0:
+            raise ServiceStartError(f"{what} exited with {done.returncode}:\n{_tail(log)}")
+
+    def start(self) -> Self:
+        programs = postgres_bin()
+        self.port = self.port or free_port(self.host)
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        log = self.work_dir / "postgres.log"
+        if os.geteuid() == 0:
+            owner = postgres_os_user()
+            self._own_dir = Path(tempfile.mkdtemp(prefix="gem-postgres-"))
+            os.chown(self._own_dir, owner.pw_uid, owner.pw_gid)
+            self.data_dir = self._own_dir / "data"
+        else:
+            self.data_dir = self.work_dir / "postgres-data"
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+        self._run(self._as_owner([str(programs / "initdb"), "-D", str(self.data_dir), "-U", self.user, "--auth=trust",
+                                  "-E", "UTF8", "--no-locale", "--no-sync"]), log, "initdb")
+        self._launch(programs, log)
+        self._run([str(programs / "createdb"), "-h", self.host, "-p", str(self.port), "-U", self.user,
+                   self.database], log, "createdb")
+        return self
+
+    def resume(self) -> Self:
+        """Start the server again on the cluster `shut_down()` kept, on the same port."""
+        if self.data_dir is None:
+            raise ServiceStartError("this PostgresServer was never started: nothing to resume")
+        self._launch(postgres_bin(), self.work_dir / "postgres.log")
+        return self
+
+    def _launch(self, programs: Path, log: Path) -> None:
+        """The postmaster on the cluster at data_dir, waited for until it accepts connections."""
+        assert self.data_dir is not None
+        command = [str(programs / "postgres"), "-D", str(self.data_dir), "-h", self.host, "-p", str(self.port),
+                   "-c", "unix_socket_directories=", "-c", "fsync=off"]
+        with open(log, "ab") as out:
+            # Its own session: stopping it signals the whole group (runuser, the postmaster, its backends).
+            self.process = subprocess.Popen(self._as_owner(command), stdout=out, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+        ready = [str(programs / "pg_isready"), "-q", "-h", self.host, "-p", str(self.port), "-U", self.user, "-d", "postgres"]
+        deadline = time.monotonic() + self.ready_timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                self.stop()
+                raise ServiceStartError(f"postgres exited with {self.process.returncode}:\n{_tail(log)}")
+            if subprocess.run(ready, check=False).returncode == 0:
+                return
+            time.sleep(0.2)
+        self.stop()
+        raise ServiceStartError(f"postgres was not ready on {self.host}:{self.port} after "
+                                f"{self.ready_timeout_s:.0f} s:\n{_tail(log)}")
+
+    def shut_down(self) -> None:
+        """A fast shutdown (open sessions are ended: pg_ctl stop -m fast), then whatever is left of its
+        process group; the cluster stays (`resume()`)."""
+        if self.process is not None and self.process.poll() is None and self.data_dir is not None:
+            subprocess.run(self._as_owner([str(postgres_bin() / "pg_ctl"), "stop", "-D", str(self.data_dir),
+                                           "-m", "fast", "-w", "-t", "20"]),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+        if self.process is not None:
+            stop_group(self.process, timeout_s=10)
+
+    def stop(self) -> None:
+        """`shut_down()`, then the folder made for it under root goes too."""
+        self.shut_down()
+        if self._own_dir is not None:
+            shutil.rmtree(self._own_dir, ignore_errors=True)
+            self._own_dir = None
 
     def __enter__(self) -> Self:
         return self.start()

@@ -1,6 +1,6 @@
 # Airflow environment for this repo. Source it (bash, zsh or sh) from anywhere:
 #   . infra/airflow/airflow_env.sh
-# Everything Airflow keeps (SQLite metadata DB, logs, generated config) lives under $AIRFLOW_HOME,
+# Everything Airflow keeps (the embedded SQLite metadata DB, logs, generated config) lives under $AIRFLOW_HOME,
 # by default <repo>/.airflow (gitignored); set AIRFLOW_HOME first to use another place (tests do).
 # The repo root is found from this file under bash; other shells use $GEM_REPO, else the current
 # directory, which must then be the repo root.
@@ -29,8 +29,16 @@ export AIRFLOW_HOME
 export AIRFLOW__CORE__DAGS_FOLDER="$GEM_REPO/dags"
 export AIRFLOW__CORE__LOAD_EXAMPLES=False
 export AIRFLOW__CORE__DEFAULT_TIMEZONE=utc
-# Always the SQLite file of this AIRFLOW_HOME, so a second home never writes into the first's DB.
-export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN="sqlite:///$AIRFLOW_HOME/airflow.db"
+# The metadata DB: whatever AIRFLOW__DATABASE__SQL_ALCHEMY_CONN (or its _CMD / _SECRET form) names,
+# e.g. Postgres. Without one, the embedded default: the SQLite file of this AIRFLOW_HOME, recorded in
+# GEM_AIRFLOW_DEFAULT_DB so that sourcing again for another home moves it there too (a second home
+# never writes into the first's DB) and gem knows the DB is the embedded one.
+if [ -z "${AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_CMD:-}${AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_SECRET:-}" ] &&
+   { [ -z "${AIRFLOW__DATABASE__SQL_ALCHEMY_CONN:-}" ] ||
+     [ "$AIRFLOW__DATABASE__SQL_ALCHEMY_CONN" = "${GEM_AIRFLOW_DEFAULT_DB:-}" ]; }; then
+    export GEM_AIRFLOW_DEFAULT_DB="sqlite:///$AIRFLOW_HOME/airflow.db"
+    export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN="$GEM_AIRFLOW_DEFAULT_DB"
+fi
 # One port for the API server, bound to this machine only (GEM_AIRFLOW_HOST to open it up); workers
 # reach the execution API through the same URL. (`airflow dags test` runs tasks in-process and does
 # not need the server.)

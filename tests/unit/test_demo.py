@@ -76,9 +76,9 @@ def test_model_metrics_prints_the_bayes_floor_of_the_held_out_day_beside_ne(tmp_
 
 
 def test_students_print_beside_the_fm_and_never_as_the_pretraining_run(tmp_path: Path) -> None:
-    """A distill run's rows (the student's and the FM's logged predictions) come after pretraining's:
-    the pretraining table still shows the FM's run, and the students' table pairs each task's student
-    NE with the FM's."""
+    """A distill run's rows (the student's, the no-FM baseline student's and the FM's logged
+    predictions) come after pretraining's: the pretraining table still shows the FM's run, and the
+    students' table puts each task's student NE beside the baseline's and the FM's."""
     from gem.distill.run import FM_ARCH, student_arch
 
     cfg = make_config(tmp_path)
@@ -91,31 +91,26 @@ def test_students_print_beside_the_fm_and_never_as_the_pretraining_run(tmp_path:
                                        reconciliation="test stand-in")
     commit = StageCommit.begin(StageContext(cfg), "distill", "2026-01-03")
     later = t0 + dt.timedelta(hours=1)
-    for arch, ne in ((student_arch(cfg.student.variant), 0.97), (FM_ARCH, 0.91)):
+    for arch, ne in ((student_arch(cfg.student.variant), 0.97), (student_arch("baseline"), 0.99), (FM_ARCH, 0.91)):
         write_run_metrics(commit, [{**r, "arch": arch, "ne": ne} for r in _rows("2026-01-03", "distill:x", later, 0.6)])
     commit.publish(None, no_input_count="test")
     assert "kunlun:2026-01-03:fm" in demo.model_metrics(cfg)
     text = demo.student_metrics(cfg)
     assert text is not None and "distill:x" in text
     reels = next(line for line in text.splitlines() if line.split()[0] == "reels/click").split()
-    assert reels[2:] == ["7", "0.9700", "0.6000", "0.9100", "0.6000"]  # steps, student NE, AUC; the FM's NE, AUC
+    # steps, student NE, AUC; the baseline student's NE, AUC; the FM's NE, AUC
+    assert reels[2:] == ["7", "0.9700", "0.6000", "0.9900", "0.6000", "0.9100", "0.6000"]
 
 
-def test_task_seconds_has_a_column_per_day_a_run_processed(tmp_path: Path) -> None:
-    """Runs are found by the day they processed (data_interval_start), whatever their logical date:
-    a manual run of 2026-01-04 is dated 2026-01-05 00:00:01."""
-    import sqlite3
+def test_task_seconds_has_a_column_per_day_a_run_processed() -> None:
+    """A column per day a run processed (the task instances of its run, as Airflow's API gave them),
+    whatever the run's logical date: a manual run of 2026-01-04 is dated 2026-01-05 00:00:01."""
+    from gem.pipeline.airflow.api import TaskRun
 
-    with sqlite3.connect(tmp_path / "airflow.db") as conn:
-        conn.execute("CREATE TABLE dag_run (dag_id TEXT, run_id TEXT, logical_date TEXT, data_interval_start TEXT)")
-        conn.execute("CREATE TABLE task_instance (dag_id TEXT, run_id TEXT, task_id TEXT, state TEXT, "
-                     "start_date TEXT, end_date TEXT)")
-        conn.execute("INSERT INTO dag_run VALUES ('gem_daily', 'm1', '2026-01-05 00:00:01.000000', "
-                     "'2026-01-04 00:00:00.000000')")
-        conn.executemany("INSERT INTO task_instance VALUES ('gem_daily', 'm1', ?, ?, ?, ?)", [
-            ("ingest_events", "success", "2026-12-03 10:00:00", "2026-12-03 10:00:41"),
-            ("mix", "skipped", "2026-12-03 10:01:00", "2026-12-03 10:01:01")])
-    lines = demo.task_seconds(tmp_path, ["2026-01-04"]).splitlines()
+    at = dt.datetime(2026, 12, 3, 10, 0, tzinfo=dt.UTC)
+    tasks = {"2026-01-04": [TaskRun("ingest_events", "success", at, at + dt.timedelta(seconds=41)),
+                            TaskRun("mix", "skipped", at + dt.timedelta(seconds=60), at + dt.timedelta(seconds=61))]}
+    lines = demo.task_seconds(tasks, ["2026-01-04"]).splitlines()
     assert lines[0].split() == ["task", "2026-01-04"]
     assert lines[1].split() == ["ingest_events", "41s"] and lines[2].split() == ["mix", "1s", "skipped"]
     assert lines[3].split() == ["all", "tasks", "42s"]
@@ -143,29 +138,24 @@ def test_an_airflow_days_output_goes_to_its_log_and_then_back(tmp_path: Path) ->
     assert sorted(log.read_text().split("\n")) == ["", "inside", "inside err", "raw"]
 
 
-def test_task_seconds_gives_the_bulk_path_a_column_of_its_own(tmp_path: Path) -> None:
+def test_task_seconds_gives_the_bulk_path_a_column_of_its_own() -> None:
     """The bulk path's runs (from gem.pipeline.demo_process's STAGE_RUN lines) in one column before
     the Airflow runs': a stage's runs summed, "skipped" only where none of them ran."""
-    import sqlite3
-
+    from gem.pipeline.airflow.api import TaskRun
     from gem.pipeline.bulk import StageRun
     from gem.pipeline.demo_process import STAGE_RUN, parse_stage_run, stage_run_line
 
-    with sqlite3.connect(tmp_path / "airflow.db") as conn:
-        conn.execute("CREATE TABLE dag_run (dag_id TEXT, run_id TEXT, logical_date TEXT, data_interval_start TEXT)")
-        conn.execute("CREATE TABLE task_instance (dag_id TEXT, run_id TEXT, task_id TEXT, state TEXT, "
-                     "start_date TEXT, end_date TEXT)")
-        conn.execute("INSERT INTO dag_run VALUES ('gem_daily', 'm1', '2026-01-05 00:00:01', '2026-01-04 00:00:00')")
-        conn.executemany("INSERT INTO task_instance VALUES ('gem_daily', 'm1', ?, ?, ?, ?)", [
-            ("generate_events", "success", "2026-12-03 10:00:00", "2026-12-03 10:00:05"),
-            ("ingest_events", "success", "2026-12-03 10:00:05", "2026-12-03 10:00:45")])
+    at = dt.datetime(2026, 12, 3, 10, 0, tzinfo=dt.UTC)
+    tasks = {"2026-01-04": [TaskRun("generate_events", "success", at, at + dt.timedelta(seconds=5)),
+                            TaskRun("ingest_events", "success", at + dt.timedelta(seconds=5),
+                                    at + dt.timedelta(seconds=45))]}
     runs = [StageRun("2026-01-01", "generate_events", "2026-01-01", "success", 1.2),
             StageRun("2026-01-02", "generate_events", "2026-01-02", "success", 2.1),
             StageRun("2026-01-01", "ingest_events", "2026-01-01", "success", 30.4, "ingested", through="2026-01-02"),
             StageRun("2026-01-01", "mix", None, "skipped", 0.2), StageRun("2026-01-02", "mix", None, "skipped", 0.1)]
     # What the parent reads back from the child's line is the run itself.
     assert [parse_stage_run(stage_run_line(r).removeprefix(STAGE_RUN + " ")) for r in runs] == runs
-    lines = demo.task_seconds(tmp_path, ["2026-01-04"], runs).splitlines()
+    lines = demo.task_seconds(tasks, ["2026-01-04"], runs).splitlines()
     assert lines[0].split() == ["task", "bulk", "2026-01-01..2026-01-02", "2026-01-04"]
     rows = {line.split()[0]: line.split()[1:] for line in lines[1:]}
     assert rows["generate_events"] == ["3s", "5s"] and rows["ingest_events"] == ["30s", "40s"]

@@ -2,25 +2,28 @@
 
     gem backfill --start A --end B [--from-stage S] [--reprocess completed|failed|none]
 
-What it does, in order:
-1. The metadata DB is created or upgraded; a run whose logical date is one of the range's midnights
-   but which processed another day (a manual run made before manual runs moved off midnight, see
+What it does, in order (Airflow's state is read and changed through its REST API,
+gem.pipeline.airflow.api: the server configured, else one started for the backfill):
+1. The metadata DB is created or upgraded, and the range is held in the lakehouse
+   (gem.lakehouse.backfill_hold) until the backfill ends: a run of a later day that reads a day of
+   the range waits (its task is rescheduled) rather than build on a day the backfill may rewrite
+   after it read it. A second backfill of the same range is refused.
+2. A run whose logical date is one of the range's midnights but which processed another day (a
+   manual run made before manual runs moved off midnight, see
    gem.pipeline.airflow.orchestration.manual_logical_date) is refused: Airflow would clear and rerun it as that date.
-2. The range is held in the lakehouse (gem.lakehouse.backfill_hold) until the backfill ends: a run
-   of a later day that reads a day of the range waits (its task is rescheduled) rather than build
-   on a day the backfill may rewrite after it read it. A second backfill of the same range is refused.
 3. The scheduler: the one already heartbeating into the DB if there is one (production, or a daily
    stack), else a local stack for the backfill's duration (gem.pipeline.airflow.scheduler, making no
-   scheduled runs of its own), with its logs under $AIRFLOW_HOME/runs/backfill-A..B/.
+   scheduled runs of its own, reporting to the API server started for the backfill when there is
+   one), with its logs under $AIRFLOW_HOME/runs/backfill-A..B/.
 4. The DAG is unpaused while the backfill runs (the scheduler runs no task of a paused DAG) and
    paused again afterwards if it was paused.
-5. `airflow backfill create --max-active-runs 1`: one day at a time, in date order (the DAG's
-   max_active_runs is 1 too, and depends_on_past holds each stateful stage until its previous day
-   succeeded), with dag-run conf {"from_stage": S}: the tasks before S in the registry succeed
-   without running (their records of the day stay as they are) and S onward rerun.
-   Reprocess behaviour (Airflow's): `completed` (the default) reruns every day of the range, done or
-   failed, which is what a backfill after a fix is for; `failed` reruns only days whose run failed
-   or never ran; `none` only days that never ran.
+5. Airflow's backfill (POST /api/v2/backfills) with max_active_runs 1: one day at a time, in date
+   order (the DAG's max_active_runs is 1 too, and depends_on_past holds each stateful stage until
+   its previous day succeeded), with dag-run conf {"from_stage": S}: the tasks before S in the
+   registry succeed without running (their records of the day stay as they are) and S onward rerun.
+   Reprocess behaviour (Airflow's; its dry run says which days will run): `completed` (the default)
+   reruns every day of the range, done or failed, which is what a backfill after a fix is for;
+   `failed` reruns only days whose run failed or never ran; `none` only days that never ran.
 6. Every task line is printed as it finishes (day, task, state, seconds), then each day's run state.
 7. Later days: a rewritten day makes the records of later days that read it stale (the stage
    contract's lineage, gem.lakehouse.staleness). They are not rerun here; they are listed with what
@@ -29,8 +32,7 @@ What it does, in order:
 
 from __future__ import annotations
 
-import json
-import sqlite3
+import datetime as dt
 import subprocess
 import time
 import uuid
@@ -39,13 +41,16 @@ from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from airflow_client.client.exceptions import ApiException
+
 from gem.config import GemConfig
 from gem.days import day_range, shift_day
 from gem.lakehouse.backfill_hold import hold
 from gem.lakehouse.lease import LeaseHeldError
+from gem.pipeline.airflow.api import AirflowApi, Run, airflow_api, api_error, midnight
 from gem.pipeline.airflow.orchestration import DAG_ID, FROM_STAGE_CONF
-from gem.pipeline.airflow.runs import POLL_S, TaskLine, airflow, airflow_home, init_db, run_task_lines
-from gem.pipeline.airflow.scheduler import dag_parsed, scheduler_alive, scheduler_stack
+from gem.pipeline.airflow.runs import POLL_S, TaskLine, airflow_home, init_db, run_task_lines
+from gem.pipeline.airflow.scheduler import scheduler_stack
 
 REPROCESS_BEHAVIOURS = ("completed", "failed", "none")
 PARSE_TIMEOUT_S = 300.0
@@ -68,48 +73,31 @@ class BackfillResult:
         return all(state == "success" for state in self.runs.values())
 
 
-def conflicting_manual_runs(db: Path, start: str, end: str, dag_id: str = DAG_ID) -> list[str]:
-    """Runs whose logical date is a midnight of start..end but whose data interval starts on another
-    day: `airflow backfill create` would clear and rerun them as that date, processing the wrong day."""
-    if not db.is_file():
-        return []
-    with sqlite3.connect(db) as conn:
-        rows = conn.execute(
-            "SELECT run_id, substr(logical_date, 1, 19), substr(data_interval_start, 1, 10) FROM dag_run "
-            "WHERE dag_id = ? AND substr(logical_date, 1, 10) BETWEEN ? AND ?", (dag_id, start, end)).fetchall()
-    return [f"{run_id} (logical date {logical}, processed ds={ds})" for run_id, logical, ds in rows
-            if logical[11:] == "00:00:00" and ds != logical[:10]]
+def conflicting_manual_runs(runs: list[Run], start: str, end: str) -> list[str]:
+    """Of `runs`, those whose logical date is a midnight of start..end but whose data interval starts
+    on another day: Airflow's backfill would clear and rerun them as that date, processing the wrong day."""
+    found = []
+    for run in runs:
+        if run.logical_date is None:
+            continue
+        day, time_of_day = run.logical_date.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S").split()
+        if start <= day <= end and time_of_day == "00:00:00" and run.ds != day:
+            found.append(f"{run.run_id} (logical date {day} {time_of_day}, processed ds={run.ds})")
+    return found
 
 
-def _paused(db: Path, dag_id: str) -> bool:
-    with sqlite3.connect(db) as conn:
-        row = conn.execute("SELECT is_paused FROM dag WHERE dag_id = ?", (dag_id,)).fetchone()
-    return bool(row and row[0])
+def not_run_reason(existing: Run | None) -> str:
+    """Why Airflow's backfill makes no run of a day (its dry run left the day out): the day's run
+    exists and is still going, or exists and the reprocess behaviour keeps it."""
+    if existing is None:
+        return "no run made (unknown reason)"
+    why = "in flight" if existing.state not in RUN_STATES_DONE else "already exists"
+    return f"{why} (run {existing.run_id}, {existing.state})"
 
 
-def _backfill_runs(db: Path, backfill_id: int) -> tuple[list[tuple[str, str, str]], dict[str, str], bool]:
-    """([(ds, run_id, state)] of the runs the backfill made or cleared, {day: reason} of those it did
-    not, whether Airflow marked the backfill completed)."""
-    with sqlite3.connect(db) as conn:
-        runs = conn.execute(
-            "SELECT substr(r.data_interval_start, 1, 10), r.run_id, r.state FROM backfill_dag_run b "
-            "JOIN dag_run r ON r.id = b.dag_run_id WHERE b.backfill_id = ? ORDER BY b.sort_ordinal",
-            (backfill_id,)).fetchall()
-        skipped = conn.execute(
-            "SELECT substr(logical_date, 1, 10), exception_reason FROM backfill_dag_run "
-            "WHERE backfill_id = ? AND dag_run_id IS NULL", (backfill_id,)).fetchall()
-        done = conn.execute("SELECT completed_at FROM backfill WHERE id = ?", (backfill_id,)).fetchone()
-    return runs, dict(skipped), bool(done and done[0])
-
-
-def _newest_backfill(db: Path, dag_id: str) -> int:
-    with sqlite3.connect(db) as conn:
-        return conn.execute("SELECT coalesce(max(id), 0) FROM backfill WHERE dag_id = ?", (dag_id,)).fetchone()[0]
-
-
-def _wait_until_parsed(db: Path, dag_id: str, procs: list[subprocess.Popen[bytes]], logs: Path) -> None:
+def _wait_until_parsed(api: AirflowApi, dag_id: str, procs: list[subprocess.Popen[bytes]], logs: Path) -> None:
     deadline = time.monotonic() + PARSE_TIMEOUT_S
-    while not dag_parsed(db, dag_id):
+    while not api.dag_parsed(dag_id):
         if any(p.poll() is not None for p in procs):
             raise BackfillError(f"the Airflow stack stopped before {dag_id} was parsed; see the logs in {logs}")
         if time.monotonic() > deadline:
@@ -124,65 +112,70 @@ def backfill(start: str, end: str, env: Mapping[str, str], *, reprocess: str = "
     """Backfill run days start..end (see the module docstring). `env`: the Airflow environment
     (gem.pipeline.airflow.runs.airflow_env); `later_stale(end)`: the stale records of days after end (the
     `gem` command passes the stage contract's); `cfg`: the lakehouse whose later days wait while
-    the backfill runs (step 2); -> the runs' states and what is left stale."""
+    the backfill runs (step 1); -> the runs' states and what is left stale."""
     if reprocess not in REPROCESS_BEHAVIOURS:
         raise ValueError(f"reprocess must be one of {REPROCESS_BEHAVIOURS}, got {reprocess!r}")
     if end < start:
         raise ValueError(f"--end {end} is before --start {start}")
     env = dict(env)
-    home = airflow_home(env)
-    db = home / "airflow.db"
-    logs = home / "runs" / f"backfill-{start}..{end}"
+    logs = airflow_home(env) / "runs" / f"backfill-{start}..{end}"
     init_db(env)
-    conflicts = conflicting_manual_runs(db, start, end, dag_id)
-    if conflicts:
-        raise BackfillError(
-            "Airflow would rerun these runs under the range's dates, though they processed other days: "
-            + "; ".join(conflicts) + f". Delete them first: `airflow dags delete {dag_id}` drops the DAG's run history "
-            "(the lakehouse keeps its data and records).")
-    own_stack = not scheduler_alive(db)
     with ExitStack() as running:
+        api = running.enter_context(airflow_api(env, logs / "api-server.log"))  # starting while the hold is taken
         if cfg is not None:
             try:
                 running.enter_context(hold(cfg, start, end, f"backfill-{start}..{end}-{uuid.uuid4().hex[:8]}"))
             except LeaseHeldError as e:
                 raise BackfillError(f"another backfill of the same days is running: {e}") from None
-        procs = running.enter_context(scheduler_stack(env, logs) if own_stack else nullcontext([]))
-        _wait_until_parsed(db, dag_id, procs, logs)
-        was_paused = _paused(db, dag_id)
-        airflow(f"airflow dags unpause {dag_id} > /dev/null", env)
+        in_range = api.runs(dag_id, logical_from=midnight(start),
+                            logical_to=midnight(shift_day(end, 1)) - dt.timedelta(microseconds=1))
+        conflicts = conflicting_manual_runs(in_range, start, end)
+        if conflicts:
+            raise BackfillError(
+                "Airflow would rerun these runs under the range's dates, though they processed other days: "
+                + "; ".join(conflicts) + f". Delete them first: `airflow dags delete {dag_id}` drops the DAG's run "
+                "history (the lakehouse keeps its data and records).")
+        own_stack = not api.scheduler_healthy()
+        api_port = api.server.port if api.server is not None else None
+        procs = running.enter_context(scheduler_stack(env, logs, api_port=api_port) if own_stack else nullcontext([]))
+        _wait_until_parsed(api, dag_id, procs, logs)
+        was_paused = api.paused(dag_id)
+        api.set_paused(dag_id, False)
         try:
-            conf = json.dumps({FROM_STAGE_CONF: from_stage or ""})
-            created = airflow(
-                f"airflow backfill create --dag-id {dag_id} --from-date {start} --to-date {end} "
-                f"--max-active-runs 1 --reprocess-behavior {reprocess} --dag-run-conf '{conf}'",
-                env, capture=True, check=False)
-            backfill_id = _newest_backfill(db, dag_id)
-            if created.returncode != 0 or not backfill_id:
-                raise BackfillError(f"`airflow backfill create` failed (exit {created.returncode}): "
-                                    f"{(created.stdout + created.stderr)[-2000:]}")
-            result = _follow(db, backfill_id, procs, logs, on_task, dag_id)
+            try:
+                days = api.backfill_days(dag_id, start, end, reprocess)
+                backfill_id = api.create_backfill(dag_id, start, end, reprocess, max_active_runs=1,
+                                                  conf={FROM_STAGE_CONF: from_stage or ""})
+            except ApiException as e:
+                raise BackfillError(f"Airflow refused the backfill of {dag_id} {start}..{end}: {api_error(e)}") from None
+            at_midnight = {r.logical_date: r for r in in_range}  # the runs Airflow's backfill finds per day
+            not_run = {ds: not_run_reason(at_midnight.get(midnight(ds))) for ds in day_range(start, end) if ds not in days}
+            result = _follow(api, backfill_id, start, end, days, not_run, procs, logs, on_task, dag_id)
         finally:
             if was_paused:
-                airflow(f"airflow dags pause {dag_id} > /dev/null", env, check=False)
+                api.set_paused(dag_id, True)
     if later_stale is not None:
         result.stale_later = later_stale(end)
     return result
 
 
-def _follow(db: Path, backfill_id: int, procs: list[subprocess.Popen[bytes]], logs: Path,
-            on_task: Callable[[TaskLine], None], dag_id: str) -> BackfillResult:
-    """Print each task as it finishes until Airflow marks the backfill completed."""
+def _follow(api: AirflowApi, backfill_id: int, start: str, end: str, days: list[str], not_run: dict[str, str],
+            procs: list[subprocess.Popen[bytes]], logs: Path, on_task: Callable[[TaskLine], None],
+            dag_id: str) -> BackfillResult:
+    """Print each task of the backfill's runs (of `days`) as it finishes until Airflow marks the
+    backfill completed."""
     reported: set[tuple[str, str]] = set()
     while True:
-        runs, not_run, completed = _backfill_runs(db, backfill_id)
-        for ds, run_id, _ in runs:
-            for line in run_task_lines(db, dag_id, run_id, ds):
-                if (run_id, line.task) not in reported:
-                    reported.add((run_id, line.task))
+        completed = api.backfill_completed(backfill_id)  # before the runs: a run read after it is final then
+        runs = {ds: run for ds, run in api.backfill_runs(dag_id, start, end).items() if ds in days}
+        for ds, run in sorted(runs.items()):
+            for line in run_task_lines(api, dag_id, run.run_id, ds):
+                if (run.run_id, line.task) not in reported:
+                    reported.add((run.run_id, line.task))
                     on_task(line)
-        if completed and all(state in RUN_STATES_DONE for *_, state in runs):
-            return BackfillResult(backfill_id, {ds: state for ds, _, state in runs}, not_run)
+        if completed and all(run.state in RUN_STATES_DONE for run in runs.values()):
+            missing = {ds: "no run made (the backfill skipped it)" for ds in days if ds not in runs}
+            return BackfillResult(backfill_id, {ds: run.state for ds, run in sorted(runs.items())}, not_run | missing)
         if any(p.poll() is not None for p in procs):
             raise BackfillError(f"the Airflow stack stopped during backfill {backfill_id}; see the logs in {logs}")
         time.sleep(POLL_S)

@@ -7,6 +7,11 @@ declaration (gem.lakehouse.stages) through gem.pipeline.airflow.orchestration:
 - a PythonOperator per stage running the stage's entry point for the run's day in the task's
   process (gem.pipeline.airflow.orchestration.run_stage_task: what `python -m jobs.<module>` runs, with the Spark
   session of the task's process); "nothing ready yet" skips it where the stage may skip;
+- for pretrain, precompute and distill (orchestration.LAUNCHED_STAGES), the launcher the config
+  names (gem.config.LauncherConfig, read at parse time: orchestration.parse_config): in the task's
+  process (the default, as above), in torchrun processes on the worker's host
+  (orchestration.run_stage_torchrun, the same task arguments), or as a Kubernetes cluster job
+  submitted by the cncf-kubernetes provider's operators (gem.deploy.operators, imported only then);
 - the Airflow Assets of the tables the stage writes as its outlets;
 - depends_on_past where the stage carries state from its previous day;
 - one sensor (reschedule mode) before the stages that read landing partitions, waiting for the
@@ -15,36 +20,41 @@ declaration (gem.lakehouse.stages) through gem.pipeline.airflow.orchestration:
   anyway: trigger rule none_failed);
 - a failure callback recording which task failed and why.
 
-Imported by the DAG processor on every parse: Airflow and stdlib only (no pyspark, torch, pandas).
+Imported by the DAG processor on every parse: Airflow and stdlib only (no pyspark, torch, pandas);
+gem.config only when the environment names a config, the Kubernetes provider only for cluster jobs.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from typing import TYPE_CHECKING, Any
 
 from airflow.providers.standard.operators.python import PythonOperator
 from airflow.providers.standard.sensors.python import PythonSensor
-from airflow.sdk import DAG
+from airflow.sdk import DAG, BaseOperator
 
 from gem.lakehouse import stages
 from gem.pipeline.airflow.orchestration import (
     DAG_ID,
-    FROM_STAGE_CONF,
+    DAY_EXPR,
+    FROM_STAGE_EXPR,
     LANDING_SENSOR,
     daily_timetable,
     default_args,
     depends_on_past,
     landing_ready,
     landing_sensor_settings,
+    launch_kind,
+    parse_config,
     partition_ds,
     run_stage_task,
+    run_stage_torchrun,
     stage_assets,
     start_date,
 )
 
-DAY_EXPR = "{{ partition_ds(data_interval_start) }}"
-# The stage the run starts from, from its conf (gem backfill --from-stage); "" for every other run.
-FROM_STAGE_EXPR = f"{{{{ (dag_run.conf or {{}}).get('{FROM_STAGE_CONF}', '') }}}}"
+if TYPE_CHECKING:
+    from gem.config import GemConfig
 
 
 def task_upstream() -> dict[str, set[str]]:
@@ -61,10 +71,37 @@ def task_upstream() -> dict[str, set[str]]:
     return graph
 
 
+def stage_task(stage: stages.Stage, cfg: GemConfig | None) -> BaseOperator:
+    """A stage's task, launched as `launch_kind` says: a PythonOperator running the stage in the
+    task's process (run_stage_task) or under torchrun (run_stage_torchrun), both with the same
+    arguments, or the operator submitting its cluster job."""
+    task_args: dict[str, Any] = {
+        "task_id": stage.name,
+        "doc_md": stage.doc,
+        "outlets": stage_assets(stage),
+        "depends_on_past": depends_on_past(stage),
+        "do_xcom_push": False,  # the summary line is in the log, not a result
+        **({"pool": stage.pool} if stage.pool else {}),
+    }
+    kind = launch_kind(stage.name, cfg)
+    if kind == "cluster_job" and cfg is not None:
+        from gem.deploy.operators import cluster_job_operator  # noqa: PLC0415 - the provider loads only for cluster jobs
+
+        return cluster_job_operator(stage, cfg.launcher, cfg.spark, DAY_EXPR, FROM_STAGE_EXPR, **task_args)
+    return PythonOperator(
+        python_callable=run_stage_torchrun if kind == "torchrun" else run_stage_task,
+        op_kwargs={"stage_name": stage.name, "run_day": DAY_EXPR, "from_stage": FROM_STAGE_EXPR},
+        **task_args,
+    )
+
+
 def daily_dag(dag_id: str = DAG_ID, start: dt.datetime | None = None, catchup: bool = False,
-              doc_md: str | None = None) -> DAG:
+              doc_md: str | None = None, config: GemConfig | None = None) -> DAG:
     """The daily pipeline DAG (see the module docstring). `start`/`catchup`: the production DAG
-    starts at start_date() without catchup (backfills go through `airflow backfill create`)."""
+    starts at start_date() without catchup (backfills go through `airflow backfill create`).
+    `config`: whose `launcher` launches the model tasks; None reads the one the environment names
+    (orchestration.parse_config), the in-process default when it names none."""
+    cfg = config if config is not None else parse_config()
     with DAG(
         dag_id=dag_id,
         description="Daily ads data and model: landing -> bronze -> silver -> examples -> mixture -> pretraining "
@@ -78,19 +115,7 @@ def daily_dag(dag_id: str = DAG_ID, start: dt.datetime | None = None, catchup: b
         tags=["gem", "daily"],
         doc_md=doc_md,
     ) as dag:
-        tasks = {
-            stage.name: PythonOperator(
-                task_id=stage.name,
-                python_callable=run_stage_task,
-                op_kwargs={"stage_name": stage.name, "run_day": DAY_EXPR, "from_stage": FROM_STAGE_EXPR},
-                do_xcom_push=False,  # the summary line is in the log, not a result
-                doc_md=stage.doc,
-                outlets=stage_assets(stage),
-                depends_on_past=depends_on_past(stage),
-                **({"pool": stage.pool} if stage.pool else {}),
-            )
-            for stage in stages.STAGES
-        }
+        tasks = {stage.name: stage_task(stage, cfg) for stage in stages.STAGES}
         graph = task_upstream()
         if LANDING_SENSOR in graph:
             tasks[LANDING_SENSOR] = PythonSensor(

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from gem.days import DEFAULT_START_DS
 from gem.environment import (
     BACKFILL_POKE_ENV,
+    CONFIG_FILE_ENV,
     DAG_START_ENV,
     LANDING_POKE_ENV,
     LANDING_TIMEOUT_ENV,
@@ -47,6 +48,8 @@ from gem.lakehouse.stages import STAGES, Stage
 
 if TYPE_CHECKING:
     from airflow.sdk import Asset, CronDataIntervalTimetable
+
+    from gem.config import GemConfig, LauncherConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -62,6 +65,17 @@ START_DS = DEFAULT_START_DS
 MANUAL_RUN_AFTER_CLOSE = dt.timedelta(seconds=1)
 # The dag-run conf key naming the stage a run starts from (`gem backfill --from-stage`).
 FROM_STAGE_CONF = "from_stage"
+# A task's run day and its run's from_stage, as Jinja expressions its operator renders: the task
+# arguments of gem.pipeline.airflow.daily_dag and the cluster jobs' manifests (gem.deploy.manifests).
+DAY_EXPR = "{{ partition_ds(data_interval_start) }}"
+FROM_STAGE_EXPR = f"{{{{ (dag_run.conf or {{}}).get('{FROM_STAGE_CONF}', '') }}}}"
+# The stages whose tasks launch as the config's `launcher` says (gem.config.LauncherConfig); every
+# other stage runs in its task's process. Of them, the stages whose job joins torchrun's process
+# group (gem.train.daily) run launcher.nproc_per_node processes per node; the others run one.
+LAUNCHED_STAGES = ("pretrain", "precompute", "distill")
+DISTRIBUTED_STAGES = ("pretrain",)
+# The variables whose presence makes a parse read the config for its launcher (parse_config).
+LAUNCHER_ENV_PREFIX = "GEM__LAUNCHER"
 
 # Retries: jobs are idempotent partition replaces, so a retry is safe. The env knobs exist so the
 # end-to-end test and demos can fail fast; production leaves them unset.
@@ -172,6 +186,60 @@ def run_stage_task(stage_name: str, run_day: str, from_stage: str = "") -> str:
             raise AirflowSkipException(f"{stage_name}: nothing ready on run day {run_day}")
         raise RuntimeError(f"{stage_name} ds={run.ds}: published nothing, and this stage must publish every day")
     return run.summary
+
+
+def parse_config() -> GemConfig | None:
+    """The config the DAG processor's environment names ($GEM_CONFIG, GEM__ variables), read when the
+    DAG is parsed for its `launcher` section; None (the defaults: every task in its own process) when
+    neither $GEM_CONFIG nor a GEM__LAUNCHER* variable is set, and gem.config is then not imported."""
+    if not os.environ.get(CONFIG_FILE_ENV) and not any(k.upper().startswith(LAUNCHER_ENV_PREFIX) for k in os.environ):
+        return None
+    from gem.config import load_config
+
+    return load_config()
+
+
+def launch_kind(stage_name: str, cfg: GemConfig | None) -> str:
+    """How a stage's task runs its stage: the config's launcher.kind for LAUNCHED_STAGES,
+    "in_process" for every other stage and without a config."""
+    return cfg.launcher.kind if cfg is not None and stage_name in LAUNCHED_STAGES else "in_process"
+
+
+def stage_processes(stage_name: str, launcher: LauncherConfig) -> int:
+    """The processes a launched stage runs per node: launcher.nproc_per_node for DISTRIBUTED_STAGES,
+    one for the others (they join no process group)."""
+    return launcher.nproc_per_node if stage_name in DISTRIBUTED_STAGES else 1
+
+
+def run_stage_torchrun(stage_name: str, run_day: str, from_stage: str = "") -> str:
+    """A launched stage's Airflow task under `launcher.kind: torchrun`: what run_stage_task does, in
+    torchrun processes on the worker's host (`stage_processes` of them, from the worker's config)
+    started from this task's process with its environment. Every rank runs gem.deploy.launch; rank 0
+    writes the outcome, from which the task skips or is rescheduled as the in-process task would be.
+    -> the stage's summary line. A torchrun that fails (any rank's failure) fails the task."""
+    import subprocess
+    import tempfile
+
+    from airflow.sdk.exceptions import AirflowRescheduleException, AirflowSkipException
+
+    from gem.config import load_config
+    from gem.deploy.launch import read_outcome, torchrun_command
+
+    processes = stage_processes(stage_name, load_config().launcher)
+    with tempfile.TemporaryDirectory(prefix=f"gem-{stage_name}-") as folder:
+        result = Path(folder) / "outcome.json"
+        command = torchrun_command(stage_name, run_day, from_stage, processes, result)
+        print(f"{stage_name}: launching {processes} process(es) under torchrun: {' '.join(command)}", flush=True)
+        done = subprocess.run(command, cwd=REPO_ROOT, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"{stage_name} run day {run_day}: torchrun exited with {done.returncode} "
+                               "(the processes' output is above)")
+        outcome = read_outcome(result)
+    if outcome.state == "skipped":
+        raise AirflowSkipException(outcome.message)
+    if outcome.state == "rescheduled":
+        raise AirflowRescheduleException(dt.datetime.fromisoformat(outcome.until))
+    return outcome.message
 
 
 def backfill_reschedule(waiting: Exception) -> Exception:

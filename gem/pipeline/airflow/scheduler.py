@@ -11,19 +11,20 @@ processes against the same metadata DB, started here with infra/airflow/airflow_
 Each runs in its own session, so stopping it takes its workers and their Spark JVMs along. With
 `scheduled_runs=False` the scheduler makes no runs of its own from the DAGs' schedules
 ([scheduler] use_job_schedule): it only runs what it is given (a backfill's runs, triggered runs),
-so starting it for a backfill never starts today's run as a side effect.
+so starting it for a backfill never starts today's run as a side effect. With `api_port`, the
+stack's processes report to the API server already serving on that loopback port (one that
+gem.pipeline.airflow.api started, with the execution app) instead of starting one of their own.
 
-`scheduler_alive(db)` says whether some scheduler already heartbeats into a DB (a production stack
-or another backfill); callers then use that one instead of starting a second.
+Whether some scheduler already heartbeats into the DB (a production stack or another backfill) is
+Airflow's API's to say (gem.pipeline.airflow.api.AirflowApi.scheduler_healthy); callers then use
+that one instead of starting a second.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import shlex
 import signal
-import sqlite3
 import subprocess
 import time
 from collections.abc import Iterator, Mapping
@@ -37,8 +38,6 @@ PROCESSES = (
     ("dag-processor", "airflow dag-processor"),
     ("scheduler", "airflow scheduler"),
 )
-# A scheduler whose last heartbeat is older than this is taken for dead.
-HEARTBEAT_FRESH_S = 60.0
 STOP_GRACE_S = 60.0
 
 
@@ -56,51 +55,26 @@ def stack_env(env: Mapping[str, str], scheduled_runs: bool, parallelism: int = 2
     }
 
 
-def scheduler_alive(db: Path, now: dt.datetime | None = None) -> bool:
-    """Whether a scheduler job heartbeats into the SQLite metadata DB `db` (within HEARTBEAT_FRESH_S)."""
-    if not db.is_file():
-        return False
-    now = now or dt.datetime.now(dt.UTC)
-    with sqlite3.connect(db) as conn:
-        try:
-            beats = conn.execute("SELECT latest_heartbeat FROM job WHERE job_type = 'SchedulerJob' "
-                                 "AND state = 'running'").fetchall()
-        except sqlite3.OperationalError:  # no `job` table yet: a DB never used by a scheduler
-            return False
-    for (beat,) in beats:
-        seen = dt.datetime.fromisoformat(beat)
-        seen = seen if seen.tzinfo else seen.replace(tzinfo=dt.UTC)
-        if (now - seen).total_seconds() < HEARTBEAT_FRESH_S:
-            return True
-    return False
-
-
-def dag_parsed(db: Path, dag_id: str) -> bool:
-    """Whether the DAG processor has written `dag_id` into the DB (a backfill needs its serialized DAG)."""
-    if not db.is_file():
-        return False
-    with sqlite3.connect(db) as conn:
-        try:
-            return conn.execute("SELECT count(*) FROM serialized_dag WHERE dag_id = ?", (dag_id,)).fetchone()[0] > 0
-        except sqlite3.OperationalError:
-            return False
-
-
 @contextmanager
 def scheduler_stack(env: Mapping[str, str], logs: Path, scheduled_runs: bool = False, parallelism: int = 2,
-                    dags_folder: Path | None = None) -> Iterator[list[subprocess.Popen[bytes]]]:
-    """The three processes of PROCESSES, each logging to logs/<name>.log, stopped on exit (SIGTERM
-    to its session, SIGKILL after STOP_GRACE_S). `env` is an Airflow environment (gem.pipeline.airflow.runs
-    .airflow_env or a test's); the metadata DB must exist (gem.pipeline.airflow.runs.init_db). `dags_folder`
-    replaces dags/ (a test's copy of the DAG)."""
+                    dags_folder: Path | None = None, api_port: int | None = None) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """The processes of PROCESSES, each logging to logs/<name>.log, stopped on exit (SIGTERM to its
+    session, SIGKILL after STOP_GRACE_S); with `api_port`, all but the API server, reporting to the
+    one on that port. `env` is an Airflow environment (gem.pipeline.airflow.runs.airflow_env or a
+    test's); the metadata DB must exist (gem.pipeline.airflow.runs.init_db). `dags_folder` replaces
+    dags/ (a test's copy of the DAG)."""
     logs.mkdir(parents=True, exist_ok=True)
     settings = stack_env(env, scheduled_runs, parallelism)
+    processes = PROCESSES
+    if api_port is not None:  # airflow_env.sh derives the execution API's URL from it
+        settings["GEM_AIRFLOW_PORT"] = str(api_port)
+        processes = tuple(p for p in PROCESSES if p[0] != "api-server")
     setup = ". infra/airflow/airflow_env.sh && "
     if dags_folder is not None:  # after sourcing: airflow_env.sh points Airflow at dags/
         setup += f"export AIRFLOW__CORE__DAGS_FOLDER={shlex.quote(str(dags_folder))} && "
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        for name, command in PROCESSES:
+        for name, command in processes:
             with open(logs / f"{name}.log", "w") as log:
                 procs.append(subprocess.Popen(
                     ["bash", "-c", f"{setup}exec {command}"], cwd=REPO_ROOT,
