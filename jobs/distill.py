@@ -5,9 +5,10 @@
 A thin job: gem.distill.run for ds. Each surface's student (student.variant) trains on the newest
 FM-predicted example day before the held-out one, reading the FM's logged predictions and history
 codes (gold.fm_predictions, gold.fm_history_codes; never the FM itself), is scored on the held-out
-day beside the FM's own logged predictions (gold.metrics) and promoted. Exits 99 (the task shows as
-skipped) until precompute has run on ds and ds - 1; fails when an FM output it would read came from
-a model trained on that day or later.
+day beside the FM's own logged predictions (gold.metrics) and promoted; a promoted student ships as
+a serving artifact (gem.serve.export: ONNX graph, feature spec, lineage; `gem score` serves it), and
+its export seconds print. Exits 99 (the task shows as skipped) until precompute has run on ds and
+ds - 1; fails when an FM output it would read came from a model trained on that day or later.
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@
 
 Read from `_ops.completions` alone (no Spark). A stale record rests on data rewritten after it was
 made (gem.lakehouse.staleness); under the grid, each stale record says what changed and what to rerun first.
+Then, from the checkpoint root's promotion records (gem.train.promotion), the model each architecture
+and student serves the last day with, and every day in the range whose trained model the promotion
+gate refused (both NE figures; what stays in use) or that someone promoted by hand (`gem promote`).
 Defaults: start_ds through the newest day any record names.
 """
 
@@ -22,6 +25,7 @@ from gem.lakehouse import stages
 from gem.lakehouse.backfill_hold import live_holds
 from gem.lakehouse.staleness import STALE, Ledger, all_records
 from gem.pipeline.cli import DAY, ConfigOption, day_value, job_app, run_command
+from gem.train.promotion import GATE, ROLLBACK, as_of, checkpoint_root, decisions, model_names
 
 NOTHING_TO_DO = "-"
 
@@ -60,6 +64,25 @@ def grid(cfg: GemConfig, days: list[str]) -> tuple[list[str], list[str]]:
     return lines, stale
 
 
+def promotion_lines(cfg: GemConfig, days: list[str]) -> list[str]:
+    """Per promoted model (architecture or student): the model serving the last of `days`, then each
+    decision of `days` that refused a model or was made by hand; [] when nothing was ever promoted."""
+    root = checkpoint_root(cfg)
+    names = model_names(root)
+    if not names:
+        return []
+    width = max(len(n) for n in names)
+    lines = [f"promoted models (serving {days[-1]}):"]
+    for name in names:
+        serving = as_of(root, name, days[-1])
+        decided = (serving.decision or {}) if serving else {}
+        source = f" (rolled back to {decided['model']['version']})" if decided.get("how") == ROLLBACK else ""
+        lines.append(f"  {name:<{width}}  {serving.version + source if serving else 'none promoted yet'}")
+        lines += [f"    {d.summary()}" for d in decisions(root, name)
+                  if d.mix_ds in days and (not d.promoted or d.how != GATE)]
+    return lines
+
+
 def command_line(
     start: Annotated[str | None, typer.Option(help="first day (default: start_ds)", metavar=DAY, callback=day_value)] = None,
     end: Annotated[str | None, typer.Option(
@@ -68,7 +91,8 @@ def command_line(
     config: ConfigOption = None,
 ) -> int:
     """Print every stage's state per day (done, stale, missing, or - where it has nothing to do),
-    what each stale record needs rerun first, and any running backfill; or, with --registry, the
+    what each stale record needs rerun first, any running backfill, and the promoted models with
+    each refused or hand-made promotion; or, with --registry, the
     stage registry: each stage's day, needs and writes."""
     if registry:
         rows = [("stage", "day", "needs", "writes", "runs")] + stages.describe()
@@ -85,6 +109,8 @@ def command_line(
     if stale:
         print(f"\n{len(stale)} stale:")
         print("\n".join(f"  {line}" for line in stale))
+    if promoted := promotion_lines(cfg, day_range(start, end)):
+        print("\n" + "\n".join(promoted))
     for first, last, holder in live_holds(cfg):
         print(f"\nbackfill {first}..{last} running ({holder['run_id']}, pid {holder['pid']} on {holder['host']}, since "
               f"{holder['started_at']}): runs of later days that read it wait until it has finished")

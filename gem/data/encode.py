@@ -35,6 +35,7 @@ _COUNT_WINDOW: dict[str, int] = {
     for p in (USER_FEATURE_PREFIX, AD_FEATURE_PREFIX) for w in WINDOW_DAYS for s in SCOPES for m in COUNT_METRICS.values()
 }
 _MASK63 = (1 << 63) - 1
+MAX_POSITION = 63  # positions above share one value
 
 
 @functools.lru_cache(maxsize=1 << 18)
@@ -60,6 +61,12 @@ def vocab_index(column: pa.Array | pa.ChunkedArray, vocabulary: tuple[str, ...])
     """(n,) int64: index in the vocabulary + 1; 0 for null or a value outside it."""
     idx = pc.index_in(column, value_set=pa.array(vocabulary))
     return (pc.fill_null(idx, -1).to_numpy(zero_copy_only=False).astype(np.int64)) + 1
+
+
+def position_index(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """(n,) int64: 0 for a null position, else min(position, MAX_POSITION) + 1 (positions above share one value)."""
+    pos = column.to_numpy(zero_copy_only=False)
+    return np.where(np.isnan(pos.astype(np.float64)), 0, np.minimum(np.nan_to_num(pos), MAX_POSITION) + 1).astype(np.int64)
 
 
 def days_since(column: pa.Array | pa.ChunkedArray, start_ds: str) -> np.ndarray:

@@ -56,7 +56,17 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from gem.config import ConfigError, LoaderConfig
 from gem.data.batch import Batch, Jagged, Sparse
 from gem.data.delta_log import LoggedFile, MissingDataFileError, logged_files, read_logged, require_file
-from gem.data.encode import DENSE_COLUMNS, HASHED_IDS, VOCABULARIES, dense_matrix, hash_ids, timestamps_us, vocab_index
+from gem.data.encode import (
+    DENSE_COLUMNS,
+    HASHED_IDS,
+    MAX_POSITION,  # noqa: F401 - importable from here too (bench.gpu_train)
+    VOCABULARIES,
+    dense_matrix,
+    hash_ids,
+    position_index,
+    timestamps_us,
+    vocab_index,
+)
 from gem.data.length_batching import length_sorted_batches
 from gem.data.manifest import Manifest
 from gem.data.sampling import keep_probability, row_uniforms, stable_hash
@@ -71,7 +81,6 @@ EXAMPLE_COLUMNS: list[str] = [
     "impression_id", "impression_time", "user_id", "ad_id", "advertiser_id", "campaign_id",
     "objective", "creative_type", "position", "sequence_ds", "features_ds", *LABEL_COLUMNS.values(), *DENSE_COLUMNS,
 ]
-MAX_POSITION = 63  # positions above share one value
 
 
 @dataclass(frozen=True)
@@ -363,8 +372,7 @@ def example_batch(table: pa.Table, tasks: tuple[str, ...], mask: np.ndarray, wei
         elif name in VOCABULARIES:
             values = vocab_index(table[name], VOCABULARIES[name])
         else:  # position: 0 = none, else position + 1 (capped)
-            pos = table[name].to_numpy(zero_copy_only=False)
-            values = np.where(np.isnan(pos.astype(np.float64)), 0, np.minimum(np.nan_to_num(pos), MAX_POSITION) + 1)
+            values = position_index(table[name])
         sparse[name] = Sparse(torch.from_numpy(np.asarray(values, dtype=np.int64)), torch.ones(n, dtype=torch.int32))
     labels = np.zeros((n, len(tasks)), dtype=np.float32)
     surfaces = table["surface"].to_pylist()

@@ -10,6 +10,9 @@ from what the stages committed, with no Spark (Delta tables are read through the
   Data Docs page;
 - held-out NE / AUC / calibration per task of each pretraining run in the window (gold.metrics),
   the generator's Bayes floor beside NE where the landing manifest records one;
+- promotion: every decision of the window on a trained model (foundation model and students), the
+  gate's NE per label type beside the promoted model's, refusals and promotions by hand
+  (gem.train.promotion);
 - the training loss of D's promoted model, step by step (kept in its checkpoint);
 - precompute's figures for the window (gold.precompute_stats);
 - the students of the newest distillation run in the window beside the FM's logged predictions
@@ -41,7 +44,7 @@ from gem.lakehouse.tables import table_exists
 from gem.quality.results import day_results
 from gem.report import Link, Report
 from gem.sources.bayes_floor import reported_floor
-from gem.train.promotion import promotions
+from gem.train.promotion import GATE, OVERRIDE, checkpoint_root, decisions, model_names, promotions
 from schemas.metrics import GOLD_METRICS
 from schemas.precompute import GOLD_PRECOMPUTE_STATS
 
@@ -212,14 +215,15 @@ def _latest_runs(rows: list[dict[str, Any]], arch: str) -> list[dict[str, Any]]:
 
 def student_results(cfg: GemConfig, days: Sequence[str] | None = None) -> tuple[str, str, list[dict[str, Any]]] | None:
     """The newest distillation run (of `days`, when given) from gold.metrics -> (run_id, student
-    arch, per task: task, examples, steps (the student's training steps that day), NE, AUC, FM NE,
-    FM AUC: the student beside the FM's logged predictions of the same held-out examples); None when
-    no distill run wrote any."""
+    arch, per task: task, examples, steps (the student's training steps that day), NE, AUC, baseline
+    NE, baseline AUC (the no-FM baseline student beside it, None where the run trained none), FM NE,
+    FM AUC: the student beside the baseline and the FM's logged predictions of the same held-out
+    examples); None when no distill run wrote any."""
     from gem.distill.run import FM_ARCH, student_arch  # noqa: PLC0415 - the report renders without torch
 
-    arch = student_arch(cfg.student.variant)
+    arch, baseline = student_arch(cfg.student.variant), student_arch("baseline")
     rows = [r for r in _read(cfg, GOLD_METRICS)
-            if r["arch"] in (arch, FM_ARCH) and (days is None or r["ds"].isoformat() in days)]
+            if r["arch"] in (arch, baseline, FM_ARCH) and (days is None or r["ds"].isoformat() in days)]
     if not rows:
         return None
     run_id = max(rows, key=lambda r: r["created_at"])["run_id"]
@@ -229,21 +233,47 @@ def student_results(cfg: GemConfig, days: Sequence[str] | None = None) -> tuple[
             by_task.setdefault(r["task"], {})[r["arch"]] = r
     out = []
     for task, pair in sorted(by_task.items()):
-        student, fm = pair.get(arch, {}), pair.get(FM_ARCH, {})
+        student, control, fm = pair.get(arch, {}), pair.get(baseline, {}), pair.get(FM_ARCH, {})
         out.append({"task": task, "examples": student.get("examples", 0), "steps": student.get("train_steps"),
-                    "NE": student.get("ne"), "AUC": student.get("auc"), "FM NE": fm.get("ne"), "FM AUC": fm.get("auc")})
+                    "NE": student.get("ne"), "AUC": student.get("auc"), "baseline NE": control.get("ne"),
+                    "baseline AUC": control.get("auc"), "FM NE": fm.get("ne"), "FM AUC": fm.get("auc")})
     return run_id, arch, out
 
 
+def promotion_rows(cfg: GemConfig, days: Sequence[str]) -> tuple[list[dict[str, object]], list[str]]:
+    """(one row per decision of `days` and label type it judged, the summary line of each decision
+    that refused a model or was made by hand), every model's decisions, oldest day first."""
+    root = checkpoint_root(cfg)
+    rows: list[dict[str, object]] = []
+    notes = []
+    for name in model_names(root):
+        for d in decisions(root, name):
+            if d.mix_ds not in days:
+                continue
+            verdict = ("promoted" if d.promoted else "NOT promoted") if d.how == GATE else (
+                f"{'override' if d.how == OVERRIDE else 'rollback'} by {d.by}")
+            base = {"day": d.mix_ds, "model": d.model.version, "decision": verdict, "against": d.against or "-"}
+            rows += [base | {"label": f.label, "tasks": len(f.tasks), "positives": f.positives, "NE": f.candidate_ne,
+                             "promoted NE": f.promoted_ne} for f in d.figures] or [base | {"label": "-"}]
+            if not d.promoted or d.how != GATE:
+                notes.append(d.summary())
+    return rows, notes
+
+
 def _students_figure(rows: list[dict[str, Any]]) -> Figure:
-    """Held-out NE per task: each student beside the FM's logged predictions."""
+    """Held-out NE per task: each student beside the no-FM baseline student (where the run trained
+    one) and the FM's logged predictions."""
     tasks = [r["task"] for r in rows]
     y = np.arange(len(tasks))
-    fig = Figure(figsize=(7.0, 0.3 * len(tasks) + 1.4))
+    fig = Figure(figsize=(7.0, 0.4 * len(tasks) + 1.4))
     ax = fig.add_subplot()
-    for offset, key, color in ((-0.2, "NE", "#4c72b0"), (0.2, "FM NE", "#dd8452")):
-        ax.barh(y + offset, np.array([r[key] for r in rows], dtype=float), height=0.4, color=color,
-                label="student" if key == "NE" else "FM (logged predictions)")
+    bars = [(key, label, color) for key, label, color in (
+        ("baseline NE", "baseline student (no FM)", "#999999"), ("NE", "student", "#4c72b0"),
+        ("FM NE", "FM (logged predictions)", "#dd8452")) if any(r.get(key) is not None for r in rows)]
+    height = 0.8 / len(bars)
+    for i, (key, label, color) in enumerate(bars):
+        ax.barh(y + (i - (len(bars) - 1) / 2) * height, np.array([r.get(key) for r in rows], dtype=float),
+                height=height, color=color, label=label)
     ax.axvline(1.0, color="grey", linewidth=0.8)
     ax.set_yticks(y, tasks, fontsize=7)
     ax.invert_yaxis()
@@ -357,6 +387,22 @@ def build(cfg: GemConfig, ds: str, window_days: int = WINDOW_DAYS) -> Report:
     else:
         sec.paragraph(f"No pretraining run of {cfg.model.arch} wrote gold.metrics in the window.")
 
+    sec = report.section("Promotion", intro=(
+        "Each decision of the window on a trained model, the foundation model's and each surface's student's: "
+        "the promotion gate's, which compares its held-out NE per label type (tasks pooled across surfaces) with "
+        "the promoted model's on the same examples ('promoted NE'; none before the first promotion, where the bar "
+        "is 1, the base rate), or one made by hand with `gem promote`. A refused model is not used: precompute "
+        "and the students keep reading the promoted one."))
+    decided, notes = promotion_rows(cfg, days)
+    if decided:
+        sec.table(decided, columns=["day", "model", "decision", "label", "tasks", "positives", "NE", "promoted NE",
+                                    "against"],
+                  formats={"positives": "{:.0f}", "NE": "{:.4f}", "promoted NE": "{:.4f}"})
+        for note in notes:
+            sec.paragraph(note)
+    else:
+        sec.paragraph("No model was decided on in the window.")
+
     sec = report.section("Training loss", intro=f"Every step's loss of the model promoted for ds={ds}.")
     losses = promoted_losses(cfg, ds)
     if losses:
@@ -382,13 +428,15 @@ def build(cfg: GemConfig, ds: str, window_days: int = WINDOW_DAYS) -> Report:
 
     sec = report.section("Students", intro=(
         "The newest distillation run in the window: each surface's student, trained on the FM's logged "
-        "predictions, scored on the held-out day beside those predictions (gold.metrics)."))
+        "predictions, scored on the held-out day beside the no-FM baseline student trained on the same days "
+        "and steps, and beside the FM's predictions (gold.metrics)."))
     students = student_results(cfg, days)
     if students:
         run_id, arch, rows = students
         sec.paragraph(f"{run_id}: {arch}, {len(rows)} tasks scored.")
-        sec.table(rows, formats={"NE": "{:.4f}", "AUC": "{:.4f}", "FM NE": "{:.4f}", "FM AUC": "{:.4f}"})
-        sec.figure(_students_figure(rows), "students", caption="held-out NE per task: student and FM")
+        sec.table(rows, formats={k: "{:.4f}" for k in ("NE", "AUC", "baseline NE", "baseline AUC", "FM NE", "FM AUC")})
+        sec.figure(_students_figure(rows), "students",
+                   caption="held-out NE per task: the no-FM baseline student, the student and the FM")
     else:
         sec.paragraph("No distillation run wrote gold.metrics in the window.")
     return report

@@ -6,8 +6,10 @@
 A new run folder of day D warm-starts its weights (not the optimizers or the loader) from the model
 its architecture promoted for the newest day before D (gem.train.promotion), never from D's own or
 a later day's. After training (gem.train.trainer), rank 0 scores the held-out day with a plain-torch
-copy of the model, replaces the day's rows of gold.metrics in the stage's commit and promotes the
-run's final checkpoint for D.
+copy of the model and, on the same examples, the model it warm-started from; replaces the day's rows
+of gold.metrics in the stage's commit; and promotes the run's final checkpoint for D only when the
+promotion gate passes it (gem.train.gate). Either way the stage publishes its record, and the
+decision (both models' NE per label type) is printed and kept (gem.train.promotion).
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ import pyarrow as pa
 import torch
 import typer
 
-from gem import storage
 from gem.command_line import ConfigOption, day_option, job_app, run_command
 from gem.config import GemConfig, load_config
 from gem.data.encode import DENSE_COLUMNS
@@ -35,8 +36,9 @@ from gem.environment import code_version
 from gem.lakehouse.commit import StageCommit, StageContext, StageResult
 from gem.model.build import build_task
 from gem.model.heads import shrunk_base_rates
-from gem.train import checkpoint, promotion
-from gem.train.evaluate import evaluate, metrics_table
+from gem.train import checkpoint, gate, promotion
+from gem.train.evaluate import metrics_table, per_task
+from gem.train.promotion import checkpoint_root
 from gem.train.trainer import Trainer
 from schemas.metrics import GOLD_METRICS
 
@@ -67,13 +69,6 @@ def write_metrics(commit: StageCommit, rows: list[dict[str, Any]]) -> int:
     return commit.replace_arrow(table, GOLD_METRICS, also={"arch": arch})
 
 
-def checkpoint_root(cfg: GemConfig) -> Path | str:
-    """Where run folders and promotions live: train.checkpoint_root, else {lakehouse}/_checkpoints; a
-    Path for a local folder, a URI string (gem.storage) on an object store."""
-    root = cfg.train.checkpoint_root or f"{cfg.lakehouse_uri.rstrip('/')}/_checkpoints"
-    return storage.local_path(root) if storage.is_local(root) else storage.normalized(root)
-
-
 def init_from_torchrun(device_type: str) -> bool:
     """Join the process group torchrun describes (WORLD_SIZE, RANK, MASTER_ADDR/PORT in the
     environment): gloo on CPU, NCCL on GPU, one GPU per local rank. False when not under torchrun."""
@@ -87,9 +82,10 @@ def init_from_torchrun(device_type: str) -> bool:
 
 def run(ctx: StageContext, ds: str, run_dir: Path | None = None, steps: int | None = None,
         progress: bool = False) -> StageResult:
-    """Train on the mixture of `ds`, score its held-out day, promote the model; -> a StageResult
-    (rank 0 publishes the record; other ranks return one without records). Details: steps,
-    examples, checkpoint."""
+    """Train on the mixture of `ds`, score its held-out day beside the promoted model, promote the
+    model when the gate passes it; -> a StageResult (rank 0 publishes the record; other ranks return
+    one without records). Details: steps, examples, checkpoint, and on rank 0 promoted (bool) and
+    decision (its one-line summary)."""
     t0, cfg = time.time(), ctx.cfg
     joined = init_from_torchrun("cuda" if torch.cuda.is_available() else "cpu")
     rank = torch.distributed.get_rank() if joined else 0
@@ -131,16 +127,24 @@ def run(ctx: StageContext, ds: str, run_dir: Path | None = None, steps: int | No
         # model for the cores): faster than stream order with workers, with identical NE.
         eval_cfg = dataclasses.replace(loader_cfg, num_workers=0, length_sort_batches=EVAL_LENGTH_SORT_BATCHES)
         eval_stream = ResumableLoader(ExampleStream(eval_manifest, tasks, eval_cfg, rank=0, world_size=1))
-        _report(commit, evaluate(eval_task, eval_stream.epoch()), result.steps, eval_manifest)
+        # The model it warm-started from (the promoted one) scored on the same examples, for the gate.
+        incumbent = gate.incumbent_task(previous, lambda heads: build_task(
+            cfg.model, heads, SPARSE_FEATURES, len(DENSE_COLUMNS), sparse_backend="torch"), cfg.model.embeddings.backend)
+        paired = gate.score_pair(eval_stream.epoch(), eval_task, incumbent)
+        _report(commit, per_task(paired.candidate), result.steps, eval_manifest)
         # A resumed run warm-started from the same promotion (warm starts happen before step 1).
         trained_through = promotion.newest_day([max(train_manifest.file_ds.values(), default=None),
                                                 previous.trained_through if previous is not None else None])
-        promotion.promote(root, cfg.model.arch, ds, checkpoint_path, result.steps, tasks, trained_through)
+        candidate = promotion.Promotion(cfg.model.arch, ds, checkpoint_path, result.steps, tasks, trained_through)
+        decision = gate.decide(root, candidate, paired, cfg.promotion, by=PRETRAIN_STAGE)
+        print(decision.summary())
         commit.publish(None, written_tables=(GOLD_METRICS,), no_input_count=NO_INPUT_COUNT)
     if joined:
         torch.distributed.barrier()  # nobody exits before rank 0 has published
         torch.distributed.destroy_process_group()
     details = {"steps": result.steps, "examples": result.examples, "checkpoint": str(checkpoint_path)}
+    if rank == 0:
+        details |= {"promoted": decision.promoted, "decision": decision.summary()}
     return commit.result(t0, **details) if commit is not None else StageResult(PRETRAIN_STAGE, ds, time.time() - t0,
                                                                              details=details)
 
