@@ -1,9 +1,9 @@
 """The distill stage (gem.distill, jobs.distill) on the precompute tests' small real Delta lakehouse:
 day 2's model promoted (trained through day 1), precompute run on days 2 and 3, then the students of
-day 3 trained on day 2 and scored on day 3 with real torch training.
+day 3 (and the no-FM baseline beside each) trained on day 2 and scored on day 3 with real torch training.
 
 What is checked: the stage skips until an FM-predicted day precedes the held-out one; it writes one
-gold.metrics row per (surface, task) for the student and for the FM's logged predictions, the latter
+gold.metrics row per (surface, task) for the student, the baseline and the FM's logged predictions, the latter
 equal to NE computed by hand from gold.fm_predictions and the labels; it promotes each surface's
 student with what it trained through; a rerun replaces its rows; the loader hands an example only
 the FM codes logged strictly before it; and a model that trained on a day it would serve is refused.
@@ -11,6 +11,7 @@ the FM codes logged strictly before it; and a model that trained on a day it wou
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
 @pytest.fixture(scope="module")
 def lake(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     cfg = precompute_config(tmp_path_factory.mktemp("distill"))
+    cfg = cfg.replace(student_train={**dataclasses.asdict(cfg.student_train), "days": 2})
     _, days = build_days(cfg, 3, users=60)
     promote_model(cfg, days[1])
     publish_training_records(cfg, days[2])
@@ -67,6 +69,8 @@ def test_the_stage_skips_until_a_predicted_day_precedes_the_held_out_day(lake: d
     assert completions.completion(cfg, "distill", day2) is None
     assert completions.completion(cfg, "distill", day3) is not None
     assert (lake["result"].details["train_day"], lake["result"].details["eval_day"]) == (day2, day3)
+    # Day 1 was never predicted (no model preceded it): the window of 2 days holds day 2 alone.
+    assert lake["cfg"].student_train.days == 2 and lake["result"].details["train_days"] == [day2]
 
 
 def test_one_row_per_surface_and_task_for_the_student_and_the_fm(lake: dict[str, Any]) -> None:
@@ -75,9 +79,15 @@ def test_one_row_per_surface_and_task_for_the_student_and_the_fm(lake: dict[str,
     surfaces = sorted(lake["result"].details["surfaces"])
     assert surfaces == ["fb_feed", "reels"]  # the surfaces the small lakehouse has examples on
     expected = sorted(t for s in surfaces for t in surface_tasks(cfg, s))
-    for arch in (student_arch(cfg.student.variant), FM_ARCH):
+    for arch in (student_arch(cfg.student.variant), student_arch("baseline"), FM_ARCH):
         assert sorted(r["task"] for r in rows if r["arch"] == arch) == expected
-    assert lake["result"].record["rows_written"] == 2 * len(expected)
+    assert lake["result"].record["rows_written"] == 3 * len(expected)
+    for surface, ran in lake["result"].details["surfaces"].items():
+        # The configured steps run whole, over more than one pass of the surface's small day.
+        assert ran["steps"] == cfg.student_train.steps == 3 and ran["examples"] > ran["train_rows"] > 0
+        assert sorted(ran["baseline_ne"]) == sorted(surface_tasks(cfg, surface))
+    first = {r["arch"]: r for r in rows if r["task"] == "reels/click"}
+    assert first[student_arch("baseline")]["examples"] == first[FM_ARCH]["examples"]  # the same held-out rows
 
 
 def test_fm_rows_are_the_logged_predictions_scored_by_hand(lake: dict[str, Any]) -> None:

@@ -164,7 +164,8 @@ def test_gem_report_prints_the_path_and_refuses_a_day_nothing_ran(lake, tmp_path
 def test_students_show_beside_the_fms_logged_predictions(tmp_path: Path) -> None:
     """The distill tests' lakehouse (a seeded model promoted for day 2, precompute on days 2 and 3,
     the real distill job on day 3): the report of day 3 lists each scored task's student steps, NE and AUC
-    beside the FM's logged ones, as gold.metrics stores them, with the figure loaded."""
+    beside the no-FM baseline student's and the FM's logged ones, as gold.metrics stores them, with the
+    figure loaded."""
     from gem.distill.run import FM_ARCH, student_arch
     from jobs import distill, precompute
     from tests.precompute_lakehouse import promote_model, publish_training_records
@@ -182,8 +183,10 @@ def test_students_show_beside_the_fms_logged_predictions(tmp_path: Path) -> None
     arch = student_arch(cfg.student.variant)
     rows = [r for r in read_table(GOLD_METRICS.path(cfg.lakehouse_uri)).to_pylist() if r["ne"] is not None]
     fm = {r["task"]: r for r in rows if r["arch"] == FM_ARCH}
+    baseline = {r["task"]: r for r in rows if r["arch"] == student_arch("baseline")}
     students = [r for r in rows if r["arch"] == arch]
     assert students
     for r in students:
         assert (f"{r['task']}\t{r['examples']}\t{r['train_steps']}\t{r['ne']:.4f}\t{r['auc']:.4f}\t"
+                f"{baseline[r['task']]['ne']:.4f}\t{baseline[r['task']]['auc']:.4f}\t"
                 f"{fm[r['task']]['ne']:.4f}\t" in page.text), r["task"]
