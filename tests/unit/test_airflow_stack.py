@@ -13,9 +13,13 @@ from pathlib import Path
 import psutil
 import pytest
 import sqlalchemy as sa
+from airflow.providers.celery.executors.default_celery import DEFAULT_CELERY_CONFIG
+from celery.signals import worker_process_init
 
 from gem.environment import API_URL_ENV
+from gem.pipeline.airflow import celery_worker
 from gem.pipeline.airflow.stack import (
+    CELERY_CONFIG_PATH,
     HOSTNAME_CALLABLE,
     WORKER_HOSTNAME_ENV,
     AirflowCluster,
@@ -33,9 +37,14 @@ def cluster(tmp_path: Path, **kwargs: object) -> AirflowCluster:
                           tmp_path / "logs", **kwargs)
 
 
+def imported(path: str) -> object:
+    """What Airflow's settings that name an object (`module.attribute`) import."""
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
 def test_the_hostname_callable_is_the_worker_s_name_else_the_machine_s(monkeypatch: pytest.MonkeyPatch) -> None:
-    module, _, name = HOSTNAME_CALLABLE.rpartition(".")  # how Airflow imports [core] hostname_callable
-    assert getattr(importlib.import_module(module), name) is worker_hostname
+    assert imported(HOSTNAME_CALLABLE) is worker_hostname
     monkeypatch.delenv(WORKER_HOSTNAME_ENV, raising=False)
     assert worker_hostname() == socket.getfqdn()
     monkeypatch.setenv(WORKER_HOSTNAME_ENV, "gem-worker-7")
@@ -50,6 +59,7 @@ def test_every_process_gets_the_db_the_broker_and_the_api_and_each_worker_its_ow
     assert env["AIRFLOW__CELERY__BROKER_URL"] == "redis://127.0.0.1:6999/0"
     assert env["AIRFLOW__CELERY__RESULT_BACKEND"] == "redis://127.0.0.1:6999/1"
     assert env["AIRFLOW__CORE__PARALLELISM"] == "3"  # 3 workers x 1 task slot
+    assert env["AIRFLOW__CELERY__CELERY_CONFIG_OPTIONS"] == CELERY_CONFIG_PATH
     assert env[API_URL_ENV] == c.api_url == f"http://127.0.0.1:{env['GEM_AIRFLOW_PORT']}"
     assert env["AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT"] == "30"
     assert c.environment() == env  # ports chosen once
@@ -59,6 +69,13 @@ def test_every_process_gets_the_db_the_broker_and_the_api_and_each_worker_its_ow
     assert len(ports | {env["AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"]}) == 4
     command, _ = workers[1]
     assert "airflow celery worker --celery-hostname gem-worker-2 --queues default --concurrency 1" == command
+
+
+def test_celery_s_pool_processes_may_start_children() -> None:
+    """The configuration the workers import is Airflow's, and connects the pool processes' start."""
+    assert imported(CELERY_CONFIG_PATH) is DEFAULT_CELERY_CONFIG
+    assert any(ref() is celery_worker.pool_process_may_start_children
+               for _, ref in worker_process_init.receivers if callable(ref))
 
 
 def test_health_components_not_reported_healthy_are_named() -> None:

@@ -9,11 +9,13 @@ Postgres, each Airflow process in its own process group.
 Every process sources infra/airflow/airflow_env.sh (as gem.pipeline.airflow.scheduler's stack does)
 on the environment `AirflowCluster.environment()` gives it: the metadata DB URL, the broker, the
 executor, the API server's port and URL (so `gem backfill` and gem.pipeline.airflow.api's clients
-given that environment use this cluster's server and scheduler instead of starting their own). Each worker has its own hostname, the one its task instances
-record (Airflow's `[core] hostname_callable` is `worker_hostname`, which reads WORKER_HOSTNAME_ENV),
-and its own log-server port; task logs go to the shared $AIRFLOW_HOME/logs, where the API server
+given that environment use this cluster's server and scheduler instead of starting their own).
+Each worker has its own hostname, the one its task instances record (Airflow's
+`[core] hostname_callable` is `worker_hostname`, which reads WORKER_HOSTNAME_ENV), and its own
+log-server port; task logs go to the shared $AIRFLOW_HOME/logs, where the API server
 reads them. The Celery results go to another database of the same Redis, so the workers need no
-metadata DB connection of their own.
+metadata DB connection of their own. Celery's configuration is gem.pipeline.airflow.celery_worker's
+(Airflow's, with pool processes whose tasks may start child processes).
 
 Readiness: the API server's health endpoint answers and reports the metadata DB, the scheduler and
 the DAG processor healthy; each worker answers a Celery ping. `kill_worker(i)` SIGKILLs a worker and
@@ -65,6 +67,9 @@ from gem.pipeline.services import PostgresServer, RedisServer, ServiceStartError
 # The variable a worker's processes read their hostname from (`worker_hostname`).
 WORKER_HOSTNAME_ENV = "GEM_WORKER_HOSTNAME"
 HOSTNAME_CALLABLE = "gem.pipeline.airflow.stack.worker_hostname"
+# Celery's configuration (`[celery] celery_config_options`); imported only by Airflow's processes,
+# since importing it builds Airflow's Celery settings from the environment.
+CELERY_CONFIG_PATH = "gem.pipeline.airflow.celery_worker.CELERY_CONFIG"
 API_SERVER = "api-server"
 DAG_PROCESSOR = "dag-processor"
 SCHEDULER = "scheduler"
@@ -83,40 +88,42 @@ def worker_hostname() -> str:
     return os.environ.get(WORKER_HOSTNAME_ENV) or socket.getfqdn()
 
 
-def kill_tree(process: subprocess.Popen[bytes]) -> None:
-    """SIGKILL `process`, its process group and every process under it, whichever group each is in;
-    the leader is reaped."""
+def processes_under(process: subprocess.Popen[bytes]) -> list[psutil.Process]:
+    """Every process under `process` now, whichever process group each is in."""
     try:
-        below = psutil.Process(process.pid).children(recursive=True)
+        return psutil.Process(process.pid).children(recursive=True)
     except psutil.NoSuchProcess:
-        below = []
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    for child in below:
+        return []
+
+
+def kill_all(processes: list[psutil.Process]) -> None:
+    """SIGKILL each of `processes` still running, and wait for them."""
+    for child in processes:
         try:
             child.kill()
         except psutil.NoSuchProcess:
             continue
+    psutil.wait_procs(processes, timeout=10)
+
+
+def kill_tree(process: subprocess.Popen[bytes]) -> None:
+    """SIGKILL `process`, its process group and every process under it, whichever group each is in;
+    the leader is reaped."""
+    below = processes_under(process)
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    kill_all(below)
     process.wait()
-    psutil.wait_procs(below, timeout=10)
 
 
 def stop_tree(process: subprocess.Popen[bytes], timeout_s: float) -> None:
     """SIGTERM `process`'s group (services.stop_group: SIGKILL after timeout_s), then SIGKILL what
     still runs under it in other groups (an Airflow task process in its own group)."""
-    try:
-        below = psutil.Process(process.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        below = []
+    below = processes_under(process)
     stop_group(process, timeout_s)
-    for child in below:
-        try:
-            child.kill()
-        except psutil.NoSuchProcess:
-            continue
-    psutil.wait_procs(below, timeout=10)
+    kill_all(below)
 
 
 def health(api_url: str) -> dict[str, Any] | None:
@@ -250,6 +257,7 @@ class AirflowCluster:
             "AIRFLOW__CELERY__BROKER_URL": self.broker_url,
             "AIRFLOW__CELERY__RESULT_BACKEND": self.result_backend,
             "AIRFLOW__CELERY__WORKER_CONCURRENCY": str(self.worker_concurrency),
+            "AIRFLOW__CELERY__CELERY_CONFIG_OPTIONS": CELERY_CONFIG_PATH,
             "AIRFLOW__OPERATORS__DEFAULT_QUEUE": QUEUE,
             "AIRFLOW__CORE__HOSTNAME_CALLABLE": HOSTNAME_CALLABLE,
             "GEM_AIRFLOW_PORT": str(self.api_port),
