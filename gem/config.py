@@ -334,12 +334,20 @@ class TrainConfig:
 
 @dataclass(frozen=True, config=SECTION)
 class StudentTrainConfig(TrainConfig):
-    """A surface's student's daily training (gem/distill/): TrainConfig's fields, and what it trains on."""
+    """A surface's student's daily training (gem/distill/): TrainConfig's fields, with the students'
+    own defaults (a file that sets some of this section keeps them), and what it trains on."""
 
+    steps: PositiveInt = 60
+    lr: PositiveFloat = 3e-3
+    checkpoint_every: PositiveInt = 60
     # The example days a student trains on: every day among the `days` before the held-out day
     # whose examples the FM predicted (gold.fm_predictions), as serving would have logged them; at
     # most training_horizon_days. `steps` run whole: passes over those days repeat until they do.
-    days: PositiveInt = 1
+    days: PositiveInt = 7
+    # The run's length in passes over those examples instead (per surface: steps = passes x rows /
+    # loader.batch_size, rounded up), so a small surface gets as many passes as a large one; 0:
+    # `steps` steps whatever the rows.
+    passes: NonNegativeFloat = 0.0
     # Train beside each student the no-FM baseline (variant "baseline") on the same days and steps,
     # warm-started from its own promoted one, and score it on the same held-out examples
     # (gold.metrics arch "student:baseline"): what the FM's signals add. Ignored when the student
@@ -505,8 +513,7 @@ class GemConfig(BaseSettings):
     train: TrainConfig = Field(default_factory=TrainConfig)
     # The students' daily training (gem/distill/): student_train.steps over a surface's FM-predicted
     # days of the last student_train.days.
-    student_train: StudentTrainConfig = Field(
-        default_factory=lambda: StudentTrainConfig(steps=60, lr=3e-3, checkpoint_every=60))
+    student_train: StudentTrainConfig = Field(default_factory=StudentTrainConfig)
     precompute: PrecomputeConfig = Field(default_factory=PrecomputeConfig)
     # When a trained model (foundation model or student) replaces the promoted one (gem/train/gate.py).
     promotion: PromotionConfig = Field(default_factory=PromotionConfig)

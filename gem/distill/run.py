@@ -6,7 +6,7 @@ The training days are those of the student_train.days before H that the FM predi
 logs of them), H' = H - 1 among them. For each surface, the stage:
 
     trains     the surface's student (student.variant) on every example of the surface on the
-               training days, student_train.steps steps (passes repeat until they run), warm-started
+               training days, student_train.steps steps or student_train.passes passes, warm-started
                from the student promoted before R; with student_train.baseline, also the no-FM
                baseline student on the same days and steps, from its own promoted one;
     scores     it on H (serving head: its own features, and with LoopFM codes logged before each
@@ -31,6 +31,7 @@ run on R and on R - 1: before that no FM-predicted day precedes the held-out one
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 import uuid
 from collections.abc import Collection, Sequence
@@ -163,9 +164,11 @@ def train_student(cfg: GemConfig, inputs: DistillInputs, surface: str, variant: 
                          train_cfg.task_weights)
     task.init_from_base_rates(shrunk_base_rates({s.name: (s.positives, s.rows) for s in train_manifest.sources}))
     signals = inputs.signals(cfg, tasks, [*inputs.train_days, inputs.eval_day])
-    # The configured steps run whole (the loader repeats passes over the days), so a learning-rate
-    # schedule spans the steps that actually run.
-    train_cfg = dataclasses.replace(train_cfg, steps=steps or train_cfg.steps)
+    # The configured steps (or passes) run whole: the loader repeats passes over the days, and a
+    # learning-rate schedule spans the steps that actually run.
+    rows = sum(train_manifest.file_rows.values())
+    by_passes = math.ceil(train_cfg.passes * rows / cfg.loader.batch_size) if train_cfg.passes else None
+    train_cfg = dataclasses.replace(train_cfg, steps=steps or by_passes or train_cfg.steps)
     stream = ResumableLoader(StudentStream(train_manifest, tasks, loader_cfg, signals))
     trainer = Trainer(task, stream, train_cfg, run_dir, config_snapshot=cfg.to_dict())
     if not trainer.resume() and warm_start is not None:
@@ -183,7 +186,7 @@ def train_student(cfg: GemConfig, inputs: DistillInputs, surface: str, variant: 
     fm_scores = score([dataclasses.replace(b, label_mask=b.label_mask & b.fm_prediction_mask) for b in batches],
                       lambda b: b.fm_predictions)
     return StudentRun(surface, variant, scores, fm_scores, result.steps, result.examples, time.time() - t0,
-                      result.checkpoint, paired, task, sum(train_manifest.file_rows.values()))
+                      result.checkpoint, paired, task, rows)
 
 
 def train_and_gate(cfg: GemConfig, inputs: DistillInputs, surface: str, variant: str, root: Path, ds: str,

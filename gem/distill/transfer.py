@@ -1,6 +1,6 @@
 """The transfer report: how much of the foundation model's gain each kind of student keeps.
 
-    python -m gem.distill.transfer --ds R [--seeds 3] [--steps N] [--config FILE]
+    python -m gem.distill.transfer --ds R [--seeds 3] [--passes 1 | --steps N] [--config FILE]
 
 On a lakehouse where the distill stage can run for day R (precompute ran on R and R - 1), for each
 surface and seed it trains, from scratch and with the same steps, data (the stage's training days:
@@ -22,12 +22,17 @@ divides by a gap within the seeds' noise; the page says so beside that surface's
 {lakehouse}/_reports/transfer/<R>/index.html. It writes nothing else: no record, no promotion, its
 students' checkpoints in a temporary folder.
 
+By default each student takes one pass over the days (ExFM's setting: a student reads each logged
+example once). With many passes a no-FM student of a small FM's demo can come as close to the
+held-out labels as the FM, and TR then divides by noise; --passes or --steps set another length.
+
 The LoopFM paper (arXiv 2605.29280) reports that LoopFM about doubles TR over KD alone; the page
 states whether these runs reproduce that, with the numbers either way.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import tempfile
 from dataclasses import dataclass
@@ -135,8 +140,11 @@ def write_report(cfg: GemConfig, ds: str, inputs: DistillInputs, results: list[S
     days = inputs.train_days
     report = Report(title="Knowledge transfer from the foundation model",
                     subtitle=f"run day {ds}: students trained on {days[0]}..{days[-1]} ({len(days)} FM-predicted "
-                             f"days), scored on {inputs.eval_day}")
-    for key, value in (("seeds", seeds), ("student steps", results[0].runs["baseline"][0].steps if results else 0),
+                             f"day{'s' if len(days) > 1 else ''}), scored on {inputs.eval_day}")
+    length = cfg.student_train
+    for key, value in (("seeds", seeds),
+                       ("student training", f"{length.passes:g} pass(es) over the days" if length.passes
+                        else f"{length.steps} steps"),
                        ("batch size", cfg.loader.batch_size),
                        ("FM (held-out day)", fm.version), ("FM trained through", fm.trained_through),
                        ("LoopFM bytes per user per day",
@@ -185,7 +193,8 @@ def write_report(cfg: GemConfig, ds: str, inputs: DistillInputs, results: list[S
         sec = report.section(f"{res.surface}", intro=(
             f"NE on {res.task} per arm (mean and 95% interval over {len(res.runs['baseline'])} seeds); the dashed "
             f"line is the FM's own NE. Every arm trains from scratch on the same {first.train_rows:,} examples of "
-            f"{len(days)} day(s); steps and examples trained on (passes repeat) per arm below."))
+            f"{len(days)} day{'s' if len(days) > 1 else ''}; steps and examples trained on (passes repeat) per arm "
+            "below."))
         table = []
         for arm, label in ARMS.items():
             ne = mean_interval(res.ne(arm))
@@ -214,17 +223,19 @@ def command_line(
     ds: Annotated[str, day_option("--ds", "the run day whose distillation to compare")],
     config: ConfigOption = None,
     seeds: Annotated[int, typer.Option(help="seeds per arm (at least 3 for intervals)")] = 3,
-    steps: Annotated[int | None, typer.Option(
-        help="training steps per student (default student_train.steps; passes over the days repeat)")] = None,
+    passes: Annotated[float, typer.Option(help="passes over the days per student")] = 1.0,
+    steps: Annotated[int | None, typer.Option(help="training steps per student instead of --passes")] = None,
 ) -> int:
     cfg = load_config(config)
+    length = {"passes": 0.0, "steps": steps} if steps else {"passes": passes}
+    cfg = cfg.replace(student_train=dataclasses.replace(cfg.student_train, **length))
     try:
         inputs = read_inputs(cfg, ds)
     except NothingToDistill as e:
         print(f"transfer report: {e}")
         return 1
     with tempfile.TemporaryDirectory(prefix="gem-transfer-") as tmp:
-        results = run_arms(cfg, inputs, seeds, steps, Path(tmp))
+        results = run_arms(cfg, inputs, seeds, None, Path(tmp))
     path = write_report(cfg, ds, inputs, results, seeds, history_code_bytes(cfg, ds))
     print(f"transfer report: {path}")
     return 0

@@ -1,7 +1,7 @@
 """The students' training window and the transfer report's page, without Spark: a student trains on
-every FM-predicted day of student_train.days before the held-out one (the newest always), the
-window is bounded by the config, and the transfer page gives each surface's FM gain, whether TR can
-be read there, and the steps and examples every arm trained on."""
+every FM-predicted day of student_train.days before the held-out one (the newest always), for
+steps or passes; the window is bounded by the config; the transfer page gives each surface's FM
+gain, whether TR can be read there, and the steps and examples every arm trained on."""
 
 from __future__ import annotations
 
@@ -26,11 +26,15 @@ def test_a_student_trains_on_the_predicted_days_of_its_window() -> None:
     assert training_days(D5, 3, set()) == (D5,)  # the newest always (leakage.check names it if unpredicted)
 
 
-def test_the_window_and_the_baseline_are_configured_and_bounded() -> None:
+def test_the_window_length_and_baseline_are_configured_and_bounded() -> None:
     cfg = load_config(environ={"GEM__STUDENT_TRAIN__DAYS": "3", "GEM__STUDENT_TRAIN__BASELINE": "false",
-                               "GEM__STUDENT_TRAIN__STEPS": "80"})
-    assert (cfg.student_train.days, cfg.student_train.baseline, cfg.student_train.steps) == (3, False, 80)
-    assert load_config(environ={}).student_train.days == 1
+                               "GEM__STUDENT_TRAIN__PASSES": "2.5"})
+    assert (cfg.student_train.days, cfg.student_train.baseline, cfg.student_train.passes) == (3, False, 2.5)
+    # A section that sets some fields keeps the students' own defaults for the others.
+    assert (cfg.student_train.steps, cfg.student_train.lr, cfg.student_train.checkpoint_every) == (60, 3e-3, 60)
+    assert load_config(environ={}).student_train.days == 7
+    with pytest.raises(ConfigError, match="student_train.passes"):
+        load_config(overrides={"student_train": {"passes": -1}}, environ={})
     with pytest.raises(ConfigError, match="student_train.days=31 must be at most training_horizon_days=30"):
         load_config(overrides={"student_train": {"days": 31}}, environ={})
     with pytest.raises(ConfigError, match="student_train.days"):
@@ -60,7 +64,7 @@ def test_the_transfer_page_says_where_tr_reads_and_what_each_arm_trained_on(tmp_
     index = transfer.write_report(cfg, D4, inputs, results, 3, None)
     page = Path(index).read_text()
     assert f"students trained on {D2}..{D3} (2 FM-predicted days), scored on {D4}" in page
-    assert page.count("6,000 examples of 2 day(s)") == 2  # every arm of each surface on the same rows
+    assert page.count("6,000 examples of 2 days") == 2  # every arm of each surface on the same rows
     # Steps and examples trained on (40 steps of 512: passes over 6,000 rows repeat) of every arm.
     assert page.count('<td class="num">40</td><td class="num">20480</td>') == 8
     assert "<td>reels</td><td>+0.092</td>" in page and "<td>fb_feed</td><td>+0.012</td>" in page
