@@ -353,6 +353,9 @@ class StudentTrainConfig(TrainConfig):
     # (gold.metrics arch "student:baseline"): what the FM's signals add. Ignored when the student
     # is itself the baseline.
     baseline: bool = True
+    # Ship each promoted student as a serving artifact (gem.serve.export: ONNX graph, feature spec,
+    # parity check). Off where no student is served and the export's seconds are not wanted.
+    export: bool = True
 
 
 @dataclass(frozen=True, config=SECTION)

@@ -21,10 +21,11 @@ from tests.support import make_config
 
 def precompute_config(tmp_path: Path, **precompute: Any) -> GemConfig:
     """A tiny Kunlun, a same-day attribution window, small shards and batches, and students of 3
-    steps (a few passes over the small days)."""
+    steps (a few passes over the small days) that ship no serving artifact (tests/spark/test_serve_distill.py
+    turns the export on)."""
     buckets = {f: 97 for f in SPARSE_FEATURES}
     return make_config(
-        tmp_path, start_ds=START, attribution_window_days=0, student_train={"steps": 3, "checkpoint_every": 3},
+        tmp_path, start_ds=START, attribution_window_days=0, student_train={"steps": 3, "checkpoint_every": 3, "export": False},
         model={"arch": "kunlun", "kunlun": {"dim": 16, "mlp_hidden": 32},
                "embeddings": {"dim": 16, "buckets": buckets}},
         precompute={"shards": 4, "batch_size": 8, "popular_ads": 3, "recent_ads": 3,

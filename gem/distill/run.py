@@ -291,7 +291,7 @@ def run(ctx: StageContext, ds: str, steps: int | None = None) -> StageResult:
             student_rows += metrics_rows(cfg, ds, run_id, student_arch("baseline"), control.scores, control.steps,
                                          mixture_id, inputs.examples[1], inputs.sequences[1])
             details[surface]["baseline_ne"] = {t: s["ne"] for t, s in control.scores.items()}
-        if decision.promoted:  # a promoted student ships as a serving artifact (gem.serve.export)
+        if decision.promoted and cfg.student_train.export:  # ships as a serving artifact (gem.serve.export)
             exported = serving.export_student(cfg, inputs, surface, trained, name, ds, root, previous)
             print(f"  serving artifact: {exported.path} (ONNX opset {exported.opset}, exported in "
                   f"{exported.seconds:.1f}s; {exported.parity_rows} held-out rows, max |artifact - eager| "

@@ -35,7 +35,7 @@ def chain(spark, s3_server, tmp_path_factory: pytest.TempPathFactory):
         generator={"users": 300, "ads": 60, "advertisers": 12, "events_per_day": 3000, "chunk_impressions": 1500},
         mix={"cold_start_days": 0, "validation_days": 0},
         train={"steps": 8, "checkpoint_every": 8},
-        student_train={"steps": 4},
+        student_train={"steps": 4, "export": False},
     )
     runs = list(run_range(cfg, *DAYS, ctx=StageContext(cfg, spark)))
     return cfg, runs, tmp

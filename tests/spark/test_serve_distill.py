@@ -10,6 +10,7 @@ and the eager student; and `gem score` scores those rows from a Delta table's da
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ pytestmark = [pytest.mark.usefixtures("spark"), pytest.mark.slow]
 @pytest.fixture(scope="module")
 def lake(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     cfg = precompute_config(tmp_path_factory.mktemp("serve"))
+    cfg = cfg.replace(student_train={**dataclasses.asdict(cfg.student_train), "export": True})
     _, days = build_days(cfg, 3, users=60)
     promote_model(cfg, days[1])
     publish_training_records(cfg, days[2])
