@@ -77,8 +77,12 @@ browser:
 services:
 	@bash infra/cluster_services.sh
 
+# The quick tier on TEST_WORKERS pytest-xdist workers, each test file whole on one worker (its module
+# fixtures built once): much of a test's time is a JVM, an Airflow process or a subprocess waiting,
+# which the other worker fills. TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
 test: setup browser services
-	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-slow: setup browser services
 	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)
