@@ -9,6 +9,9 @@
     gem import-movielens PATH [--config F]           a MovieLens ml-1m / ml-100k folder -> landing
     gem delete-user USER_ID [--config F]             one user's rows in every table and raw lines
                                                      in landing and quarantine deleted
+    gem report --ds D [--config F]                   the run report of a day (HTML)
+    gem promote --ds D --reason R [--model M]        set a day's promoted model by hand (the gate's
+                                                     refusal overridden, or a rollback)
     gem score --model A --input R --out P [--ds D]   a promoted student's artifact scores feature
                                                      rows (gem.serve.score; no torch, no Spark)
 
