@@ -18,7 +18,8 @@ Spark application); each later day is a DAG run triggered through the cluster's 
 the scheduler on the Celery workers (each task in its own process and Spark application on the
 standalone cluster), one line per task as it finishes, then how many tasks each worker ran. The
 same summary as `make demo` prints (gem.pipeline.demo.report), then the seconds each service took
-to start and to stop.
+to start and to stop, then the Celery worker each Airflow task ran on (its task instance's hostname,
+read through the REST API).
 
 Whatever ends the run (its end, a failure, an exception, SIGINT, SIGTERM), it stops what it started:
 the demo's process group (the Spark driver with it), the Airflow cluster (scheduler first, the
@@ -37,13 +38,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import datetime as dt
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -56,7 +58,7 @@ import yaml
 from gem import storage
 from gem.config import REPO_ROOT, load_config
 from gem.environment import RETRIES_ENV, RETRY_DELAY_ENV
-from gem.pipeline.airflow.api import airflow_api
+from gem.pipeline.airflow.api import TaskRun, airflow_api
 from gem.pipeline.airflow.orchestration import DAG_ID
 from gem.pipeline.airflow.runs import TaskReporter, airflow_env, now
 from gem.pipeline.airflow.stack import AirflowCluster, trigger_day, unpause, wait_for_run
@@ -246,6 +248,7 @@ def run(config: Path, work_dir: Path, bucket: str) -> int:
     # cluster each run, as the lakehouse is new.
     os.environ["AIRFLOW_HOME"] = str(work_dir)
     topology = Topology(work_dir, bucket)
+    ran = DemoRun()
     saved = {s: signal.signal(s, _interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         topology.start()
@@ -259,7 +262,6 @@ def run(config: Path, work_dir: Path, bucket: str) -> int:
         env = airflow_env(cfg, cfg_path)
         env.setdefault(RETRIES_ENV, "1")
         env.setdefault(RETRY_DELAY_ENV, "10")  # a demo fails fast instead of waiting 5 minutes
-        ran = DemoRun()
         if bulk:
             run_bulk_days(cfg_path, env, bulk, ran, work_dir / "runs" / f"bulk-{bulk[0]}..{bulk[-1]}.spark.log")
         if daily:
@@ -276,6 +278,26 @@ def run(config: Path, work_dir: Path, bucket: str) -> int:
         print("== cluster services (all stopped) ==")
         print(topology.summary())
         print(f"  cluster demo wall time: {time.time() - started:.0f}s", flush=True)
+        if ran.airflow_tasks:
+            print("== Airflow tasks by Celery worker (each task instance's hostname, from the REST API) ==")
+            print(tasks_by_worker(ran.airflow_tasks), flush=True)
+
+
+def tasks_by_worker(airflow_tasks: Mapping[str, Sequence[TaskRun]]) -> str:
+    """One line per task of each Airflow run (by the day it processed) with the worker it ran on, in
+    the order the tasks started, then how many tasks each worker ran over all the runs."""
+    lines = []
+    for ds, tasks in airflow_tasks.items():
+        for t in sorted(tasks, key=lambda t: (t.start is None, t.start or dt.datetime.min.replace(tzinfo=dt.UTC))):
+            lines.append(f"  {ds}  {t.task_id:<20} {t.state or 'no state':<16} {t.hostname or 'no worker'}")
+    lines.append(f"  tasks per worker: {tasks_per_worker(t for tasks in airflow_tasks.values() for t in tasks)}")
+    return "\n".join(lines)
+
+
+def tasks_per_worker(tasks: Iterable[TaskRun]) -> str:
+    """How many of `tasks` each worker ran (by hostname; tasks that never reached one not counted)."""
+    per_worker = Counter(t.hostname for t in tasks if t.hostname)
+    return ", ".join(f"{host} {n}" for host, n in sorted(per_worker.items())) or "none ran on a worker"
 
 
 def run_bulk_days(cfg_path: Path, env: Mapping[str, str], days: list[str], ran: DemoRun, log: Path) -> None:
@@ -322,9 +344,7 @@ def run_airflow_days(cluster: AirflowCluster, days: list[str], ran: DemoRun, wor
             run = wait_for_run(api, run_id, RUN_TIMEOUT_S, on_poll=reporter.report)
             reporter.report(wait=True)
             ran.airflow_tasks[ds] = reporter.tasks
-            per_worker = Counter(t.hostname for t in reporter.tasks if t.hostname)
-            print(f"gem_daily ds={ds}: {run.state}; tasks per worker: "
-                  + ", ".join(f"{host} {n}" for host, n in sorted(per_worker.items())), flush=True)
+            print(f"gem_daily ds={ds}: {run.state}; tasks per worker: {tasks_per_worker(reporter.tasks)}", flush=True)
             if run.state != "success":
                 failed = [t.task_id for t in reporter.tasks if t.state in ("failed", "upstream_failed")]
                 raise SystemExit(f"cluster demo failed: the gem_daily run of ds={ds} failed ({', '.join(failed)}); "

@@ -1,0 +1,35 @@
+"""The cluster demo's summary of where its Airflow tasks ran (gem.pipeline.cluster_demo.tasks_by_worker):
+one line per task with the worker its task instance recorded, in the order the tasks started, and
+how many tasks each worker ran."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from gem.pipeline.airflow.api import TaskRun
+from gem.pipeline.cluster_demo import tasks_by_worker, tasks_per_worker
+
+T0 = dt.datetime(2026, 1, 5, tzinfo=dt.UTC)
+
+
+def task(task_id: str, minute: int | None, host: str | None, state: str = "success") -> TaskRun:
+    start = None if minute is None else T0 + dt.timedelta(minutes=minute)
+    return TaskRun(task_id, state, start, start, host)
+
+
+def test_each_task_is_listed_with_its_worker_in_start_order() -> None:
+    runs = {"2026-01-04": [task("ingest_events", 2, "gem-worker-2"), task("generate_events", 0, "gem-worker-1"),
+                           task("distill", None, None, "upstream_failed")]}
+    lines = tasks_by_worker(runs).splitlines()
+    assert [line.split() for line in lines[:3]] == [
+        ["2026-01-04", "generate_events", "success", "gem-worker-1"],
+        ["2026-01-04", "ingest_events", "success", "gem-worker-2"],
+        ["2026-01-04", "distill", "upstream_failed", "no", "worker"],
+    ]
+    assert lines[3].strip() == "tasks per worker: gem-worker-1 1, gem-worker-2 1"
+
+
+def test_tasks_per_worker_counts_over_every_run_and_says_when_none_reached_a_worker() -> None:
+    tasks = [task("a", 0, "gem-worker-1"), task("b", 1, "gem-worker-1"), task("c", 2, "gem-worker-2")]
+    assert tasks_per_worker(tasks) == "gem-worker-1 2, gem-worker-2 1"
+    assert tasks_per_worker([task("a", None, None, "upstream_failed")]) == "none ran on a worker"
