@@ -91,6 +91,20 @@ class Drill:
     differing: list[str] = field(default_factory=list)
     logs: Path | None = None
 
+    def summary(self) -> str:
+        """What happened in each fault, for a person reading the run (`pytest -s`)."""
+        def tries(ts: list[TaskTry]) -> str:
+            return ", ".join(f"try {t.number} on {t.task.hostname}: {t.task.state}" for t in ts)
+        lines = [f"runs: {self.runs}", f"scheduler restarted while {self.restarted_during} ran"]
+        for k in self.kills:
+            retry = "no retry" if k.retry_started_s is None else f"retry started {k.retry_started_s:.0f}s after the kill"
+            lines.append(f"{k.stage}: worker {k.killed_host} SIGKILLed; {tries(k.tries)}; {retry}; visible right after "
+                         f"the kill and not the clean run's: {k.visible_differences or 'nothing'}; a completion record "
+                         f"of the killed stage: {k.recorded_after_kill}")
+        lines.append(f"PostgreSQL down while {self.outage_task} ran: {tries(self.outage_tries)}")
+        lines.append(f"tables not equal to the clean run's: {self.differing or 'none'}")
+        return "\n".join(f"  {line}" for line in lines)
+
 
 def wait_until(what: str, check: Callable[[], Any], timeout_s: float = WAIT_S, poll_s: float = 1.0) -> Any:
     deadline = time.monotonic() + timeout_s
@@ -213,6 +227,7 @@ def drill(tmp_path_factory: pytest.TempPathFactory) -> Drill:
                 kill.tries = task_tries(api, DAG_ID, run_id, kill.stage)
 
     result.differing = differing_tables(table_units(Path(load_config(str(cfg_path)).lakehouse_uri)), clean)
+    print("== the fault drills ==", result.summary(), sep="\n")
     return result
 
 
