@@ -357,6 +357,12 @@ class StudentTrainConfig(TrainConfig):
     # parity check). Off where no student is served and the export's seconds are not wanted.
     export: bool = True
 
+    def length(self) -> str:
+        """How long a student trains, as a person reads it: "6 passes" or "60 steps"."""
+        if self.passes:
+            return f"{self.passes:g} pass{'es' if self.passes != 1 else ''}"
+        return f"{self.steps} steps"
+
 
 @dataclass(frozen=True, config=SECTION)
 class PromotionConfig:

@@ -141,10 +141,7 @@ def write_report(cfg: GemConfig, ds: str, inputs: DistillInputs, results: list[S
     report = Report(title="Knowledge transfer from the foundation model",
                     subtitle=f"run day {ds}: students trained on {days[0]}..{days[-1]} ({len(days)} FM-predicted "
                              f"day{'s' if len(days) > 1 else ''}), scored on {inputs.eval_day}")
-    length = cfg.student_train
-    for key, value in (("seeds", seeds),
-                       ("student training", f"{length.passes:g} pass(es) over the days" if length.passes
-                        else f"{length.steps} steps"),
+    for key, value in (("seeds", seeds), ("student training", f"{cfg.student_train.length()} over the days"),
                        ("batch size", cfg.loader.batch_size),
                        ("FM (held-out day)", fm.version), ("FM trained through", fm.trained_through),
                        ("LoopFM bytes per user per day",

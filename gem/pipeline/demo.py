@@ -259,12 +259,10 @@ def student_metrics(cfg: GemConfig) -> str | None:
     width = max((len(r["task"]) for r in rows), default=len("task"))
     signals = "predictions and history codes" if cfg.student.uses("history_codes") else "predictions"
     window = f"{cfg.student_train.days} day{'s' if cfg.student_train.days > 1 else ''}"
-    passes = cfg.student_train.passes
-    length = f"{passes:g} pass{'es' if passes != 1 else ''} over" if passes else f"{cfg.student_train.steps} steps on"
     header = (f"    {'task':<{width}} {'examples':>9} {'steps':>5} {'NE':>7} {'AUC':>7} {'base NE':>7} {'base AUC':>8} "
               f"{'FM NE':>7} {'FM AUC':>7}")
     lines = [f"  run {run_id}: {arch} per surface, trained on the FM's logged {signals}; base: the no-FM baseline",
-             f"  student. Each day both train {length} their surface's examples of the FM-predicted days",
+             f"  student. Each day both train {cfg.student_train.length()} over their surface's examples of the FM-predicted days",
              f"  of the {window} before the held-out one, warm-started from the ones promoted before (on their first",
              "  day from scratch), and are scored on the same held-out examples as the FM's logged predictions",
              header]

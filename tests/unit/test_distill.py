@@ -33,6 +33,7 @@ def test_the_window_length_and_baseline_are_configured_and_bounded() -> None:
     # A section that sets some fields keeps the students' own defaults for the others.
     assert (cfg.student_train.steps, cfg.student_train.lr, cfg.student_train.checkpoint_every) == (60, 3e-3, 60)
     assert load_config(environ={}).student_train.days == 7
+    assert (cfg.student_train.length(), load_config(environ={}).student_train.length()) == ("2.5 passes", "60 steps")
     with pytest.raises(ConfigError, match="student_train.passes"):
         load_config(overrides={"student_train": {"passes": -1}}, environ={})
     with pytest.raises(ConfigError, match="student_train.days=31 must be at most training_horizon_days=30"):
