@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import ipaddress
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import field
@@ -35,7 +36,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Self, get_args, get_origin
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic.dataclasses import dataclass
 from pydantic_settings import (
     BaseSettings,
@@ -444,6 +445,10 @@ class LauncherConfig:
     # Pretraining's processes per node: on this host under torchrun, on each pod of its PyTorchJob
     # (precompute and distill join no process group and run one process).
     nproc_per_node: PositiveInt = 1
+    # torchrun: addresses of this host that each run one torchrun node of pretraining, meeting at a
+    # c10d rendezvous on the first (a multi-node run on one machine, as `make cluster-demo` trains);
+    # empty: one standalone node. Precompute and distill run one standalone node either way.
+    local_nodes: tuple[str, ...] = ()
     # cluster_job: pretraining's pods (an elastic job: it starts with min_nodes, takes up to max_nodes).
     min_nodes: PositiveInt = 1
     max_nodes: PositiveInt = 2
@@ -459,10 +464,24 @@ class LauncherConfig:
     # cluster_job: seconds between two looks at a PyTorchJob's state.
     poll_s: PositiveFloat = 30.0
 
+    @field_validator("local_nodes")
+    @classmethod
+    def _addresses(cls, nodes: tuple[str, ...]) -> tuple[str, ...]:
+        for node in nodes:
+            try:
+                ipaddress.ip_address(node)
+            except ValueError:
+                raise ValueError(f"launcher.local_nodes: {node!r} is not an IP address of this host") from None
+        return nodes
+
     @model_validator(mode="after")
     def _nodes_ordered(self) -> Self:
         if self.min_nodes > self.max_nodes:
             raise ValueError(f"launcher.min_nodes={self.min_nodes} is above launcher.max_nodes={self.max_nodes}")
+        if self.local_nodes and self.kind != "torchrun":
+            raise ValueError(f"launcher.local_nodes are torchrun's nodes on this host; launcher.kind is {self.kind!r}")
+        if len(set(self.local_nodes)) != len(self.local_nodes):
+            raise ValueError(f"launcher.local_nodes repeats an address: {list(self.local_nodes)}")
         return self
 
 

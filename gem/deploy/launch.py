@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated, Literal
@@ -30,6 +31,7 @@ from airflow.sdk.exceptions import AirflowRescheduleException, AirflowSkipExcept
 
 from gem.command_line import day_option, job_app, run_command
 from gem.pipeline.airflow.orchestration import run_stage_task
+from gem.pipeline.services import free_port
 
 LAUNCH_MODULE = "gem.deploy.launch"
 # EX_TEMPFAIL: try again later (a running backfill holds the day).
@@ -53,12 +55,21 @@ def launch_args(stage_name: str, run_day: str, from_stage: str) -> list[str]:
     return ["--stage", stage_name, "--run-day", run_day, "--from-stage", from_stage]
 
 
-def torchrun_command(stage_name: str, run_day: str, from_stage: str, processes: int, outcome: Path) -> list[str]:
-    """torchrun (this interpreter's) on this host alone, `processes` ranks each running this module
-    for the stage's run; rank 0 writes its Outcome to `outcome`."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-            "--nproc-per-node", str(processes), "-m", LAUNCH_MODULE,
-            *launch_args(stage_name, run_day, from_stage), "--outcome", str(outcome)]
+def torchrun_commands(stage_name: str, run_day: str, from_stage: str, processes: int, outcome: Path,
+                      nodes: Sequence[str] = ()) -> list[list[str]]:
+    """torchrun (this interpreter's) on this host, `processes` ranks per node each running this module
+    for the stage's run; rank 0 writes its Outcome to `outcome`. One standalone node without `nodes`;
+    with them (addresses of this host), one command per node: its agent on its address, all meeting at
+    a c10d rendezvous whose store the first node hosts on a free port of its address."""
+    stage = ["-m", LAUNCH_MODULE, *launch_args(stage_name, run_day, from_stage), "--outcome", str(outcome)]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes)]
+    if not nodes:
+        return [[*torchrun, "--standalone", "--nnodes", "1", *stage]]
+    endpoint = f"{nodes[0]}:{free_port(nodes[0])}"
+    return [[*torchrun, "--nnodes", str(len(nodes)), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+             "--rdzv-id", f"{stage_name}-{run_day}", "--rdzv-conf", f"is_host={int(i == 0)}",
+             "--local-addr", address, "--max-restarts", "0", *stage]
+            for i, address in enumerate(nodes)]
 
 
 def run(stage_name: str, run_day: str, from_stage: str) -> Outcome:

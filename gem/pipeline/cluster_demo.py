@@ -56,7 +56,7 @@ import typer
 import yaml
 
 from gem import storage
-from gem.config import REPO_ROOT, load_config
+from gem.config import REPO_ROOT, GemConfig, load_config
 from gem.environment import RETRIES_ENV, RETRY_DELAY_ENV
 from gem.pipeline.airflow.api import TaskRun, airflow_api
 from gem.pipeline.airflow.orchestration import DAG_ID
@@ -66,6 +66,8 @@ from gem.pipeline.cli import job_app, run_command
 from gem.pipeline.demo import DEFAULT_CONFIG, ConfigFile, DemoRun, demo_days, report
 from gem.pipeline.demo_process import STAGE_RUN, parse_stage_run
 from gem.pipeline.services import PostgresServer, RedisServer, S3Server, SparkCluster, stop_group
+from gem.train import checkpoint
+from gem.train.promotion import checkpoint_root
 
 DEFAULT_WORK_DIR = REPO_ROOT / ".airflow" / "cluster-demo"
 DEFAULT_BUCKET = "gem-demo"
@@ -82,6 +84,9 @@ CLUSTER_SPARK_CONF = {
     "spark.executor.memory": WORKER_MEMORY,
     "spark.cores.max": str(WORKERS),
 }
+# The Airflow days' pretraining: torchrun on two "nodes" of one process each, their agents on these
+# loopback addresses, meeting at a c10d rendezvous on the first (launcher.local_nodes).
+TRAINING_NODES = ("127.0.0.2", "127.0.0.3")
 S3_SERVER = "S3 API server"
 SPARK_CLUSTER = "Spark cluster"
 POSTGRES = "PostgreSQL"
@@ -106,6 +111,7 @@ def cluster_config(base: Mapping[str, Any], bucket: str, master_url: str) -> dic
     spark = dict(cfg.get("spark") or {})
     spark.update(master=master_url, driver_memory=DRIVER_MEMORY, conf={**spark.get("conf", {}), **CLUSTER_SPARK_CONF})
     cfg["spark"] = spark
+    cfg["launcher"] = {**(cfg.get("launcher") or {}), "kind": "torchrun", "local_nodes": list(TRAINING_NODES)}
     return cfg
 
 
@@ -266,6 +272,8 @@ def run(config: Path, work_dir: Path, bucket: str) -> int:
             run_bulk_days(cfg_path, env, bulk, ran, work_dir / "runs" / f"bulk-{bulk[0]}..{bulk[-1]}.spark.log")
         if daily:
             run_airflow_days(topology.start_airflow(env), daily, ran, work_dir)
+            for ds in daily:
+                print(pretraining_ranks(cfg, ds), flush=True)
         return report(cfg_path, cfg, ran, started)
     except Interrupted as interrupted:
         print(f"cluster demo: {interrupted} received; stopping what it started", file=sys.stderr, flush=True)
@@ -281,6 +289,15 @@ def run(config: Path, work_dir: Path, bucket: str) -> int:
         if ran.airflow_tasks:
             print("== Airflow tasks by Celery worker (each task instance's hostname, from the REST API) ==")
             print(tasks_by_worker(ran.airflow_tasks), flush=True)
+
+
+def pretraining_ranks(cfg: GemConfig, ds: str) -> str:
+    """How many ranks trained the model of mixture day `ds`, as its last checkpoint records them."""
+    last = checkpoint.latest(checkpoint.child(checkpoint_root(cfg), f"{cfg.model.arch}-{ds}"))
+    if last is None:
+        return f"pretrain ds={ds}: no checkpoint (it did not train)"
+    return (f"pretrain ds={ds}: trained by {checkpoint.read_extra(last)['world_size']} ranks on torchrun nodes "
+            f"{', '.join(cfg.launcher.local_nodes)} (world size from its last checkpoint, {last})")
 
 
 def tasks_by_worker(airflow_tasks: Mapping[str, Sequence[TaskRun]]) -> str:

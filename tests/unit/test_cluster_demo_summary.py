@@ -1,13 +1,18 @@
 """The cluster demo's summary of where its Airflow tasks ran (gem.pipeline.cluster_demo.tasks_by_worker):
 one line per task with the worker its task instance recorded, in the order the tasks started, and
-how many tasks each worker ran."""
+how many tasks each worker ran; and the config it runs (cluster_config)."""
 
 from __future__ import annotations
 
 import datetime as dt
 
+import yaml
+
+from gem.config import load_config
 from gem.pipeline.airflow.api import TaskRun
-from gem.pipeline.cluster_demo import tasks_by_worker, tasks_per_worker
+from gem.pipeline.airflow.orchestration import stage_nodes
+from gem.pipeline.cluster_demo import TRAINING_NODES, cluster_config, tasks_by_worker, tasks_per_worker
+from gem.pipeline.demo import DEFAULT_CONFIG
 
 T0 = dt.datetime(2026, 1, 5, tzinfo=dt.UTC)
 
@@ -33,3 +38,16 @@ def test_tasks_per_worker_counts_over_every_run_and_says_when_none_reached_a_wor
     tasks = [task("a", 0, "gem-worker-1"), task("b", 1, "gem-worker-1"), task("c", 2, "gem-worker-2")]
     assert tasks_per_worker(tasks) == "gem-worker-1 2, gem-worker-2 1"
     assert tasks_per_worker([task("a", None, None, "upstream_failed")]) == "none ran on a worker"
+
+
+def test_the_cluster_config_trains_on_two_torchrun_nodes_and_keeps_the_demos_world() -> None:
+    """cluster_config: the demo's config on the topology validates, its model tasks launch under
+    torchrun with pretraining on two loopback nodes, and the demo's world and volumes are unchanged."""
+    demo = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    data = cluster_config(demo, "bucket", "spark://127.0.0.1:7077")
+    cfg = load_config(overrides=data, environ={})
+    assert cfg.launcher.kind == "torchrun" and cfg.launcher.local_nodes == TRAINING_NODES
+    assert stage_nodes("pretrain", cfg.launcher) == TRAINING_NODES and stage_nodes("distill", cfg.launcher) == ()
+    assert cfg.lakehouse_uri == "s3://bucket/lakehouse" and cfg.spark.master == "spark://127.0.0.1:7077"
+    assert {k: data[k] for k in ("generator", "train", "student_train", "demo")} == \
+        {k: demo[k] for k in ("generator", "train", "student_train", "demo")}

@@ -15,6 +15,7 @@ import json
 import os
 import re
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -342,17 +343,18 @@ def test_the_torchrun_task_launches_its_processes_and_ends_as_rank_0_says(
     config.write_text(json.dumps({"lakehouse_uri": str(tmp_path / "lakehouse"),
                                   "launcher": {"kind": "torchrun", "nproc_per_node": 3}}))
     monkeypatch.setenv("GEM_CONFIG", str(config))
-    real = launch.torchrun_command("pretrain", "2026-01-03", "", 3, tmp_path / "o.json")
-    assert real[1:4] == ["-m", "torch.distributed.run", "--standalone"] and "--nproc-per-node" in real
+    (real,) = launch.torchrun_commands("pretrain", "2026-01-03", "", 3, tmp_path / "o.json")
+    assert real[1:3] == ["-m", "torch.distributed.run"] and "--standalone" in real
     assert real[real.index("--nproc-per-node") + 1] == "3" and "gem.deploy.launch" in real
     calls = []
 
     def launched(outcome: launch.Outcome, code: int = 0) -> None:
-        def command(stage: str, run_day: str, from_stage: str, processes: int, path: Path) -> list[str]:
-            calls.append((stage, processes))
+        def commands(stage: str, run_day: str, from_stage: str, processes: int, path: Path,
+                     nodes: tuple[str, ...]) -> list[list[str]]:
+            calls.append((stage, processes, nodes))
             text = json.dumps(outcome.__dict__)
-            return [sys.executable, "-c", f"import pathlib, sys; pathlib.Path({str(path)!r}).write_text({text!r}); sys.exit({code})"]
-        monkeypatch.setattr(launch, "torchrun_command", command)
+            return [[sys.executable, "-c", f"import pathlib, sys; pathlib.Path({str(path)!r}).write_text({text!r}); sys.exit({code})"]]
+        monkeypatch.setattr(launch, "torchrun_commands", commands)
 
     launched(launch.Outcome("success", "pretrain ds=2026-01-03: 120 steps"))
     assert orchestration.run_stage_torchrun("pretrain", "2026-01-03") == "pretrain ds=2026-01-03: 120 steps"
@@ -366,7 +368,46 @@ def test_the_torchrun_task_launches_its_processes_and_ends_as_rank_0_says(
     launched(launch.Outcome("success", "never read"), code=1)
     with pytest.raises(RuntimeError, match="torchrun exited with 1"):
         orchestration.run_stage_torchrun("precompute", "2026-01-03")
-    assert calls == [("pretrain", 3), ("mix", 1), ("distill", 1), ("precompute", 1)]
+    assert calls == [("pretrain", 3, ()), ("mix", 1, ()), ("distill", 1, ()), ("precompute", 1, ())]
+
+
+def test_torchrun_on_local_nodes_meets_at_one_rendezvous_for_pretraining_only(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With launcher.local_nodes, pretraining launches one torchrun node per address, all at one c10d
+    rendezvous hosted by the first; the other launched stages stay one standalone node; a node that
+    fails fails the task at once and the nodes still running are stopped."""
+    from gem.deploy import launch
+
+    config = tmp_path / "config.yaml"
+    config.write_text(json.dumps({"lakehouse_uri": str(tmp_path / "lakehouse"),
+                                  "launcher": {"kind": "torchrun", "local_nodes": ["127.0.0.2", "127.0.0.3"]}}))
+    monkeypatch.setenv("GEM_CONFIG", str(config))
+    launcher = load_config().launcher
+    assert orchestration.stage_nodes("pretrain", launcher) == ("127.0.0.2", "127.0.0.3")
+    assert orchestration.stage_nodes("distill", launcher) == ()
+    first, second = launch.torchrun_commands("pretrain", "2026-01-03", "", 1, tmp_path / "o.json", ("127.0.0.2", "127.0.0.3"))
+
+    def option(command: list[str], name: str) -> str:
+        return command[command.index(name) + 1]
+
+    assert "--standalone" not in first and option(first, "--nnodes") == option(second, "--nnodes") == "2"
+    assert option(first, "--rdzv-endpoint") == option(second, "--rdzv-endpoint")
+    assert option(first, "--rdzv-endpoint").startswith("127.0.0.2:") and option(first, "--rdzv-backend") == "c10d"
+    assert (option(first, "--local-addr"), option(second, "--local-addr")) == ("127.0.0.2", "127.0.0.3")
+    assert (option(first, "--rdzv-conf"), option(second, "--rdzv-conf")) == ("is_host=1", "is_host=0")
+    with pytest.raises(ValueError, match="not an IP address"):
+        load_config(overrides={"launcher": {"kind": "torchrun", "local_nodes": ["node-a"]}})
+
+    # One node fails while the other would wait for it: the task fails without waiting, the other stopped.
+    stopped = tmp_path / "stopped"
+    waiting = (f"import pathlib, signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: "
+               f"(pathlib.Path({str(stopped)!r}).touch(), sys.exit(143))); time.sleep(600)")
+    monkeypatch.setattr(launch, "torchrun_commands", lambda *args: [[sys.executable, "-c", waiting],
+                                                                    [sys.executable, "-c", "import sys; sys.exit(3)"]])
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"torchrun exited with 143, 3 on 2 nodes"):
+        orchestration.run_stage_torchrun("pretrain", "2026-01-03")
+    assert time.monotonic() - t0 < 60 and stopped.exists()
 
 
 @pytest.mark.slow

@@ -31,6 +31,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -74,6 +75,8 @@ FROM_STAGE_EXPR = f"{{{{ (dag_run.conf or {{}}).get('{FROM_STAGE_CONF}', '') }}}
 # group (gem.train.daily) run launcher.nproc_per_node processes per node; the others run one.
 LAUNCHED_STAGES = ("pretrain", "precompute", "distill")
 DISTRIBUTED_STAGES = ("pretrain",)
+# Seconds a torchrun node has to stop after SIGTERM when another node of its run failed.
+STOP_TIMEOUT_S = 30.0
 # The variables whose presence makes a parse read the config for its launcher (parse_config).
 LAUNCHER_ENV_PREFIX = "GEM__LAUNCHER"
 
@@ -211,29 +214,60 @@ def stage_processes(stage_name: str, launcher: LauncherConfig) -> int:
     return launcher.nproc_per_node if stage_name in DISTRIBUTED_STAGES else 1
 
 
+def stage_nodes(stage_name: str, launcher: LauncherConfig) -> tuple[str, ...]:
+    """The torchrun nodes on this host a launched stage runs on: launcher.local_nodes for
+    DISTRIBUTED_STAGES, none (one standalone node) for the others."""
+    return launcher.local_nodes if stage_name in DISTRIBUTED_STAGES else ()
+
+
 def run_stage_torchrun(stage_name: str, run_day: str, from_stage: str = "") -> str:
     """A launched stage's Airflow task under `launcher.kind: torchrun`: what run_stage_task does, in
-    torchrun processes on the worker's host (`stage_processes` of them, from the worker's config)
-    started from this task's process with its environment. Every rank runs gem.deploy.launch; rank 0
-    writes the outcome, from which the task skips or is rescheduled as the in-process task would be.
-    -> the stage's summary line. A torchrun that fails (any rank's failure) fails the task."""
+    torchrun processes on the worker's host (`stage_processes` of them per node, on one standalone
+    node or on the `stage_nodes` addresses, from the worker's config) started from this task's process
+    with its environment. Every rank runs gem.deploy.launch; rank 0 writes the outcome, from which the
+    task skips or is rescheduled as the in-process task would be. -> the stage's summary line. A node
+    whose torchrun fails (any rank's failure) fails the task; the other nodes are then stopped."""
+    import ipaddress
     import subprocess
     import tempfile
 
     from airflow.sdk.exceptions import AirflowRescheduleException, AirflowSkipException
 
     from gem.config import load_config
-    from gem.deploy.launch import read_outcome, torchrun_command
+    from gem.deploy.launch import read_outcome, torchrun_commands
 
-    processes = stage_processes(stage_name, load_config().launcher)
+    launcher = load_config().launcher
+    processes, nodes = stage_processes(stage_name, launcher), stage_nodes(stage_name, launcher)
+    env = dict(os.environ)
+    if nodes and all(ipaddress.ip_address(node).is_loopback for node in nodes):
+        env["GLOO_SOCKET_IFNAME"] = "lo"  # gloo's connections between loopback "nodes" stay on lo
     with tempfile.TemporaryDirectory(prefix=f"gem-{stage_name}-") as folder:
         result = Path(folder) / "outcome.json"
-        command = torchrun_command(stage_name, run_day, from_stage, processes, result)
-        print(f"{stage_name}: launching {processes} process(es) under torchrun: {' '.join(command)}", flush=True)
-        done = subprocess.run(command, cwd=REPO_ROOT, check=False)
-        if done.returncode != 0:
-            raise RuntimeError(f"{stage_name} run day {run_day}: torchrun exited with {done.returncode} "
-                               "(the processes' output is above)")
+        commands = torchrun_commands(stage_name, run_day, from_stage, processes, result, nodes)
+        where = f"{len(nodes)} nodes ({', '.join(nodes)})" if nodes else "one node"
+        print(f"{stage_name}: launching {processes} process(es) per node on {where} under torchrun:\n"
+              + "\n".join(" ".join(command) for command in commands), flush=True)
+        # In this task's process group: a worker killed with its group (a lost node) takes them along.
+        launched = [subprocess.Popen(command, cwd=REPO_ROOT, env=env) for command in commands]
+        try:
+            codes = [process.poll() for process in launched]
+            # A node that fails ends the run: the others would wait for it at their next collective.
+            while None in codes and not any(codes):
+                time.sleep(0.5)
+                codes = [process.poll() for process in launched]
+        finally:
+            for process in launched:
+                if process.poll() is None:
+                    process.terminate()  # torchrun's agent passes it on to its ranks
+                    try:
+                        process.wait(timeout=STOP_TIMEOUT_S)
+                    except subprocess.TimeoutExpired:
+                        process.kill()
+                        process.wait()
+        codes = [process.returncode for process in launched]
+        if any(codes):
+            raise RuntimeError(f"{stage_name} run day {run_day}: torchrun exited with "
+                               f"{', '.join(str(code) for code in codes)} on {where} (the processes' output is above)")
         outcome = read_outcome(result)
     if outcome.state == "skipped":
         raise AirflowSkipException(outcome.message)
