@@ -410,17 +410,19 @@ def test_torchrun_on_local_nodes_meets_at_one_rendezvous_for_pretraining_only(
     assert time.monotonic() - t0 < 60 and stopped.exists()
 
 
-@pytest.mark.slow
 def test_the_torchrun_task_runs_the_stage_under_torchrun_and_skips_as_the_in_process_task(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Real torchrun on this host (two ranks): mix on a fresh lakehouse has nothing ready, so rank
-    0's outcome skips the task with the in-process task's message."""
+    """Real torchrun on this host (two ranks), from a task's environment (the metadata DB's URL masked
+    as Airflow's task runner masks it): mix on a fresh lakehouse has nothing ready, so rank 0's
+    outcome skips the task with the in-process task's message."""
     from airflow.sdk.exceptions import AirflowSkipException
 
     config = tmp_path / "config.yaml"
     config.write_text(json.dumps({"lakehouse_uri": str(tmp_path / "lakehouse"),
                                   "launcher": {"kind": "torchrun", "nproc_per_node": 2}}))
     monkeypatch.setenv("GEM_CONFIG", str(config))
+    # As in an Airflow task: the task runner masks the metadata DB's URL (the launched processes import airflow).
+    monkeypatch.setenv("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "airflow-db-not-allowed:///")
     monkeypatch.setattr(orchestration, "DISTRIBUTED_STAGES", ("mix",))
     with pytest.raises(AirflowSkipException, match="mix: nothing ready on run day 2026-01-01"):
         orchestration.run_stage_torchrun("mix", "2026-01-01")

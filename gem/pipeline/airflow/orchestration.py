@@ -75,6 +75,9 @@ FROM_STAGE_EXPR = f"{{{{ (dag_run.conf or {{}}).get('{FROM_STAGE_CONF}', '') }}}
 # group (gem.train.daily) run launcher.nproc_per_node processes per node; the others run one.
 LAUNCHED_STAGES = ("pretrain", "precompute", "distill")
 DISTRIBUTED_STAGES = ("pretrain",)
+# The metadata DB URL the torchrun-launched processes see (run_stage_torchrun): none they could use.
+DB_URL_VARIABLES = ("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "AIRFLOW__CORE__SQL_ALCHEMY_CONN")
+LAUNCHED_DB_URL = "sqlite://"
 # Seconds a torchrun node has to stop after SIGTERM when another node of its run failed.
 STOP_TIMEOUT_S = 30.0
 # The variables whose presence makes a parse read the config for its launcher (parse_config).
@@ -238,9 +241,16 @@ def run_stage_torchrun(stage_name: str, run_day: str, from_stage: str = "") -> s
 
     launcher = load_config().launcher
     processes, nodes = stage_processes(stage_name, launcher), stage_nodes(stage_name, launcher)
-    env = dict(os.environ)
-    if nodes and all(ipaddress.ip_address(node).is_loopback for node in nodes):
-        env["GLOO_SOCKET_IFNAME"] = "lo"  # gloo's connections between loopback "nodes" stay on lo
+    # Airflow's task runner masks the metadata DB's URL in the task's environment with one SQLAlchemy
+    # cannot parse, and the launched processes import airflow (its exceptions), which configures an
+    # engine at import: they get an in-memory SQLite URL instead, so they stay off the DB as well.
+    env = dict(os.environ) | {key: LAUNCHED_DB_URL for key in DB_URL_VARIABLES}
+    if nodes:
+        # The nodes share this host's cores: torch's default (a thread per core in every rank) would
+        # run more threads than cores, and OpenMP's threads spin waiting for descheduled partners.
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // (len(nodes) * processes))))
+        if all(ipaddress.ip_address(node).is_loopback for node in nodes):
+            env["GLOO_SOCKET_IFNAME"] = "lo"  # gloo's connections between loopback "nodes" stay on lo
     with tempfile.TemporaryDirectory(prefix=f"gem-{stage_name}-") as folder:
         result = Path(folder) / "outcome.json"
         commands = torchrun_commands(stage_name, run_day, from_stage, processes, result, nodes)
