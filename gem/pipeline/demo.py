@@ -304,7 +304,8 @@ def report(cfg_path: Path, cfg: GemConfig, ran: DemoRun, started: float) -> int:
     print("== reports ==")
     print(reports(cfg, last))
     if students is not None:
-        print(f"  {'transfer ratio (minutes)':<28} python -m gem.distill.transfer --ds {last} --config {cfg_path}")
+        print(f"  {'transfer report (not run)':<28} python -m gem.distill.transfer --ds {last} --config {cfg_path}"
+              "  (a student per surface, arm and seed: longer than the demo)")
     if metrics is None:
         print(f"demo failed: the pipeline ran {cfg.demo.days} day(s) but pretraining wrote no held-out metrics "
               "(a mixture needs a training day before its held-out day); see the pretrain task's log above",
