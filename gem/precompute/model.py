@@ -119,7 +119,9 @@ def load_plain_weights(task: GemTrainTask, path: str | Path, trained_with: str) 
     plain = task.state_dict()
     saved_name = {k: collection_state_key(k) if trained_with == "torchrec" else k for k in plain}
     state = {"model": {saved_name[k]: v for k, v in plain.items()}}
-    checkpoint.load(path, state)  # in place, into the plain task's tensors
+    # In place, into the plain task's tensors; by this rank alone (the pretraining gate loads the
+    # promoted model on rank 0 while the other ranks wait at a barrier).
+    checkpoint.load(path, state, alone=True)
     task.load_state_dict({k: state["model"][saved_name[k]] for k in plain})
 
 

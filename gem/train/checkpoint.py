@@ -181,12 +181,14 @@ def read_extra(path: Location) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint {path} is corrupted: {EXTRA} is not valid JSON ({e})") from e
 
 
-def load(path: Location, state: dict[str, Any]) -> dict[str, Any]:
-    """Load shards into `state` (in place, as dcp does) and return extra.json; refuses broken folders."""
+def load(path: Location, state: dict[str, Any], alone: bool = False) -> dict[str, Any]:
+    """Load shards into `state` (in place, as dcp does) and return extra.json; refuses broken folders.
+    alone: this rank loads without the others (a plain copy on rank 0 while the others wait), so the
+    load runs no collective even inside a process group."""
     extra = read_extra(path)
     try:
         with _single_process_ok():
-            dcp.load(state, storage_reader=FsspecReader(storage.normalized(path)), no_dist=single_process())
+            dcp.load(state, storage_reader=FsspecReader(storage.normalized(path)), no_dist=alone or single_process())
     except (Exception, CheckpointException) as e:  # CheckpointException derives from BaseException
         raise CheckpointError(f"checkpoint {path} is corrupted or incomplete: its shards cannot be read ({e})") from e
     return extra

@@ -179,3 +179,37 @@ def test_a_checkpoint_saved_by_one_process_resumes_on_two_ranks(tmp_path):
     assert not set(r0["owned"]) & set(r1["owned"]) and len(r0["owned"]) + len(r1["owned"]) == 3
     assert r1["weights"] is None and r1["resumed"] and r1["step"] == SAVED_AT
     _assert_resharded(saver, r0, saved_by=1, loaded_by=2, tmp_path=tmp_path)
+
+
+def _plain_copy_on_rank_zero(rank: int, init_file: str, out: str) -> None:
+    """Rank 0 loads a checkpoint into a plain-torch task while rank 1 waits at a barrier, as the
+    pretraining gate scores the promoted model; a load that ran a collective would hang both."""
+    import datetime as dt
+
+    from gem.precompute.model import load_plain_weights
+
+    torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2,
+                                         timeout=dt.timedelta(seconds=60))
+    try:
+        weights = None
+        if rank == 0:
+            plain = tiny_task("torch")
+            load_plain_weights(plain, str(Path(out) / "run" / STEP), "torchrec")
+            weights = {k: v.clone() for k, v in plain.state_dict().items()}
+        torch.distributed.barrier()
+        torch.save({"weights": weights}, Path(out) / f"rank{rank}.pt")
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_one_rank_loads_a_plain_copy_while_the_others_wait(tmp_path):
+    trainer = _trainer(tmp_path / "run")
+    try:
+        trainer.fit(steps=SAVED_AT)
+        saver = _saved(trainer)
+    finally:
+        trainer.close()
+    r0, r1 = run_two_ranks(_plain_copy_on_rank_zero, tmp_path)
+    assert r1["weights"] is None
+    for key, tensor in saver["weights"].items():
+        assert torch.equal(r0["weights"][key], tensor), key
