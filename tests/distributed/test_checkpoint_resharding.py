@@ -67,6 +67,16 @@ def _saved(trainer: Trainer) -> dict[str, Any]:
     return {"weights": weights, "ne": _held_out_ne(weights) if weights is not None else None}
 
 
+def _saved_by_one_process(run_dir: Path) -> dict[str, Any]:
+    """Train the tiny trainer SAVED_AT steps in this process (checkpointed in run_dir); -> `_saved`."""
+    trainer = _trainer(run_dir)
+    try:
+        trainer.fit(steps=SAVED_AT)
+        return _saved(trainer)
+    finally:
+        trainer.close()
+
+
 def _loaded(run_dir: Path, resaved: Path, rank: int = 0) -> dict[str, Any]:
     """Resume `run_dir`'s checkpoint under this world size; -> the gathered weights and NE (rank 0),
     the warnings, the tables this rank holds, and the losses of training on. The loaded state is
@@ -168,12 +178,7 @@ def _load_on_two_ranks(rank: int, init_file: str, out: str) -> None:
 
 
 def test_a_checkpoint_saved_by_one_process_resumes_on_two_ranks(tmp_path):
-    trainer = _trainer(tmp_path / "run")
-    try:
-        trainer.fit(steps=SAVED_AT)
-        saver = _saved(trainer)
-    finally:
-        trainer.close()
+    saver = _saved_by_one_process(tmp_path / "run")
     r0, r1 = run_two_ranks(_load_on_two_ranks, tmp_path)
     # Table-wise on 2 ranks: each table is now held by one of them.
     assert not set(r0["owned"]) & set(r1["owned"]) and len(r0["owned"]) + len(r1["owned"]) == 3
@@ -203,12 +208,7 @@ def _plain_copy_on_rank_zero(rank: int, init_file: str, out: str) -> None:
 
 
 def test_one_rank_loads_a_plain_copy_while_the_others_wait(tmp_path):
-    trainer = _trainer(tmp_path / "run")
-    try:
-        trainer.fit(steps=SAVED_AT)
-        saver = _saved(trainer)
-    finally:
-        trainer.close()
+    saver = _saved_by_one_process(tmp_path / "run")
     r0, r1 = run_two_ranks(_plain_copy_on_rank_zero, tmp_path)
     assert r1["weights"] is None
     for key, tensor in saver["weights"].items():
