@@ -23,12 +23,25 @@ from tests.support import make_config, tiny_task, tiny_trainer
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 
-# A tiny run in a fresh process, on the run folder argv[1]: GEM_CRASH_AT kills it inside a save.
+# A tiny run in a fresh process, on the run folder argv[1]: GEM_CRASH_AT kills it inside a save. On one
+# thread, as every run in this module: a float sum over another thread count rounds differently.
 TRAIN = """
 import sys
+import torch
 from tests.support import tiny_trainer
+torch.set_num_threads(1)
 tiny_trainer(sys.argv[1]).fit()
 """
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Any:
+    """Every run here on one torch thread: the runs compared bit for bit then round alike whatever
+    thread count an earlier test in this worker left behind."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
