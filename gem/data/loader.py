@@ -42,6 +42,7 @@ Batches hold fewer than batch_size examples only in the last buffer of a shard's
 
 from __future__ import annotations
 
+import gc
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -434,6 +435,11 @@ class ResumableLoader:
 
     def _loader(self) -> DataLoader:
         workers = 0 if self.stream.cfg.in_process else self.stream.cfg.num_workers
+        if workers:
+            # Garbage is collected here, before the workers fork: a worker that inherited it would run
+            # its finalizers, and one that waits on a lock or condition variable of this process's
+            # threads (an onnxruntime session's) never returns there, hanging the worker and the run.
+            gc.collect()
         return DataLoader(self.stream, batch_size=None, num_workers=workers,
                           prefetch_factor=2 if workers else None, persistent_workers=False)
 
