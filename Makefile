@@ -80,9 +80,12 @@ services:
 # The quick tier on TEST_WORKERS pytest-xdist workers, each test file whole on one worker (its module
 # fixtures built once): much of a test's time is a JVM, an Airflow process or a subprocess waiting,
 # which the other worker fills. TEST_WORKERS=0 runs it in one process.
+# Each worker's torch runs one thread (OMP_NUM_THREADS, inherited by the processes tests start): with
+# torch's default of a thread per core, two workers training at once run twice as many OpenMP threads
+# as cores, and those threads spin waiting for descheduled partners.
 TEST_WORKERS ?= 2
 test: setup browser services
-	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-slow: setup browser services
 	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)

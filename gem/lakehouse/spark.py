@@ -47,7 +47,9 @@ NIO_LOCAL_FS = "gem.hadoop.NioLocalFileSystem"  # infra/spark/localfs
 # default code cache (48 MB) is too small for a JVM that runs a whole day's stages (`airflow dags
 # test` runs a day's tasks in one process): once full, compilation stops and a Delta write can fail
 # ("CodeCache is full"), so these JVMs get the tiered default's 240 MB.
-C1_JVM_CONF = {JAVA_OPTIONS: "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"}
+# A cluster's executors (local-cluster, standalone) take the same options.
+C1_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
+C1_JVM_CONF = {JAVA_OPTIONS: C1_OPTIONS, "spark.executor.extraJavaOptions": C1_OPTIONS}
 _DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",

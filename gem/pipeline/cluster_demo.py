@@ -58,6 +58,7 @@ import yaml
 from gem import storage
 from gem.config import REPO_ROOT, GemConfig, load_config
 from gem.environment import RETRIES_ENV, RETRY_DELAY_ENV
+from gem.lakehouse.spark import C1_JVM_CONF
 from gem.pipeline.airflow.api import TaskRun, airflow_api
 from gem.pipeline.airflow.orchestration import DAG_ID
 from gem.pipeline.airflow.runs import TaskReporter, airflow_env, now
@@ -77,8 +78,11 @@ WORKERS = 2
 WORKER_MEMORY = "2g"
 DRIVER_MEMORY = "2g"
 # What the cluster adds to the demo's `spark.conf`: one executor per worker with its core and memory;
-# the driver on 127.0.0.1, which the workers' loopback addresses reach.
+# the driver on 127.0.0.1, which the workers' loopback addresses reach; C1-only JIT in the driver and
+# the executors: each Airflow task is its own short Spark application, whose JVMs would otherwise
+# spend much of their CPU compiling with C2.
 CLUSTER_SPARK_CONF = {
+    **C1_JVM_CONF,
     "spark.driver.host": "127.0.0.1",
     "spark.executor.cores": "1",
     "spark.executor.memory": WORKER_MEMORY,

@@ -3,7 +3,8 @@ pretrain, precompute, distill) over three small days by the bulk path, with `lak
 local S3 API server (moto, server mode) and the suite's Spark session reaching it through S3A.
 Every stage succeeds or has nothing ready, the students are distilled on the third day, every
 table, checkpoint, promotion pointer, lease folder and report lives in the bucket, and nothing is
-written under the local folder the config would otherwise use."""
+written under the local folder the config would otherwise use. Slow tier (about five minutes): in
+CI, `make cluster-demo` runs the demo's chain with its lakehouse on the same S3 API server."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from gem.pipeline.command import app
 from gem.report import run_report
 from schemas import TABLES
 from tests.support import lakehouse_rows, make_config
+
+pytestmark = pytest.mark.slow
 
 DAYS = ("2026-01-01", "2026-01-03")
 
