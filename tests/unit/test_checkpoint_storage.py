@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ tiny_trainer(sys.argv[1]).fit()
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Any:
+def one_thread() -> Iterator[None]:
     """Every run here on one torch thread: the runs compared bit for bit then round alike whatever
     thread count an earlier test in this worker left behind."""
     threads = torch.get_num_threads()
