@@ -161,7 +161,7 @@ def main(
                                       f"{len(local)} tasks", round(gap, 4)))
             record("make_cluster_demo", "`make cluster-demo` on a fresh clone", figures, commit=commit,
                    notes="The demo's days on a local S3 API server and a standalone Spark master with two "
-                         "workers, one core each (gem/pipeline/cluster_demo.py).")
+                         "workers, one executor of two task slots per application (gem/pipeline/cluster_demo.py).")
     except CommandFailed as error:
         keep = True
         raise SystemExit(str(error)) from None

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 
 from gem import storage
 from gem.config import REPO_ROOT, GemConfig
+from gem.environment import CONFIG_FILE_ENV
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -49,7 +50,11 @@ NIO_LOCAL_FS = "gem.hadoop.NioLocalFileSystem"  # infra/spark/localfs
 # ("CodeCache is full"), so these JVMs get the tiered default's 240 MB.
 # A cluster's executors (local-cluster, standalone) take the same options.
 C1_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
-C1_JVM_CONF = {JAVA_OPTIONS: C1_OPTIONS, "spark.executor.extraJavaOptions": C1_OPTIONS}
+EXECUTOR_JAVA_OPTIONS = "spark.executor.extraJavaOptions"
+C1_JVM_CONF = {JAVA_OPTIONS: C1_OPTIONS, EXECUTOR_JAVA_OPTIONS: C1_OPTIONS}
+# How long the class workload's executors have to exit (writing their class archive) after its
+# application stopped.
+EXECUTOR_EXIT_TIMEOUT_S = 120.0
 _DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
@@ -258,33 +263,73 @@ def archive_classes(cfg: GemConfig) -> Path:
     loads the same config ($GEM_CONFIG is inherited). The archive is tied to this JDK and classpath;
     a JVM that cannot use it ignores it.
     """
-
     target = Path(cfg.spark.class_archive)
-    target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="gem-spark-classes-") as tmp:
         dump = Path(tmp) / "classes.jsa"
         subprocess.run([sys.executable, "-m", "gem.lakehouse.spark", "class-workload", tmp, str(dump)], check=True,
                        cwd=str(REPO_ROOT))
-        if not dump.is_file():
-            raise RuntimeError(f"the JVM wrote no class archive at {dump} (it needs JDK 13 or later)")
-        partial = target.with_name(target.name + ".partial")
-        shutil.move(dump, partial)
-        partial.replace(target)  # readers see the old archive or the whole new one
+        _put_in_place(dump, target)
     return target
 
 
-def class_workload(cfg: GemConfig, tmp: str, dump: str) -> None:
+def cluster_class_archives(cfg: GemConfig, config_file: Path, log: Path) -> tuple[Path, Path]:
+    """The class archives of a driver and of an executor of `cfg.spark.master`, a standalone cluster
+    whose workers run on this host (`make cluster-demo`) -> (driver's, executor's). Made once per JDK,
+    Spark, Delta jars and JVM options (named by a digest of them, beside cfg.spark.class_archive) by
+    `class_workload` on that cluster in a child process that loads `config_file` (its output to
+    `log`), and reused after. A driver or executor started with `-XX:SharedArchiveFile=<its archive>`
+    maps the classes instead of loading and verifying them: each Spark application of the cluster
+    (one per Airflow task) starts its two JVMs sooner. A JVM that cannot use an archive ignores it.
+    """
+    from importlib.metadata import version  # noqa: PLC0415 - only the cluster demo asks for these archives
+
+    key = json.dumps([os.path.realpath(shutil.which("java") or "java"), version("pyspark"),
+                      sorted(os.path.basename(j) for j in delta_jars(cfg)),
+                      cfg.spark.conf.get(JAVA_OPTIONS, ""), cfg.spark.conf.get(EXECUTOR_JAVA_OPTIONS, "")])
+    name = f"spark-classes-cluster-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    folder = Path(cfg.spark.class_archive).parent
+    driver, executor = folder / f"{name}-driver.jsa", folder / f"{name}-executor.jsa"
+    if driver.is_file() and executor.is_file():
+        return driver, executor
+    with tempfile.TemporaryDirectory(prefix="gem-spark-classes-") as tmp, open(log, "ab") as out:
+        dumps = Path(tmp) / "driver.jsa", Path(tmp) / "executor.jsa"
+        done = subprocess.run([sys.executable, "-m", "gem.lakehouse.spark", "class-workload", tmp, str(dumps[0]),
+                               "--executor-dump", str(dumps[1])], cwd=str(REPO_ROOT), stdout=out,
+                              stderr=subprocess.STDOUT, env={**os.environ, CONFIG_FILE_ENV: str(config_file)}, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"the class workload on {cfg.spark.master} exited with {done.returncode}; its log: {log}")
+        _put_in_place(dumps[0], driver)
+        _put_in_place(dumps[1], executor)
+    return driver, executor
+
+
+def _put_in_place(dump: Path, target: Path) -> None:
+    """Move a JVM's class archive to `target`: readers see the old archive or the whole new one."""
+    if not dump.is_file():
+        raise RuntimeError(f"the JVM wrote no class archive at {dump} (it needs JDK 13 or later)")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(target.name + ".partial")
+    shutil.move(dump, partial)
+    partial.replace(target)
+
+
+def class_workload(cfg: GemConfig, tmp: str, dump: str, executor_dump: str | None = None) -> None:
     """What the jobs do, small, in a JVM that archives its classes at exit: gzipped JSON in, a
     partitioned Delta write, a replaceWhere overwrite, a MERGE, a filtered read, a join, a window,
-    an aggregation, Arrow and rows out."""
+    an aggregation, Arrow and rows out. With `executor_dump` (a cluster whose workers run on this
+    host), the application's one executor archives its classes there, and this waits for it to exit."""
 
+    import psutil  # noqa: PLC0415 - only the set-up helpers wait for executors
     from delta.tables import DeltaTable  # noqa: PLC0415 - JVM-free stages import this module and never load pyspark
     from pyspark.sql import Window  # noqa: PLC0415 - JVM-free stages import this module and never load pyspark
     from pyspark.sql import functions as F  # noqa: PLC0415 - JVM-free stages import this module and never load pyspark
 
-    options = f"{cfg.spark.conf.get(JAVA_OPTIONS, '')} -XX:ArchiveClassesAtExit={dump} -Xlog:cds=off".strip()
-    cfg = cfg.replace(spark=dataclasses.replace(
-        cfg.spark, conf={**cfg.spark.conf, JAVA_OPTIONS: options}, class_archive=os.path.join(tmp, "none")))
+    conf = {**cfg.spark.conf, JAVA_OPTIONS: _dumping(cfg.spark.conf.get(JAVA_OPTIONS, ""), dump)}
+    if executor_dump:
+        conf[EXECUTOR_JAVA_OPTIONS] = _dumping(cfg.spark.conf.get(EXECUTOR_JAVA_OPTIONS, ""), executor_dump)
+        # One executor: two would write the same archive at once.
+        conf["spark.cores.max"] = conf.get("spark.executor.cores", "1")
+    cfg = cfg.replace(spark=dataclasses.replace(cfg.spark, conf=conf, class_archive=os.path.join(tmp, "none")))
     with gzip.open(os.path.join(tmp, "events.jsonl.gz"), "wt") as f:
         for i in range(200):
             f.write(json.dumps({"id": i, "user": f"u{i % 7}", "ds": f"2026-01-0{1 + i % 3}", "v": i * 0.5}) + "\n")
@@ -301,12 +346,25 @@ def class_workload(cfg: GemConfig, tmp: str, dump: str) -> None:
            .withColumn("rank", F.row_number().over(Window.partitionBy("user").orderBy("id"))))
     out.toArrow()
     out.collect()
+    application = spark.sparkContext.applicationId
     jvm = spark.sparkContext._gateway.proc  # the driver JVM pyspark launched (its Popen)
     spark.stop()
     # The JVM writes the archive as it exits, which it does once its stdin closes: wait for it, so
     # the archive is complete when this process ends.
     jvm.stdin.close()
     jvm.wait(timeout=300)
+    if executor_dump:
+        # The workers end the application's executors; each writes its archive as it exits.
+        executors = [p for p in psutil.process_iter(["cmdline"]) if application in (p.info["cmdline"] or ())]
+        _, alive = psutil.wait_procs(executors, timeout=EXECUTOR_EXIT_TIMEOUT_S)
+        if alive:
+            raise RuntimeError(f"executors of {application} still run {EXECUTOR_EXIT_TIMEOUT_S:.0f}s after it stopped: "
+                               f"pids {[p.pid for p in alive]}")
+
+
+def _dumping(options: str, dump: str) -> str:
+    """JVM options plus: archive the loaded classes to `dump` at exit, without CDS's warnings."""
+    return f"{options} -XX:ArchiveClassesAtExit={dump} -Xlog:cds=off".strip()
 
 
 if __name__ == "__main__":
@@ -326,7 +384,8 @@ if __name__ == "__main__":
     @cli.command("class-workload", hidden=True)
     @click.argument("tmp")
     @click.argument("dump")
-    def class_workload_command(tmp: str, dump: str) -> None:
-        class_workload(load_config(), tmp, dump)
+    @click.option("--executor-dump", default=None)
+    def class_workload_command(tmp: str, dump: str, executor_dump: str | None) -> None:
+        class_workload(load_config(), tmp, dump, executor_dump)
 
     cli()

@@ -4,8 +4,8 @@
 
 It starts, each with a readiness timeout (gem.pipeline.services): the S3 API server (moto in server
 mode) on 127.0.0.1 with a bucket for the lakehouse, and a standalone Spark cluster (a master and two
-workers from pyspark's own distribution, each on its own loopback address, one core and
-WORKER_MEMORY for executors each); after the bulk days, Airflow as a cluster
+workers from pyspark's own distribution, each on its own loopback address, WORKER_CORES cores and
+WORKER_MEMORY for one executor each); after the bulk days, Airflow as a cluster
 (gem.pipeline.airflow.stack): PostgreSQL as its metadata DB, Redis as the Celery broker, the API
 server, DAG processor, scheduler (CeleryExecutor) and two Celery workers of one task slot each.
 It writes the demo's config changed only where the topology requires (`cluster_config`): the
@@ -58,7 +58,7 @@ import yaml
 from gem import storage
 from gem.config import REPO_ROOT, GemConfig, load_config
 from gem.environment import RETRIES_ENV, RETRY_DELAY_ENV
-from gem.lakehouse.spark import C1_JVM_CONF
+from gem.lakehouse.spark import C1_JVM_CONF, EXECUTOR_JAVA_OPTIONS, JAVA_OPTIONS, cluster_class_archives
 from gem.pipeline.airflow.api import TaskRun, airflow_api
 from gem.pipeline.airflow.orchestration import DAG_ID
 from gem.pipeline.airflow.runs import TaskReporter, airflow_env, now
@@ -73,20 +73,25 @@ from gem.train.promotion import checkpoint_root
 DEFAULT_WORK_DIR = REPO_ROOT / ".airflow" / "cluster-demo"
 DEFAULT_BUCKET = "gem-demo"
 WORKERS = 2
+# Cores each worker offers: the machine's two. An application takes one executor of WORKER_CORES task
+# slots on one worker, so its tasks share one JVM (one start-up, one JIT warm-up), and two
+# applications at once (two Celery tasks) each find a worker free instead of the second waiting for
+# the first's executors to go.
+WORKER_CORES = 2
 # Memory each worker offers its one executor, and the executor's heap: two executors and the driver
 # (DRIVER_MEMORY) stay well inside a 24 GiB machine beside the training process.
 WORKER_MEMORY = "2g"
 DRIVER_MEMORY = "2g"
-# What the cluster adds to the demo's `spark.conf`: one executor per worker with its core and memory;
-# the driver on 127.0.0.1, which the workers' loopback addresses reach; C1-only JIT in the driver and
-# the executors: each Airflow task is its own short Spark application, whose JVMs would otherwise
-# spend much of their CPU compiling with C2.
+# What the cluster adds to the demo's `spark.conf`: one executor per application with a worker's
+# cores and memory; the driver on 127.0.0.1, which the workers' loopback addresses reach; C1-only JIT
+# in the driver and the executors: each Airflow task is its own short Spark application, whose JVMs
+# would otherwise spend much of their CPU compiling with C2.
 CLUSTER_SPARK_CONF = {
     **C1_JVM_CONF,
     "spark.driver.host": "127.0.0.1",
-    "spark.executor.cores": "1",
+    "spark.executor.cores": str(WORKER_CORES),
     "spark.executor.memory": WORKER_MEMORY,
-    "spark.cores.max": str(WORKERS),
+    "spark.cores.max": str(WORKER_CORES),
 }
 # The Airflow days' pretraining: torchrun on two "nodes" of one process each, their agents on these
 # loopback addresses, meeting at a c10d rendezvous on the first (launcher.local_nodes).
@@ -117,6 +122,28 @@ def cluster_config(base: Mapping[str, Any], bucket: str, master_url: str) -> dic
     cfg["spark"] = spark
     cfg["launcher"] = {**(cfg.get("launcher") or {}), "kind": "torchrun", "local_nodes": list(TRAINING_NODES)}
     return cfg
+
+
+def class_archives(cfg: GemConfig, cfg_path: Path, log: Path) -> tuple[Path, Path]:
+    """The class archives of the cluster's drivers and executors (gem.lakehouse.spark.cluster_class_archives:
+    made on the first run, reused after), with a line saying which and how long it took."""
+    t0 = time.monotonic()
+    driver, executor = cluster_class_archives(cfg, cfg_path, log)
+    print(f"JVM class archives of the cluster's drivers and executors: {driver.parent}/{driver.name}, "
+          f"{executor.name} (ready in {time.monotonic() - t0:.0f}s; made by a small Delta job on the cluster "
+          f"the first time, reused after)", flush=True)
+    return driver, executor
+
+
+def with_class_archives(cfg: Mapping[str, Any], driver: Path, executor: Path) -> dict[str, Any]:
+    """`cfg` (cluster_config's) with the drivers and the executors started from their class archives:
+    every Airflow task is its own Spark application, whose two JVMs then map the classes Spark and
+    Delta load instead of loading and verifying them."""
+    spark = dict(cfg["spark"])
+    conf = dict(spark.get("conf") or {})
+    for option, archive in ((JAVA_OPTIONS, driver), (EXECUTOR_JAVA_OPTIONS, executor)):
+        conf[option] = f"{conf.get(option, '')} -XX:SharedArchiveFile={archive}".strip()
+    return {**cfg, "spark": {**spark, "conf": conf}}
 
 
 class Interrupted(BaseException):
@@ -183,7 +210,7 @@ class Topology:
     def __post_init__(self) -> None:
         logs = self.work_dir / "services"
         self.s3 = S3Server(logs)
-        self.spark = SparkCluster(logs, workers=WORKERS, worker_cores=1, worker_memory=WORKER_MEMORY)
+        self.spark = SparkCluster(logs, workers=WORKERS, worker_cores=WORKER_CORES, worker_memory=WORKER_MEMORY)
         self.postgres = PostgresServer(logs / "postgres")
         self.redis = RedisServer(logs / "redis")
 
@@ -202,7 +229,7 @@ class Topology:
               f"{self.seconds[S3_SERVER, 'start']:.0f}s", flush=True)
         self._timed(SPARK_CLUSTER, "start", self.spark.start)
         print(f"Spark master at {self.spark.master_url} with {WORKERS} workers "
-              f"({', '.join(self.spark.worker_host(i) for i in range(WORKERS))}; 1 core, {WORKER_MEMORY} each): "
+              f"({', '.join(self.spark.worker_host(i) for i in range(WORKERS))}; {WORKER_CORES} cores, {WORKER_MEMORY} each): "
               f"ready in {self.seconds[SPARK_CLUSTER, 'start']:.0f}s; services' logs: {self.s3.log_dir}", flush=True)
 
     def start_airflow(self, env: Mapping[str, str]) -> AirflowCluster:
@@ -264,7 +291,10 @@ def run(config: Path, work_dir: Path, bucket: str) -> int:
         topology.start()
         cfg_path = work_dir / "cluster-demo.yaml"
         demo_cfg = yaml.safe_load(config.read_text()) or {}
-        cfg_path.write_text(yaml.safe_dump(cluster_config(demo_cfg, bucket, topology.spark.master_url), sort_keys=False))
+        cluster_cfg = cluster_config(demo_cfg, bucket, topology.spark.master_url)
+        cfg_path.write_text(yaml.safe_dump(cluster_cfg, sort_keys=False))
+        archives = class_archives(load_config(cfg_path), cfg_path, work_dir / "services" / "class-workload.log")
+        cfg_path.write_text(yaml.safe_dump(with_class_archives(cluster_cfg, *archives), sort_keys=False))
         cfg = load_config(cfg_path)
         print(f"config: {cfg_path} ({config} with the lakehouse at {cfg.lakehouse_uri} and Spark on "
               f"{cfg.spark.master})", flush=True)
