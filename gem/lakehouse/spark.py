@@ -52,9 +52,8 @@ NIO_LOCAL_FS = "gem.hadoop.NioLocalFileSystem"  # infra/spark/localfs
 C1_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 EXECUTOR_JAVA_OPTIONS = "spark.executor.extraJavaOptions"
 C1_JVM_CONF = {JAVA_OPTIONS: C1_OPTIONS, EXECUTOR_JAVA_OPTIONS: C1_OPTIONS}
-# How long the class workload's executors have to exit (writing their class archive) after its
-# application stopped.
-EXECUTOR_EXIT_TIMEOUT_S = 120.0
+# How long jcmd has to make a running executor write its class archive.
+EXECUTOR_DUMP_TIMEOUT_S = 300.0
 _DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
@@ -317,17 +316,18 @@ def class_workload(cfg: GemConfig, tmp: str, dump: str, executor_dump: str | Non
     """What the jobs do, small, in a JVM that archives its classes at exit: gzipped JSON in, a
     partitioned Delta write, a replaceWhere overwrite, a MERGE, a filtered read, a join, a window,
     an aggregation, Arrow and rows out. With `executor_dump` (a cluster whose workers run on this
-    host), the application's one executor archives its classes there, and this waits for it to exit."""
+    host), the application's one executor archives its classes there before the application stops
+    (`_dump_executor`)."""
 
-    import psutil  # noqa: PLC0415 - only the set-up helpers wait for executors
     from delta.tables import DeltaTable  # noqa: PLC0415 - JVM-free stages import this module and never load pyspark
     from pyspark.sql import Window  # noqa: PLC0415 - JVM-free stages import this module and never load pyspark
     from pyspark.sql import functions as F  # noqa: PLC0415 - JVM-free stages import this module and never load pyspark
 
     conf = {**cfg.spark.conf, JAVA_OPTIONS: _dumping(cfg.spark.conf.get(JAVA_OPTIONS, ""), dump)}
     if executor_dump:
-        conf[EXECUTOR_JAVA_OPTIONS] = _dumping(cfg.spark.conf.get(EXECUTOR_JAVA_OPTIONS, ""), executor_dump)
-        # One executor: two would write the same archive at once.
+        # What `jcmd VM.cds dynamic_dump` needs of the JVM it asks (JDK 17+).
+        conf[EXECUTOR_JAVA_OPTIONS] = f"{cfg.spark.conf.get(EXECUTOR_JAVA_OPTIONS, '')} -XX:+RecordDynamicDumpInfo".strip()
+        # One executor, whose archive is the executors' archive.
         conf["spark.cores.max"] = conf.get("spark.executor.cores", "1")
     cfg = cfg.replace(spark=dataclasses.replace(cfg.spark, conf=conf, class_archive=os.path.join(tmp, "none")))
     with gzip.open(os.path.join(tmp, "events.jsonl.gz"), "wt") as f:
@@ -346,20 +346,32 @@ def class_workload(cfg: GemConfig, tmp: str, dump: str, executor_dump: str | Non
            .withColumn("rank", F.row_number().over(Window.partitionBy("user").orderBy("id"))))
     out.toArrow()
     out.collect()
-    application = spark.sparkContext.applicationId
+    if executor_dump:
+        _dump_executor(spark.sparkContext.applicationId, executor_dump)
     jvm = spark.sparkContext._gateway.proc  # the driver JVM pyspark launched (its Popen)
     spark.stop()
     # The JVM writes the archive as it exits, which it does once its stdin closes: wait for it, so
     # the archive is complete when this process ends.
     jvm.stdin.close()
     jvm.wait(timeout=300)
-    if executor_dump:
-        # The workers end the application's executors; each writes its archive as it exits.
-        executors = [p for p in psutil.process_iter(["cmdline"]) if application in (p.info["cmdline"] or ())]
-        _, alive = psutil.wait_procs(executors, timeout=EXECUTOR_EXIT_TIMEOUT_S)
-        if alive:
-            raise RuntimeError(f"executors of {application} still run {EXECUTOR_EXIT_TIMEOUT_S:.0f}s after it stopped: "
-                               f"pids {[p.pid for p in alive]}")
+
+
+def _dump_executor(application: str, dump: str) -> None:
+    """The one executor of `application` (a process on this host) writes its class archive to `dump`
+    now, through jcmd of its own JDK: a worker ends an application's executors with SIGTERM and
+    SIGKILL ten seconds later, too soon for a JVM to write a Spark-sized archive as it exits."""
+    import psutil  # noqa: PLC0415 - only the set-up helpers look for executor processes
+
+    executors = [p for p in psutil.process_iter(["cmdline"]) if application in (p.info["cmdline"] or ())]
+    if len(executors) != 1:
+        raise RuntimeError(f"expected one executor process of {application} on this host, found {len(executors)}")
+    executor = executors[0]
+    jcmd = Path(executor.info["cmdline"][0]).with_name("jcmd")
+    done = subprocess.run([str(jcmd), str(executor.pid), "VM.cds", "dynamic_dump", dump], capture_output=True,
+                          text=True, timeout=EXECUTOR_DUMP_TIMEOUT_S, check=False)
+    if done.returncode != 0 or not os.path.isfile(dump):
+        raise RuntimeError(f"{jcmd} VM.cds dynamic_dump of executor {executor.pid} wrote no archive at {dump}: "
+                           f"{(done.stdout + done.stderr)[-2000:]}")
 
 
 def _dumping(options: str, dump: str) -> str:

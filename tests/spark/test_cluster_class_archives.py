@@ -1,6 +1,6 @@
 """The cluster demo's JVM class archives (gem.lakehouse.spark.cluster_class_archives) on the standalone
-cluster of gem.pipeline.services: made once by a small Delta job whose driver and executor write the
-classes they loaded as they exit, reused by the next call; a session started from them
+cluster of gem.pipeline.services: made once by a small Delta job whose driver (as it exits) and
+executor (through jcmd) write the classes they loaded, reused by the next call; a session started from them
 (gem.pipeline.cluster_demo.with_class_archives) has its driver and its executor map them, and its
 job's result is the same as without them (slow tier)."""
 
