@@ -13,12 +13,14 @@ ASSETS_STAMP := $(CACHE)/dq_assets/.complete
 CLASS_ARCHIVE := $(CACHE)/spark-classes.jsa
 # Hadoop's local file system without a forked chmod per file written (infra/spark/localfs).
 LOCAL_FS_JAR := $(CACHE)/gem-localfs.jar
+# The cluster demo's JVM class archives (drivers', executors'), made once: a stamp beside them.
+CLUSTER_ARCHIVES := $(CACHE)/cluster-class-archives.stamp
 # Optional: PyTorch's CPU wheel index, to install the small CPU-only torch build (see README).
 TORCH_INDEX_URL ?=
 
 .PHONY: setup browser services demo cluster-demo test test-slow test-all bench clean-data
 
-setup: $(PKG_STAMP) $(JARS_STAMP) $(ASSETS_STAMP) $(LOCAL_FS_JAR) $(CLASS_ARCHIVE)
+setup: $(PKG_STAMP) $(JARS_STAMP) $(ASSETS_STAMP) $(LOCAL_FS_JAR) $(CLASS_ARCHIVE) $(CLUSTER_ARCHIVES)
 
 $(PKG_STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	@command -v $(PYTHON_BOOT) >/dev/null || { echo "need $(PYTHON_BOOT) on PATH"; exit 1; }
@@ -53,6 +55,13 @@ $(CLASS_ARCHIVE): $(PKG_STAMP) $(JARS_STAMP) $(LOCAL_FS_JAR)
 	$(PY) -m gem.lakehouse.spark archive-classes > $(CACHE)/archive-classes.log 2>&1 \
 	  || { cat $(CACHE)/archive-classes.log; exit 1; }
 	@echo "class archive: $@ (Spark's log: $(CACHE)/archive-classes.log)"
+
+# Made on a local-cluster master (no service started); `make cluster-demo` makes them itself where
+# they are missing or its config's JVM options differ (gem.lakehouse.spark.cluster_class_archives).
+$(CLUSTER_ARCHIVES): $(PKG_STAMP) $(JARS_STAMP)
+	$(PY) -m gem.pipeline.cluster_demo --class-archives-only > $(CACHE)/cluster-class-archives.log 2>&1 \
+	  || { cat $(CACHE)/cluster-class-archives.log; exit 1; }
+	@touch $@ && echo "cluster class archives: $(CACHE)/spark-classes-cluster-*.jsa"
 
 $(ASSETS_STAMP): $(PKG_STAMP) infra/dq_assets/assets.txt infra/dq_assets/fetch.sh
 	bash infra/dq_assets/fetch.sh $(CACHE)/dq_assets

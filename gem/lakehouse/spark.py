@@ -54,6 +54,10 @@ EXECUTOR_JAVA_OPTIONS = "spark.executor.extraJavaOptions"
 C1_JVM_CONF = {JAVA_OPTIONS: C1_OPTIONS, EXECUTOR_JAVA_OPTIONS: C1_OPTIONS}
 # How long jcmd has to make a running executor write its class archive.
 EXECUTOR_DUMP_TIMEOUT_S = 300.0
+# The class workload's local-cluster worker memory, and its executor's heap within it (a heap size
+# does not tie an archive to it).
+WORKLOAD_WORKER_MB = 1024
+WORKLOAD_EXECUTOR_MEMORY = "512m"
 _DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
@@ -272,13 +276,16 @@ def archive_classes(cfg: GemConfig) -> Path:
 
 
 def cluster_class_archives(cfg: GemConfig, config_file: Path, log: Path) -> tuple[Path, Path]:
-    """The class archives of a driver and of an executor of `cfg.spark.master`, a standalone cluster
-    whose workers run on this host (`make cluster-demo`) -> (driver's, executor's). Made once per JDK,
-    Spark, Delta jars and JVM options (named by a digest of them, beside cfg.spark.class_archive) by
-    `class_workload` on that cluster in a child process that loads `config_file` (its output to
-    `log`), and reused after. A driver or executor started with `-XX:SharedArchiveFile=<its archive>`
-    maps the classes instead of loading and verifying them: each Spark application of the cluster
-    (one per Airflow task) starts its two JVMs sooner. A JVM that cannot use an archive ignores it.
+    """The class archives of a driver and of an executor of a Spark cluster whose executors run this
+    Spark distribution (a standalone cluster of pyspark's, as `make cluster-demo` starts) with
+    cfg.spark.conf's JVM options -> (driver's, executor's). Made once per JDK, Spark, Delta jars and
+    JVM options (named by a digest of them, beside cfg.spark.class_archive) by `class_workload` on a
+    `local-cluster` master (a worker in the driver's JVM launching an executor JVM as a standalone
+    worker does, with the same class path) in a child process that loads `config_file` (its output
+    to `log`), and reused after. A driver or executor started with `-XX:SharedArchiveFile=<its
+    archive>` maps the classes instead of loading and verifying them: each Spark application of the
+    cluster (one per Airflow task) starts its two JVMs sooner. A JVM that cannot use an archive
+    ignores it.
     """
     from importlib.metadata import version  # noqa: PLC0415 - only the cluster demo asks for these archives
 
@@ -292,11 +299,13 @@ def cluster_class_archives(cfg: GemConfig, config_file: Path, log: Path) -> tupl
         return driver, executor
     with tempfile.TemporaryDirectory(prefix="gem-spark-classes-") as tmp, open(log, "ab") as out:
         dumps = Path(tmp) / "driver.jsa", Path(tmp) / "executor.jsa"
+        cores = cfg.spark.conf.get("spark.executor.cores", "1")
         done = subprocess.run([sys.executable, "-m", "gem.lakehouse.spark", "class-workload", tmp, str(dumps[0]),
-                               "--executor-dump", str(dumps[1])], cwd=str(REPO_ROOT), stdout=out,
+                               "--executor-dump", str(dumps[1]), "--master",
+                               f"local-cluster[1,{cores},{WORKLOAD_WORKER_MB}]"], cwd=str(REPO_ROOT), stdout=out,
                               stderr=subprocess.STDOUT, env={**os.environ, CONFIG_FILE_ENV: str(config_file)}, check=False)
         if done.returncode != 0:
-            raise RuntimeError(f"the class workload on {cfg.spark.master} exited with {done.returncode}; its log: {log}")
+            raise RuntimeError(f"the class workload exited with {done.returncode}; its log: {log}")
         _put_in_place(dumps[0], driver)
         _put_in_place(dumps[1], executor)
     return driver, executor
@@ -312,7 +321,8 @@ def _put_in_place(dump: Path, target: Path) -> None:
     partial.replace(target)
 
 
-def class_workload(cfg: GemConfig, tmp: str, dump: str, executor_dump: str | None = None) -> None:
+def class_workload(cfg: GemConfig, tmp: str, dump: str, executor_dump: str | None = None,
+                   master: str | None = None) -> None:
     """What the jobs do, small, in a JVM that archives its classes at exit: gzipped JSON in, a
     partitioned Delta write, a replaceWhere overwrite, a MERGE, a filtered read, a join, a window,
     an aggregation, Arrow and rows out. With `executor_dump` (a cluster whose workers run on this
@@ -329,7 +339,9 @@ def class_workload(cfg: GemConfig, tmp: str, dump: str, executor_dump: str | Non
         conf[EXECUTOR_JAVA_OPTIONS] = f"{cfg.spark.conf.get(EXECUTOR_JAVA_OPTIONS, '')} -XX:+RecordDynamicDumpInfo".strip()
         # One executor, whose archive is the executors' archive.
         conf["spark.cores.max"] = conf.get("spark.executor.cores", "1")
-    cfg = cfg.replace(spark=dataclasses.replace(cfg.spark, conf=conf, class_archive=os.path.join(tmp, "none")))
+        conf["spark.executor.memory"] = WORKLOAD_EXECUTOR_MEMORY
+    cfg = cfg.replace(spark=dataclasses.replace(cfg.spark, master=master or cfg.spark.master, conf=conf,
+                                                class_archive=os.path.join(tmp, "none")))
     with gzip.open(os.path.join(tmp, "events.jsonl.gz"), "wt") as f:
         for i in range(200):
             f.write(json.dumps({"id": i, "user": f"u{i % 7}", "ds": f"2026-01-0{1 + i % 3}", "v": i * 0.5}) + "\n")
@@ -397,7 +409,8 @@ if __name__ == "__main__":
     @click.argument("tmp")
     @click.argument("dump")
     @click.option("--executor-dump", default=None)
-    def class_workload_command(tmp: str, dump: str, executor_dump: str | None) -> None:
-        class_workload(load_config(), tmp, dump, executor_dump)
+    @click.option("--master", default=None)
+    def class_workload_command(tmp: str, dump: str, executor_dump: str | None, master: str | None) -> None:
+        class_workload(load_config(), tmp, dump, executor_dump, master)
 
     cli()

@@ -1,8 +1,8 @@
-"""The cluster demo's JVM class archives (gem.lakehouse.spark.cluster_class_archives) on the standalone
-cluster of gem.pipeline.services: made once by a small Delta job whose driver (as it exits) and
-executor (through jcmd) write the classes they loaded, reused by the next call; a session started from them
-(gem.pipeline.cluster_demo.with_class_archives) has its driver and its executor map them, and its
-job's result is the same as without them (slow tier)."""
+"""The cluster demo's JVM class archives (gem.lakehouse.spark.cluster_class_archives): made once by a
+small Delta job on a local-cluster master whose driver (as it exits) and executor (through jcmd)
+write the classes they loaded, reused by the next call; a session on the standalone cluster of
+gem.pipeline.services started from them (gem.pipeline.cluster_demo.with_class_archives) has its
+driver and its executor map them, and its job's result is the same as without them (slow tier)."""
 
 from __future__ import annotations
 
