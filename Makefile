@@ -61,7 +61,7 @@ $(CLASS_ARCHIVE): $(PKG_STAMP) $(JARS_STAMP) $(LOCAL_FS_JAR)
 $(CLUSTER_ARCHIVES): $(PKG_STAMP) $(JARS_STAMP)
 	$(PY) -m gem.pipeline.cluster_demo --class-archives-only > $(CACHE)/cluster-class-archives.log 2>&1 \
 	  || { cat $(CACHE)/cluster-class-archives.log; exit 1; }
-	@touch $@ && echo "cluster class archives: $(CACHE)/spark-classes-cluster-*.jsa"
+	@touch $@ && tail -1 $(CACHE)/cluster-class-archives.log
 
 $(ASSETS_STAMP): $(PKG_STAMP) infra/dq_assets/assets.txt infra/dq_assets/fetch.sh
 	bash infra/dq_assets/fetch.sh $(CACHE)/dq_assets
