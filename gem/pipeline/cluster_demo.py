@@ -124,11 +124,19 @@ def cluster_config(base: Mapping[str, Any], bucket: str, master_url: str) -> dic
     return cfg
 
 
-def class_archives(cfg: GemConfig, cfg_path: Path, log: Path) -> tuple[Path, Path]:
-    """The class archives of the cluster's drivers and executors (gem.lakehouse.spark.cluster_class_archives:
-    made on the first run, reused after), with a line saying which and how long it took."""
+def prepare_class_archives(config: Path, work_dir: Path) -> tuple[Path, Path]:
+    """The class archives of the drivers and executors of the cluster demo on `config`
+    (gem.lakehouse.spark.cluster_class_archives: made where missing, on a local-cluster master,
+    starting no service), with a line saying which and how long it took. `make setup` runs this, so
+    that the demo itself finds them."""
     t0 = time.monotonic()
-    driver, executor = cluster_class_archives(cfg, cfg_path, log)
+    work_dir = work_dir.resolve()
+    (work_dir / "services").mkdir(parents=True, exist_ok=True)
+    cfg_path = work_dir / "class-archives.yaml"
+    # The master's URL is the cluster's to be; the workload runs on a local-cluster master.
+    cluster_cfg = cluster_config(yaml.safe_load(config.read_text()) or {}, DEFAULT_BUCKET, "spark://127.0.0.1:7077")
+    cfg_path.write_text(yaml.safe_dump(cluster_cfg, sort_keys=False))
+    driver, executor = cluster_class_archives(load_config(cfg_path), cfg_path, work_dir / "services" / "class-workload.log")
     print(f"JVM class archives of the cluster's drivers and executors: {driver.parent}/{driver.name}, "
           f"{executor.name} (ready in {time.monotonic() - t0:.0f}s; made by a small Delta job at set-up or "
           f"on the first run, reused after)", flush=True)
@@ -291,9 +299,8 @@ def run(config: Path, work_dir: Path, bucket: str) -> int:
         topology.start()
         cfg_path = work_dir / "cluster-demo.yaml"
         demo_cfg = yaml.safe_load(config.read_text()) or {}
+        archives = prepare_class_archives(config, work_dir)
         cluster_cfg = cluster_config(demo_cfg, bucket, topology.spark.master_url)
-        cfg_path.write_text(yaml.safe_dump(cluster_cfg, sort_keys=False))
-        archives = class_archives(load_config(cfg_path), cfg_path, work_dir / "services" / "class-workload.log")
         cfg_path.write_text(yaml.safe_dump(with_class_archives(cluster_cfg, *archives), sort_keys=False))
         cfg = load_config(cfg_path)
         print(f"config: {cfg_path} ({config} with the lakehouse at {cfg.lakehouse_uri} and Spark on "
@@ -419,19 +426,6 @@ def command_line(
         prepare_class_archives(config, work_dir)
         return 0
     return run(config, work_dir, bucket)
-
-
-def prepare_class_archives(config: Path, work_dir: Path) -> tuple[Path, Path]:
-    """The class archives of the drivers and executors of the cluster demo on `config`, made (where
-    missing) without starting any service: `make setup` runs this, so that the demo's own time does
-    not include making them."""
-    work_dir = work_dir.resolve()
-    (work_dir / "services").mkdir(parents=True, exist_ok=True)
-    cfg_path = work_dir / "class-archives.yaml"
-    # The master's URL is the cluster's to be; the workload runs on a local-cluster master.
-    cluster_cfg = cluster_config(yaml.safe_load(config.read_text()) or {}, DEFAULT_BUCKET, "spark://127.0.0.1:7077")
-    cfg_path.write_text(yaml.safe_dump(cluster_cfg, sort_keys=False))
-    return class_archives(load_config(cfg_path), cfg_path, work_dir / "services" / "class-workload.log")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
