@@ -71,6 +71,7 @@ from gem.data.encode import (
 from gem.data.length_batching import length_sorted_batches
 from gem.data.manifest import Manifest
 from gem.data.sampling import keep_probability, row_uniforms, stable_hash
+from gem.data.sequences import Spans, sequence_spans
 from gem.data.snapshots import MODEL_FIELDS, DaySnapshot, load_day
 from schemas.examples import LABEL_COLUMNS
 from schemas.sequences import SEQUENCE_COLUMNS
@@ -97,24 +98,6 @@ class Cursor:
     def of(cls, state: tuple[int, ...] | None) -> Cursor:
         """From a saved tuple; a 2-tuple (checkpoints before length-aware batching) emitted nothing."""
         return cls(*state) if state is not None else cls(0, 0)
-
-
-@dataclass
-class Spans:
-    """Where each of n examples' sequences lie in its day snapshot's flat arrays: per event type,
-    events first[i] .. cut[i] (exclusive) of the user's row in snapshot days[i]."""
-
-    days: list[str]
-    first: dict[str, np.ndarray]  # event type -> (n,) int64
-    cut: dict[str, np.ndarray]  # event type -> (n,) int64
-
-    def lengths(self) -> np.ndarray:
-        """(n, event types) int64, event types in SEQUENCE_COLUMNS order."""
-        return np.stack([self.cut[e] - self.first[e] for e in SEQUENCE_COLUMNS], axis=1)
-
-    def take(self, index: np.ndarray) -> Spans:
-        return Spans([self.days[i] for i in index], {e: v[index] for e, v in self.first.items()},
-                     {e: v[index] for e, v in self.cut.items()})
 
 
 def _rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -239,7 +222,7 @@ class ExampleStream(IterableDataset):
     def sequence_spans(self, users: list[str], sequence_ds: list[str], times: np.ndarray) -> Spans:
         """Per event type, where each example's events strictly before its impression time lie
         (the newest `loader.max_<type>s` kept), without copying them."""
-        return sequence_spans(self.snapshot, self.cfg, users, sequence_ds, times)
+        return sequence_spans(self.snapshot, self.cfg.max_length, users, sequence_ds, times)
 
     def cut_sequences(self, spans: Spans, times: np.ndarray) -> dict[str, Jagged]:
         """Per event type, the examples' events that `spans` locates, as one Jagged each."""
@@ -309,28 +292,6 @@ class ExampleStream(IterableDataset):
             cursor = end if done == len(groups) else Cursor(start.file_pos, start.row_pos, done)
             meta = {"shard": shard, "worker": worker, "cursor": cursor.as_tuple(), "pass": self.pass_index}
             yield self.make_batch(table.take(pa.array(index)), mask[index], weights[index], meta, spans.take(index))
-
-
-def sequence_spans(snapshot: Callable[[str], DaySnapshot], cfg: LoaderConfig, users: list[str],
-                   sequence_ds: list[str], times: np.ndarray) -> Spans:
-    """Per event type, where each example's events strictly before its impression time (times (n,)
-    int64 microseconds) lie in the user's row of its day snapshot (`snapshot(day)`), the newest
-    `cfg.max_<type>s` kept, without copying them. A user without a row has no events."""
-    snaps = {d: snapshot(d) for d in sorted(set(sequence_ds))}
-    rows = [snaps[ds].user_row.get(user) for user, ds in zip(users, sequence_ds, strict=True)]
-    first, cut = {}, {}
-    for event_type in SEQUENCE_COLUMNS:
-        max_len = cfg.max_length(event_type)
-        lo, hi = np.zeros(len(users), dtype=np.int64), np.zeros(len(users), dtype=np.int64)
-        for i, (row, ds) in enumerate(zip(rows, sequence_ds, strict=True)):
-            if row is None:  # no history up to that day
-                continue
-            flat = snaps[ds].sequences[event_type]
-            start, end = int(flat.offsets[row]), int(flat.offsets[row + 1])
-            hi[i] = start + int(np.searchsorted(flat.times[start:end], times[i], side="left"))
-            lo[i] = max(start, hi[i] - max_len)
-        first[event_type], cut[event_type] = lo, hi
-    return Spans(list(sequence_ds), first, cut)
 
 
 def cut_sequences(snapshot: Callable[[str], DaySnapshot], spans: Spans, times: np.ndarray) -> dict[str, Jagged]:

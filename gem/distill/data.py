@@ -17,8 +17,9 @@ import pyarrow as pa
 from gem.config import LoaderConfig
 from gem.data.batch import Batch
 from gem.data.delta_log import logged_files, partition_types, read_logged
-from gem.data.loader import ExampleStream, Spans
+from gem.data.loader import ExampleStream
 from gem.data.manifest import Manifest, Source
+from gem.data.sequences import Spans
 from gem.distill.signals import FmSignals
 from schemas.examples import LABEL_COLUMNS
 

@@ -25,6 +25,7 @@ import torch
 from gem.data.batch import Batch, Jagged
 from gem.data.delta_log import read_table
 from gem.data.encode import timestamps_us
+from gem.data.sequences import newest_before, runs_by_key
 from gem.lakehouse import tables
 from schemas.precompute import GOLD_FM_HISTORY_CODES, GOLD_FM_PREDICTIONS
 
@@ -64,10 +65,7 @@ class LoggedOutputs:
             packed = coded["codes"].to_pylist()  # bytes of code_dim / 2 each
             if packed:
                 codes = np.frombuffer(b"".join(packed), np.uint8).reshape(len(packed), len(packed[0]))
-            if len(user_ids):
-                starts = np.flatnonzero(np.r_[True, user_ids[1:] != user_ids[:-1]])
-                ends = np.r_[starts[1:], len(user_ids)]
-                users = {str(user_ids[s]): (int(s), int(e)) for s, e in zip(starts, ends, strict=True)}
+            users = runs_by_key(user_ids)
         return cls(logged, users, times, codes)
 
     def for_tasks(self, tasks: tuple[str, ...], max_codes: int) -> FmSignals:
@@ -116,9 +114,7 @@ class FmSignals:
         example_times = batch.impression_times.numpy()
         picked, lengths = [], np.zeros(b, np.int64)
         for i, user in enumerate(users):
-            start, end = self.users.get(user, (0, 0))
-            cut = start + int(np.searchsorted(self.code_times[start:end], example_times[i], side="left"))
-            first = max(start, cut - self.max_codes)  # strictly before the impression, the newest kept
+            first, cut = newest_before(self.code_times, *self.users.get(user, (0, 0)), example_times[i], self.max_codes)
             picked.append(np.arange(first, cut))
             lengths[i] = cut - first
         index = np.concatenate(picked) if picked else np.zeros(0, np.int64)

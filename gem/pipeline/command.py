@@ -13,7 +13,8 @@
     gem promote --ds D --reason R [--model M]        set a day's promoted model by hand (the gate's
                                                      refusal overridden, or a rollback)
     gem score --model A --input R --out P [--ds D]   a promoted student's artifact scores feature
-                                                     rows (gem.serve.score; no torch, no Spark)
+                                                     rows, or a day of the lakehouse's examples
+                                                     (gem.serve.score; no torch, no Spark)
 
 Each subcommand is a thin layer over the library (gem.pipeline.airflow.runs, jobs.status, gem.pipeline.bulk,
 jobs.import_movielens); `gem SUBCOMMAND --help` says more. Built on typer.
@@ -338,7 +339,8 @@ def promote(
 def score(
     model: Annotated[str, typer.Option(help="a student artifact folder (the distill stage writes them under "
                                             "<lakehouse>/_checkpoints/serving/<student>/<ds>/)")],
-    input_rows: Annotated[str, typer.Option("--input", help="feature rows: a Parquet file or folder, or a Delta table")],
+    input_rows: Annotated[str, typer.Option("--input", help="feature rows: a Parquet file or folder, or a Delta table; or a "
+                                                          "lakehouse's silver/training_examples (a day of examples)")],
     out: Annotated[str, typer.Option(help="predictions: a path ending in .parquet (one Parquet file), else a Delta table")],
     ds: Annotated[str | None, typer.Option("--ds", help="the day of a Delta input to score, YYYY-MM-DD",
                                            callback=day_value)] = None,
@@ -347,7 +349,9 @@ def score(
 
     The rows carry the columns of the artifact's feature_spec.json; a missing column, a wrong dtype,
     a negative id or a row of another surface stops the run with an error naming the column, and an
-    empty input is an error (gem.serve.score). Writes one prediction row per input row, in order."""
+    empty input is an error (gem.serve.score). A lakehouse's silver/training_examples with --ds is a
+    day of examples of the student's surface: their users' histories and FM codes are joined from
+    the lakehouse (gem.serve.examples). Writes one prediction row per input row, in order."""
     from gem.serve.features import ArtifactError, FeatureError
     from gem.serve.score import InputError
     from gem.serve.score import score as score_rows

@@ -20,7 +20,8 @@ from deltalake.exceptions import CommitFailedError
 
 from gem import faults
 from gem.data.encode import DENSE_COLUMNS, hash_ids, timestamps_us
-from gem.data.loader import cut_sequences, example_batch, sequence_spans
+from gem.data.loader import cut_sequences, example_batch
+from gem.data.sequences import sequence_spans
 from gem.days import shift_day
 from gem.lakehouse.commit import StageCommit
 from gem.precompute import speculative
@@ -86,7 +87,7 @@ class ShardWork:
         for lo in range(0, len(users), self.batch_size):
             batch_users, batch_days = users[lo : lo + self.batch_size], days[lo : lo + self.batch_size]
             times = np.full(len(batch_users), self.request_us, dtype=np.int64)
-            spans = sequence_spans(snapshot, self.loader_cfg, batch_users, batch_days, times)
+            spans = sequence_spans(snapshot, self.loader_cfg.max_length, batch_users, batch_days, times)
             hashed = torch.from_numpy(hash_ids(pa.array(batch_users, pa.string())))
             batch = user_batch(hashed, cut_sequences(snapshot, spans, times), self.model.tasks)
             rows.append(self.model.user_embeddings(batch).numpy())  # (B, tokens, d)
@@ -108,7 +109,7 @@ class ShardWork:
             part = examples.slice(lo, self.batch_size)
             times = timestamps_us(part["impression_time"])
             days = [d.isoformat() for d in part["sequence_ds"].to_pylist()]
-            spans = sequence_spans(snapshot, self.loader_cfg, part["user_id"].to_pylist(), days, times)
+            spans = sequence_spans(snapshot, self.loader_cfg.max_length, part["user_id"].to_pylist(), days, times)
             ones = np.ones((part.num_rows, len(tasks)), dtype=bool)
             batch = example_batch(part, tasks, ones, ones.astype(np.float32), {}, cut_sequences(snapshot, spans, times),
                                   self.plan.cfg.start_ds)

@@ -6,7 +6,9 @@ imports the training code (gem.train, gem.model, gem.distill), torch or Spark.
 ROWS: a Parquet file, a folder of Parquet files, or a Delta table (a folder with _delta_log; --ds
 picks one day's partition). Its rows carry the columns of the artifact's feature_spec.json
 (gem.serve.features); a row that breaks the contract stops the run with an error naming the column,
-never a silent score. PREDICTIONS: a path ending in .parquet is written as one Parquet file, anything
+never a silent score. A lakehouse's silver.training_examples table is a day of examples: --ds names
+the day, and the user histories and FM codes its rows only point at are joined from the lakehouse
+(gem.serve.examples), as the training loader joins them. PREDICTIONS: a path ending in .parquet is written as one Parquet file, anything
 else as a Delta table (with --ds, that day's partition is replaced). One row per input row, in
 order: impression_id, ds and surface when the input has them, then per task the logit and the
 probability (logit_<label type>, p_<label type>), and the artifact's name.
@@ -29,6 +31,7 @@ from deltalake import write_deltalake
 
 from gem import storage
 from gem.data.delta_log import read_table
+from gem.serve.examples import feature_rows, lakehouse_of
 from gem.serve.features import ArtifactError, check_spec, model_inputs
 
 MODEL_FILE, SPEC_FILE, ARTIFACT_FILE, HOLDOUT_FILE = "model.onnx", "feature_spec.json", "artifact.json", "holdout.parquet"
@@ -110,9 +113,17 @@ def is_delta(uri: str) -> bool:
     return storage.exists(storage.join(uri, "_delta_log"))
 
 
-def read_rows(uri: str, ds: str | None = None) -> pa.Table:
-    """Feature rows from a Parquet file or folder, or a Delta table (one day's partition with ds)."""
-    if is_delta(uri):
+def read_rows(uri: str, ds: str | None = None, spec: dict[str, Any] | None = None) -> pa.Table:
+    """Feature rows from a Parquet file or folder, or a Delta table (one day's partition with ds); from
+    a lakehouse's silver.training_examples, day ds of the spec's surface joined with the histories and
+    codes the spec names (gem.serve.examples)."""
+    lakehouse = lakehouse_of(uri) if spec is not None and is_delta(uri) else None
+    if lakehouse is not None:
+        if ds is None:
+            raise InputError(f"{uri} is a lakehouse's training examples: --ds names the day to score")
+        rows = feature_rows(lakehouse, ds, spec)
+        where = f"{uri} (ds={ds}, surface={spec['surface']})"
+    elif is_delta(uri):
         rows = read_table(uri, where={"ds": ds} if ds else None)
         where = f"{uri} (ds={ds})" if ds else uri
     elif ds is not None:
@@ -156,7 +167,7 @@ def score(model: str, input_uri: str, out: str, ds: str | None = None) -> ScoreR
     """The command's work: load the artifact, read the rows, score them, write the predictions."""
     started = time.perf_counter()
     artifact = Artifact.load(model)
-    predictions = artifact.predictions(read_rows(input_uri, ds))
+    predictions = artifact.predictions(read_rows(input_uri, ds, artifact.spec))
     write_predictions(predictions, out, ds)
     return ScoreResult(predictions.num_rows, time.perf_counter() - started, out)
 

@@ -5,7 +5,8 @@ What is checked: each surface's artifact folder holds the graph, the feature spe
 and artifact.json with the runtime and the lineage (the FM model of each day read, the training
 day, the input table versions the stage pinned); the export's seconds are in the stage's result;
 the held-out loader batches score within 1e-5 through the artifact (feature rows -> gem.serve.score)
-and the eager student; and `gem score` scores those rows from a Delta table's day.
+and the eager student; `gem score` scores those rows from a Delta table's day, and a day of the
+lakehouse's examples with the histories and codes joined as the loader joins them.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from gem.precompute.run import run as precompute
 from gem.serve.export import artifact_dir
 from gem.serve.score import logit_column
 from gem.train.daily import checkpoint_root
+from schemas.examples import SILVER_TRAINING_EXAMPLES
 from tests.precompute_lakehouse import build_days, precompute_config, promote_model, publish_training_records
 
 # The lakehouse's precompute runs its shard tasks on the suite's Spark session; the stage itself
@@ -90,3 +92,28 @@ def test_gem_score_scores_a_delta_day_of_the_held_out_rows_as_the_eager_student(
     for task in surface_tasks(cfg, surface):
         column = logit_column(task)
         assert np.abs(scored[column].to_numpy() - rows[f"eager_{column}"].to_numpy()).max() <= 1e-5
+
+
+def test_gem_score_scores_a_day_of_the_lakehouse_examples_as_the_eager_student(lake: dict[str, Any],
+                                                                              tmp_path: Path) -> None:
+    """The lakehouse's training examples of the held-out day, histories and FM codes joined by
+    gem.serve.examples: every example of the surface is scored, and the held-out rows the stage's
+    parity check scored (the loader's batches) come out within 1e-5 of the eager student."""
+    cfg, day3 = lake["cfg"], lake["days"][2]
+    for surface in sorted(lake["result"].details["surfaces"]):
+        folder = artifact_dir(checkpoint_root(cfg), promotion_name(cfg.student.variant, surface), day3)
+        examples = SILVER_TRAINING_EXAMPLES.path(cfg.lakehouse_uri)
+        out = tmp_path / f"{surface}.parquet"
+        result = CliRunner().invoke(app, ["score", "--model", folder, "--input", examples, "--ds", day3, "--out", str(out)])
+        assert result.exit_code == 0, result.output
+        day = read_table(examples, where={"ds": day3, "surface": surface})
+        scored = pq.read_table(out)
+        assert sorted(scored["impression_id"].to_pylist()) == sorted(day["impression_id"].to_pylist())
+        held_out = pq.read_table(Path(folder) / "holdout.parquet")
+        at = {i: k for k, i in enumerate(scored["impression_id"].to_pylist())}
+        rows = np.array([at[i] for i in held_out["impression_id"].to_pylist()])
+        for task in surface_tasks(cfg, surface):
+            column = logit_column(task)
+            assert np.abs(scored[column].to_numpy()[rows] - held_out[f"eager_{column}"].to_numpy()).max() <= 1e-5
+    without_day = CliRunner().invoke(app, ["score", "--model", folder, "--input", examples, "--out", str(tmp_path / "x")])
+    assert without_day.exit_code == 1 and "--ds names the day to score" in without_day.output
