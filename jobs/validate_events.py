@@ -122,7 +122,7 @@ def run(ctx: StageContext, ds: str, through: str | None = None) -> StageResult:
             statistics_frame(statistics),
             STATISTICS_SUITE,
             event_statistics_expectations(cfg),
-            label,
+            f"{STAGE}:{label}",
             raise_on_critical=False,
         ),
     ]

@@ -68,7 +68,8 @@ def _validate_and_publish(commit: StageCommit, batches: list[Batch], validated: 
     cfg = commit.cfg
     # Cached: each of a suite's query expectations runs a count and a collect over the batch, so
     # uncached every rule re-reads the partition, which is slower.
-    reports = [validate(cfg, b.df, b.suite_name, b.expectations, commit.label, raise_on_critical=False, cache=True)
+    label = f"{commit.stage.name}:{commit.label}"
+    reports = [validate(cfg, b.df, b.suite_name, b.expectations, label, raise_on_critical=False, cache=True)
                for b in batches]
     build_data_docs(cfg, rebuild=False)
     raise_for_critical(reports)

@@ -478,6 +478,22 @@ def raise_for_critical(reports: Sequence[ValidationReport]) -> None:
         raise DataQualityError(format_failures(reports), reports)
 
 
+def _check_run_name(batch_label: str) -> None:
+    """Refuse a run name GX's Data Docs cannot render: its page title parses the run name as a time
+    (dateutil), and a bare day range such as "2000-04-25..2003-02-28" parses to a time zone offset
+    beyond a day, which fails the page. The stages name the stage first ("validate_silver:A..B")."""
+    from dateutil.parser import ParserError, parse  # noqa: PLC0415 - GX's own dependency, only needed here
+
+    try:
+        parsed = parse(batch_label)
+        parsed.utcoffset()  # an offset beyond a day fails here, or in the parse
+    except (ParserError, OverflowError):
+        return  # not a time: GX shows the run name as it is
+    except ValueError as e:
+        raise ValueError(f"batch label {batch_label!r} reads as an invalid time ({e}), which GX's Data Docs "
+                         "cannot render; name the stage first, e.g. 'validate_silver:<days>'") from None
+
+
 def validate(
     cfg: GemConfig,
     df: DataFrame | pd.DataFrame,
@@ -499,6 +515,7 @@ def validate(
     from great_expectations.core.run_identifier import RunIdentifier  # noqa: PLC0415 - GX is slow to import (note at the top)
 
     started = time.perf_counter()
+    _check_run_name(batch_label)
     assets = docs_assets.load_manifest()
     _require_docs_assets(cfg, assets)
     with _project(cfg):

@@ -33,6 +33,7 @@ from jobs import validate_events
 from schemas.events import BRONZE_AD_EVENTS
 from schemas.ops import COMPLETIONS
 from schemas.tasks import CONVERSION_TYPES, CREATIVE_TYPES, OBJECTIVES
+from tests.browser import render
 from tests.support import make_config
 
 DS = "2026-01-01"
@@ -249,6 +250,29 @@ def test_data_docs_and_messages_mask_personal_values_of_failed_rows(cfg: GemConf
     build_data_docs(cfg, rebuild=True)
     assert "u-secret-42" not in result_path.read_text()
     assert "u-secret-42" not in docs_page.read_text()
+
+
+def test_data_docs_render_a_validation_over_a_multi_year_range(cfg: GemConfig) -> None:
+    """A validation over three years of days (as `gem bulk` runs one over a long history) renders its page and
+    the index in a browser. GX's page title parses the run name as a time: a bare range of days reads
+    as an offset beyond a day and broke the page, so such a label is refused, naming the fix."""
+    import pandas as pd
+
+    from gem.days import day_range
+    from gem.quality.expectations import expect_between
+
+    days = day_range("2000-04-25", "2003-04-28")
+    frame = pd.DataFrame({"ds": days, "rows_validated": range(1, len(days) + 1)})
+    expectations = [expect_between("rows_validated", 1, None, "bronze_partition_not_empty", True)]
+    label = f"validate_events:{days[0]}..{days[-1]}"
+    report = validate(cfg, frame, "test.long_range", expectations, label)
+    assert report.success and len(days) > 3 * 365
+    index = build_data_docs(cfg, rebuild=True)
+    page = render(Path(report.docs_page)).text
+    assert "Expectation Suite: test.long_range" in page and "Succeeded" in page and "rows_validated" in page
+    assert label in render(Path(index)).text  # the index lists the run by its name
+    with pytest.raises(ValueError, match="name the stage first"):
+        validate(cfg, frame, "test.long_range", expectations, f"{days[0]}..{days[-1]}")
 
 
 def test_statistics_fail_on_ctr_and_quarantine_rate_but_only_warn_on_nulls(spark: Any, cfg: GemConfig) -> None:
