@@ -261,14 +261,17 @@ def import_movielens(
                                               "or u.data, u.item, u.user (ml-100k)",
                                          exists=True, file_okay=False)],
     config: ConfigOption = None,
+    summary: Annotated[str | None, typer.Option(
+        help="where the full summary goes as JSON (default: <landing root>/_imports/movielens.json)")] = None,
 ) -> None:
     """Import a MovieLens ratings folder into the landing zone as ad events.
 
     One `_SUCCESS`-marked landing partition per day; the DAG runs on it with `source: landing`
-    (configs/movielens.yaml)."""
+    (configs/movielens.yaml). Prints ratings, days and events by type, and where the full summary
+    (every day written) went."""
     from jobs.import_movielens import main as import_main
 
-    code = import_main(["--path", str(path), *_config_args(config)])
+    code = import_main(["--path", str(path), *_config_args(config), *(["--summary", summary] if summary else [])])
     if code:
         raise typer.Exit(code)
 

@@ -19,7 +19,7 @@ from tests.support import FIXTURES, PYTHON, REPO, make_config, subprocess_env
 
 SUBCOMMANDS = {"run": ["--ds", "--config"], "status": ["--start", "--end", "--config", "--airflow"],
                "backfill": ["--start", "--end", "--from-stage", "--reprocess", "--config"],
-               "import-movielens": ["PATH", "--config"], "delete-user": ["USER_ID", "--config"]}
+               "import-movielens": ["PATH", "--config", "--summary"], "delete-user": ["USER_ID", "--config"]}
 # What the `gem` command imports before a subcommand runs: none of these (each subcommand imports its
 # modules when it runs, gem/pipeline/command.py).
 HEAVY = {"torch", "torchrec", "pyspark", "airflow", "deltalake", "pyarrow", "pandas", "numpy", "great_expectations",

@@ -347,8 +347,16 @@ def test_cli_imports_with_config_file(tmp_path: Path, capsys: pytest.CaptureFixt
     cfg_file = tmp_path / "gem.yaml"
     cfg_file.write_text(f"lakehouse_uri: {tmp_path / 'lake'}\n")
     assert main(["--path", str(ML_100K), "--config", str(cfg_file)]) == 0
-    summary = json.loads(capsys.readouterr().out)
+    lines = capsys.readouterr().out.splitlines()
+    # A few lines, whatever the number of days; the full summary in the file the last one names.
+    where = tmp_path / "lake" / "_landing" / "_imports" / "movielens.json"
+    assert len(lines) == 3 and lines[-1] == f"full summary (every day written): {where}"
+    summary = json.loads(where.read_text())
     assert summary["events_by_type"] == EXPECTED["ml-100k"]["events_by_type"]
+    assert sorted(summary["days"]) == sorted(EXPECTED["ml-100k"]["per_day"])
+    assert lines[0].startswith(f"MovieLens ml-100k: {summary['ratings']:,} ratings -> {len(summary['days'])} landing days")
+    impressions = EXPECTED["ml-100k"]["events_by_type"]["impression"]
+    assert f"impression {impressions:,}" in lines[1]
     for ds in EXPECTED["ml-100k"]["per_day"]:
         assert (tmp_path / "lake" / "_landing" / f"ds={ds}" / SUCCESS_MARKER).is_file()
 
