@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from gem.bronze.census import LineCensus
 from gem.config import GemConfig
+from gem.quality.gate import GateError, GateFailure
 from schemas.events import LANDING_EVENTS
 
 
-class SchemaDriftError(RuntimeError):
+class SchemaDriftError(GateError):
     """The landing data no longer matches the landing contract in schemas/events.py."""
 
 
@@ -21,15 +22,16 @@ def check_drift(census: LineCensus, cfg: GemConfig, where: str) -> None:
     if total == 0:
         return
     limit = cfg.ingest.drift_max_type_error_rate
-    problems = []
+    problems, failures = [], []
     for label, counts in (("unexpected column", census.unexpected), ("wrong type in column", census.wrong_type)):
         for name, n in sorted(counts.items()):
             if n / total > limit:
                 problems.append(f"{label} {name!r} in {n} of {total} rows ({n / total:.1%})")
+                failures.append(GateFailure(f"schema_drift:{name}", f"{label} in {n} of {total} rows ({n / total:.4g})",
+                                            f"at most {limit} of a day's rows", "ingest.drift_max_type_error_rate"))
     if problems:
         expected = ", ".join(f"{c.name}: {c.dtype}" for c in LANDING_EVENTS.columns)
         raise SchemaDriftError(
             f"schema drift in {where}: " + "; ".join(problems)
             + f". The landing contract (schemas/events.py LANDING_EVENTS) is {{{expected}}}; "
-            f"rates above ingest.drift_max_type_error_rate={limit} fail the job."
-        )
+            f"rates above ingest.drift_max_type_error_rate={limit} fail the job.", failures)

@@ -41,6 +41,7 @@ from gem.days import day_range
 from gem.lakehouse import backfill_hold
 from gem.lakehouse.commit import StageContext, StageResult
 from gem.lakehouse.stages import STAGES, Stage
+from gem.quality.gate import GateError
 
 
 @dataclass(frozen=True)
@@ -153,8 +154,15 @@ def command_line(
         checked_days(cfg, start, end)
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--start") from None
-    for run in run_range(cfg, start, end, through_stage):
-        print(run.line(), flush=True)
+    try:
+        for run in run_range(cfg, start, end, through_stage):
+            print(run.line(), flush=True)
+    except GateError as failed:  # a critical gate: the days' records up to it stay; the rerun redoes the range
+        failed.rerun = " ".join(["gem bulk --start", start, "--end", end,
+                                 *(["--through-stage", through_stage] if through_stage else []),
+                                 *(["--config", str(config)] if config is not None else [])])
+        print(f"bulk {start}..{end} FAILED after {time.monotonic() - started:.0f}s: {failed}", file=sys.stderr)
+        return 1
     print(f"bulk {start}..{end}: done in {time.monotonic() - started:.0f}s")
     return 0
 

@@ -35,6 +35,7 @@ from gem.command_line import DAY, ConfigOption, day_value, job_app, run_command
 from gem.config import GemConfig, load_config
 from gem.lakehouse.stages import STAGES, Stage, ready_on_day
 from gem.pipeline.airflow.orchestration import NOTHING_READY_EXIT
+from gem.quality.gate import GateError
 
 if TYPE_CHECKING:
     from gem.lakehouse.commit import StageResult
@@ -53,6 +54,15 @@ class StageCall:
     through: str | None
     config: Path | None
     cfg: GemConfig
+
+    def rerun_command(self) -> str:
+        """The command line that runs this call again: `python -m jobs.<module> --ds D [--through
+        D2] [flag] [--config F]`."""
+        words = ["python -m", f"jobs.{self.stage.module}", "--ds", self.ds]
+        words += ["--through", self.through] if self.through else []
+        words += [self.stage.extra_args.strip()] if self.stage.extra_args.strip() else []
+        words += ["--config", str(self.config)] if self.config is not None else []
+        return " ".join(words)
 
 
 def job_exit(result: StageResult) -> int:
@@ -173,7 +183,13 @@ def stage_command(module: str, job: Callable[..., int]) -> typer.Typer:
                 print(f"{stage.name}: no impression day's attribution window closes on {ready_on} "
                       f"(start_ds={cfg.start_ds}); nothing to do")
                 return NOTHING_READY_EXIT
-        return job(StageCall(stage, ds, through, given["config"], cfg), **options)
+        call = StageCall(stage, ds, through, given["config"], cfg)
+        try:
+            return job(call, **options)
+        except GateError as failed:  # a critical gate: its lines end with this command to rerun it
+            failed.rerun = call.rerun_command()
+            print(f"{stage.name} ds={ds} FAILED: {failed}", file=sys.stderr)
+            return 1
 
     context = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)
     command.__signature__ = inspect.Signature([context, *_day_parameters(stages, flagged), *own])

@@ -26,9 +26,27 @@ def gx_expectations() -> Any:
     return gxe
 
 
-def rule_meta(rule: str, critical: bool) -> dict[str, Any]:
-    """The meta every expectation of a suite carries: its rule name and whether it is critical."""
-    return {"critical": critical, "rule": rule}
+def rule_meta(rule: str, critical: bool, setting: str | None = None, bound: str | None = None,
+              measure: str | None = None) -> dict[str, Any]:
+    """The meta every expectation of a suite carries: its rule name and whether it is critical; for a
+    failure's line (gem.quality.gate): `setting`, the config key that sets its bound (or the contract
+    that does), `bound` in words (default: the expectation's own arguments) and, for a query whose
+    rows are groups (a day, a surface), `measure`, the column of each row holding the measured value."""
+    meta: dict[str, Any] = {"critical": critical, "rule": rule}
+    meta.update({k: v for k, v in (("setting", setting), ("bound", bound), ("measure", measure)) if v is not None})
+    return meta
+
+
+def contract_setting(schema: TableSchema) -> str:
+    """What sets a bound the table contract declares: no setting relaxes it."""
+    return f"the {schema.name} contract in schemas/ (not a setting)"
+
+
+def bound_text(low: float | None, high: float | None) -> str:
+    """[low, high] in words (None: unbounded)."""
+    if low is not None and high is not None:
+        return f"{low} exactly" if low == high else f"between {low} and {high}"
+    return f"at least {low}" if low is not None else f"at most {high}"
 
 
 def expectation_severity(critical: bool) -> Any:
@@ -112,17 +130,24 @@ def _table_check_expectations(schema: TableSchema) -> list[Expectation]:
 
 
 def schema_expectations(schema: TableSchema) -> list[Expectation]:
-    """Every structural and column rule of `schema` as GX expectations, all critical."""
-    return (
+    """Every structural and column rule of `schema` as GX expectations, all critical, each naming the
+    contract as what sets its bound."""
+    out = (
         _structure_expectations(schema)
         + _column_rule_expectations(schema)
         + _key_expectations(schema)
         + _table_check_expectations(schema)
     )
+    for expectation in out:
+        expectation.meta["setting"] = contract_setting(schema)
+    return out
 
 
-def expect_between(column: str, low: float | None, high: float | None, rule: str, critical: bool) -> Expectation:
-    """The column's values lie in [low, high] (None: unbounded), as rule `rule`."""
+def expect_between(column: str, low: float | None, high: float | None, rule: str, critical: bool,
+                   setting: str) -> Expectation:
+    """The column's values lie in [low, high] (None: unbounded), as rule `rule`; `setting`: what sets
+    the bound (a config key, or the contract)."""
     return gx_expectations().ExpectColumnValuesToBeBetween(
-        column=column, min_value=low, max_value=high, meta=rule_meta(rule, critical), severity=expectation_severity(critical)
+        column=column, min_value=low, max_value=high, severity=expectation_severity(critical),
+        meta=rule_meta(rule, critical, setting=setting, bound=bound_text(low, high)),
     )

@@ -41,6 +41,7 @@ from urllib.parse import unquote, urlsplit
 from gem import storage
 from gem.config import GemConfig
 from gem.quality import docs_assets, masking
+from gem.quality.gate import GateError, GateFailure
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -77,11 +78,12 @@ PUBLISHED_STATE_FILE = ".gem-published.json"
 SAMPLE_SIZE = 10
 
 
-class DataQualityError(RuntimeError):
-    """One or more critical expectations failed; `reports` hold the full outcome."""
+class DataQualityError(GateError):
+    """One or more critical expectations failed; `reports` hold the full outcome, and the message
+    ends with one line per failed expectation (gem.quality.gate)."""
 
     def __init__(self, message: str, reports: Sequence[ValidationReport]) -> None:
-        super().__init__(message)
+        super().__init__(message, [o.failure(r.suite_name) for r in reports for o in r.failed_critical])
         self.reports = tuple(reports)
 
 
@@ -99,10 +101,17 @@ class ExpectationOutcome:
     success: bool
     expected: str
     observed: str
+    measured: str = ""  # the value that broke the bound (the worst group's, for a group query)
+    bound: str = ""  # the bound in words
+    setting: str = ""  # the config key that sets the bound, or the contract that does
 
     def describe(self) -> str:
         level = "CRITICAL" if self.critical else "WARNING"
         return f"[{level}] {self.rule} ({self.expectation_type}; expected {self.expected}): {self.observed}"
+
+    def failure(self, suite_name: str) -> GateFailure:
+        return GateFailure(f"{suite_name}/{self.rule}", self.measured or self.observed, self.bound or self.expected,
+                           self.setting or "the expectation itself (no setting)")
 
 
 @dataclass(frozen=True)
@@ -358,7 +367,8 @@ def _fresh_copies(expectations: Sequence[Expectation]) -> list[Expectation]:
 
 
 def _checkpoint(
-    context: FileDataContext, suite_name: str, expectations: Sequence[Expectation], pandas: bool
+    context: FileDataContext, suite_name: str, expectations: Sequence[Expectation], pandas: bool,
+    result_format: dict[str, Any],
 ) -> Any:
     """Suite, validation definition and checkpoint for `suite_name` (no Data Docs action: `validate`
     renders the result's page after masking it)."""
@@ -373,11 +383,22 @@ def _checkpoint(
             name=suite_name,
             validation_definitions=[definition],
             actions=[],  # validate() renders the page itself, once personal values are masked
-            # BASIC: counts and a sample of offending values, without SUMMARY's extra
-            # value-count query per expectation.
-            result_format={"result_format": "BASIC", "partial_unexpected_count": SAMPLE_SIZE},
+            result_format=result_format,
         )
     )
+
+
+def _result_format(expectations: Sequence[Expectation], df: Any) -> dict[str, Any]:
+    """BASIC: counts and a sample of offending values, without SUMMARY's extra value-count query per
+    expectation; with the day of each value where a pandas batch has `ds` (a statistics frame: on
+    Spark, the days would cost a query per expectation). A suite of
+    row queries only is COMPLETE: its queries' rows (at most GX's 200, already fetched to count them)
+    are kept, so a failure can say which day broke the bound by how much."""
+    if expectations and all(type(e).__name__ == "UnexpectedRowsExpectation" for e in expectations):
+        return {"result_format": "COMPLETE"}
+    if _is_pandas(df) and "ds" in df.columns:  # SUMMARY keeps the days; on a small frame its value counts cost nothing
+        return {"result_format": "SUMMARY", "partial_unexpected_count": SAMPLE_SIZE, "unexpected_index_column_names": ["ds"]}
+    return {"result_format": "BASIC", "partial_unexpected_count": SAMPLE_SIZE}
 
 
 @contextmanager
@@ -429,6 +450,28 @@ def _observed(result: ExpectationValidationResult) -> str:
     return json.dumps(r, default=str)[:300]
 
 
+def _value(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _measured(result: ExpectationValidationResult, measure: str | None) -> str:
+    """What broke the bound, for the failure's line: a group query's worst group (its `measure`
+    column and the others naming it, e.g. the day), or the offending values with their days."""
+    r = result.result or {}
+    rows = (r.get("details") or {}).get("unexpected_rows") or []
+    if rows and isinstance(rows[0], Mapping):
+        first = rows[0]
+        others = ", ".join(f"{k}={_value(v)}" for k, v in first.items() if k != measure)
+        text = f"{_value(first[measure])} ({others})" if measure in first else f"a row ({others})"
+        more = int(r.get("observed_value") or len(rows)) - 1
+        return f"{text}, and {more} more" if more > 0 else text
+    indexed = r.get("partial_unexpected_index_list") or []
+    if indexed and all(isinstance(i, Mapping) and "ds" in i for i in indexed):
+        column = result.expectation_config.kwargs.get("column")
+        return ", ".join(f"{_value(i.get(column))} (ds={i['ds']})" for i in indexed[:SAMPLE_SIZE])
+    return ""
+
+
 def _outcome(result: ExpectationValidationResult) -> ExpectationOutcome:
     config = result.expectation_config
     meta = config.meta or {}
@@ -440,6 +483,9 @@ def _outcome(result: ExpectationValidationResult) -> ExpectationOutcome:
         success=bool(result.success) and not failed_by_exception,
         expected=_expected(config.kwargs),
         observed=_observed(result),
+        measured="" if failed_by_exception else _measured(result, meta.get("measure")),
+        bound=str(meta.get("bound", "")),
+        setting=str(meta.get("setting", "")),
     )
 
 
@@ -465,11 +511,13 @@ def _mask_stored(result_path: Path, personal: frozenset[str]) -> None:
 
 
 def format_failures(reports: Sequence[ValidationReport]) -> str:
-    """The DataQualityError message: every failed critical expectation with what was observed."""
+    """The DataQualityError message (before its failure lines): every failed critical expectation
+    with what was observed, and the Data Docs page of each failed suite."""
     lines = [
         f"{r.suite_name} [{r.batch_label}] {o.describe()}" for r in reports for o in r.failed_critical
     ]
-    return f"{len(lines)} critical expectation(s) failed:\n  " + "\n  ".join(lines)
+    pages = [f"Data Docs of {r.suite_name}: {r.docs_page}" for r in reports if r.failed_critical]
+    return f"{len(lines)} critical expectation(s) failed:\n  " + "\n  ".join(lines + pages)
 
 
 def raise_for_critical(reports: Sequence[ValidationReport]) -> None:
@@ -520,7 +568,8 @@ def validate(
     _require_docs_assets(cfg, assets)
     with _project(cfg):
         context = open_context(cfg)
-        checkpoint = _checkpoint(context, suite_name, expectations, pandas=_is_pandas(df))
+        checkpoint = _checkpoint(context, suite_name, expectations, pandas=_is_pandas(df),
+                                 result_format=_result_format(expectations, df))
         run_id = RunIdentifier(run_name=batch_label, run_time=dt.datetime.now(dt.UTC))
         with _cached(df, cache) as batch:
             result = checkpoint.run(batch_parameters={"dataframe": batch}, run_id=run_id)

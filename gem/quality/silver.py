@@ -30,10 +30,17 @@ from typing import TYPE_CHECKING
 from pyspark.sql import functions as F
 
 from gem.config import GemConfig
-from gem.quality.expectations import expect_between, expectation_severity, gx_expectations, rule_meta
-from schemas.examples import LABEL_COLUMNS
-from schemas.features import COUNT_METRICS, WINDOW_DAYS, counter_name
-from schemas.sequences import SEQUENCE_COLUMNS
+from gem.quality.expectations import (
+    bound_text,
+    contract_setting,
+    expect_between,
+    expectation_severity,
+    gx_expectations,
+    rule_meta,
+)
+from schemas.examples import LABEL_COLUMNS, SILVER_TRAINING_EXAMPLES
+from schemas.features import COUNT_METRICS, SILVER_AD_FEATURES, SILVER_USER_FEATURES, WINDOW_DAYS, counter_name
+from schemas.sequences import SEQUENCE_COLUMNS, SILVER_USER_SEQUENCES
 from schemas.tasks import SURFACES
 
 if TYPE_CHECKING:
@@ -41,27 +48,33 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 
-def _rows_breaking(rule: str, where: str, critical: bool = True, select: str = "*", flagged: bool = False) -> Expectation:
+def _rows_breaking(rule: str, where: str, setting: str, critical: bool = True, select: str = "*",
+                   flagged: bool = False) -> Expectation:
     """An expectation that no row of the batch matches `where`. flagged: the batch carries `where`
     already computed as a boolean column named `rule` (its one pass over wide rows:
-    `sequence_checks`, `feature_checks`) and the query reads that column."""
+    `sequence_checks`, `feature_checks`) and the query reads that column. setting: what sets the rule."""
     return gx_expectations().UnexpectedRowsExpectation(
         unexpected_rows_query=f"SELECT {select} FROM {{batch}} WHERE {rule if flagged else where}",
         description=f"No row with: {where}",
-        meta=rule_meta(rule, critical),
+        meta=rule_meta(rule, critical, setting=setting, bound=f"no row with {where}"),
         severity=expectation_severity(critical),
     )
 
 
-def _groups_breaking(rule: str, query: str, critical: bool = True) -> Expectation:
+def _groups_breaking(rule: str, query: str, setting: str, bound: str, measure: str | None = None,
+                     critical: bool = True) -> Expectation:
+    """An expectation that `query` returns no group (a day, a surface of a day); `measure`: its column
+    holding each group's measured value (the query lists the worst group first)."""
     return gx_expectations().UnexpectedRowsExpectation(
-        unexpected_rows_query=query, description=rule, meta=rule_meta(rule, critical), severity=expectation_severity(critical)
+        unexpected_rows_query=query, description=rule, severity=expectation_severity(critical),
+        meta=rule_meta(rule, critical, setting=setting, bound=bound, measure=measure),
     )
 
 
-def _unique(rule: str, key: str) -> Expectation:
+def _unique(rule: str, key: str, setting: str) -> Expectation:
     """One row per `key` within each day of the batch (a batch may hold a range of days)."""
-    return _groups_breaking(rule, f"SELECT ds, {key}, count(*) AS n FROM {{batch}} GROUP BY ds, {key} HAVING count(*) > 1")
+    return _groups_breaking(rule, f"SELECT ds, {key}, count(*) AS rows FROM {{batch}} GROUP BY ds, {key} "
+                                  "HAVING count(*) > 1 ORDER BY rows DESC", setting, f"one row per {key} a day", "rows")
 
 
 def _any_of(terms: list[str]) -> str:
@@ -113,8 +126,13 @@ def sequence_checks(sequences: DataFrame, cfg: GemConfig) -> DataFrame:
 
 def sequence_expectations(cfg: GemConfig) -> list[Expectation]:
     """The sequences suite, over a batch of `sequence_checks(...)`."""
-    return [*(_rows_breaking(rule, where, select="ds, user_id", flagged=True) for rule, where in _sequence_rules(cfg).items()),
-            _unique("one_row_per_user", "user_id")]
+    contract = contract_setting(SILVER_USER_SEQUENCES)
+    # The caps come from the config; a sequence over its cap is build_sequences breaking them.
+    settings = {"sequences_within_caps": f"sequence_caps (as build_sequences applies them; {contract})",
+                "sequence_length_is_min_count_cap": f"sequence_caps ({contract})"}
+    return [*(_rows_breaking(rule, where, settings.get(rule, contract), select="ds, user_id", flagged=True)
+              for rule, where in _sequence_rules(cfg).items()),
+            _unique("one_row_per_user", "user_id", contract)]
 
 
 def sequence_margin_statistics(checks: DataFrame, days: Sequence[str]) -> dict[str, dict[str, int]]:
@@ -130,7 +148,8 @@ def sequence_margin_expectations(cfg: GemConfig) -> list[Expectation]:
     """Warnings: the busiest user of the day leaves at least min_sequence_margin of each cap."""
     margin = cfg.quality.min_sequence_margin
     return [
-        expect_between(day_events_column(seq), 0, int(cap * (1.0 - margin)), f"cap_margin:{seq}", False)
+        expect_between(day_events_column(seq), 0, int(cap * (1.0 - margin)), f"cap_margin:{seq}", False,
+                       "quality.min_sequence_margin and sequence_caps")
         for seq, cap in _caps(cfg).items()
     ]
 
@@ -168,14 +187,19 @@ def feature_checks(features: DataFrame, key: str) -> DataFrame:
 
 def feature_expectations(cfg: GemConfig, key: str) -> list[Expectation]:
     """The features suite, over a batch of `feature_checks(..., key)`."""
+    contract = contract_setting(SILVER_USER_FEATURES if key == "user_id" else SILVER_AD_FEATURES)
+    least = cfg.quality.min_clicks_within_impressions
     return [
-        _unique(f"one_row_per_{key}", key),
-        *(_rows_breaking(rule, where, select=f"ds, {key}", flagged=True) for rule, where in _feature_rules().items()),
+        _unique(f"one_row_per_{key}", key, contract),
+        *(_rows_breaking(rule, where, contract, select=f"ds, {key}", flagged=True) for rule, where in _feature_rules().items()),
         # Per day, at least `min_clicks_within_impressions` of the rows have clicks <= impressions.
         _groups_breaking("clicks_within_impressions",
-                         f"SELECT ds, count_if({CLICKS_ABOVE_IMPRESSIONS}) AS {CLICKS_ABOVE_IMPRESSIONS}, count(*) AS rows "
-                         f"FROM {{batch}} GROUP BY ds "
-                         f"HAVING count_if(NOT {CLICKS_ABOVE_IMPRESSIONS}) < {cfg.quality.min_clicks_within_impressions} * count(*)"),
+                         f"SELECT ds, count_if(NOT {CLICKS_ABOVE_IMPRESSIONS}) / count(*) AS within_rate, "
+                         f"count_if({CLICKS_ABOVE_IMPRESSIONS}) AS {CLICKS_ABOVE_IMPRESSIONS}, count(*) AS rows "
+                         f"FROM {{batch}} GROUP BY ds HAVING count_if(NOT {CLICKS_ABOVE_IMPRESSIONS}) < {least} * count(*) "
+                         "ORDER BY within_rate",
+                         "quality.min_clicks_within_impressions",
+                         f"at least {least} of a day's rows with clicks_28d <= impressions_28d", "within_rate"),
     ]
 
 
@@ -236,32 +260,39 @@ def with_snapshot_checks(examples: DataFrame, sequences: DataFrame, cfg: GemConf
 def example_expectations(cfg: GemConfig) -> list[Expectation]:
     """The examples suite, over a batch of `with_snapshot_checks(examples, ...)`."""
     surfaces = ", ".join(f"'{s}'" for s in cfg.surfaces)
-    out = [_unique("one_row_per_impression", "impression_id")]
+    contract = contract_setting(SILVER_TRAINING_EXAMPLES)
+    out = [_unique("one_row_per_impression", "impression_id", contract)]
     for label_type in cfg.label_types:
         col, bounds = LABEL_COLUMNS[label_type], cfg.quality.label_rates[label_type]
+        middle = (bounds.min + bounds.max) / 2  # the group furthest from the range first
         out.append(_groups_breaking(
             f"label_rate:{label_type}",
             f"SELECT ds, surface, avg({col}) AS rate, count(*) AS examples FROM {{batch}} "
             f"WHERE surface IN ({surfaces}) GROUP BY ds, surface "
-            f"HAVING avg({col}) < {bounds.min} OR avg({col}) > {bounds.max}",
+            f"HAVING avg({col}) < {bounds.min} OR avg({col}) > {bounds.max} ORDER BY abs(avg({col}) - {middle}) DESC",
+            f"quality.label_rates.{label_type}", f"a surface's {label_type} rate of a day {bound_text(bounds.min, bounds.max)}",
+            "rate",
         ))
     click = LABEL_COLUMNS["click"]
     conversion_labels = [c for t, c in LABEL_COLUMNS.items() if t != "click"]
     snapshot_key = "impression_id, user_id, sequence_ds"
     rate = cfg.quality.max_sequence_cut_rate
+    cut_setting = "quality.max_sequence_cut_rate (or raise sequence_caps, so fewer prefixes are cut)"
     out += [
         _rows_breaking("conversion_label_implies_click",
-                       f"{click} = 0 AND ({' + '.join(conversion_labels)}) > 0", select="impression_id"),
+                       f"{click} = 0 AND ({' + '.join(conversion_labels)}) > 0", contract, select="impression_id"),
         _rows_breaking("attributed_at_least_labels",
-                       f"attributed_conversions < {' + '.join(conversion_labels)}", select="impression_id"),
+                       f"attributed_conversions < {' + '.join(conversion_labels)}", contract, select="impression_id"),
         _rows_breaking("features_of_impression_day", "features_ds <> to_date(impression_time) OR features_ds > ds",
-                       select="impression_id"),
-        _rows_breaking("sequence_snapshot_exists", "NOT snapshot_found", select=snapshot_key),
+                       contract, select="impression_id"),
+        _rows_breaking("sequence_snapshot_exists", "NOT snapshot_found", contract, select=snapshot_key),
         # Counted: every example whose prefix was cut, listed in the Data Docs.
-        _rows_breaking("sequence_prefix_cut_by_cap", "prefix_cut", critical=False, select=snapshot_key),
+        _rows_breaking("sequence_prefix_cut_by_cap", "prefix_cut", "sequence_caps", critical=False, select=snapshot_key),
         # Loud: a day where more than the allowed share was cut (raise sequence_caps).
         _groups_breaking("sequence_prefix_cut_rate",
-                         "SELECT ds, count_if(prefix_cut) AS cut_examples, count(*) AS examples FROM {batch} "
-                         f"GROUP BY ds HAVING count_if(prefix_cut) > {rate} * count(*)"),
+                         "SELECT ds, count_if(prefix_cut) / count(*) AS cut_rate, count_if(prefix_cut) AS cut_examples, "
+                         f"count(*) AS examples FROM {{batch}} GROUP BY ds HAVING count_if(prefix_cut) > {rate} * count(*) "
+                         "ORDER BY cut_rate DESC",
+                         cut_setting, f"at most {rate} of a day's examples with a prefix the cap cut", "cut_rate"),
     ]
     return out

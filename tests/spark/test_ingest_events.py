@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gem.bronze.drift import SchemaDriftError
 from gem.lakehouse import completions, tables
@@ -129,8 +130,13 @@ def test_process_killed_after_bronze_commit(spark, tmp_path):
 def test_schema_drift_unexpected_column_fails_loudly(spark, tmp_path):
     cfg = make_config(tmp_path)
     write_day(cfg.landing_root, DAY, [line(f"d{i}", discount_pct=10) for i in range(10)])
-    with pytest.raises(SchemaDriftError, match="unexpected column 'discount_pct' in 10 of 10"):
+    with pytest.raises(SchemaDriftError, match="unexpected column 'discount_pct' in 10 of 10") as drift:
         ingest_events.run(StageContext(cfg, spark), DAY)
+    drift.value.rerun = f"python -m jobs.ingest_events --ds {DAY}"
+    assert str(drift.value).splitlines()[-1] == (
+        "FAILED schema_drift:discount_pct: measured unexpected column in 10 of 10 rows (1); "
+        f"bound at most {cfg.ingest.drift_max_type_error_rate} of a day's rows; "
+        f"set by ingest.drift_max_type_error_rate; rerun: python -m jobs.ingest_events --ds {DAY}")
     assert completions.completion(cfg, "ingest_events", DAY) is None
 
 
@@ -370,3 +376,38 @@ def test_a_range_with_every_edge_case_equals_the_days_one_by_one(spark, tmp_path
     files = result.details["files"]
     assert files[days[1]]["truncated.json.gz"]["written"] == 0
     assert files[days[2]]["extra.jsonl.gz"]["quarantined"] == {"unexpected_file_name": 1}
+
+
+def test_a_gate_failing_under_gem_bulk_ends_with_its_line_and_the_bulk_to_rerun(spark, tmp_path, capsys):
+    """The drift gate, hit by `gem bulk` (gem.pipeline.bulk): its last line names the check, the
+    measured rate, the bound, the key and the bulk command that reruns the range."""
+    from gem.pipeline import bulk
+
+    config_file = tmp_path / "gem.yaml"
+    config_file.write_text(yaml.safe_dump({"lakehouse_uri": str(tmp_path / "lakehouse"), "source": "landing"}))
+    cfg = make_config(tmp_path, source="landing")
+    write_day(cfg.landing_root, DAY, [line(f"d{i}", discount_pct=10) for i in range(10)])
+    argv = ["--start", DAY, "--end", DAY, "--through-stage", "ingest_events", "--config", str(config_file)]
+    assert bulk.main(argv) == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == ("FAILED schema_drift:discount_pct: measured unexpected column in 10 of 10 rows (1); "
+                    f"bound at most {cfg.ingest.drift_max_type_error_rate} of a day's rows; "
+                    f"set by ingest.drift_max_type_error_rate; rerun: gem bulk {' '.join(argv)}")
+
+
+def test_a_gate_failing_in_a_dag_task_names_the_backfill_that_reruns_the_day(spark, tmp_path, monkeypatch):
+    """The same gate in the DAG's task function (gem.pipeline.airflow.orchestration.run_stage_task,
+    against the config $GEM_CONFIG names): the error, as the task's log and `gem status` show it,
+    ends with the backfill that reruns the day from the failed stage."""
+    from gem.pipeline.airflow.orchestration import run_stage_task
+
+    config_file = tmp_path / "gem.yaml"
+    config_file.write_text(yaml.safe_dump({"lakehouse_uri": str(tmp_path / "lakehouse"), "source": "landing"}))
+    monkeypatch.setenv("GEM_CONFIG", str(config_file))
+    cfg = make_config(tmp_path, source="landing")
+    write_day(cfg.landing_root, DAY, [line(f"d{i}", discount_pct=10) for i in range(10)])
+    with pytest.raises(SchemaDriftError) as drift:
+        run_stage_task("ingest_events", DAY)
+    assert str(drift.value).splitlines()[-1].endswith(
+        f"set by ingest.drift_max_type_error_rate; rerun: gem backfill --start {DAY} --end {DAY} "
+        f"--from-stage ingest_events --config {config_file}")

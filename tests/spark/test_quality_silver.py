@@ -11,7 +11,7 @@ import pytest
 from gem.lakehouse import tables
 from gem.quality import silver as qs
 from gem.quality.bronze import statistics_frame
-from gem.quality.runner import validate
+from gem.quality.runner import DataQualityError, format_failures, validate
 from schemas.examples import LABEL_COLUMNS, SILVER_TRAINING_EXAMPLES
 from schemas.features import COUNTER_COLUMNS, SILVER_USER_FEATURES
 from schemas.sequences import SILVER_USER_SEQUENCES
@@ -89,6 +89,11 @@ def test_duplicate_user_fails(spark, cfg):
     report = validate(cfg, qs.sequence_checks(_sequences(spark, rows), cfg), "test.sequences", qs.sequence_expectations(cfg), D,
                       raise_on_critical=False)
     assert _failed(report) == {"one_row_per_user"}
+    # A row rule's line: the group that broke it (the user masked), and the contract that sets it.
+    (failure,) = DataQualityError(format_failures([report]), [report]).failures
+    assert failure.line(None) == (f"FAILED test.sequences/one_row_per_user: measured 2 (ds={D}, user_id=***); "
+                                  "bound one row per user_id a day; "
+                                  "set by the silver.user_sequences contract in schemas/ (not a setting)")
 
 
 def test_cap_margin_is_measured_and_only_warns(spark, cfg):
@@ -207,6 +212,15 @@ def test_examples_whose_prefix_the_cap_cut_are_counted_and_fail_above_the_rate(s
     examples = _checked(spark, cfg, GOOD_EXAMPLES + cut)
     report = validate(cfg, examples, "test.examples", qs.example_expectations(cfg), D, raise_on_critical=False)
     assert _failed(report) == {"sequence_prefix_cut_rate"}
+    # A rate gate's line: the day's rate and counts, the bound, the key that sets it (and the rerun an
+    # entry point adds).
+    failed = DataQualityError(format_failures([report]), [report])
+    failed.rerun = "gem bulk --start A --end B"
+    assert str(failed).splitlines()[-1] == (
+        f"FAILED test.examples/sequence_prefix_cut_rate: measured {2 / 7:.4g} (ds={D}, cut_examples=2, examples=7); "
+        f"bound at most {cfg.quality.max_sequence_cut_rate} of a day's examples with a prefix the cap cut; "
+        "set by quality.max_sequence_cut_rate (or raise sequence_caps, so fewer prefixes are cut); "
+        "rerun: gem bulk --start A --end B")
     counted = {o.rule: o for o in report.failed_warnings}
     assert set(counted) == {"sequence_prefix_cut_by_cap"} and "2" in counted["sequence_prefix_cut_by_cap"].describe()
     tolerant = make_config(Path(cfg.lakehouse_uri).parent, sequence_caps={"impression": 3, "click": 2, "conversion": 2},

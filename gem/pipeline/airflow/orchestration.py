@@ -177,12 +177,18 @@ def run_stage_task(stage_name: str, run_day: str, from_stage: str = "") -> str:
     from gem.lakehouse.commit import StageContext
     from gem.lakehouse.stages import stage as registry_stage
     from gem.pipeline.bulk import run_stage
+    from gem.quality.gate import GateError
 
     stage = registry_stage(stage_name)
     try:
         run = run_stage(StageContext(load_config()), stage, run_day)
     except BackfillInProgressError as waiting:
         raise backfill_reschedule(waiting) from waiting
+    except GateError as failed:  # a critical gate: its lines name the backfill that reruns the day from here
+        config = os.environ.get(CONFIG_FILE_ENV)
+        failed.rerun = (f"gem backfill --start {run_day} --end {run_day} --from-stage {stage_name}"
+                        + (f" --config {config}" if config else ""))
+        raise
     # What ran for which day, in the task's log (the DAG's day rules are checked against it).
     print(f"{stage_name}: run day {run_day} -> ds={run.ds} {run.state} in {run.seconds:.1f}s", flush=True)
     if run.summary:
