@@ -389,11 +389,12 @@ def _checkpoint(
 
 
 def _result_format(expectations: Sequence[Expectation], df: Any) -> dict[str, Any]:
-    """BASIC: counts and a sample of offending values, without SUMMARY's extra value-count query per
-    expectation; with the day of each value where a pandas batch has `ds` (a statistics frame: on
-    Spark, the days would cost a query per expectation). A suite of
-    row queries only is COMPLETE: its queries' rows (at most GX's 200, already fetched to count them)
-    are kept, so a failure can say which day broke the bound by how much."""
+    """The checkpoint's result format. BASIC: counts and a sample of offending values, without
+    SUMMARY's extra value-count query per expectation. SUMMARY on a pandas batch with `ds` (a
+    statistics frame, a row per day): it keeps each offending value's day at no cost worth naming,
+    where on Spark the days would cost a query per expectation. COMPLETE for a suite of row queries
+    only: their rows (at most GX's 200, fetched anyway to count them) are kept, so a failure says
+    which day broke the bound and by how much."""
     if expectations and all(type(e).__name__ == "UnexpectedRowsExpectation" for e in expectations):
         return {"result_format": "COMPLETE"}
     if _is_pandas(df) and "ds" in df.columns:  # SUMMARY keeps the days; on a small frame its value counts cost nothing
