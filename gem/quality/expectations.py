@@ -31,7 +31,7 @@ def rule_meta(rule: str, critical: bool, setting: str | None = None, bound: str 
     """The meta every expectation of a suite carries: its rule name and whether it is critical; for a
     failure's line (gem.quality.gate): `setting`, the config key that sets its bound (or the contract
     that does), `bound` in words (default: the expectation's own arguments) and, for a query whose
-    rows are groups (a day, a surface), `measure`, the column of each row holding the measured value."""
+    rows are groups (a day, a surface), `measure`, the column of each row holding the value found."""
     meta: dict[str, Any] = {"critical": critical, "rule": rule}
     meta.update({k: v for k, v in (("setting", setting), ("bound", bound), ("measure", measure)) if v is not None})
     return meta

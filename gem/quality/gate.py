@@ -1,6 +1,6 @@
 """A critical gate's failure, as a person fixing it reads it: one line per failed check.
 
-    FAILED <suite>/<rule>: measured <value> (ds=<day>, <the group's other columns>), and <n> more;
+    FAILED <suite>/<rule>: found <value> (ds=<day>, <the group's other columns>), and <n> more;
     bound <the bound in words>; set by <config key, or the contract>; rerun: <command>
 
 Every gate that stops a stage (the Great Expectations suites' critical expectations,
@@ -20,15 +20,15 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class GateFailure:
-    """One failed check: what it is, what was measured, the bound it broke and what sets that bound."""
+    """One failed check: what it is, the value found, the bound it broke and what sets that bound."""
 
     check: str
-    measured: str
+    found: str
     bound: str
     setting: str
 
     def line(self, rerun: str | None) -> str:
-        text = f"FAILED {self.check}: measured {self.measured}; bound {self.bound}; set by {self.setting}"
+        text = f"FAILED {self.check}: found {self.found}; bound {self.bound}; set by {self.setting}"
         return f"{text}; rerun: {rerun}" if rerun else text
 
 

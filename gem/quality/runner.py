@@ -101,7 +101,7 @@ class ExpectationOutcome:
     success: bool
     expected: str
     observed: str
-    measured: str = ""  # the value that broke the bound (the worst group's, for a group query)
+    found: str = ""  # the value that broke the bound (the worst group's, for a group query)
     bound: str = ""  # the bound in words
     setting: str = ""  # the config key that sets the bound, or the contract that does
 
@@ -110,7 +110,7 @@ class ExpectationOutcome:
         return f"[{level}] {self.rule} ({self.expectation_type}; expected {self.expected}): {self.observed}"
 
     def failure(self, suite_name: str) -> GateFailure:
-        return GateFailure(f"{suite_name}/{self.rule}", self.measured or self.observed, self.bound or self.expected,
+        return GateFailure(f"{suite_name}/{self.rule}", self.found or self.observed, self.bound or self.expected,
                            self.setting or "the expectation itself (no setting)")
 
 
@@ -455,7 +455,7 @@ def _value(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def _measured(result: ExpectationValidationResult, measure: str | None) -> str:
+def _found(result: ExpectationValidationResult, measure: str | None) -> str:
     """What broke the bound, for the failure's line: a group query's worst group (its `measure`
     column and the others naming it, e.g. the day), or the offending values with their days."""
     r = result.result or {}
@@ -484,7 +484,7 @@ def _outcome(result: ExpectationValidationResult) -> ExpectationOutcome:
         success=bool(result.success) and not failed_by_exception,
         expected=_expected(config.kwargs),
         observed=_observed(result),
-        measured="" if failed_by_exception else _measured(result, meta.get("measure")),
+        found="" if failed_by_exception else _found(result, meta.get("measure")),
         bound=str(meta.get("bound", "")),
         setting=str(meta.get("setting", "")),
     )

@@ -64,7 +64,7 @@ def _rows_breaking(rule: str, where: str, setting: str, critical: bool = True, s
 def _groups_breaking(rule: str, query: str, setting: str, bound: str, measure: str | None = None,
                      critical: bool = True) -> Expectation:
     """An expectation that `query` returns no group (a day, a surface of a day); `measure`: its column
-    holding each group's measured value (the query lists the worst group first)."""
+    holding the value found in each group (the query lists the worst group first)."""
     return gx_expectations().UnexpectedRowsExpectation(
         unexpected_rows_query=query, description=rule, severity=expectation_severity(critical),
         meta=rule_meta(rule, critical, setting=setting, bound=bound, measure=measure),

@@ -134,7 +134,7 @@ def test_schema_drift_unexpected_column_fails_loudly(spark, tmp_path):
         ingest_events.run(StageContext(cfg, spark), DAY)
     drift.value.rerun = f"python -m jobs.ingest_events --ds {DAY}"
     assert str(drift.value).splitlines()[-1] == (
-        "FAILED schema_drift:discount_pct: measured unexpected column in 10 of 10 rows (1); "
+        "FAILED schema_drift:discount_pct: found unexpected column in 10 of 10 rows (1); "
         f"bound at most {cfg.ingest.drift_max_type_error_rate} of a day's rows; "
         f"set by ingest.drift_max_type_error_rate; rerun: python -m jobs.ingest_events --ds {DAY}")
     assert completions.completion(cfg, "ingest_events", DAY) is None
@@ -380,7 +380,7 @@ def test_a_range_with_every_edge_case_equals_the_days_one_by_one(spark, tmp_path
 
 def test_a_gate_failing_under_gem_bulk_ends_with_its_line_and_the_bulk_to_rerun(spark, tmp_path, capsys):
     """The drift gate, hit by `gem bulk` (gem.pipeline.bulk): its last line names the check, the
-    measured rate, the bound, the key and the bulk command that reruns the range."""
+    rate found, the bound, the key and the bulk command that reruns the range."""
     from gem.pipeline import bulk
 
     config_file = tmp_path / "gem.yaml"
@@ -390,7 +390,7 @@ def test_a_gate_failing_under_gem_bulk_ends_with_its_line_and_the_bulk_to_rerun(
     argv = ["--start", DAY, "--end", DAY, "--through-stage", "ingest_events", "--config", str(config_file)]
     assert bulk.main(argv) == 1
     last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert last == ("FAILED schema_drift:discount_pct: measured unexpected column in 10 of 10 rows (1); "
+    assert last == ("FAILED schema_drift:discount_pct: found unexpected column in 10 of 10 rows (1); "
                     f"bound at most {cfg.ingest.drift_max_type_error_rate} of a day's rows; "
                     f"set by ingest.drift_max_type_error_rate; rerun: gem bulk {' '.join(argv)}")
 

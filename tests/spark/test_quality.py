@@ -224,7 +224,7 @@ def test_each_broken_rule_fails_naming_its_expectation(spark: Any, cfg: GemConfi
     assert Path(report.result_path).is_file()  # a failed run is stored too
     # A contract gate's line: the bound is the schema's, and no setting relaxes it.
     (line,) = [f for f in str(failure.value).splitlines() if f.startswith(f"FAILED {SCHEMA_SUITE}/allowed:surface")]
-    assert "measured 1 of" in line and "myspace" in line and "value_set=" in line
+    assert "found 1 of" in line and "myspace" in line and "value_set=" in line
     assert line.endswith("set by the bronze.ad_events contract in schemas/ (not a setting)")
 
 
@@ -295,10 +295,10 @@ def test_statistics_fail_on_ctr_and_quarantine_rate_but_only_warn_on_nulls(spark
     assert [o.rule for o in report.failed_warnings] == ["null_rate:user_attrs"]
     ctr_failure = next(o for o in report.failed_critical if o.rule.startswith("surface_ctr"))
     assert "1.0" in ctr_failure.observed
-    # A statistics gate's line: the measured rate with its day, the bound and the key that sets it.
+    # A statistics gate's line: the rate found with its day, the bound and the key that sets it.
     (line,) = [f for f in str(failure.value).splitlines() if f.startswith(f"FAILED {STATISTICS_SUITE}/quarantine_rate")]
     rate = stats["quarantine_rate"].iloc[0]
-    assert line == (f"FAILED {STATISTICS_SUITE}/quarantine_rate: measured {rate:.4g} (ds={DS}); "
+    assert line == (f"FAILED {STATISTICS_SUITE}/quarantine_rate: found {rate:.4g} (ds={DS}); "
                     f"bound between 0.0 and {cfg.quality.max_quarantine_rate}; set by quality.max_quarantine_rate")
 
 
@@ -411,9 +411,9 @@ def test_validate_events_fails_on_critical_expectation(
     assert validate_events.main(["--ds", bad_ds, "--config", str(config_file)]) == 1
     err = capsys.readouterr().err
     assert f"surface_ctr:{surface}" in err and "[1.0]" in err and "Data Docs of" in err
-    # It ends with the gate's line: check, measured value and day, bound, config key, rerun command.
+    # It ends with the gate's line: check, value found and day, bound, config key, rerun command.
     assert err.strip().splitlines()[-1] == (
-        f"FAILED {validate_events.STATISTICS_SUITE}/surface_ctr:{surface}: measured 1 (ds={bad_ds}); "
+        f"FAILED {validate_events.STATISTICS_SUITE}/surface_ctr:{surface}: found 1 (ds={bad_ds}); "
         f"bound between {cfg.quality.min_surface_ctr} and {cfg.quality.max_surface_ctr}; "
         "set by quality.min_surface_ctr / quality.max_surface_ctr; "
         f"rerun: python -m jobs.validate_events --ds {bad_ds} --config {config_file}")

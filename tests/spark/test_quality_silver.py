@@ -91,7 +91,7 @@ def test_duplicate_user_fails(spark, cfg):
     assert _failed(report) == {"one_row_per_user"}
     # A row rule's line: the group that broke it (the user masked), and the contract that sets it.
     (failure,) = DataQualityError(format_failures([report]), [report]).failures
-    assert failure.line(None) == (f"FAILED test.sequences/one_row_per_user: measured 2 (ds={D}, user_id=***); "
+    assert failure.line(None) == (f"FAILED test.sequences/one_row_per_user: found 2 (ds={D}, user_id=***); "
                                   "bound one row per user_id a day; "
                                   "set by the silver.user_sequences contract in schemas/ (not a setting)")
 
@@ -217,7 +217,7 @@ def test_examples_whose_prefix_the_cap_cut_are_counted_and_fail_above_the_rate(s
     failed = DataQualityError(format_failures([report]), [report])
     failed.rerun = "gem bulk --start A --end B"
     assert str(failed).splitlines()[-1] == (
-        f"FAILED test.examples/sequence_prefix_cut_rate: measured {2 / 7:.4g} (ds={D}, cut_examples=2, examples=7); "
+        f"FAILED test.examples/sequence_prefix_cut_rate: found {2 / 7:.4g} (ds={D}, cut_examples=2, examples=7); "
         f"bound at most {cfg.quality.max_sequence_cut_rate} of a day's examples with a prefix the cap cut; "
         "set by quality.max_sequence_cut_rate (or raise sequence_caps, so fewer prefixes are cut); "
         "rerun: gem bulk --start A --end B")

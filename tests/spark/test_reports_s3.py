@@ -56,7 +56,8 @@ _INDEX_ROW = re.compile(r"""'_table_row_link_path': '([^']+)'""")
 
 
 def _index_pages(text: str) -> set[str]:
-    return set(_INDEX_ROW.findall(text))
+    """The result pages the index links, as paths: GX percent-encodes a run name's ':' in its links."""
+    return {unquote(link) for link in _INDEX_ROW.findall(text)}
 
 
 def test_validate_events_publishes_data_docs_and_results_on_s3(spark: Any, s3_bucket: str, tmp_path: Path,
