@@ -52,6 +52,18 @@ def newest_before(times: np.ndarray, start: int, end: int, cut: Any, keep: int) 
     return max(start, stop - keep), stop
 
 
+def newest_before_each(times: np.ndarray, runs: Sequence[tuple[int, int]], cuts: np.ndarray,
+                       keep: int) -> tuple[np.ndarray, np.ndarray]:
+    """For each example i, the newest `keep` elements of its run runs[i] = (start, end) of `times`
+    strictly before cuts[i]: -> (index (N,) int64 into times, oldest first per example; lengths (n,) int64)."""
+    picked, lengths = [], np.zeros(len(runs), np.int64)
+    for i, (start, end) in enumerate(runs):
+        first, stop = newest_before(times, start, end, cuts[i], keep)
+        picked.append(np.arange(first, stop))
+        lengths[i] = stop - first
+    return (np.concatenate(picked) if picked else np.zeros(0, np.int64)), lengths
+
+
 def runs_by_key(keys: np.ndarray) -> dict[str, tuple[int, int]]:
     """key -> (start, end) of its run in `keys` (sorted, so each key's rows are one run)."""
     if not len(keys):

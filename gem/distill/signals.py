@@ -25,7 +25,7 @@ import torch
 from gem.data.batch import Batch, Jagged
 from gem.data.delta_log import read_table
 from gem.data.encode import timestamps_us
-from gem.data.sequences import newest_before, runs_by_key
+from gem.data.sequences import newest_before_each, runs_by_key
 from gem.lakehouse import tables
 from schemas.precompute import GOLD_FM_HISTORY_CODES, GOLD_FM_PREDICTIONS
 
@@ -111,13 +111,9 @@ class FmSignals:
         mask = np.zeros((b, len(self.tasks)), bool)  # (B, T): False for an example the FM did not score
         hit = found >= 0
         preds[hit], mask[hit] = self.predictions[found[hit]], self.mask[found[hit]]
-        example_times = batch.impression_times.numpy()
-        picked, lengths = [], np.zeros(b, np.int64)
-        for i, user in enumerate(users):
-            first, cut = newest_before(self.code_times, *self.users.get(user, (0, 0)), example_times[i], self.max_codes)
-            picked.append(np.arange(first, cut))
-            lengths[i] = cut - first
-        index = np.concatenate(picked) if picked else np.zeros(0, np.int64)
+        # Strictly before each impression, the newest max_codes of the user's codes.
+        runs = [self.users.get(user, (0, 0)) for user in users]
+        index, lengths = newest_before_each(self.code_times, runs, batch.impression_times.numpy(), self.max_codes)
         history = Jagged({"codes": torch.from_numpy(self.codes[index].copy()),
                           "time_us": torch.from_numpy(self.code_times[index].copy())},
                          torch.from_numpy(np.r_[0, np.cumsum(lengths)].astype(np.int64)))

@@ -395,7 +395,9 @@ def _result_format(expectations: Sequence[Expectation], df: Any) -> dict[str, An
     where on Spark the days would cost a query per expectation. COMPLETE for a suite of row queries
     only: their rows (at most GX's 200, fetched anyway to count them) are kept, so a failure says
     which day broke the bound and by how much."""
-    if expectations and all(type(e).__name__ == "UnexpectedRowsExpectation" for e in expectations):
+    from great_expectations.expectations import UnexpectedRowsExpectation  # noqa: PLC0415 - GX is slow to import (note at the top)
+
+    if expectations and all(isinstance(e, UnexpectedRowsExpectation) for e in expectations):
         return {"result_format": "COMPLETE"}
     if _is_pandas(df) and "ds" in df.columns:  # SUMMARY keeps the days; on a small frame its value counts cost nothing
         return {"result_format": "SUMMARY", "partial_unexpected_count": SAMPLE_SIZE, "unexpected_index_column_names": ["ds"]}

@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 from gem import storage
 from gem.data.delta_log import read_table
 from gem.data.encode import timestamps_us
-from gem.data.sequences import newest_before, runs_by_key, sequence_spans
+from gem.data.sequences import newest_before_each, runs_by_key, sequence_spans
 from gem.data.snapshots import SNAPSHOT_COLUMNS, DaySnapshot, index_day
 from gem.days import day_range, shift_day
 from gem.serve.features import CODE_TIMES_COLUMN, CODES_COLUMN, history_column
@@ -68,11 +68,10 @@ def _codes(lakehouse: str, ds: str, examples: pa.Table, codes: dict[str, Any]) -
     coded = coded.filter(pc.is_in(coded["user_id"], value_set=pa.array(users, pa.string())))
     coded = coded.sort_by([("user_id", "ascending"), ("event_time", "ascending")])
     runs = runs_by_key(coded["user_id"].to_numpy(zero_copy_only=False))
-    code_times, keep = timestamps_us(coded["event_time"]), int(codes["max_codes"])
-    cuts = [newest_before(code_times, *runs.get(user, (0, 0)), t, keep)
-            for user, t in zip(examples["user_id"].to_pylist(), timestamps_us(examples["impression_time"]), strict=True)]
-    index = np.concatenate([np.arange(a, b) for a, b in cuts]) if cuts else np.zeros(0, np.int64)
-    offsets = pa.array(np.r_[0, np.cumsum([b - a for a, b in cuts])].astype(np.int32))
+    spans = [runs.get(user, (0, 0)) for user in examples["user_id"].to_pylist()]
+    index, lengths = newest_before_each(timestamps_us(coded["event_time"]), spans,
+                                        timestamps_us(examples["impression_time"]), int(codes["max_codes"]))
+    offsets = pa.array(np.r_[0, np.cumsum(lengths)].astype(np.int32))
     picked = coded.take(pa.array(index, pa.int64()))
     return {CODES_COLUMN: pa.ListArray.from_arrays(offsets, picked["codes"].combine_chunks()),
             CODE_TIMES_COLUMN: pa.ListArray.from_arrays(

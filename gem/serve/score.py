@@ -8,8 +8,8 @@ picks one day's partition). Its rows carry the columns of the artifact's feature
 (gem.serve.features); a row that breaks the contract stops the run with an error naming the column,
 never a silent score. A lakehouse's silver.training_examples table is a day of examples: --ds names
 the day, and the user histories and FM codes its rows only point at are joined from the lakehouse
-(gem.serve.examples), as the training loader joins them. PREDICTIONS: a path ending in .parquet is written as one Parquet file, anything
-else as a Delta table (with --ds, that day's partition is replaced). One row per input row, in
+(gem.serve.examples), as the training loader joins them. PREDICTIONS: a path ending in .parquet is
+written as one Parquet file, anything else as a Delta table (with --ds, that day's partition is replaced). One row per input row, in
 order: impression_id, ds and surface when the input has them, then per task the logit and the
 probability (logit_<label type>, p_<label type>), and the artifact's name.
 """
