@@ -29,6 +29,13 @@ COMPLETIONS = TableSchema(
         Column("reconciliation", "string", nullable=False,
                doc="'checked' (rows_in verified against the commits' row counts) or why there is no input count"),
         Column("completed_at", "timestamp", nullable=False),
+        # Added after the first release: a lakehouse made before them gets them on its next write
+        # (gem.lakehouse.tables.ensure_table adds missing nullable columns); its older records hold none.
+        Column("table_fingerprints", "map<string,string>",
+               doc="table -> the fingerprint of the record's day's rows in the version table_versions names "
+                   "(gem.lakehouse.fingerprint; tables written through Spark)"),
+        Column("input_fingerprints", "map<string,string>",
+               doc="the fingerprints the input records named, keyed as input_versions"),
     ),
     partition_by=("stage", "ds"),
     key=("stage", "ds"),

@@ -104,17 +104,33 @@ def require_file(path: str, context: str) -> None:
 
 
 def _read_parquet(path: str, columns: Sequence[str] | None) -> pa.Table:
-    """One data file's columns: a local file read directly (after require_file), one on an object
-    store through gem.storage, a missing one reported as MissingDataFileError when the read finds
-    it gone (no separate existence check per file)."""
+    """One data file's columns (those of `columns` it has: a column added to the table after the
+    file was written is not in it): a local file read directly (after require_file), one on an
+    object store through gem.storage, a missing one reported as MissingDataFileError when the read
+    finds it gone (no separate existence check per file)."""
     if storage.is_local(path):
         require_file(path, "read_logged")
-        return pq.read_table(path, columns=columns)
+        return _read_present(path, columns)
     try:
         with storage.open_read(path) as f:
-            return pq.read_table(f, columns=columns)
+            return _read_present(f, columns)
     except FileNotFoundError as e:
         raise _missing(path, "read_logged") from e
+
+
+def _read_present(source: Any, columns: Sequence[str] | None) -> pa.Table:
+    """pq.read_table of the `columns` the file has (its schema read only when one is missing)."""
+    try:
+        return pq.read_table(source, columns=columns)
+    except pa.ArrowInvalid:
+        if columns is None:
+            raise
+        if hasattr(source, "seek"):
+            source.seek(0)
+        present = set(pq.read_schema(source).names)
+        if hasattr(source, "seek"):
+            source.seek(0)
+        return pq.read_table(source, columns=[c for c in columns if c in present])
 
 
 def partition_types(table_path: str, version: int | None = None) -> dict[str, Any]:
@@ -134,13 +150,21 @@ def read_logged(files: Sequence[LoggedFile], types: dict[str, Any], columns: Seq
     output (data and partition columns alike); None keeps every column, partitions last.
     `schema` (the table's Arrow schema from the log) casts every file to one set of types: files
     of one table written by different engines differ (Spark: INT96 nanoseconds, nullable;
-    delta-rs: microseconds UTC, not null), and Arrow concatenates only equal schemas.
+    delta-rs: microseconds UTC, not null), and Arrow concatenates only equal schemas. It also fills
+    with nulls the columns a file lacks because they were added to the table after it was written.
     """
     wanted = list(columns) if columns is not None else None
     data_columns = [c for c in wanted if c not in types] if wanted is not None else None
+    if schema is not None and data_columns is None:
+        data_columns = [n for n in schema.names if n not in types]
     tables = []
     for f in files:
         table = _read_parquet(f.path, data_columns)
+        if schema is not None:
+            for name in data_columns or []:
+                if name not in table.column_names:  # added after this file was written
+                    table = table.append_column(name, pa.nulls(table.num_rows, schema.field(name).type))
+            table = table.select(data_columns)
         for name, arrow_type in types.items():
             if wanted is None or name in wanted:
                 value = pa.scalar(f.partition.get(name), pa.string()).cast(arrow_type)

@@ -20,6 +20,10 @@ The record names
   plus any table the stage read outside a record (`read`, keyed by the table alone), so a run can be
   replayed at exactly its inputs, and a record is known stale once an input record names another
   version (gem.lakehouse.staleness);
+- `table_fingerprints` and `input_fingerprints`: the fingerprint of each day's rows of every table
+  the stage wrote through Spark (gem.lakehouse.fingerprint; a validation's: those of the rows it
+  validated), and the fingerprints its input records named, so a rewrite with the same rows leaves
+  its readers valid;
 - `reconciliation`: `checked` when rows_in = rows_written + rows_quarantined was verified against
   the commits' row counts; otherwise why the stage has no separate input count (rows_in is null).
 """
@@ -38,7 +42,7 @@ from deltalake import CommitProperties, Transaction, write_deltalake
 from gem.config import GemConfig
 from gem.data.delta_log import data_changes_by_version, logged_files, table_version
 from gem.days import day_range
-from gem.lakehouse import backfill_hold, completions, lease, stages, staleness, tables
+from gem.lakehouse import backfill_hold, completions, fingerprint, lease, stages, staleness, tables
 from gem.lakehouse.erasure import ERASURE_USER_METADATA
 from gem.lakehouse.spark import get_spark
 from schemas.table import TableSchema
@@ -54,6 +58,17 @@ def input_key(stage: str, table: str, day: str) -> str:
     """How a record names an input version: the record (stage, day) that named `table`'s version,
     e.g. "validate_events:bronze.ad_events@2026-01-03"."""
     return f"{stage}:{table}@{day}"
+
+
+def read_from(records: Mapping[tuple[str, str], Mapping[str, Any]]) -> tuple[dict[str, int], dict[str, str]]:
+    """The versions and fingerprints the input records name, keyed by `input_key`."""
+    versions, fingerprints = {}, {}
+    for (stage, day), record in records.items():
+        for table, version in sorted((record.get("table_versions") or {}).items()):
+            versions[input_key(stage, table, day)] = int(version)
+        for table, print_ in (record.get("table_fingerprints") or {}).items():
+            fingerprints[input_key(stage, table, day)] = print_
+    return versions, fingerprints
 
 
 class UndeclaredWriteError(RuntimeError):
@@ -169,6 +184,8 @@ class StageCommit:
     leases: list[lease.Lease] = field(default_factory=list)  # released once the records are published
     joined: bool = False  # a worker's part of a run another process began (StageCommit.join)
     ensured: dict[str, str] = field(default_factory=dict)  # table -> path, created or verified by this commit
+    input_fingerprints: dict[str, str] = field(default_factory=dict)  # keyed as input_versions
+    spark_written: dict[str, tuple[TableSchema, SparkSession]] = field(default_factory=dict)  # fingerprinted at publish
 
     @classmethod
     def begin(cls, ctx: StageContext, name: str, ds: str, through: str | None = None) -> StageCommit:
@@ -194,8 +211,7 @@ class StageCommit:
         for day in days:
             records |= completions.require_stage_inputs(ctx.cfg, name, day, made_here={(name, d) for d in days},
                                                         known=known)
-        versions = {input_key(s, table, day): int(v) for (s, day), record in records.items()
-                    for table, v in sorted((record.get("table_versions") or {}).items())}
+        versions, fingerprints = read_from(records)
         staleness.require_fresh(ctx.cfg, name, ds, list(records))
         run_id = completions.new_run_id(name, ds)
         leases: list[lease.Lease] = []
@@ -207,7 +223,7 @@ class StageCommit:
                 held.release()
             raise
         completions.clear_completions(ctx.cfg, name, days, known)
-        return cls(ctx.cfg, stage, ds, run_id, records, versions, days, leases=leases)
+        return cls(ctx.cfg, stage, ds, run_id, records, versions, days, leases=leases, input_fingerprints=fingerprints)
 
     @classmethod
     def join(cls, cfg: GemConfig, name: str, ds: str, run_id: str) -> StageCommit:
@@ -238,15 +254,19 @@ class StageCommit:
         record = completions.require_completed(self.cfg, stage_name, day)
         staleness.require_fresh(self.cfg, self.stage.name, self.ds, [(stage_name, day)])
         self.inputs[(stage_name, day)] = record
-        self.input_versions |= {input_key(stage_name, t, day): int(v) for t, v in sorted(record["table_versions"].items())}
+        versions, fingerprints = read_from({(stage_name, day): record})
+        self.input_versions |= versions
+        self.input_fingerprints |= fingerprints
         return record
 
     def validated_version(self, schema: TableSchema, validation_stage: str, days: list[str]) -> int:
         """The one version of the table to read the `days` at: the newest of the versions the
         validation records of those days (inputs of this commit) validated, provided each day's
         partition there (and at the table's latest version) holds exactly the files its validation
-        saw; the latest version when a day's files were since only compacted (dataChange false) or
-        erased from (gem.lakehouse.erasure), which leave its validation standing. Raises
+        saw; the latest version when a day's files were since only compacted (dataChange false),
+        erased from (gem.lakehouse.erasure), or rewritten with the same rows by a rerun of the stage
+        that makes them (its record's fingerprint equals the validated one), which leave its
+        validation standing. Raises
         StaleInputError naming the validation to rerun when a later commit changed a day's data
         without a new validation."""
         table = schema.name
@@ -281,18 +301,33 @@ class StageCommit:
         if not moved_days:
             return pinned
         # Other files, maybe the same rows: a compaction (the weekly upkeep's OPTIMIZE) rewrites files
-        # without changing data, and an erasure (`gem delete-user`) only removes one user's rows; both
-        # leave the validation standing. Any other change of the day's rows does not. Each commit's
-        # changes are read once, from the oldest of these days' validated versions.
+        # without changing data, an erasure (`gem delete-user`) only removes one user's rows, and a
+        # rerun of the producing stage may write the same rows again; these leave the validation
+        # standing. Any other change of the day's rows does not. Each commit's changes are read once,
+        # from the oldest of these days' validated versions.
         changes = data_changes_by_version(path, min(moved_days.values()), latest, exempt={ERASURE_USER_METADATA})
         for day, version in sorted(moved_days.items()):
-            if changes is None or any(day in changed for v, changed in changes.items() if v > version):
+            since = max(version, self.same_rows_version(validation_stage, table, day) or version)
+            if changes is None or any(day in changed for v, changed in changes.items() if v > since):
                 raise completions.StaleInputError(
                     f"{self.stage.name} ds={self.ds}: {table} ds={day} changed after its validation (version "
                     f"{version}; read at {pinned}); run `{stages.command(validation_stage, day)}` first")
         # Read the files as they are now: the validated rows, less an erased user's (the older files
         # still hold those, and VACUUM removes them after the retention).
         return latest
+
+    def same_rows_version(self, validation_stage: str, table: str, day: str) -> int | None:
+        """The version of `table` that the record now naming `day`'s rows names, when its fingerprint
+        equals the one the day's validation read (a rewrite with the validated rows); else None."""
+        validation = self.record(validation_stage, day)
+        for key, read in (validation.get("input_fingerprints") or {}).items():
+            parsed = staleness.parse_input_key(key)
+            if parsed is None or parsed[1:] != (table, day):
+                continue
+            producer = completions.completion(self.cfg, parsed[0], day)
+            if producer is not None and producer["table_fingerprints"].get(table) == read:
+                return int(producer["table_versions"][table])
+        return None
 
     def read(self, table: str, version: int) -> int:
         """Note a table version read outside any input record (e.g. the sequences a mixture pins)."""
@@ -338,6 +373,7 @@ class StageCommit:
         or not) of `schema` with `df` in one Delta commit; -> the version that commit created."""
         _, ds_where = self._declared_where(schema, days)
         committed = tables.replace_partition(df, self.cfg, schema, {"ds": ds_where}, self.user_metadata)
+        self.spark_written[schema.name] = (schema, df.sparkSession)
         self.table_versions[schema.name] = committed.version
         self.committed_rows[schema.name] = committed.rows
         return committed.version
@@ -466,11 +502,13 @@ class StageCommit:
             versions = {k: int(v) for k, v in validated.items()}
         reconciliation = CHECKED if rows_in is not None else no_input_count
         days = per_day or {self.ds: DayCounts(rows_in, int(rows_written), by_reason)}
+        prints = self.validated_fingerprints(versions) if validated is not None else self.written_fingerprints()
         rows = [  # one record per day, each reconciled on its own counts, all in one commit
             completions.completion_row(
                 self.stage.name, day, self.run_id,
                 rows_in=c.rows_in, rows_written=int(c.rows_written), quarantined_by_reason=c.quarantined_by_reason,
                 table_versions=versions, input_versions=self.input_versions, reconciliation=reconciliation,
+                table_fingerprints=prints.get(day), input_fingerprints=self.input_fingerprints,
             )
             for day, c in sorted(days.items())
         ]
@@ -479,6 +517,36 @@ class StageCommit:
         for held in self.leases:
             held.release()
         return self.published
+
+    def written_fingerprints(self) -> dict[str, dict[str, str]]:
+        """day -> table -> the fingerprint of the day's partitions (those its registry declares) of
+        each table this commit wrote through Spark, at the version the commit created: one Spark
+        job for all of them, over all the commit's days."""
+        out: dict[str, dict[str, str]] = {day: {} for day in self.days}
+        if not self.spark_written:
+            return out
+        covered = {name: {day: self.stage.partitions(self.cfg, day).get(name) or [] for day in self.days}
+                   for name in self.spark_written}
+        spark = next(iter(self.spark_written.values()))[1]
+        per_table = fingerprint.tables_by_day(
+            spark, {name: (tables.spark_location(spark, tables.table_path(self.cfg, schema)), self.table_versions[name])
+                    for name, (schema, _) in self.spark_written.items()},
+            {name: sorted({d for days in by_day.values() for d in days}) for name, by_day in covered.items()})
+        for name, by_day in covered.items():
+            for day, days in by_day.items():
+                if days:
+                    out[day][name] = fingerprint.combined(per_table[name], days)
+        return out
+
+    def validated_fingerprints(self, validated: Mapping[str, int]) -> dict[str, dict[str, str]]:
+        """day -> table -> the fingerprint of the rows a validation validated: the one its input
+        record of that day and table names (none when the record names none)."""
+        read: dict[tuple[str, str], set[str]] = {}
+        for key, print_ in self.input_fingerprints.items():
+            if (parsed := staleness.parse_input_key(key)) is not None:
+                read.setdefault((parsed[1], parsed[2]), set()).add(print_)
+        return {day: {table: next(iter(found)) for table in validated if len(found := read.get((table, day), set())) == 1}
+                for day in self.days}
 
     def result(self, started: float, **details: Any) -> StageResult:
         """The run's StageResult: its published record, the seconds since `started` (time.time()),

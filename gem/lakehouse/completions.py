@@ -87,6 +87,8 @@ def completion_row(
     table_versions: Mapping[str, int],
     input_versions: Mapping[str, int] | None = None,
     reconciliation: str = "checked",
+    table_fingerprints: Mapping[str, str] | None = None,
+    input_fingerprints: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The (stage, ds) record as a row of the completions table; RuntimeError when rows_in is given
     and does not reconcile (rows_in None means the stage has no separate input count:
@@ -109,7 +111,18 @@ def completion_row(
         "input_versions": sorted((k, int(v)) for k, v in (input_versions or {}).items()),
         "reconciliation": reconciliation,
         "completed_at": dt.datetime.now(dt.UTC),
+        "table_fingerprints": sorted((table_fingerprints or {}).items()),
+        "input_fingerprints": sorted((input_fingerprints or {}).items()),
     }
+
+
+MAP_COLUMNS = ("quarantined_by_reason", "table_versions", "input_versions", "table_fingerprints", "input_fingerprints")
+
+
+def as_record(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A completions row as a record: its map columns as dicts (Arrow gives maps as (key, value)
+    pairs; a record written before a map column existed has none: an empty dict)."""
+    return dict(row) | {key: dict(row.get(key) or []) for key in MAP_COLUMNS}
 
 
 def publish_rows(cfg: GemConfig, stage: str, run_id: str, rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -121,15 +134,13 @@ def publish_rows(cfg: GemConfig, stage: str, run_id: str, rows: Sequence[Mapping
     table = pa.Table.from_pylist(list(rows), schema=COMPLETIONS.arrow_schema())
     write_deltalake(delta_table(path), table, mode="overwrite", predicate=_completions_where(stage, days),
                     partition_by=list(COMPLETIONS.partition_by), commit_properties=commit_properties(run_id))
-    return [dict(row) | {"ds": day, "quarantined_by_reason": dict(row["quarantined_by_reason"]),
-                         "table_versions": dict(row["table_versions"]), "input_versions": dict(row["input_versions"])}
-            for day, row in zip(days, rows, strict=True)]
+    return [as_record(row) | {"ds": day} for day, row in zip(days, rows, strict=True)]
 
 
 def publish_completion(cfg: GemConfig, stage: str, ds: str, run_id: str, *counts: Any, **versions: Any) -> dict[str, Any]:
     """Write the (stage, ds) record in one commit (replacing any earlier one); -> the record. The
     counts and versions are `completion_row`'s (rows_in, rows_written, quarantined_by_reason,
-    table_versions, input_versions, reconciliation). Stages publish through
+    table_versions, input_versions, reconciliation, and the fingerprints). Stages publish through
     gem.lakehouse.commit.StageCommit, which fills in the versions and the reconciliation (several
     days' records at once: `publish_rows`)."""
     return publish_rows(cfg, stage, run_id, [completion_row(stage, ds, run_id, *counts, **versions)])[0]
@@ -142,10 +153,7 @@ def completion(cfg: GemConfig, stage: str, ds: str) -> dict[str, Any] | None:
     rows = read_logged_table(path, where={"stage": stage, "ds": ds}).to_pylist()
     if not rows:
         return None
-    record = rows[-1]
-    for key in ("quarantined_by_reason", "table_versions", "input_versions"):  # Arrow maps come back as (key, value) pairs
-        record[key] = dict(record[key] or [])
-    return record
+    return as_record(rows[-1])
 
 
 def require_stage_inputs(cfg: GemConfig, stage: str, ds: str,

@@ -4,7 +4,9 @@ A record names the versions it read, as `"{stage}:{table}@{day}"` -> version: th
 record (stage, day) named when the stage ran (gem.lakehouse.commit). It is stale when
 
 - an input record it read is gone (withdrawn by a rerun that has not finished), or
-- an input record now names another version of that table (its day was rewritten), or
+- an input record now names another version of that table (its day was rewritten) with other
+  rows: a record names the fingerprint of the rows it wrote (gem.lakehouse.fingerprint), and a
+  rewrite whose fingerprint equals the one read leaves its readers valid, or
 - an input record is itself stale,
 
 so rewriting day D marks stale every later record that rested on it: the sequences and features of
@@ -63,9 +65,7 @@ def all_records(cfg: GemConfig) -> dict[Key, dict[str, Any]]:
         return {}
     out = {}
     for row in read_table(path).to_pylist():
-        for key in ("quarantined_by_reason", "table_versions", "input_versions"):
-            row[key] = dict(row.get(key) or [])
-        out[(row["stage"], row["ds"].isoformat())] = row
+        out[(row["stage"], row["ds"].isoformat())] = completions.as_record(row)
     return out
 
 
@@ -87,26 +87,29 @@ class Ledger:
             result = Status(stage, day, DONE)
             # Oldest inputs first: a chain of daily records is walked from its start, iteratively
             # deep (the memo holds the days before), not recursively from the newest day.
-            for input_stage, table, input_day, version in self._inputs(record):
-                found = self._stale_input(stage, day, input_stage, table, input_day, version)
+            for input_stage, table, input_day, version, read in self._inputs(record):
+                found = self._stale_input(stage, day, input_stage, table, input_day, version, read)
                 if found is not None:
                     result = found
                     break
         self._memo[key] = result
         return result
 
-    def _inputs(self, record: dict[str, Any]) -> list[tuple[str, str, str, int]]:
-        parsed = [(*p, int(v)) for k, v in record["input_versions"].items() if (p := parse_input_key(k))]
+    def _inputs(self, record: dict[str, Any]) -> list[tuple[str, str, str, int, str | None]]:
+        """(stage, table, day, version, fingerprint or None) of each input record's table read."""
+        read = record["input_fingerprints"]
+        parsed = [(*p, int(v), read.get(k)) for k, v in record["input_versions"].items() if (p := parse_input_key(k))]
         return sorted(parsed, key=lambda x: (x[2], x[0], x[1]))
 
     def _stale_input(self, stage: str, day: str, input_stage: str, table: str, input_day: str,
-                     version: int) -> Status | None:
+                     version: int, read: str | None) -> Status | None:
         current = self.records.get((input_stage, input_day))
         if current is None:
             return Status(stage, day, STALE, f"its input {input_stage} ds={input_day} has no record now",
                           (input_stage, input_day))
         now = current["table_versions"].get(table)
-        if now is None or int(now) != version:
+        same_rows = read is not None and current["table_fingerprints"].get(table) == read
+        if now is None or (int(now) != version and not same_rows):
             return Status(stage, day, STALE, f"{input_stage} ds={input_day} now names {table} "
                                              f"v{now} (read v{version})", (stage, day))
         upstream = self.status(input_stage, input_day)

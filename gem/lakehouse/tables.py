@@ -179,13 +179,34 @@ def _constraints(table: Any) -> set[str]:
     return {k[len(prefix) :].lower() for k in table.metadata().configuration if k.startswith(prefix)}
 
 
-def _verify_schema(table: Any, path: str, schema: TableSchema) -> None:
-    """Compare the log's schema (Spark's JSON format, parsed without a JVM) with schemas/."""
+def _logged_columns(table: Any) -> list[tuple[str, str]]:
+    """The log's columns as (name, Spark type), parsed from its schema (Spark's JSON format) without a JVM."""
     from pyspark.sql import types as T
 
     actual = T.StructType.fromJson(json.loads(table.schema().to_json()))
-    got = [(f.name, f.dataType.simpleString()) for f in actual.fields]
+    return [(f.name, f.dataType.simpleString()) for f in actual.fields]
+
+
+def _verify_schema(table: Any, path: str, schema: TableSchema) -> None:
+    """Compare the log's schema with schemas/. A table made before schemas/ added nullable columns
+    at its end gets them (one commit; its older rows read them as null), as ALTER TABLE ADD COLUMNS
+    would; any other difference raises."""
+    import pyarrow as pa
+    from deltalake import Schema
+
+    got = _logged_columns(table)
     exp = [(f.name, f.dataType.simpleString()) for f in schema.spark_schema().fields]
+    added = list(schema.columns[len(got):]) if exp[: len(got)] == got else []
+    if got != exp and added and all(c.nullable for c in added):
+        fields = Schema.from_arrow(pa.schema([schema.arrow_schema().field(c.name) for c in added])).fields
+        try:
+            table.alter.add_columns(fields)
+        except Exception as e:  # another process adding them at the same moment is fine
+            table.update_incremental()
+            if _logged_columns(table) != exp:
+                raise TableSchemaMismatch(f"{schema.name} at {path}: could not add the columns "
+                                          f"{[c.name for c in added]} schemas/ defines: {e}") from e
+        got = _logged_columns(table)
     if got != exp:
         raise TableSchemaMismatch(f"{schema.name} at {path} has columns {got}, schemas/ defines {exp}")
 

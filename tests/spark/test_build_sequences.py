@@ -301,17 +301,15 @@ def test_rerun_rewrites_identical_partition_contents(spark, built):
         rows = tables.read_table(spark, cfg, SILVER_USER_SEQUENCES).where(f"ds = DATE'{ds}'").collect()
         return sorted((r["user_id"], repr(r.asDict(recursive=True))) for r in rows)
 
-    before = partition()
+    before, record = partition(), completions.completion(cfg, "build_sequences", ds)
     build_sequences.run(StageContext(cfg, spark), ds)
     assert partition() == before
-    # The rerun committed a new version of ds: the later days' records, which read the old one,
-    # are stale (directly, then through the chain) until they are rerun in order.
-    ledger = Ledger(all_records(cfg))
-    assert [ledger.status("build_sequences", d).state for d in DAYS] == [DONE, DONE, DONE, STALE, STALE]
-    assert ledger.status("build_sequences", DAYS[4]).rerun_first == ("build_sequences", DAYS[3])
-    with pytest.raises(completions.StaleInputError, match=rf"needs build_sequences ds={DAYS[3]}, which is stale.*"
-                       rf"rerun `python -m jobs.build_sequences --ds {DAYS[3]}` first"):
-        build_sequences.run(StageContext(cfg, spark), DAYS[4])
+    # The rerun committed a new version of ds with the same rows: its record names the fingerprint
+    # the later days' records read, so none of them is stale, and the next day builds on it.
+    rerun = completions.completion(cfg, "build_sequences", ds)
+    assert rerun["table_versions"] != record["table_versions"]
+    assert rerun["table_fingerprints"] == record["table_fingerprints"]
+    assert {Ledger(all_records(cfg)).status("build_sequences", d).state for d in DAYS} == {DONE}
 
     def compaction(day: str) -> list[tuple]:
         rows = tables.read_table(spark, cfg, SILVER_USER_SEQUENCES_COMPACTED).where(f"ds = DATE'{day}'").collect()
@@ -327,6 +325,29 @@ def test_rerun_rewrites_identical_partition_contents(spark, built):
         f"stage = 'build_sequences' AND ds = DATE'{ds}'"
     ).count()
     assert records == 1
+
+
+def test_a_day_rebuilt_from_other_rows_makes_the_later_days_stale(spark, built):
+    cfg, days, _ = built
+    ds = DAYS[2]
+    try:
+        # Bronze of ds with the heavy user's first event of another type: its counts change.
+        first = days[ds][0]
+        other = "click" if first["event_type"] == "impression" else "impression"
+        changed = _event(first["event_id"], ds, first["user_id"], other, first["event_time"])
+        _load_bronze_day(spark, cfg, ds, [changed, *days[ds][1:]])
+        build_sequences.run(StageContext(cfg, spark), ds)
+        ledger = Ledger(all_records(cfg))
+        assert [ledger.status("build_sequences", d).state for d in DAYS] == [DONE, DONE, DONE, STALE, STALE]
+        assert ledger.status("build_sequences", DAYS[4]).rerun_first == ("build_sequences", DAYS[3])
+        with pytest.raises(completions.StaleInputError, match=rf"needs build_sequences ds={DAYS[3]}, which is stale.*"
+                           rf"rerun `python -m jobs.build_sequences --ds {DAYS[3]}` first"):
+            build_sequences.run(StageContext(cfg, spark), DAYS[4])
+    finally:  # the module's other tests read the days as `built` made them
+        _load_bronze_day(spark, cfg, ds, days[ds])
+        for d in DAYS[2:]:
+            build_sequences.run(StageContext(cfg, spark), d)
+    assert {Ledger(all_records(cfg)).status("build_sequences", d).state for d in DAYS} == {DONE}
 
 
 def test_missing_inputs_fail_with_a_clear_message(spark, built):

@@ -63,5 +63,7 @@ def test_ranged_stages_equal_the_stages_run_day_by_day(spark, tmp_path: Path):
             assert (a is None) == (b is None), (stage, day)
             if a is not None:
                 assert {k: a[k] for k in RECORD_COUNTS} == {k: b[k] for k in RECORD_COUNTS}, (stage, day)
+                # The same rows, written in other commits and files: the same fingerprints.
+                assert a["table_fingerprints"] == b["table_fingerprints"] and a["table_fingerprints"], (stage, day)
                 published += 1
     assert published == 4 * 5 + 3 * 2  # the example stages: the days whose window closed by the 4th

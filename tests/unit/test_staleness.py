@@ -1,16 +1,22 @@
-"""gem.lakehouse.staleness and `python -m jobs.status`: a rewritten day makes every later record that rested on
-it stale, readers refuse stale inputs naming what to rerun, and the listing shows done / stale /
-missing per stage and day. Real completion records in a real Delta table (deltalake, no Spark),
-written as gem.lakehouse.commit writes them."""
+"""gem.lakehouse.staleness and `python -m jobs.status`: a day rewritten with other rows makes every
+later record that rested on it stale (the same rows, by fingerprint, do not), readers refuse stale
+inputs naming what to rerun, and the listing shows done / stale / missing per stage and day. Real
+completion records in a real Delta table (deltalake, no Spark), written as gem.lakehouse.commit
+writes them."""
 
 from __future__ import annotations
 
-import pytest
+import datetime as dt
 
-from gem.lakehouse import completions
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from gem.lakehouse import completions, tables
 from gem.lakehouse.commit import StageCommit, StageContext, input_key
 from gem.lakehouse.staleness import DONE, MISSING, STALE, Ledger, all_records
 from jobs import status
+from schemas.ops import COMPLETIONS
 from tests.support import make_config
 
 S = "2026-01-01"
@@ -91,3 +97,42 @@ def test_status_lists_done_stale_and_missing(tmp_path, capsys):
     assert status.main(["--config", str(cfg_file)]) == 0
     out = capsys.readouterr().out
     assert "01-01  01-02  01-03" in out and "2 stale:" in out
+
+
+def test_a_completions_table_made_before_the_fingerprint_columns_gets_them_on_the_next_write(tmp_path):
+    """A lakehouse from before `table_fingerprints` / `input_fingerprints` existed: its next record
+    adds the columns (one commit), its older records read back with none, and versions still decide."""
+    cfg = make_config(tmp_path, start_ds=S)
+    path = tables.table_path(cfg, COMPLETIONS)
+    older = pa.schema([f for f in COMPLETIONS.arrow_schema() if not f.name.endswith("_fingerprints")])
+    row = completions.completion_row("ingest_events", DAYS[0], "old", None, 0, {}, {BRONZE: 10},
+                                     reconciliation="test: made before fingerprints")
+    write_deltalake(path, pa.Table.from_pylist([{k: row[k] for k in older.names}], schema=older),
+                    partition_by=list(COMPLETIONS.partition_by))
+    _publish(cfg, "validate_events", DAYS[0], {BRONZE: 10}, {input_key("ingest_events", BRONZE, DAYS[0]): 10})
+    assert DeltaTable(path).schema().to_arrow().names == COMPLETIONS.arrow_schema().names
+    old = completions.completion(cfg, "ingest_events", DAYS[0])
+    assert old["table_fingerprints"] == {} and old["completed_at"] < dt.datetime.now(dt.UTC)
+    assert Ledger(all_records(cfg)).status("validate_events", DAYS[0]).state == DONE
+    _publish(cfg, "ingest_events", DAYS[0], {BRONZE: 11}, {})  # rewritten, no fingerprint to compare: stale
+    assert Ledger(all_records(cfg)).status("validate_events", DAYS[0]).state == STALE
+
+
+def test_a_rewrite_with_the_same_fingerprint_leaves_its_readers_valid(tmp_path):
+    cfg = make_config(tmp_path, start_ds=S)
+    key = input_key("ingest_events", BRONZE, DAYS[0])
+
+    def ingest(version: int, fingerprint: str) -> None:
+        row = completions.completion_row("ingest_events", DAYS[0], f"ingest:{version}", None, 0, {}, {BRONZE: version},
+                                         reconciliation="test", table_fingerprints={BRONZE: fingerprint})
+        completions.publish_rows(cfg, "ingest_events", row["run_id"], [row])
+
+    ingest(10, "5:123")
+    row = completions.completion_row("validate_events", DAYS[0], "v", None, 0, {}, {BRONZE: 10}, {key: 10},
+                                     reconciliation="test", input_fingerprints={key: "5:123"})
+    completions.publish_rows(cfg, "validate_events", "v", [row])
+    ingest(11, "5:123")  # the same rows again
+    assert Ledger(all_records(cfg)).status("validate_events", DAYS[0]).state == DONE
+    ingest(12, "5:124")  # one row changed
+    status_now = Ledger(all_records(cfg)).status("validate_events", DAYS[0])
+    assert status_now.state == STALE and "bronze.ad_events v12 (read v10)" in status_now.why
