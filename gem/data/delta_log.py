@@ -125,11 +125,7 @@ def _read_present(source: Any, columns: Sequence[str] | None) -> pa.Table:
     except pa.ArrowInvalid:
         if columns is None:
             raise
-        if hasattr(source, "seek"):
-            source.seek(0)
-        present = set(pq.read_schema(source).names)
-        if hasattr(source, "seek"):
-            source.seek(0)
+        present = set(pq.ParquetFile(source).schema_arrow.names)
         return pq.read_table(source, columns=[c for c in columns if c in present])
 
 

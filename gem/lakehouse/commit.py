@@ -307,7 +307,8 @@ class StageCommit:
         # from the oldest of these days' validated versions.
         changes = data_changes_by_version(path, min(moved_days.values()), latest, exempt={ERASURE_USER_METADATA})
         for day, version in sorted(moved_days.items()):
-            since = max(version, self.same_rows_version(validation_stage, table, day) or version)
+            same_rows = self.same_rows_version(validation_stage, table, day)
+            since = version if same_rows is None else max(version, same_rows)
             if changes is None or any(day in changed for v, changed in changes.items() if v > since):
                 raise completions.StaleInputError(
                     f"{self.stage.name} ds={self.ds}: {table} ds={day} changed after its validation (version "
@@ -541,12 +542,12 @@ class StageCommit:
     def validated_fingerprints(self, validated: Mapping[str, int]) -> dict[str, dict[str, str]]:
         """day -> table -> the fingerprint of the rows a validation validated: the one its input
         record of that day and table names (none when the record names none)."""
-        read: dict[tuple[str, str], set[str]] = {}
+        out: dict[str, dict[str, str]] = {day: {} for day in self.days}
         for key, print_ in self.input_fingerprints.items():
-            if (parsed := staleness.parse_input_key(key)) is not None:
-                read.setdefault((parsed[1], parsed[2]), set()).add(print_)
-        return {day: {table: next(iter(found)) for table in validated if len(found := read.get((table, day), set())) == 1}
-                for day in self.days}
+            parsed = staleness.parse_input_key(key)
+            if parsed is not None and parsed[1] in validated and parsed[2] in out:
+                out[parsed[2]][parsed[1]] = print_
+        return out
 
     def result(self, started: float, **details: Any) -> StageResult:
         """The run's StageResult: its published record, the seconds since `started` (time.time()),
