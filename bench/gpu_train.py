@@ -36,13 +36,14 @@ from bench.results import RESULTS_DIR, Figure, ResultsDirOption, record
 from gem.command_line import run_function
 from gem.config import TrainConfig
 from gem.data.batch import Batch, Jagged, Sparse
-from gem.data.encode import DENSE_COLUMNS, HASHED_IDS, VOCABULARIES
+from gem.data.encode import DENSE_COLUMNS, VOCABULARIES
 from gem.data.loader import MAX_POSITION, SPARSE_FEATURES
 from gem.data.snapshots import MODEL_FIELDS
 from gem.model.build import build_task
 from gem.model.configs import EmbeddingConfig, EventConfig, HeadConfig, HSTUConfig, KunlunConfig, ModelConfig
 from gem.model.flops import body_out_dim, heads_flops, hstu_body_flops, kunlun_flops
 from gem.train.trainer import CyclingStream, Trainer
+from schemas.ids import HASHED_IDS
 
 H200_BF16_SPEC_TFLOPS = 989.0
 SPARSE = SPARSE_FEATURES

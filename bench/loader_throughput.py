@@ -40,10 +40,13 @@ from bench.results import RESULTS_DIR, Figure, ResultsDirOption, record
 from gem.command_line import day_option, job_app, run_command
 from gem.config import LoaderConfig, load_config
 from gem.data.delta_log import logged_files, partition_types, table_version
+from gem.data.encode import hash_ids
 from gem.data.loader import ExampleStream, ResumableLoader
 from gem.data.manifest import Manifest, Source, read_manifest
 from schemas.examples import LABEL_COLUMNS, SILVER_TRAINING_EXAMPLES
+from schemas.ids import HASHED_IDS, hash_column
 from schemas.mixture import GOLD_MIXTURE_MANIFEST
+from schemas.sequences import ELEMENT_ID_HASHES
 from schemas.tasks import SURFACES
 
 DAY = "2026-01-10"
@@ -106,6 +109,9 @@ def _sequence_column(rng: np.random.Generator, users: int, length: int, with_con
     if with_conversion_type:
         fields.append(pa.array(np.array(["lead", "app_install"])[rng.integers(0, 2, size=n)]))
         names.append("conversion_type")
+    for name in ELEMENT_ID_HASHES:  # what build_sequences writes beside each id (schemas/ids.py)
+        fields.append(pa.array(hash_ids(fields[names.index(name)])))
+        names.append(hash_column(name))
     fields = [f.combine_chunks() if isinstance(f, pa.ChunkedArray) else f for f in fields]
     elements = pa.StructArray.from_arrays(fields, names=names)
     offsets = pa.array(np.arange(0, n + 1, length, dtype=np.int32))
@@ -146,6 +152,7 @@ def write_synthetic(root: Path, examples: int, users: int, length: int, seed: in
         "features_ds": pa.array([dt.date.fromisoformat(DAY)] * examples, pa.date32()),
         "attributed_conversions": pa.array(np.zeros(examples, np.int32)),
     })
+    columns.update({hash_column(c): pa.array(hash_ids(columns[c])) for c in HASHED_IDS})
     for t, col in LABEL_COLUMNS.items():
         columns[col] = pa.array((rng.random(examples) < (0.05 if t == "click" else 0.005)).astype(np.int32))
     write_deltalake(ex_path, pa.table({name: columns[name] for name in SILVER_TRAINING_EXAMPLES.column_names}),

@@ -267,8 +267,11 @@ class LoaderConfig:
     max_impressions: PositiveInt = 256
     max_clicks: PositiveInt = 128
     max_conversions: PositiveInt = 32
-    # Day snapshots of silver.user_sequences each worker keeps indexed in memory.
-    snapshot_cache_days: PositiveInt = 2
+    # Memory for the day snapshots of silver.user_sequences a worker (or the training process, with
+    # in_process) keeps indexed, in MiB: the least recently used day goes first, and a day whose index
+    # alone is larger raises SnapshotTooLarge (gem/data/snapshots.py). A batch reads the days of its
+    # rows (up to interleave_files of them), so the cache should hold that many.
+    snapshot_cache_mib: PositiveInt = 1024
     # Length-aware batching: each shard buffers this many batches' rows, sorts them by sequence
     # length and cuts batches of similar lengths, emitted in a seeded order (gem/data/length_batching.py);
     # exact resume and the draws are unchanged. 1 = batches in stream order. It cuts padding, but is off

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 from schemas.events import BRONZE_AD_EVENTS
 from schemas.features import COUNTER_COLUMNS
+from schemas.ids import HASHED_IDS, hash_column
 from schemas.table import Column, TableSchema
 from schemas.tasks import CONVERSION_TYPES, LABEL_TYPES, SURFACES
 
@@ -109,6 +110,9 @@ SILVER_TRAINING_EXAMPLES = TableSchema(
         Column("impression_time", "timestamp", nullable=False, doc="UTC; sequences are cut strictly before it"),
         # The impression's own attributes, defined once in the event contract.
         *(BRONZE_AD_EVENTS.column(c) for c in IMPRESSION_ATTRIBUTES),
+        # What the model embeds of each free-form id, hashed where the row is written (schemas/ids.py).
+        *(Column(hash_column(c), "long", nullable=False, min=0, personal=BRONZE_AD_EVENTS.column(c).personal,
+                 doc=f"id_hash({c}), schemas/ids.py") for c in HASHED_IDS),
         Column("sequence_ds", "date", nullable=False, doc="silver.user_sequences partition holding the user's row"),
         Column("features_ds", "date", nullable=False, doc="silver.*_features partition joined: the impression's day"),
     )

@@ -18,7 +18,8 @@ element of `impressions` / `clicks`:
     {"event_time": 2026-01-01 01:00:00, "event_id": "e-2026-01-01-000000000001", "ad_id": "a7",
      "advertiser_id": "adv3", "campaign_id": "c12", "surface": "reels", "objective": "sales"}
 
-`conversions` elements carry one more field, "conversion_type": "lead". Events that arrive
+`conversions` elements carry one more field, "conversion_type": "lead". Every element ends with
+its ids hashed (schemas/ids.py): "ad_id_hash", "advertiser_id_hash", "campaign_id_hash". Events that arrive
 late (event_time earlier than events already in a sequence) sit at their event_time position.
 
 `n_impressions` / `n_clicks` / `n_conversions` count all of the user's events of that type up to
@@ -27,6 +28,7 @@ the end of ds (not capped), so size(impressions) = min(n_impressions, cap).
 
 from __future__ import annotations
 
+from schemas.ids import hash_column
 from schemas.table import Column, TableSchema
 
 # event_time then event_id come first: Spark orders structs field by field, so sort_array over
@@ -41,8 +43,13 @@ _EVENT_FIELDS: tuple[tuple[str, str], ...] = (
     ("objective", "string"),
 )
 _CONVERSION_FIELDS: tuple[tuple[str, str], ...] = _EVENT_FIELDS + (("conversion_type", "string"),)
+# Ids an element also carries hashed (schemas/ids.py), as the last fields of its struct: the loader
+# reads these, never the strings.
+ELEMENT_ID_HASHES: tuple[str, ...] = ("ad_id", "advertiser_id", "campaign_id")
+_HASH_FIELDS: tuple[tuple[str, str], ...] = tuple((hash_column(c), "long") for c in ELEMENT_ID_HASHES)
 
-# Field names of one sequence element per event type (bronze column names, same order as the struct).
+# Field names of one sequence element per event type copied from bronze (bronze column names, in
+# struct order); the struct then ends with the ELEMENT_ID_HASHES fields.
 SEQUENCE_FIELDS: dict[str, tuple[str, ...]] = {
     "impression": tuple(name for name, _ in _EVENT_FIELDS),
     "click": tuple(name for name, _ in _EVENT_FIELDS),
@@ -63,9 +70,10 @@ def _array_of_struct(fields: tuple[tuple[str, str], ...]) -> str:
 
 _SEQUENCE_STATE_COLUMNS: tuple[Column, ...] = (
     Column("user_id", "string", nullable=False, personal=True),
-    Column("impressions", _array_of_struct(_EVENT_FIELDS), nullable=False, doc="oldest first, capped"),
-    Column("clicks", _array_of_struct(_EVENT_FIELDS), nullable=False, doc="oldest first, capped"),
-    Column("conversions", _array_of_struct(_CONVERSION_FIELDS), nullable=False, doc="oldest first, capped"),
+    Column("impressions", _array_of_struct(_EVENT_FIELDS + _HASH_FIELDS), nullable=False, doc="oldest first, capped"),
+    Column("clicks", _array_of_struct(_EVENT_FIELDS + _HASH_FIELDS), nullable=False, doc="oldest first, capped"),
+    Column("conversions", _array_of_struct(_CONVERSION_FIELDS + _HASH_FIELDS), nullable=False,
+           doc="oldest first, capped"),
     Column("n_impressions", "long", nullable=False, min=0, doc="all impressions up to ds, uncapped"),
     Column("n_clicks", "long", nullable=False, min=0, doc="all clicks up to ds, uncapped"),
     Column("n_conversions", "long", nullable=False, min=0, doc="all conversions up to ds, uncapped"),

@@ -103,23 +103,34 @@ def require_file(path: str, context: str) -> None:
         raise _missing(path, context)
 
 
-def _read_parquet(path: str, columns: Sequence[str] | None) -> pa.Table:
+def _read_parquet(path: str, columns: Sequence[str] | None,
+                  fields: Mapping[str, Collection[str]] | None = None) -> pa.Table:
     """One data file's columns (those of `columns` it has: a column added to the table after the
     file was written is not in it): a local file read directly (after require_file), one on an
     object store through gem.storage, a missing one reported as MissingDataFileError when the read
     finds it gone (no separate existence check per file)."""
     if storage.is_local(path):
         require_file(path, "read_logged")
-        return _read_present(path, columns)
+        return _read_present(path, columns, fields)
     try:
         with storage.open_read(path) as f:
-            return _read_present(f, columns)
+            return _read_present(f, columns, fields)
     except FileNotFoundError as e:
         raise _missing(path, "read_logged") from e
 
 
-def _read_present(source: Any, columns: Sequence[str] | None) -> pa.Table:
-    """pq.read_table of the `columns` the file has (its schema read only when one is missing)."""
+def _read_present(source: Any, columns: Sequence[str] | None,
+                  fields: Mapping[str, Collection[str]] | None = None) -> pa.Table:
+    """pq.read_table of the `columns` the file has (its schema read only when one is missing); a
+    column in `fields` (a list of structs, a struct) with only those fields of its struct."""
+    if fields and columns is not None:
+        file = pq.ParquetFile(source)
+        leaves = [file.schema.column(i).path for i in range(len(file.schema))]  # "impressions.list.element.ad_id"
+        top = {leaf.split(".", 1)[0] for leaf in leaves}
+        paths = [p for c in columns if c in top
+                 for p in ([leaf for leaf in leaves if leaf.startswith(f"{c}.") and leaf.rsplit(".", 1)[1] in fields[c]]
+                           if c in fields else [c])]
+        return file.read(columns=paths)
     try:
         return pq.read_table(source, columns=columns)
     except pa.ArrowInvalid:
@@ -137,7 +148,7 @@ def partition_types(table_path: str, version: int | None = None) -> dict[str, An
 
 
 def read_logged(files: Sequence[LoggedFile], types: dict[str, Any], columns: Sequence[str] | None = None,
-                schema: Any = None) -> Any:
+                schema: Any = None, fields: Mapping[str, Collection[str]] | None = None) -> Any:
     """The rows of `files` as one Arrow table, partition columns restored from the log's values.
 
     Delta data files do not store partition columns (they live in the log's add actions), so
@@ -148,6 +159,8 @@ def read_logged(files: Sequence[LoggedFile], types: dict[str, Any], columns: Seq
     of one table written by different engines differ (Spark: INT96 nanoseconds, nullable;
     delta-rs: microseconds UTC, not null), and Arrow concatenates only equal schemas. It also fills
     with nulls the columns a file lacks because they were added to the table after it was written.
+    `fields`: column -> the fields of its struct (a list of structs' elements) to read; the other
+    fields' pages are never decoded (the loader reads a sequence's hashed ids, not its strings).
     """
     wanted = list(columns) if columns is not None else None
     data_columns = [c for c in wanted if c not in types] if wanted is not None else None
@@ -155,7 +168,7 @@ def read_logged(files: Sequence[LoggedFile], types: dict[str, Any], columns: Seq
         data_columns = [n for n in schema.names if n not in types]
     tables = []
     for f in files:
-        table = _read_parquet(f.path, data_columns)
+        table = _read_parquet(f.path, data_columns, fields)
         if schema is not None:
             for name in data_columns or []:
                 if name not in table.column_names:  # added after this file was written

@@ -1,25 +1,23 @@
 """Arrow columns -> numpy/torch model inputs: id hashing, small vocabularies, dense counters.
 
 Id policy (the model buckets these further, see its config): free-form ids (user, ad, advertiser,
-campaign) become stable 63-bit hashes (blake2b of the text), so an id never seen before still gets
-a value; closed vocabularies (surface, objective, creative type, conversion type) become their
+campaign) become stable 63-bit hashes (schemas/ids.py), written by the Spark stages beside the
+strings, so an id never seen before still gets a value and the loader never hashes a string (served
+requests carry strings, hashed here the same way); closed vocabularies (surface, objective, creative type, conversion type) become their
 index in schemas.tasks + 1, with 0 for null or unknown.
 """
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from gem.data.sampling import stable_hash
 from schemas.examples import AD_FEATURE_PREFIX, USER_FEATURE_PREFIX
 from schemas.features import COUNT_METRICS, COUNTER_COLUMNS, SCOPES, WINDOW_DAYS, counter_name
+from schemas.ids import HASH_MASK, HASH_SEED, hash_column
 from schemas.tasks import CONVERSION_TYPES, CREATIVE_TYPES, OBJECTIVES, SURFACES
 
-HASHED_IDS: tuple[str, ...] = ("user_id", "ad_id", "advertiser_id", "campaign_id")
 VOCABULARIES: dict[str, tuple[str, ...]] = {
     "surface": SURFACES,
     "objective": OBJECTIVES,
@@ -34,27 +32,32 @@ _COUNT_WINDOW: dict[str, int] = {
     f"{p}{counter_name(m, w, s)}": w
     for p in (USER_FEATURE_PREFIX, AD_FEATURE_PREFIX) for w in WINDOW_DAYS for s in SCOPES for m in COUNT_METRICS.values()
 }
-_MASK63 = (1 << 63) - 1
 MAX_POSITION = 63  # positions above share one value
 
 
-@functools.lru_cache(maxsize=1 << 18)
-def _id_hash(text: str) -> int:
-    # Memoized: the same ads, advertisers and campaigns recur in every batch and shard a process
-    # encodes, and a cache hit costs a fraction of a blake2b.
-    return stable_hash(text) & _MASK63
-
-
 def hash_ids(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """(n,) int64 >= 0: each string's stable hash; null -> 0. Hashes each distinct value once."""
+    """(n,) int64 >= 0: each string's id hash (schemas/ids.py, Spark's xxhash64 with seed 42); null -> 0.
+    Hashes each distinct value once. For strings that come without their hash (served requests)."""
+    import xxhash  # noqa: PLC0415 - not on the GPU image, whose entry points read ids already hashed
+
     encoded = pc.dictionary_encode(column)
     chunks = encoded.chunks if isinstance(encoded, pa.ChunkedArray) else [encoded]
     parts = []
     for chunk in chunks:
-        table = np.array([*map(_id_hash, chunk.dictionary.to_pylist()), 0], dtype=np.int64)
+        hashed = [xxhash.xxh64_intdigest(text.encode(), seed=HASH_SEED) & HASH_MASK for text in chunk.dictionary.to_pylist()]
+        table = np.array([*hashed, 0], dtype=np.int64)
         indices = chunk.indices.fill_null(len(table) - 1).to_numpy(zero_copy_only=False)
         parts.append(table[indices])
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def id_values(table: pa.Table, name: str) -> np.ndarray:
+    """(n,) int64: the id column `name` as the model embeds it: its hash column where the table has
+    one (silver.training_examples), else the strings hashed (hash_ids)."""
+    hashed = hash_column(name)
+    if hashed in table.column_names:
+        return pc.fill_null(table[hashed], 0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    return hash_ids(table[name])
 
 
 def vocab_index(column: pa.Array | pa.ChunkedArray, vocabulary: tuple[str, ...]) -> np.ndarray:

@@ -34,8 +34,12 @@ Semantics (each one tested in tests/spark/test_loader.py):
     uninterrupted run would have produced next.
   * Sequences. Each example's sequences come from the user_sequences row (user_id, sequence_ds) at
     the manifest's pinned version, cut strictly before impression_time, the most recent
-    `loader.max_<type>s` kept. A worker indexes a day's snapshot once (gem.data.snapshots) and serves
-    all that day's files from it, instead of reading a snapshot per example.
+    `loader.max_<type>s` kept. A worker indexes a day's snapshot once (gem.data.snapshots, its ids
+    already hashed, its days kept within loader.snapshot_cache_mib) and serves all that day's files
+    from it, instead of reading a snapshot per example.
+  * Batches are built with whole-column Arrow / NumPy operations: ids are the hash columns the Spark
+    stages wrote (schemas/ids.py), and the sequence cut is a vectorized binary search and a gather
+    per day of the batch (gem.data.sequences); no step loops over examples in Python.
 
 Batches hold fewer than batch_size examples only in the last buffer of a shard's pass.
 """
@@ -43,13 +47,13 @@ Batches hold fewer than batch_size examples only in the last buffer of a shard's
 from __future__ import annotations
 
 import gc
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 from more_itertools import divide, roundrobin
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
@@ -59,11 +63,10 @@ from gem.data.batch import Batch, Jagged, Sparse
 from gem.data.delta_log import LoggedFile, MissingDataFileError, logged_files, read_logged, require_file
 from gem.data.encode import (
     DENSE_COLUMNS,
-    HASHED_IDS,
     MAX_POSITION,  # noqa: F401 - importable from here too (bench.gpu_train)
     VOCABULARIES,
     dense_matrix,
-    hash_ids,
+    id_values,
     position_index,
     timestamps_us,
     vocab_index,
@@ -71,16 +74,19 @@ from gem.data.encode import (
 from gem.data.length_batching import length_sorted_batches
 from gem.data.manifest import Manifest
 from gem.data.sampling import keep_probability, row_uniforms, stable_hash
-from gem.data.sequences import Spans, sequence_spans
-from gem.data.snapshots import MODEL_FIELDS, DaySnapshot, load_day
+from gem.data.sequences import Spans, sequence_spans, spread
+from gem.data.snapshots import MODEL_FIELDS, DaySnapshot, SnapshotCache, load_day
 from schemas.examples import LABEL_COLUMNS
+from schemas.ids import HASHED_IDS, hash_column
 from schemas.sequences import SEQUENCE_COLUMNS
 
 SPARSE_FEATURES: tuple[str, ...] = ("user_id", "ad_id", "advertiser_id", "campaign_id", "surface", "objective",
                                     "creative_type", "position")
-# Columns read from an example file (its surface partition value is restored from the log).
+# Columns read from an example file (its surface partition value is restored from the log): the
+# ids as the hashes assemble_examples wrote (schemas/ids.py), the user's id too, which keys the
+# sequence snapshots.
 EXAMPLE_COLUMNS: list[str] = [
-    "impression_id", "impression_time", "user_id", "ad_id", "advertiser_id", "campaign_id",
+    "impression_id", "impression_time", "user_id", *[hash_column(c) for c in HASHED_IDS],
     "objective", "creative_type", "position", "sequence_ds", "features_ds", *LABEL_COLUMNS.values(), *DENSE_COLUMNS,
 ]
 
@@ -134,7 +140,9 @@ class ExampleStream(IterableDataset):
                 self.sequence_files[f.partition["ds"]].append(f)
         self.pass_index, self.rotation = 0, 0
         self.cursors: dict[int, tuple[int, ...]] = {}
-        self._snapshots: OrderedDict[str, DaySnapshot] = OrderedDict()
+        context = f"manifest {manifest.mixture_id}"
+        self.snapshots = SnapshotCache(lambda ds: load_day(self.sequence_files[ds], ds, context),
+                                       cfg.snapshot_cache_mib, context)
 
     # ---- resume plumbing (set by ResumableLoader before each iteration) ----------------------------
     def configure(self, pass_index: int, cursors: dict[int, tuple[int, ...]], rotation: int) -> None:
@@ -210,16 +218,9 @@ class ExampleStream(IterableDataset):
 
     # ---- sequences --------------------------------------------------------------------------------
     def snapshot(self, ds: str) -> DaySnapshot:
-        if ds in self._snapshots:
-            self._snapshots.move_to_end(ds)
-            return self._snapshots[ds]
-        snap = load_day(self.sequence_files[ds], ds, f"manifest {self.manifest.mixture_id}")
-        self._snapshots[ds] = snap
-        while len(self._snapshots) > self.cfg.snapshot_cache_days:
-            self._snapshots.popitem(last=False)
-        return snap
+        return self.snapshots(ds)
 
-    def sequence_spans(self, users: list[str], sequence_ds: list[str], times: np.ndarray) -> Spans:
+    def sequence_spans(self, users: pa.ChunkedArray, sequence_ds: np.ndarray, times: np.ndarray) -> Spans:
         """Per event type, where each example's events strictly before its impression time lie
         (the newest `loader.max_<type>s` kept), without copying them."""
         return sequence_spans(self.snapshot, self.cfg.max_length, users, sequence_ds, times)
@@ -236,8 +237,9 @@ class ExampleStream(IterableDataset):
         return example_batch(table, self.tasks, mask, weights, meta, sequences, self.manifest.counters_start_ds)
 
     @staticmethod
-    def sequence_days(table: pa.Table) -> list[str]:
-        return [d.isoformat() for d in table["sequence_ds"].to_pylist()]
+    def sequence_days(table: pa.Table) -> np.ndarray:
+        """(n,) str: each row's sequence_ds, "YYYY-MM-DD"."""
+        return pc.cast(table["sequence_ds"], pa.string()).to_numpy(zero_copy_only=False).astype("U10")
 
     def __iter__(self) -> Iterator[Batch]:
         info = get_worker_info()
@@ -280,7 +282,7 @@ class ExampleStream(IterableDataset):
         mask = np.concatenate([m for _, m, _ in pending])
         weights = np.concatenate([w for _, _, w in pending])
         times = timestamps_us(table["impression_time"])
-        spans = self.sequence_spans(table["user_id"].to_pylist(), self.sequence_days(table), times)
+        spans = self.sequence_spans(table["user_id"], self.sequence_days(table), times)
         if self.cfg.length_sort_batches == 1:  # stream order: one batch per buffer, as cut
             groups = [np.arange(table.num_rows)]
         else:
@@ -296,26 +298,28 @@ class ExampleStream(IterableDataset):
 
 def cut_sequences(snapshot: Callable[[str], DaySnapshot], spans: Spans, times: np.ndarray) -> dict[str, Jagged]:
     """Per event type, the examples' events that `spans` locates, as one Jagged each (time gaps to
-    `times` in seconds)."""
+    `times` in seconds): one gather per field and day of the examples, no per-example Python."""
     out = {}
-    snaps = {d: snapshot(d) for d in sorted(set(spans.days))}
-    lengths_all = spans.lengths()
+    days = list(spans.by_day())
+    lengths_all = spans.lengths()  # (n, event types)
     for k, event_type in enumerate(SEQUENCE_COLUMNS):
         lengths = lengths_all[:, k]
-        values: dict[str, list[np.ndarray]] = {}
-        gap: list[np.ndarray] = []
-        for i in np.flatnonzero(lengths):
-            flat = snaps[spans.days[i]].sequences[event_type]
-            first, cut = int(spans.first[event_type][i]), int(spans.cut[event_type][i])
-            for name, arr in flat.fields.items():  # slices of the flat arrays: no index array needed
-                values.setdefault(name, []).append(arr[first:cut])
-            gap.append((times[i] - flat.times[first:cut]) / 1e6)
-        offsets = np.concatenate([[0], np.cumsum(lengths)])
-        tensors = {name: torch.from_numpy(np.concatenate(v)) for name, v in values.items()}
-        for name in MODEL_FIELDS[event_type]:  # present even when no example has history
-            tensors.setdefault(name, torch.zeros(0, dtype=torch.int64))
-        tensors["gap_s"] = torch.from_numpy(np.concatenate(gap).astype(np.float32) if gap else np.zeros(0, np.float32))
-        out[event_type] = Jagged(tensors, torch.from_numpy(offsets.astype(np.int64)))
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)  # (n+1,)
+        values = {name: np.zeros(offsets[-1], np.int64) for name in MODEL_FIELDS[event_type]}
+        gap = np.zeros(offsets[-1], np.float32)
+        for day, index in days:
+            index = index[lengths[index] > 0]
+            if not index.size:
+                continue
+            flat = snapshot(day).sequences[event_type]
+            source = spread(spans.first[event_type][index], lengths[index])  # (m,) into the day's flat arrays
+            target = spread(offsets[index], lengths[index])  # (m,) into the batch's values
+            for name, arr in flat.fields.items():
+                values[name][target] = arr[source]
+            gap[target] = (np.repeat(times[index], lengths[index]) - flat.times[source]) / 1e6
+        tensors = {name: torch.from_numpy(v) for name, v in values.items()}
+        tensors["gap_s"] = torch.from_numpy(gap)
+        out[event_type] = Jagged(tensors, torch.from_numpy(offsets))
     return out
 
 
@@ -330,17 +334,18 @@ def example_batch(table: pa.Table, tasks: tuple[str, ...], mask: np.ndarray, wei
     sparse = {}
     for name in SPARSE_FEATURES:
         if name in HASHED_IDS:
-            values = hash_ids(table[name])
+            values = id_values(table, name)
         elif name in VOCABULARIES:
             values = vocab_index(table[name], VOCABULARIES[name])
         else:  # position: 0 = none, else position + 1 (capped)
             values = position_index(table[name])
         sparse[name] = Sparse(torch.from_numpy(np.asarray(values, dtype=np.int64)), torch.ones(n, dtype=torch.int32))
     labels = np.zeros((n, len(tasks)), dtype=np.float32)
-    surfaces = table["surface"].to_pylist()
+    task_surfaces = tuple(dict.fromkeys(t.split("/")[0] for t in tasks))
+    surfaces = vocab_index(table["surface"], task_surfaces)  # (n,) index in task_surfaces + 1, 0: none
     for task, j in task_index.items():
         surface, label_type = task.split("/")
-        on_surface = np.array([s == surface for s in surfaces])
+        on_surface = surfaces == task_surfaces.index(surface) + 1
         labels[:, j] = np.where(on_surface, table[LABEL_COLUMNS[label_type]].to_numpy(zero_copy_only=False), 0)
     return Batch(
         dense=torch.from_numpy(dense_matrix(table, counters_start_ds)),

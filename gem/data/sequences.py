@@ -19,11 +19,12 @@ precompute shards and gem score's rows from a lakehouse day (gem.serve.examples)
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pyarrow as pa
 
 from schemas.sequences import SEQUENCE_COLUMNS
 
@@ -45,23 +46,41 @@ def cut_before(elements: Sequence[dict[str, Any]], cut: Any) -> list[dict[str, A
     return list(elements[: prefix_length(times, cut)])
 
 
-def newest_before(times: np.ndarray, start: int, end: int, cut: Any, keep: int) -> tuple[int, int]:
-    """(first, stop): of the run times[start:end] (ascending), the newest `keep` elements strictly
-    before `cut` are times[first:stop]."""
-    stop = start + int(np.searchsorted(times[start:end], cut, side="left"))
-    return max(start, stop - keep), stop
+def newest_before_runs(times: np.ndarray, starts: np.ndarray, ends: np.ndarray, cuts: np.ndarray,
+                       keep: int) -> tuple[np.ndarray, np.ndarray]:
+    """For each example i, of the run times[starts[i]:ends[i]] (ascending), the newest `keep`
+    elements strictly before cuts[i] are times[first[i]:stop[i]] -> (first (n,) int64, stop (n,) int64).
+
+    One binary search per example, all of them at once: each round halves every open interval
+    [lo, hi) with whole-array operations, so a batch costs about log2(longest run) rounds.
+    """
+    lo, hi = starts.astype(np.int64), ends.astype(np.int64)  # copies: narrowed in place below
+    cuts = np.asarray(cuts, dtype=np.int64)
+    open_ = np.flatnonzero(lo < hi)
+    while open_.size:
+        mid = (lo[open_] + hi[open_]) // 2
+        before = times[mid] < cuts[open_]  # the answer is right of mid, else at or left of it
+        lo[open_] = np.where(before, mid + 1, lo[open_])
+        hi[open_] = np.where(before, hi[open_], mid)
+        open_ = open_[lo[open_] < hi[open_]]
+    return np.maximum(starts, lo - keep), lo
+
+
+def spread(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """(sum(lengths),) int64: starts[0] .. starts[0]+lengths[0]-1, then starts[1] .., one run per entry.
+    Example: spread([5, 0], [2, 3]) == [5, 6, 0, 1, 2]."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    run_starts = np.cumsum(lengths) - lengths  # where each run begins in the output
+    return np.repeat(np.asarray(starts, dtype=np.int64) - run_starts, lengths) + np.arange(int(lengths.sum()))
 
 
 def newest_before_each(times: np.ndarray, runs: Sequence[tuple[int, int]], cuts: np.ndarray,
                        keep: int) -> tuple[np.ndarray, np.ndarray]:
     """For each example i, the newest `keep` elements of its run runs[i] = (start, end) of `times`
     strictly before cuts[i]: -> (index (N,) int64 into times, oldest first per example; lengths (n,) int64)."""
-    picked, lengths = [], np.zeros(len(runs), np.int64)
-    for i, (start, end) in enumerate(runs):
-        first, stop = newest_before(times, start, end, cuts[i], keep)
-        picked.append(np.arange(first, stop))
-        lengths[i] = stop - first
-    return (np.concatenate(picked) if picked else np.zeros(0, np.int64)), lengths
+    bounds = np.asarray(runs, dtype=np.int64).reshape(-1, 2)  # (n, 2)
+    first, stop = newest_before_runs(times, bounds[:, 0], bounds[:, 1], cuts, keep)
+    return spread(first, stop - first), stop - first
 
 
 def runs_by_key(keys: np.ndarray) -> dict[str, tuple[int, int]]:
@@ -78,7 +97,7 @@ class Spans:
     """Where each of n examples' sequences lie in its day snapshot's flat arrays: per event type,
     events first[i] .. cut[i] (exclusive) of the user's row in snapshot days[i]."""
 
-    days: list[str]
+    days: np.ndarray  # (n,) str, "YYYY-MM-DD"
     first: dict[str, np.ndarray]  # event type -> (n,) int64
     cut: dict[str, np.ndarray]  # event type -> (n,) int64
 
@@ -87,27 +106,35 @@ class Spans:
         return np.stack([self.cut[e] - self.first[e] for e in SEQUENCE_COLUMNS], axis=1)
 
     def take(self, index: np.ndarray) -> Spans:
-        return Spans([self.days[i] for i in index], {e: v[index] for e, v in self.first.items()},
+        return Spans(self.days[index], {e: v[index] for e, v in self.first.items()},
                      {e: v[index] for e, v in self.cut.items()})
 
+    def by_day(self) -> Iterator[tuple[str, np.ndarray]]:
+        """(day, (k,) indices of its examples, ascending) per distinct day."""
+        days, inverse = np.unique(self.days, return_inverse=True)
+        for j, day in enumerate(days):
+            yield str(day), np.flatnonzero(inverse == j)
 
-def sequence_spans(snapshot: Callable[[str], DaySnapshot], max_length: Callable[[str], int], users: list[str],
-                   sequence_ds: list[str], times: np.ndarray) -> Spans:
+
+def sequence_spans(snapshot: Callable[[str], DaySnapshot], max_length: Callable[[str], int],
+                   users: pa.Array | pa.ChunkedArray | Sequence[str], sequence_ds: np.ndarray | Sequence[str],
+                   times: np.ndarray) -> Spans:
     """Per event type, where each example's events strictly before its impression time (times (n,)
     int64 microseconds) lie in the user's row of its day snapshot (`snapshot(day)`), the newest
     `max_length(event type)` kept (the loader's LoaderConfig.max_length), without copying them. A user
-    without a row has no events."""
-    snaps = {d: snapshot(d) for d in sorted(set(sequence_ds))}
-    rows = [snaps[ds].user_row.get(user) for user, ds in zip(users, sequence_ds, strict=True)]
-    first, cut = {}, {}
+    without a row has no events. Whole-array work per day of the examples: no per-example Python."""
+    if not isinstance(users, pa.Array | pa.ChunkedArray):
+        users = pa.array(list(users), pa.string())
+    n = len(users)
+    spans = Spans(np.asarray(sequence_ds, dtype="U10").reshape(n), {}, {})
     for event_type in SEQUENCE_COLUMNS:
-        max_len = max_length(event_type)
-        lo, hi = np.zeros(len(users), dtype=np.int64), np.zeros(len(users), dtype=np.int64)
-        for i, (row, ds) in enumerate(zip(rows, sequence_ds, strict=True)):
-            if row is None:  # no history up to that day
-                continue
-            flat = snaps[ds].sequences[event_type]
-            lo[i], hi[i] = newest_before(flat.times, int(flat.offsets[row]), int(flat.offsets[row + 1]), times[i],
-                                         max_len)
-        first[event_type], cut[event_type] = lo, hi
-    return Spans(list(sequence_ds), first, cut)
+        spans.first[event_type], spans.cut[event_type] = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    for day, index in spans.by_day():
+        snap = snapshot(day)
+        rows = snap.rows(users.take(pa.array(index)))  # (k,) -1: no history up to that day
+        index, rows = index[rows >= 0], rows[rows >= 0]
+        for event_type in SEQUENCE_COLUMNS:
+            flat = snap.sequences[event_type]
+            spans.first[event_type][index], spans.cut[event_type][index] = newest_before_runs(
+                flat.times, flat.offsets[rows], flat.offsets[rows + 1], times[index], max_length(event_type))
+    return spans

@@ -2,14 +2,16 @@
 
 Loaded once per (worker, day) from the files the Delta log lists for partition ds at the
 manifest's pinned version, and kept flat: per event type the offsets of each user's list and
-numpy arrays of each element field (ids hashed, vocabularies indexed, times in microseconds).
-Cutting a batch's sequences is then one binary search per example and one gather per field
-(gem.data.sequences defines the cut: elements strictly before the impression time).
+numpy arrays of each element field (ids as the hashes build_sequences wrote, vocabularies indexed,
+times in microseconds). Cutting a batch's sequences is then a vectorized binary search per event
+type and one gather per field (gem.data.sequences defines the cut: elements strictly before the
+impression time).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections import OrderedDict
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,13 +19,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from gem.data.delta_log import LoggedFile, read_logged
-from gem.data.encode import HASHED_IDS, VOCABULARIES, hash_ids, timestamps_us, vocab_index
-from schemas.sequences import SEQUENCE_COLUMNS, SEQUENCE_FIELDS
+from gem.data.encode import VOCABULARIES, timestamps_us, vocab_index
+from schemas.ids import HASHED_IDS, hash_column
+from schemas.sequences import ELEMENT_ID_HASHES, SEQUENCE_COLUMNS, SEQUENCE_FIELDS
 
-# Element fields handed to the model per event type (besides the time gap).
+# Element fields handed to the model per event type (besides the time gap); an id field's values
+# are its hash (schemas/ids.py).
 MODEL_FIELDS: dict[str, tuple[str, ...]] = {
-    t: tuple(f for f in fields if f in HASHED_IDS or f in VOCABULARIES) for t, fields in SEQUENCE_FIELDS.items()
+    t: tuple(f for f in fields if f in ELEMENT_ID_HASHES or f in VOCABULARIES) for t, fields in SEQUENCE_FIELDS.items()
 }
+MIB = 1 << 20
+
+
+class SnapshotTooLarge(MemoryError):
+    """A day's indexed silver.user_sequences is larger than the loader's snapshot cache."""
 
 
 @dataclass
@@ -32,12 +41,25 @@ class FlatSequences:
     times: np.ndarray  # (elements,) int64 microseconds, ascending within each user
     fields: dict[str, np.ndarray]  # field -> (elements,) int64
 
+    @property
+    def nbytes(self) -> int:
+        return self.offsets.nbytes + self.times.nbytes + sum(v.nbytes for v in self.fields.values())
+
 
 @dataclass
 class DaySnapshot:
     ds: str
-    user_row: dict[str, int]
+    users: pa.Array  # (users,) string: row i's user
     sequences: dict[str, FlatSequences]  # event type -> flat arrays
+
+    def rows(self, user_ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
+        """(n,) int64: each user's row, -1 for a user without one (no history up to the day)."""
+        found = pc.index_in(user_ids, value_set=self.users)
+        return pc.fill_null(found, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+
+    @property
+    def nbytes(self) -> int:
+        return self.users.nbytes + sum(f.nbytes for f in self.sequences.values())
 
 
 def _flatten(column: pa.ChunkedArray, event_type: str) -> FlatSequences:
@@ -47,18 +69,26 @@ def _flatten(column: pa.ChunkedArray, event_type: str) -> FlatSequences:
     elements = pc.list_flatten(lists)
     fields = {}
     for name in MODEL_FIELDS[event_type]:
-        child = pc.struct_field(elements, name)
-        fields[name] = hash_ids(child) if name in HASHED_IDS else vocab_index(child, VOCABULARIES[name])
+        if name in HASHED_IDS:  # written by build_sequences: no string is hashed here
+            child = pc.struct_field(elements, hash_column(name))
+            fields[name] = pc.fill_null(child, 0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+        else:
+            fields[name] = vocab_index(pc.struct_field(elements, name), VOCABULARIES[name])
     return FlatSequences(offsets, timestamps_us(pc.struct_field(elements, "event_time")), fields)
 
 
 SNAPSHOT_COLUMNS: list[str] = ["user_id"] + [seq for seq, _ in SEQUENCE_COLUMNS.values()]
+# The element fields an index reads, per sequence column: event ids and id strings stay on disk.
+SNAPSHOT_FIELDS: dict[str, tuple[str, ...]] = {
+    seq: ("event_time", *(hash_column(f) if f in HASHED_IDS else f for f in MODEL_FIELDS[t]))
+    for t, (seq, _) in SEQUENCE_COLUMNS.items()
+}
 
 
 def load_day(files: list[LoggedFile], ds: str, context: str) -> DaySnapshot:
     """Index the user_sequences rows of partition ds (files already filtered to it)."""
-    try:
-        table = read_logged(files, {}, SNAPSHOT_COLUMNS) if files else None  # no partition column is read
+    try:  # no partition column is read
+        table = read_logged(files, {}, SNAPSHOT_COLUMNS, fields=SNAPSHOT_FIELDS) if files else None
     except FileNotFoundError as e:
         raise type(e)(f"{context}: {e}") from e
     return index_day(table, ds, context)
@@ -71,9 +101,36 @@ def index_day(table: pa.Table | None, ds: str, context: str, users: Collection[s
         table = table.filter(pc.is_in(table["user_id"], value_set=pa.array(sorted(users), pa.string())))
     if table is None or table.num_rows == 0:
         empty = FlatSequences(np.zeros(1, np.int64), np.zeros(0, np.int64), {})
-        return DaySnapshot(ds, {}, {t: empty for t in SEQUENCE_COLUMNS})
-    names = table["user_id"].to_pylist()
-    user_row = {u: i for i, u in enumerate(names)}
-    if len(user_row) != len(names):
+        return DaySnapshot(ds, pa.array([], pa.string()), {t: empty for t in SEQUENCE_COLUMNS})
+    names = table["user_id"].combine_chunks()
+    if pc.count_distinct(names).as_py() != len(names):
         raise ValueError(f"{context}: silver.user_sequences ds={ds} holds a user twice")
-    return DaySnapshot(ds, user_row, {t: _flatten(table[seq], t) for t, (seq, _) in SEQUENCE_COLUMNS.items()})
+    return DaySnapshot(ds, names, {t: _flatten(table[seq], t) for t, (seq, _) in SEQUENCE_COLUMNS.items()})
+
+
+class SnapshotCache:
+    """Day snapshots by ds, loaded on first use and kept within `max_mib` MiB (the least recently
+    used day dropped first); a day larger than that alone raises SnapshotTooLarge."""
+
+    def __init__(self, load: Callable[[str], DaySnapshot], max_mib: int, context: str) -> None:
+        self.load, self.max_bytes, self.context = load, max_mib * MIB, context
+        self.days: OrderedDict[str, DaySnapshot] = OrderedDict()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in self.days.values())
+
+    def __call__(self, ds: str) -> DaySnapshot:
+        if ds in self.days:
+            self.days.move_to_end(ds)
+            return self.days[ds]
+        snap = self.load(ds)
+        if snap.nbytes > self.max_bytes:
+            raise SnapshotTooLarge(
+                f"{self.context}: silver.user_sequences ds={ds} indexes to {snap.nbytes / MIB:.0f} MiB, more than "
+                f"loader.snapshot_cache_mib={self.max_bytes // MIB}; raise it (GEM__LOADER__SNAPSHOT_CACHE_MIB) or "
+                "lower sequence_caps, which bound each user's stored events")
+        self.days[ds] = snap
+        while self.nbytes > self.max_bytes:
+            self.days.popitem(last=False)
+        return snap

@@ -208,7 +208,9 @@ def _verify_schema(table: Any, path: str, schema: TableSchema) -> None:
                                           f"{[c.name for c in added]} schemas/ defines: {e}") from e
         got = _logged_columns(table)
     if got != exp:
-        raise TableSchemaMismatch(f"{schema.name} at {path} has columns {got}, schemas/ defines {exp}")
+        raise TableSchemaMismatch(f"{schema.name} at {path} has columns {got}, schemas/ defines {exp}: the table "
+                                  "was written by another version of schemas/; rebuild it from its sources (a new "
+                                  "lakehouse_uri, or `make clean-data` for the demo's) or migrate it")
 
 
 def predicate(where: Mapping[str, Any]) -> str:

@@ -86,12 +86,12 @@ class DayInputs:
         return snapshot
 
     def examples(self, shard: int) -> pa.Table:
-        """The held-out day's examples of `shard`'s users, by impression_id (EXAMPLE_COLUMNS, surface)."""
+        """The held-out day's examples of `shard`'s users, by impression_id (EXAMPLE_COLUMNS, ad_id, surface)."""
         if self.plan.examples is None:  # no held-out day yet: no impression to predict
             return pa.table({c: pa.array([], pa.string()) for c in ("impression_id", "user_id", "ad_id", "surface")})
         if self._examples is None:
             day = read_table(self.plan.examples.path, self.plan.examples.version,
-                             columns=[*EXAMPLE_COLUMNS, "surface"], where={"ds": self.plan.examples_ds})
+                             columns=[*EXAMPLE_COLUMNS, "ad_id", "surface"], where={"ds": self.plan.examples_ds})
             self._examples = day.append_column("shard", pa.array(shard_of(day["user_id"], self.plan.shards)))
         mine = self._examples.filter(pc.equal(self._examples["shard"], shard)).drop_columns(["shard"])
         return mine.sort_by("impression_id")

@@ -1,8 +1,8 @@
 """Fixed user-hash-range shards: the unit of precompute's work (one Spark task each) and of commit.
 
-A user's shard is the range of the 63-bit stable hash of their id (gem.data.encode.hash_ids) among
-`shards` equal ranges: shard = hash // ceil(2^63 / shards). The ranges never depend on the
-executors, so a shard's rows are the same users for any executor count, and a rerun of a shard
+A user's shard is the range of the 63-bit stable hash of their id (schemas/ids.py,
+gem.data.encode.hash_ids) among `shards` equal ranges: shard = hash // ceil(2^63 / shards). The
+ranges never depend on the executors, so a shard's rows are the same users for any executor count, and a rerun of a shard
 (Spark's retry of a failed task, a speculative copy of a slow one) replaces exactly them.
 """
 

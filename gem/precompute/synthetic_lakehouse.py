@@ -21,7 +21,7 @@ import torch
 from deltalake import write_deltalake
 
 from gem.config import GemConfig
-from gem.data.encode import DENSE_COLUMNS
+from gem.data.encode import DENSE_COLUMNS, hash_ids
 from gem.data.loader import SPARSE_FEATURES
 from gem.days import day_range, shift_day
 from gem.lakehouse import completions, tables
@@ -31,6 +31,7 @@ from gem.train.daily import checkpoint_root
 from gem.train.trainer import jsonable
 from schemas.examples import SILVER_TRAINING_EXAMPLES
 from schemas.features import SILVER_AD_FEATURES, SILVER_USER_FEATURES
+from schemas.ids import HASHED_IDS, hash_column
 from schemas.sequences import SILVER_USER_SEQUENCES
 from schemas.table import TableSchema
 from schemas.tasks import CREATIVE_TYPES, OBJECTIVES
@@ -73,8 +74,14 @@ class World:
 
 
 def _element(ad: str, surface: str, time: dt.datetime, eid: str) -> dict:
-    return {"event_time": time, "event_id": eid, "ad_id": ad, "advertiser_id": f"adv{ad[1:]}",
-            "campaign_id": f"c{ad[1:]}", "surface": surface, "objective": OBJECTIVES[int(ad[1:]) % len(OBJECTIVES)]}
+    ids = {"ad_id": ad, "advertiser_id": f"adv{ad[1:]}", "campaign_id": f"c{ad[1:]}"}
+    return {"event_time": time, "event_id": eid, **ids, "surface": surface,
+            "objective": OBJECTIVES[int(ad[1:]) % len(OBJECTIVES)], **_hashes(ids)}
+
+
+def _hashes(ids: dict[str, str]) -> dict[str, int]:
+    """Each id's hash column, as the Spark stages write it (schemas/ids.py)."""
+    return {hash_column(name): int(hash_ids(pa.array([value]))[0]) for name, value in ids.items()}
 
 
 def write_day(cfg: GemConfig, world: World, ds: str, active: list[str], rng: np.random.Generator,
@@ -116,6 +123,8 @@ def write_day(cfg: GemConfig, world: World, ds: str, active: list[str], rng: np.
         "last_event_time": [max(e["event_time"] for t in world.events[u].values() for e in t) for u in rows],
     }
     n_ex = len(examples["impression_id"])
+    for name in HASHED_IDS:
+        examples[hash_column(name)] = hash_ids(pa.array(examples[name], pa.string())).tolist()
     counters = {c.name: rng.integers(0, 5, n_ex).tolist() for c in SILVER_TRAINING_EXAMPLES.columns
                 if c.name in DENSE_COLUMNS and not c.nullable}
     versions = {

@@ -45,7 +45,7 @@ from torch import nn
 
 from gem import storage
 from gem.data.batch import Batch, Jagged
-from gem.data.encode import DENSE_COLUMNS, HASHED_IDS, VOCABULARIES, hash_ids, timestamps_us
+from gem.data.encode import DENSE_COLUMNS, VOCABULARIES, hash_ids, timestamps_us
 from gem.data.loader import EXAMPLE_COLUMNS, SPARSE_FEATURES, ResumableLoader, example_batch
 from gem.distill.data import StudentStream
 from gem.model.configs import StudentConfig
@@ -67,6 +67,7 @@ from gem.serve.features import (
 from gem.serve.score import ARTIFACT_FILE, HOLDOUT_FILE, MODEL_FILE, SPEC_FILE, Artifact, logit_column
 from gem.train import promotion
 from schemas.examples import LABEL_COLUMNS
+from schemas.ids import HASHED_IDS, hash_column
 
 if TYPE_CHECKING:
     from gem.config import GemConfig
@@ -252,7 +253,10 @@ def feature_rows(table: pa.Table, batch: Batch) -> pa.Table:
     def lists(values: np.ndarray, offsets: torch.Tensor, kind: pa.DataType) -> pa.Array:
         return pa.ListArray.from_arrays(pa.array(offsets.numpy().astype(np.int32)), pa.array(values, kind))
 
-    columns = {name: table[name] for name in [*EXAMPLE_COLUMNS, "surface"] if name in table.column_names}
+    columns = {name: table[name] for name in [*EXAMPLE_COLUMNS, *HASHED_IDS, "surface"] if name in table.column_names}
+    for name in HASHED_IDS:  # the loader reads ids hashed; a request may carry them so (feature_spec)
+        if name not in columns and hash_column(name) in table.column_names:
+            columns[name] = table[hash_column(name)]
     for event, jagged in batch.sequences.items():
         columns[history_column(event)] = lists(jagged.values["ad_id"].numpy(), jagged.offsets, pa.int64())
     codes = batch.fm_history_codes

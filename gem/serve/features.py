@@ -4,9 +4,10 @@ A feature row is one request to score: the candidate impression's ids and attrib
 the ad's counters, the user's recent history and (LoopFM students) the FM codes logged for the user
 before it. The artifact's feature_spec.json lists every column with its kind:
 
-    hashed_id   user_id, ad_id, advertiser_id, campaign_id: a string, hashed here as the loader does
-                (blake2b-64 of the text & (2^63 - 1), gem.data.encode), or an integer >= 0 already
-                hashed that way; the graph takes it modulo the table's `buckets` rows
+    hashed_id   user_id, ad_id, advertiser_id, campaign_id: a string, hashed here as the Spark stages
+                hash the training rows (xxhash64 of the text with seed 42 & (2^63 - 1), schemas/ids.py),
+                or an integer >= 0 already hashed that way; the graph takes it modulo the table's
+                `buckets` rows
     vocabulary  surface, objective, creative_type: a string of the spec's vocabulary -> its index + 1
     position    an integer >= 0 -> min(position, 63) + 1; null -> 0
     counter     every user_* / ad_* counter: a number; counts enter as log1p of their full-window
@@ -50,7 +51,7 @@ SPEC_FORMAT = "gem-student-features/1"
 DAY_COLUMN = "features_ds"
 TIME_COLUMN = "impression_time"
 CODES_COLUMN, CODE_TIMES_COLUMN = "fm_codes", "fm_code_times"
-HASH = "blake2b-64 of the UTF-8 text, & (2^63 - 1); null -> 0"
+HASH = "xxhash64 of the UTF-8 text with seed 42 (Spark's xxhash64), & (2^63 - 1); null -> 0"
 BEHAVIOUR = {
     "unknown_id": "an id never seen in training, or an integer id beyond the buckets, lands in row id mod buckets "
                   "(shared with other ids by hashing); never an error",

@@ -32,6 +32,7 @@ from pyspark.sql import functions as F
 from gem.config import GemConfig
 from gem.lakehouse.commit import DayCounts
 from gem.lakehouse.stages import examples_bronze_days
+from gem.silver.id_hashes import id_hash
 from schemas.examples import (
     AD_FEATURE_PREFIX,
     CLICK_REASONS,
@@ -40,6 +41,7 @@ from schemas.examples import (
     USER_FEATURE_PREFIX,
 )
 from schemas.features import COUNTER_COLUMNS
+from schemas.ids import HASHED_IDS, hash_column
 
 NO_IMPRESSION = CLICK_REASONS[0]  # "no_impression_in_click_window"
 
@@ -217,7 +219,7 @@ def assemble(
     base = impressions.select(
         F.col("ds"), "surface", F.col("event_id").alias("impression_id"),
         F.col("event_time").alias("impression_time"), "user_id", "ad_id", "advertiser_id", "campaign_id",
-        "objective", "creative_type", "position",
+        "objective", "creative_type", "position", *[id_hash(F.col(c)).alias(hash_column(c)) for c in HASHED_IDS],
         # build_sequences wrote a row for this user in ds: the impression itself arrived on ds.
         F.col("ds").alias("sequence_ds"), F.to_date("event_time").alias("features_ds"),
     )

@@ -28,7 +28,10 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from gem.config import GemConfig, SequenceCaps
+from gem.silver.id_hashes import id_hash
+from schemas.ids import hash_column
 from schemas.sequences import (
+    ELEMENT_ID_HASHES,
     SEQUENCE_COLUMNS,
     SEQUENCE_FIELDS,
     SILVER_USER_SEQUENCES,
@@ -46,16 +49,17 @@ def _cap(caps: SequenceCaps, event_type: str) -> int:
 def range_events(events: DataFrame) -> DataFrame:
     """bronze rows of one or more ds -> one row per user: (user_id, new_impressions, new_clicks,
     new_conversions), each an array of struct(e: the sequence element shaped as in
-    schemas/sequences.py, arrival: its ds), in event order.
+    schemas/sequences.py, its ids hashed at the end, arrival: its ds), in event order.
 
     An event_id counts once within a day (any type), and once per type over the days: the copy
     that arrived first is kept. Example: "e1" arriving on 01-02 and again on 01-09 -> one element
     with arrival 01-02."""
     once_a_day = events.dropDuplicates(["ds", "event_id"])
+    hashes = [id_hash(F.col(c)).alias(hash_column(c)) for c in ELEMENT_ID_HASHES]
     tagged = once_a_day.select("user_id", "event_type", "event_id", "ds", *[
         # Null for the other types: collect_list below skips nulls, so each list holds its own type.
         F.when(F.col("event_type") == event_type,
-               F.struct(F.struct(*fields).alias("e"), F.col("ds").alias("arrival"))).alias(f"new_{seq}")
+               F.struct(F.struct(*fields, *hashes).alias("e"), F.col("ds").alias("arrival"))).alias(f"new_{seq}")
         for event_type, fields in SEQUENCE_FIELDS.items() for seq in [SEQUENCE_COLUMNS[event_type][0]]])
     new = [f"new_{seq}" for seq, _ in SEQUENCE_COLUMNS.values()]
     first_copy = tagged.groupBy("user_id", "event_type", "event_id").agg(*[F.min_by(c, "ds").alias(c) for c in new])

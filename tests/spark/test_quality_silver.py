@@ -6,14 +6,17 @@ import datetime as dt
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
+from gem.data.encode import hash_ids
 from gem.lakehouse import tables
 from gem.quality import silver as qs
 from gem.quality.bronze import statistics_frame
 from gem.quality.runner import DataQualityError, format_failures, validate
 from schemas.examples import LABEL_COLUMNS, SILVER_TRAINING_EXAMPLES
 from schemas.features import COUNTER_COLUMNS, SILVER_USER_FEATURES
+from schemas.ids import HASHED_IDS, hash_column
 from schemas.sequences import SILVER_USER_SEQUENCES
 from tests.support import make_config
 
@@ -160,6 +163,7 @@ def _example(iid: str, user: str = "u1", surface: str = "reels", click: int = 0,
         "creative_type": "image", "position": 1, "sequence_ds": DAY, "features_ds": features_ds,
         "attributed_conversions": lead,
     }
+    row.update({hash_column(c): int(hash_ids(pa.array([row[c]]))[0]) for c in HASHED_IDS})
     row.update({c: 0 for c in LABEL_COLUMNS.values()})
     row.update({"label_click": click, "label_lead": lead})
     for prefix in ("user_", "ad_"):

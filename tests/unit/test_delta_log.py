@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import write_deltalake
 
-from gem.data.delta_log import MissingDataFileError, logged_files, partition_types, read_table
+from gem.data.delta_log import MissingDataFileError, logged_files, partition_types, read_logged, read_table
 
 SCHEMA = pa.schema([("ds", pa.date32()), ("surface", pa.string()), ("n", pa.int64())])
 
@@ -67,3 +67,17 @@ def test_a_vanished_file_is_named(tmp_path: Path) -> None:
     Path(f.path).unlink()
     with pytest.raises(MissingDataFileError, match=Path(f.path).name):
         read_table(path)
+
+
+def test_read_logged_reads_only_the_named_fields_of_a_list_of_structs(tmp_path: Path) -> None:
+    path = str(tmp_path / "seq")
+    element = pa.struct([("event_time", pa.int64()), ("event_id", pa.string()), ("ad_id_hash", pa.int64())])
+    table = pa.table({"ds": pa.array([dt.date(2026, 1, 1)] * 2, pa.date32()), "user_id": ["u1", "u2"],
+                      "impressions": pa.array([[{"event_time": 1, "event_id": "e1", "ad_id_hash": 7}], []],
+                                              pa.list_(element))})
+    write_deltalake(path, table, partition_by=["ds"])
+    read = read_logged(logged_files(path, 0), {}, ["user_id", "impressions"],
+                       fields={"impressions": ("event_time", "ad_id_hash")})
+    assert read.column_names == ["user_id", "impressions"]
+    assert read.to_pylist() == [{"user_id": "u1", "impressions": [{"event_time": 1, "ad_id_hash": 7}]},
+                                {"user_id": "u2", "impressions": []}]
