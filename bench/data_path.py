@@ -1,7 +1,7 @@
 """The training data path on a real lakehouse: loader-only and pretraining examples/s, this tree
 against baseline commits, side by side in one run.
 
-    python -m bench.data_path --lakehouse DIR --ds D [--config configs/movielens.yaml] [--name movielens]
+    python -m bench.data_path --lakehouse DIR --ds D [--config configs/demo.yaml] [--name movielens]
                               [--baseline COMMIT ...] [--rounds 3] [--batches 80] [--steps 60] [--warmup 10]
 
 Each arm runs in its own subprocess inside its tree (this one, or a `git worktree` of each
@@ -9,9 +9,10 @@ Each arm runs in its own subprocess inside its tree (this one, or a `git worktre
 --ds, built as the pretraining job builds it (gem.train.daily: the config's tasks the manifest
 holds, the loader cut at what the model reads):
   loader      `--batches` batches of ResumableLoader, after one warm-up pass over as many, with the
-              config's worker processes (loader.num_workers; the in-process loader with --in-process):
-              examples/s, and the resident memory of each worker process at its largest (of the
-              training process itself for the in-process loader: its growth while loading);
+              config's loader (loader.num_workers worker processes, or in process as loader.in_process
+              says; --in-process / --workers choose): examples/s, and each worker process's own memory
+              at its largest (USS: what it does not share with the training process it forked from;
+              in process, the training process's resident growth while loading);
   pretrain    the default model (the config's) trained through gem.train.Trainer for `--steps` steps
               after `--warmup` untimed ones, no checkpoint: examples/s, and the loader's share of the
               CPU time (its worker processes' CPU over all CPU spent; in-process, the time the
@@ -42,7 +43,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 # ---- one arm (runs inside the tree under test, with that tree's gem: imported in the functions) ---
 class MemorySampler(threading.Thread):
-    """Polls this process's and its children's resident memory every 50 ms: the largest of each."""
+    """Polls this process's resident memory and its children's unique memory (USS: the pages a
+    forked worker does not share with its parent) every 50 ms: the largest of each."""
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
@@ -55,7 +57,8 @@ class MemorySampler(threading.Thread):
             self.own_max = max(self.own_max, self.me.memory_info().rss)
             for child in self.me.children(recursive=True):
                 try:
-                    self.children_max[child.pid] = max(self.children_max.get(child.pid, 0), child.memory_info().rss)
+                    uss = child.memory_full_info().uss
+                    self.children_max[child.pid] = max(self.children_max.get(child.pid, 0), uss)
                 except psutil.NoSuchProcess:  # a worker that exited between the listing and the read
                     pass
 
@@ -64,22 +67,30 @@ class MemorySampler(threading.Thread):
         self.join()
 
 
-def _setup(lakehouse: str, config: str, ds: str, in_process: bool) -> tuple[Any, Any, tuple[str, ...], Any]:
-    """(cfg, the train manifest, the tasks, the loader config) as gem.train.daily builds them."""
+def _setup(lakehouse: str, config: str, ds: str, in_process: bool | None) -> tuple[Any, Any, tuple[str, ...], Any]:
+    """(cfg, the train manifest, the tasks, the loader config) as gem.train.daily builds them. An older
+    tree's config may lack a newer option (LoaderConfig.capped, in_process): the arm then runs as that
+    tree's pretraining did."""
     import dataclasses
 
     from gem.config import load_config
     from gem.data.manifest import read_manifest
 
-    cfg = load_config(config, overrides={"lakehouse_uri": lakehouse}, environ={})
+    cfg = load_config(config or None, overrides={"lakehouse_uri": lakehouse}, environ={})
     manifest = read_manifest(cfg, ds, "train")
     names = {s.name for s in manifest.sources}
     tasks = tuple(f"{s}/{t}" for s, t in cfg.tasks if f"{s}/{t}" in names)
-    loader_cfg = dataclasses.replace(cfg.loader.capped(cfg.model.sequence_lengths()), in_process=in_process)
+    loader_cfg = cfg.loader.capped(cfg.model.sequence_lengths()) if hasattr(cfg.loader, "capped") else cfg.loader
+    if in_process is not None and hasattr(loader_cfg, "in_process"):
+        loader_cfg = dataclasses.replace(loader_cfg, in_process=in_process)
     return cfg, manifest, tasks, loader_cfg
 
 
-def loader_arm(lakehouse: str, config: str, ds: str, batches: int, in_process: bool) -> dict[str, Any]:
+def _in_process(loader_cfg: Any) -> bool:
+    return bool(getattr(loader_cfg, "in_process", False)) or not loader_cfg.num_workers
+
+
+def loader_arm(lakehouse: str, config: str, ds: str, batches: int, in_process: bool | None) -> dict[str, Any]:
     from gem.data.loader import ExampleStream, ResumableLoader
 
     _, manifest, tasks, loader_cfg = _setup(lakehouse, config, ds, in_process)
@@ -94,18 +105,24 @@ def loader_arm(lakehouse: str, config: str, ds: str, batches: int, in_process: b
         n += batch.size
     seconds = time.perf_counter() - t0
     sampler.stop()
-    workers_mib = ([round((sampler.own_max - before) / 2**20)] if in_process or not loader_cfg.num_workers
+    workers_mib = ([round((sampler.own_max - before) / 2**20)] if _in_process(loader_cfg)
                    else sorted(round(v / 2**20) for v in sampler.children_max.values()))
-    return {"examples_per_s": n / seconds, "examples": n, "seconds": seconds, "worker_rss_mib": workers_mib}
+    return {"examples_per_s": n / seconds, "examples": n, "seconds": seconds, "worker_mib": workers_mib,
+            "in_process": _in_process(loader_cfg)}
 
 
-def pretrain_arm(lakehouse: str, config: str, ds: str, steps: int, warmup: int, in_process: bool) -> dict[str, Any]:
+def pretrain_arm(lakehouse: str, config: str, ds: str, steps: int, warmup: int, in_process: bool | None
+                 ) -> dict[str, Any]:
     import torch
 
     from gem.data.encode import DENSE_COLUMNS
     from gem.data.loader import SPARSE_FEATURES, ExampleStream, ResumableLoader
     from gem.model.build import build_task
-    from gem.train.trainer import Trainer
+
+    try:
+        from gem.train.trainer import Trainer
+    except ImportError:  # a tree whose training loop is the module gem.train
+        from gem.train import Trainer
 
     torch.manual_seed(0)
     cfg, manifest, tasks, loader_cfg = _setup(lakehouse, config, ds, in_process)
@@ -137,15 +154,17 @@ def pretrain_arm(lakehouse: str, config: str, ds: str, steps: int, warmup: int, 
 
     task = build_task(cfg.model, tasks, SPARSE_FEATURES, len(DENSE_COLUMNS), cfg.train.task_weights)
     train = cfg.train.__class__(**{**cfg.train.__dict__, "steps": warmup + steps + 1, "checkpoint_every": 10**9})
-    cpu0 = os.times()
-    trainer = Trainer(task, Timed(), train, None)
-    trainer.fit()
-    cpu1 = os.times()
+    with tempfile.TemporaryDirectory() as run_dir:  # never written: no checkpoint in the run's steps
+        cpu0 = os.times()
+        trainer = Trainer(task, Timed(), train, Path(run_dir))
+        trainer.fit()
+        cpu1 = os.times()
+        getattr(trainer, "close", lambda: None)()  # the one-rank process group, where the tree has one
     timed = stamps[warmup:]  # timed[i] .. timed[i + 1]: the step on batch warmup + i
     wall = timed[-1] - timed[0]
     own = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
     children = (cpu1.children_user - cpu0.children_user) + (cpu1.children_system - cpu0.children_system)
-    share = waited[0] / wall if in_process or not loader_cfg.num_workers else children / max(own + children, 1e-9)
+    share = waited[0] / wall if _in_process(loader_cfg) else children / max(own + children, 1e-9)
     return {"examples_per_s": sum(sizes[warmup:-1]) / wall, "step_s": wall / (len(timed) - 1),
             "loader_cpu_share": share, "threads": torch.get_num_threads()}
 
@@ -162,14 +181,16 @@ def run_arm(tree: Path, args: list[str]) -> dict[str, Any]:
 def command_line(
     lakehouse: Annotated[str, typer.Option(help="a lakehouse with a train manifest for --ds (jobs.mix)")],
     ds: Annotated[str, typer.Option(help="the manifest's day")],
-    config: Annotated[str, typer.Option(help="the pipeline config (relative to each tree)")] = "configs/movielens.yaml",
+    config: Annotated[str, typer.Option(
+        help="the pipeline config, relative to each tree; empty: each tree's defaults")] = "",
     name: Annotated[str, typer.Option(help="the history's name in the result: data_path_<name>")] = "movielens",
     baseline: Annotated[list[str] | None, typer.Option(help="commits compared with this tree (repeat)")] = None,
     rounds: Annotated[int, typer.Option()] = 3,
     batches: Annotated[int, typer.Option(help="loader batches timed per arm")] = 80,
     steps: Annotated[int, typer.Option(help="training steps timed per arm")] = 60,
     warmup: Annotated[int, typer.Option(help="training steps before the timed ones")] = 10,
-    in_process: Annotated[bool, typer.Option("--in-process", help="the in-process loader in every arm")] = False,
+    in_process: Annotated[bool | None, typer.Option(
+        "--in-process/--workers", help="the loader in process or in worker processes (default: the config's)")] = None,
     arm: Annotated[str | None, typer.Option("--arm", hidden=True)] = None,
     results_dir: Annotated[Path | None, typer.Option(help="folder for the result's JSON (default: docs/benchmarks)")]
     = None,
@@ -192,7 +213,8 @@ def command_line(
                            check=True, capture_output=True)
         results: dict[str, dict[str, list[dict[str, Any]]]] = {t: {"loader": [], "pretrain": []} for t in trees}
         flags = ["--lakehouse", lakehouse, "--ds", ds, "--config", config, "--batches", str(batches),
-                 "--steps", str(steps), "--warmup", str(warmup), *(["--in-process"] if in_process else [])]
+                 "--steps", str(steps), "--warmup", str(warmup),
+                 *([] if in_process is None else ["--in-process" if in_process else "--workers"])]
         for r in range(rounds):
             for mode in ("loader", "pretrain"):
                 for label, tree in trees.items():
@@ -210,7 +232,7 @@ def command_line(
 
 
 def publish(results: dict[str, dict[str, list[dict[str, Any]]]], name: str, lakehouse: str, ds: str, config: str,
-            baselines: list[str], rounds: int, in_process: bool, results_dir: Path | None) -> None:
+            baselines: list[str], rounds: int, in_process: bool | None, results_dir: Path | None) -> None:
     """Each arm's medians and the ratios of this tree to the first baseline (within rounds), printed and
     published as data_path_<name>."""
     from bench.results import RESULTS_DIR, Figure, record  # arms run in trees that may lack it
@@ -220,18 +242,18 @@ def publish(results: dict[str, dict[str, list[dict[str, Any]]]], name: str, lake
         return statistics.median(values) if values else None
 
     figures = []
-    print(f"\n{name}: {lakehouse} ds={ds} ({config}), median of {rounds} rounds")
+    print(f"\n{name}: {lakehouse} ds={ds} ({config or 'default config'}), median of {rounds} rounds")
     for label in results:
         key = "this_tree" if label == "this tree" else label
         loader, train = median(label, "loader", "examples_per_s"), median(label, "pretrain", "examples_per_s")
         share = median(label, "pretrain", "loader_cpu_share")
-        rss = results[label]["loader"][0]["worker_rss_mib"] if results[label]["loader"] else None
-        print(f"  {label:12s} loader {loader or 0:9.0f} examples/s (worker RSS {rss} MiB) | pretrain "
+        mib = max(max(x["worker_mib"]) for x in results[label]["loader"]) if results[label]["loader"] else None
+        print(f"  {label:12s} loader {loader or 0:9.0f} examples/s (largest worker {mib} MiB) | pretrain "
               f"{train or 0:7.0f} examples/s, loader's CPU share {share or 0:.0%}")
         if loader is not None:
             figures += [Figure(f"{key}_loader_examples_per_s", f"{label}: loader only", round(loader), "examples/s"),
-                        Figure(f"{key}_worker_rss_mib", f"{label}: largest loader worker's resident memory",
-                               max(rss), "MiB")]
+                        Figure(f"{key}_worker_mib", f"{label}: the largest loader worker's own memory (USS; in "
+                               "process: the training process's growth)", mib, "MiB")]
         if train is not None:
             figures += [Figure(f"{key}_pretrain_examples_per_s", f"{label}: pretraining", round(train), "examples/s"),
                         Figure(f"{key}_loader_cpu_share", f"{label}: the loader's share of the CPU in pretraining",
@@ -248,7 +270,8 @@ def publish(results: dict[str, dict[str, list[dict[str, Any]]]], name: str, lake
                                       round(ratio, 2), "x"))
     record(f"data_path_{name}", f"The training data path on the {name} history: this tree against "
            f"{', '.join(baselines) or 'itself'}", figures,
-           notes=f"ds={ds}, {config}; {rounds} rounds; loader {'in process' if in_process else 'worker processes'}.",
+           notes=f"ds={ds}, {config or 'default config'}; {rounds} rounds; loader "
+                 f"{ {None: 'as the config says', True: 'in process', False: 'in worker processes'}[in_process] }.",
            extra={"baselines": baselines, "runs": results}, results_dir=results_dir or RESULTS_DIR)
 
 
