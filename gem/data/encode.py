@@ -3,8 +3,8 @@
 Id policy (the model buckets these further, see its config): free-form ids (user, ad, advertiser,
 campaign) become stable 63-bit hashes (schemas/ids.py), written by the Spark stages beside the
 strings, so an id never seen before still gets a value and the loader never hashes a string (served
-requests carry strings, hashed here the same way); closed vocabularies (surface, objective, creative type, conversion type) become their
-index in schemas.tasks + 1, with 0 for null or unknown.
+requests carry strings, hashed here the same way); closed vocabularies (surface, objective,
+creative type, conversion type) become their index in schemas.tasks + 1, with 0 for null or unknown.
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ def hash_ids(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     chunks = encoded.chunks if isinstance(encoded, pa.ChunkedArray) else [encoded]
     parts = []
     for chunk in chunks:
-        hashed = [xxhash.xxh64_intdigest(text.encode(), seed=HASH_SEED) & HASH_MASK for text in chunk.dictionary.to_pylist()]
-        table = np.array([*hashed, 0], dtype=np.int64)
+        texts = chunk.dictionary.to_pylist()
+        table = np.array([*(xxhash.xxh64_intdigest(t.encode(), seed=HASH_SEED) & HASH_MASK for t in texts), 0], np.int64)
         indices = chunk.indices.fill_null(len(table) - 1).to_numpy(zero_copy_only=False)
         parts.append(table[indices])
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
