@@ -8,14 +8,18 @@ Each arm runs in its own subprocess inside its tree (this one, or a `git worktre
 --baseline), with that tree's gem, on the same lakehouse and the train manifest jobs.mix wrote for
 --ds, built as the pretraining job builds it (gem.train.daily: the config's tasks the manifest
 holds, the loader cut at what the model reads):
-  loader      `--batches` batches of ResumableLoader, after one warm-up pass over as many, with the
-              config's loader (loader.num_workers worker processes, or in process as loader.in_process
-              says; --in-process / --workers choose): examples/s, and each worker process's own memory
-              at its largest (USS: what it does not share with the training process it forked from;
-              in process, the training process's resident growth while loading);
+  loader      `--batches` batches of ResumableLoader with the config's loader (loader.num_workers
+              worker processes, or in process as loader.in_process says; --in-process / --workers
+              choose), twice: the first pass starts with an empty host cache (gem.data.local_cache, a
+              new folder per arm and round; a tree without one decodes every pass) and is reported
+              as the cold figure; the second, timed the same way, is the loader's steady state: examples/s,
+              and each worker process's own memory at its largest (USS: what it does not share with
+              the training process it forked from; in process, the training process's resident
+              growth while loading);
   pretrain    the default model (the config's) trained through gem.train.Trainer for `--steps` steps
-              after `--warmup` untimed ones, no checkpoint: examples/s, and the loader's share of the
-              CPU time (its worker processes' CPU over all CPU spent; in-process, the time the
+              after `--warmup` untimed ones, no checkpoint, with the host cache the loader arm filled
+              (a daily run finds the earlier days' files there): examples/s, and the loader's share of
+              the CPU time (its worker processes' CPU over all CPU spent; in-process, the time the
               training loop waits in the loader over the wall time).
 Rounds alternate the arms, so the host's drift lands on all of them; the summary gives each arm's
 median and each ratio to the first --baseline within rounds. Figures are published through
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -67,7 +72,8 @@ class MemorySampler(threading.Thread):
         self.join()
 
 
-def _setup(lakehouse: str, config: str, ds: str, in_process: bool | None) -> tuple[Any, Any, tuple[str, ...], Any]:
+def train_loader_setup(lakehouse: str, config: str, ds: str, in_process: bool | None, cache_dir: str = ""
+           ) -> tuple[Any, Any, tuple[str, ...], Any]:
     """(cfg, the train manifest, the tasks, the loader config) as gem.train.daily builds them. An older
     tree's config may lack a newer option (LoaderConfig.capped, in_process): the arm then runs as that
     tree's pretraining did."""
@@ -83,6 +89,8 @@ def _setup(lakehouse: str, config: str, ds: str, in_process: bool | None) -> tup
     loader_cfg = cfg.loader.capped(cfg.model.sequence_lengths()) if hasattr(cfg.loader, "capped") else cfg.loader
     if in_process is not None and hasattr(loader_cfg, "in_process"):
         loader_cfg = dataclasses.replace(loader_cfg, in_process=in_process)
+    if cache_dir and hasattr(loader_cfg, "local_cache_dir"):
+        loader_cfg = dataclasses.replace(loader_cfg, local_cache_dir=cache_dir)
     return cfg, manifest, tasks, loader_cfg
 
 
@@ -90,12 +98,15 @@ def _in_process(loader_cfg: Any) -> bool:
     return bool(getattr(loader_cfg, "in_process", False)) or not loader_cfg.num_workers
 
 
-def loader_arm(lakehouse: str, config: str, ds: str, batches: int, in_process: bool | None) -> dict[str, Any]:
+def loader_arm(lakehouse: str, config: str, ds: str, batches: int, in_process: bool | None, cache_dir: str
+               ) -> dict[str, Any]:
     from gem.data.loader import ExampleStream, ResumableLoader
 
-    _, manifest, tasks, loader_cfg = _setup(lakehouse, config, ds, in_process)
-    for _ in ResumableLoader(ExampleStream(manifest, tasks, loader_cfg)).batches(limit=batches):
-        pass  # warm-up: the page cache, the imports the workers make
+    _, manifest, tasks, loader_cfg = train_loader_setup(lakehouse, config, ds, in_process, cache_dir)
+    t0, cold = time.perf_counter(), 0
+    for batch in ResumableLoader(ExampleStream(manifest, tasks, loader_cfg)).batches(limit=batches):
+        cold += batch.size  # the first pass: an empty host cache, the imports the workers make
+    cold_seconds = time.perf_counter() - t0
     before = psutil.Process().memory_info().rss
     sampler = MemorySampler()
     sampler.start()
@@ -108,11 +119,11 @@ def loader_arm(lakehouse: str, config: str, ds: str, batches: int, in_process: b
     workers_mib = ([round((sampler.own_max - before) / 2**20)] if _in_process(loader_cfg)
                    else sorted(round(v / 2**20) for v in sampler.children_max.values()))
     return {"examples_per_s": n / seconds, "examples": n, "seconds": seconds, "worker_mib": workers_mib,
-            "in_process": _in_process(loader_cfg)}
+            "first_pass_examples_per_s": cold / cold_seconds, "in_process": _in_process(loader_cfg)}
 
 
-def pretrain_arm(lakehouse: str, config: str, ds: str, steps: int, warmup: int, in_process: bool | None
-                 ) -> dict[str, Any]:
+def pretrain_arm(lakehouse: str, config: str, ds: str, steps: int, warmup: int, in_process: bool | None,
+                 cache_dir: str) -> dict[str, Any]:
     import torch
 
     from gem.data.encode import DENSE_COLUMNS
@@ -125,7 +136,7 @@ def pretrain_arm(lakehouse: str, config: str, ds: str, steps: int, warmup: int, 
         from gem.train import Trainer
 
     torch.manual_seed(0)
-    cfg, manifest, tasks, loader_cfg = _setup(lakehouse, config, ds, in_process)
+    cfg, manifest, tasks, loader_cfg = train_loader_setup(lakehouse, config, ds, in_process, cache_dir)
     loader = ResumableLoader(ExampleStream(manifest, tasks, loader_cfg))
     stamps: list[float] = []
     sizes: list[int] = []
@@ -192,16 +203,17 @@ def command_line(
     in_process: Annotated[bool | None, typer.Option(
         "--in-process/--workers", help="the loader in process or in worker processes (default: the config's)")] = None,
     arm: Annotated[str | None, typer.Option("--arm", hidden=True)] = None,
+    cache_dir: Annotated[str, typer.Option("--cache-dir", hidden=True)] = "",
     results_dir: Annotated[Path | None, typer.Option(help="folder for the result's JSON (default: docs/benchmarks)")]
     = None,
 ) -> None:
     """Loader-only and pretraining examples/s on a lakehouse: baseline commits against this tree."""
     lakehouse = str(Path(lakehouse).resolve())
     if arm == "loader":
-        print(json.dumps(loader_arm(lakehouse, config, ds, batches, in_process)))
+        print(json.dumps(loader_arm(lakehouse, config, ds, batches, in_process, cache_dir)))
         return
     if arm == "pretrain":
-        print(json.dumps(pretrain_arm(lakehouse, config, ds, steps, warmup, in_process)))
+        print(json.dumps(pretrain_arm(lakehouse, config, ds, steps, warmup, in_process, cache_dir)))
         return
     baselines = list(baseline or [])
     work = Path(tempfile.mkdtemp(prefix="gem-data-path-"))
@@ -216,10 +228,11 @@ def command_line(
                  "--steps", str(steps), "--warmup", str(warmup),
                  *([] if in_process is None else ["--in-process" if in_process else "--workers"])]
         for r in range(rounds):
+            caches = {label: work / f"cache-{r}-{i}" for i, label in enumerate(trees)}  # empty for each round
             for mode in ("loader", "pretrain"):
                 for label, tree in trees.items():
                     try:
-                        got = run_arm(tree, ["--arm", mode, *flags])
+                        got = run_arm(tree, ["--arm", mode, *flags, "--cache-dir", str(caches[label])])
                     except RuntimeError as e:  # a baseline that cannot read this lakehouse: said, not fatal
                         print(f"round {r + 1} {mode} {label}: failed ({str(e).splitlines()[-1]})", flush=True)
                         continue
@@ -229,6 +242,7 @@ def command_line(
     finally:
         for commit in baselines:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(trees[commit])], check=False)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def publish(results: dict[str, dict[str, list[dict[str, Any]]]], name: str, lakehouse: str, ds: str, config: str,
@@ -246,12 +260,16 @@ def publish(results: dict[str, dict[str, list[dict[str, Any]]]], name: str, lake
     for label in results:
         key = "this_tree" if label == "this tree" else label
         loader, train = median(label, "loader", "examples_per_s"), median(label, "pretrain", "examples_per_s")
+        first = median(label, "loader", "first_pass_examples_per_s")
         share = median(label, "pretrain", "loader_cpu_share")
         mib = max(max(x["worker_mib"]) for x in results[label]["loader"]) if results[label]["loader"] else None
-        print(f"  {label:12s} loader {loader or 0:9.0f} examples/s (largest worker {mib} MiB) | pretrain "
+        print(f"  {label:12s} loader {loader or 0:9.0f} examples/s (first pass {first or 0:.0f}; largest worker {mib} MiB)"
+              f" | pretrain "
               f"{train or 0:7.0f} examples/s, loader's CPU share {share or 0:.0%}")
         if loader is not None:
             figures += [Figure(f"{key}_loader_examples_per_s", f"{label}: loader only", round(loader), "examples/s"),
+                        Figure(f"{key}_loader_first_pass_examples_per_s", f"{label}: loader only, first pass (an "
+                               "empty host cache)", round(first or 0), "examples/s"),
                         Figure(f"{key}_worker_mib", f"{label}: the largest loader worker's own memory (USS; in "
                                "process: the training process's growth)", mib, "MiB")]
         if train is not None:
@@ -259,15 +277,17 @@ def publish(results: dict[str, dict[str, list[dict[str, Any]]]], name: str, lake
                         Figure(f"{key}_loader_cpu_share", f"{label}: the loader's share of the CPU in pretraining",
                                round(share, 3), "")]
     for commit in baselines:
-        for mode in ("loader", "pretrain"):
-            pairs = [n["examples_per_s"] / b["examples_per_s"]
-                     for n, b in zip(results["this tree"][mode], results[commit][mode], strict=False)]
+        for mode, key in (("loader", "examples_per_s"), ("loader", "first_pass_examples_per_s"),
+                          ("pretrain", "examples_per_s")):
+            pairs = [n[key] / b[key] for n, b in zip(results["this tree"][mode], results[commit][mode], strict=False)
+                     if key in n and key in b]
+            what = "loader_first_pass" if key.startswith("first") else mode
             if pairs:
                 ratio = statistics.median(pairs)
-                print(f"  this tree / {commit}, {mode}: {ratio:.2f}x (within rounds: "
+                print(f"  this tree / {commit}, {what}: {ratio:.2f}x (within rounds: "
                       f"{', '.join(f'{p:.2f}' for p in pairs)})")
-                figures.append(Figure(f"{mode}_over_{commit}", f"this tree / {commit}, {mode}, within rounds (median)",
-                                      round(ratio, 2), "x"))
+                figures.append(Figure(f"{what}_over_{commit}", f"this tree / {commit}, {what.replace('_', ' ')}, "
+                                      "within rounds (median)", round(ratio, 2), "x"))
     record(f"data_path_{name}", f"The training data path on the {name} history: this tree against "
            f"{', '.join(baselines) or 'itself'}", figures,
            notes=f"ds={ds}, {config or 'default config'}; {rounds} rounds; loader "

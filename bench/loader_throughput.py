@@ -15,6 +15,11 @@
      b. L = 256 vs L = 1024 (the model takes the whole prefix: loader max lengths = L).
    Each figure is the median of 3 timed runs of `--batches` batches after one warm-up pass of the
    worker processes.
+3. A batch's cost on real histories (`--history NAME=LAKEHOUSE@DS`, repeatable; default: the
+   lakehouse above at --mix-ds, named demo, when it has that manifest): the train manifest of DS
+   read in process, as gem.train.daily builds its loader, milliseconds per batch of the first pass
+   (an empty host cache: every Parquet file decoded) and of a second pass (the host cache's
+   memory-mapped files), with the mean sequence elements per example.
 The figures and their ratios are published through bench.results (loader_throughput). Not a test:
 nothing here gates CI.
 """
@@ -36,6 +41,7 @@ import pyarrow.parquet as pq
 import typer
 from deltalake import write_deltalake
 
+from bench.data_path import train_loader_setup
 from bench.results import RESULTS_DIR, Figure, ResultsDirOption, record
 from gem.command_line import day_option, job_app, run_command
 from gem.config import LoaderConfig, load_config
@@ -195,6 +201,22 @@ def examples_per_second(manifest: Manifest, cfg: LoaderConfig, batches: int, rep
     return statistics.median(rates)
 
 
+def batch_cost(lakehouse: str, ds: str, batches: int) -> dict[str, float]:
+    """Milliseconds per batch of the train manifest of `ds`, in process: a first pass with an empty
+    host cache, then a second (section 3 of the module doc)."""
+    with tempfile.TemporaryDirectory() as cache:
+        _, manifest, tasks, cfg = train_loader_setup(str(Path(lakehouse).resolve()), "", ds, True, cache)
+        out: dict[str, float] = {}
+        for name in ("first_pass", "second_pass"):
+            t0, n, examples, elements = time.perf_counter(), 0, 0, 0
+            for batch in ResumableLoader(ExampleStream(manifest, tasks, cfg)).batches(limit=batches):
+                n, examples = n + 1, examples + batch.size
+                elements += sum(int(j.offsets[-1]) for j in batch.sequences.values())
+            out[f"{name}_ms_per_batch"] = 1000 * (time.perf_counter() - t0) / n
+        out["batch_size"], out["sequence_elements_per_example"] = examples / n, elements / examples
+    return out
+
+
 def command_line(
     lakehouse: Annotated[str, typer.Option()] = "lakehouse",
     mix_ds: Annotated[str, day_option("--mix-ds", "the mixture manifest's day")] = "2026-01-03",  # the demo's last day
@@ -203,6 +225,8 @@ def command_line(
     workers: Annotated[int, typer.Option()] = 2,
     batches: Annotated[int, typer.Option()] = 60,
     batch_size: Annotated[int, typer.Option()] = 512,
+    history: Annotated[list[str] | None, typer.Option(
+        help="NAME=LAKEHOUSE@DS: a history whose train manifest of DS section 3 reads (repeat)")] = None,
     results_dir: ResultsDirOption = RESULTS_DIR,
 ) -> None:
 
@@ -228,6 +252,16 @@ def command_line(
                 results["five_sources"] = examples_per_second(five, cfg, batches)
             all_rate_one = synthetic_manifest(paths, {s: 1.0 for s in BENCH_SURFACES})
             results[f"length_{length}"] = examples_per_second(all_rate_one, cfg, batches)
+    histories = dict(h.split("=", 1) for h in history or [])
+    if not histories and mixing is not None:
+        histories = {"demo": f"{lakehouse}@{mix_ds}"}
+    costs = {}
+    for name, where in histories.items():
+        path, _, ds = where.rpartition("@")
+        costs[name] = batch_cost(path, ds, batches)
+        print(f"history {name} ({where}): a batch of {costs[name]['batch_size']:.0f} examples, "
+              f"{costs[name]['sequence_elements_per_example']:.0f} sequence elements each: first pass "
+              f"{costs[name]['first_pass_ms_per_batch']:.1f} ms, second pass {costs[name]['second_pass_ms_per_batch']:.1f} ms")
     print(f"loader, {workers} workers, batch {batch_size}, examples/s (median of 3):")
     print(f"  1 source {results['one_source']:,.0f} | 5-source mix {results['five_sources']:,.0f} "
           f"| ratio {results['five_sources'] / results['one_source']:.2f}x (goal >= 0.95x)")
@@ -246,6 +280,15 @@ def command_line(
                "examples/s"),
         Figure("length_1024_over_256", "L=1024 / L=256", round(results["length_1024"] / results["length_256"], 2), "x"),
     ]
+    for name, cost in costs.items():
+        figures += [
+            Figure(f"{name}_first_pass_ms_per_batch", f"{name} history: ms per batch, first pass (empty host cache)",
+                   round(cost["first_pass_ms_per_batch"], 1), "ms"),
+            Figure(f"{name}_second_pass_ms_per_batch", f"{name} history: ms per batch, second pass (host cache)",
+                   round(cost["second_pass_ms_per_batch"], 1), "ms"),
+            Figure(f"{name}_sequence_elements_per_example", f"{name} history: sequence elements per example",
+                   round(cost["sequence_elements_per_example"]), ""),
+        ]
     if mixing is not None:
         figures += [
             Figure("manifest_bytes", f"mixture manifest of {mix_ds}", mixing["manifest_bytes"], "B"),
@@ -256,7 +299,8 @@ def command_line(
         ]
     record("loader_throughput", "Loader and mixing costs: a mix against one source, long sequences, manifest bytes",
            figures, notes=f"{workers} loader workers, batch {batch_size}, {examples:,} examples of "
-                          f"{users:,} users; median of 3 runs of {batches} batches."
+                          f"{users:,} users; median of 3 runs of {batches} batches. Histories (in process, "
+                          f"{batches} batches a pass): {', '.join(f'{k}={v}' for k, v in histories.items()) or 'none'}."
                           + ("" if mixing else " Mixing bytes skipped: no mixture manifest in the lakehouse."),
            results_dir=results_dir)
 

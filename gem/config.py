@@ -272,6 +272,12 @@ class LoaderConfig:
     # alone is larger raises SnapshotTooLarge (gem/data/snapshots.py). A batch reads the days of its
     # rows (up to interleave_files of them), so the cache should hold that many.
     snapshot_cache_mib: PositiveInt = 1024
+    # The host's disk cache of decoded data (gem/data/local_cache.py): example files' columns and day
+    # snapshots written once as Arrow IPC and memory-mapped by every worker, pass and run on the host,
+    # instead of each decoding the same Parquet. Bounded in MiB (least recently used files deleted);
+    # 0 turns it off. The folder must be on local disk; empty: gem-loader-cache-<uid> in the temp dir.
+    local_cache_mib: NonNegativeInt = 8192
+    local_cache_dir: str = ""
     # Length-aware batching: each shard buffers this many batches' rows, sorts them by sequence
     # length and cuts batches of similar lengths, emitted in a seeded order (gem/data/length_batching.py);
     # exact resume and the draws are unchanged. 1 = batches in stream order. It cuts padding, but is off

@@ -37,6 +37,10 @@ Semantics (each one tested in tests/spark/test_loader.py):
     `loader.max_<type>s` kept. A worker indexes a day's snapshot once (gem.data.snapshots, its ids
     already hashed, its days kept within loader.snapshot_cache_mib) and serves all that day's files
     from it, instead of reading a snapshot per example.
+  * Decoded once per host. With loader.local_cache_mib > 0, an example file's columns and a day's
+    sequence index are written once to the host's disk as Arrow IPC and memory-mapped by every later
+    reader (gem.data.local_cache): worker processes, passes and runs share them instead of decoding
+    the same Parquet files each. The batches are the same with the cache or without it.
   * Batches are built with whole-column Arrow / NumPy operations: ids are the hash columns the Spark
     stages wrote (schemas/ids.py), and the sequence cut is a vectorized binary search and a gather
     per day of the batch (gem.data.sequences); no step loops over examples in Python.
@@ -72,6 +76,7 @@ from gem.data.encode import (
     vocab_index,
 )
 from gem.data.length_batching import length_sorted_batches
+from gem.data.local_cache import LocalCache, default_dir
 from gem.data.manifest import Manifest
 from gem.data.sampling import keep_probability, row_uniforms, stable_hash
 from gem.data.sequences import Spans, sequence_spans, spread
@@ -141,7 +146,9 @@ class ExampleStream(IterableDataset):
         self.pass_index, self.rotation = 0, 0
         self.cursors: dict[int, tuple[int, ...]] = {}
         context = f"manifest {manifest.mixture_id}"
-        self.snapshots = SnapshotCache(lambda ds: load_day(self.sequence_files[ds], ds, context),
+        self.local_cache = (LocalCache(cfg.local_cache_dir or default_dir(), cfg.local_cache_mib)
+                            if cfg.local_cache_mib else None)
+        self.snapshots = SnapshotCache(lambda ds: load_day(self.sequence_files[ds], ds, context, self.local_cache),
                                        cfg.snapshot_cache_mib, context)
 
     # ---- resume plumbing (set by ResumableLoader before each iteration) ----------------------------
@@ -173,7 +180,11 @@ class ExampleStream(IterableDataset):
                 f"manifest {self.manifest.mixture_id} lists {path}, which examples version "
                 f"{self.manifest.examples_version} does not hold; re-create the manifest (python -m jobs.mix)"
             )
-        return read_logged([logged], self.manifest.example_partition_types, [*EXAMPLE_COLUMNS, "surface"])
+        types, columns = self.manifest.example_partition_types, [*EXAMPLE_COLUMNS, "surface"]
+        if self.local_cache is None:
+            return read_logged([logged], types, columns)
+        key = self.local_cache.key("training examples", logged.path, logged.bytes, logged.partition, types, columns)
+        return self.local_cache.get(key, lambda: read_logged([logged], types, columns))
 
     # ---- draws ------------------------------------------------------------------------------------
     def draw(self, path: str, table: pa.Table, pass_index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -339,7 +350,7 @@ def example_batch(table: pa.Table, tasks: tuple[str, ...], mask: np.ndarray, wei
             values = vocab_index(table[name], VOCABULARIES[name])
         else:  # position: 0 = none, else position + 1 (capped)
             values = position_index(table[name])
-        sparse[name] = Sparse(torch.from_numpy(np.asarray(values, dtype=np.int64)), torch.ones(n, dtype=torch.int32))
+        sparse[name] = Sparse(torch.from_numpy(np.array(values, dtype=np.int64)), torch.ones(n, dtype=torch.int32))
     labels = np.zeros((n, len(tasks)), dtype=np.float32)
     task_surfaces = tuple(dict.fromkeys(t.split("/")[0] for t in tasks))
     surfaces = vocab_index(table["surface"], task_surfaces)  # (n,) index in task_surfaces + 1, 0: none

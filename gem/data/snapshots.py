@@ -3,7 +3,9 @@
 Loaded once per (worker, day) from the files the Delta log lists for partition ds at the
 manifest's pinned version, and kept flat: per event type the offsets of each user's list and
 numpy arrays of each element field (ids as the hashes build_sequences wrote, vocabularies indexed,
-times in microseconds). Cutting a batch's sequences is then a vectorized binary search per event
+times in microseconds). With a LocalCache the indexed day is also written to the host's disk
+once and memory-mapped by every later reader (other worker processes, later passes and runs), so a
+day's Parquet files are decoded once per host, not once per worker and pass. Cutting a batch's sequences is then a vectorized binary search per event
 type and one gather per field (gem.data.sequences defines the cut: elements strictly before the
 impression time).
 """
@@ -20,6 +22,7 @@ import pyarrow.compute as pc
 
 from gem.data.delta_log import LoggedFile, read_logged
 from gem.data.encode import VOCABULARIES, timestamps_us, vocab_index
+from gem.data.local_cache import LocalCache
 from schemas.ids import HASHED_IDS, hash_column
 from schemas.sequences import ELEMENT_ID_HASHES, SEQUENCE_COLUMNS, SEQUENCE_FIELDS
 
@@ -61,6 +64,32 @@ class DaySnapshot:
     def nbytes(self) -> int:
         return self.users.nbytes + sum(f.nbytes for f in self.sequences.values())
 
+    def to_table(self) -> pa.Table:
+        """One row per user: user_id and, per event type, a large_list<struct<time, fields...>> of
+        int64 (the flat arrays as Arrow buffers; from_table reads them back without a copy)."""
+        columns = {"user_id": self.users}
+        for event_type, flat in self.sequences.items():
+            elements = pa.StructArray.from_arrays([pa.array(flat.times), *map(pa.array, flat.fields.values())],
+                                                  names=["time", *flat.fields])
+            columns[event_type] = pa.LargeListArray.from_arrays(pa.array(flat.offsets), elements)
+        return pa.table(columns)
+
+    @classmethod
+    def from_table(cls, table: pa.Table, ds: str) -> DaySnapshot:
+        """The snapshot to_table wrote; the arrays are views of the table's buffers (memory-mapped
+        ones stay on disk until touched)."""
+        def single(name: str) -> pa.Array:
+            column = table[name]
+            return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+        sequences = {}
+        for event_type in table.column_names[1:]:
+            lists = single(event_type)
+            elements = lists.values
+            fields = {elements.type.field(i).name: elements.field(i).to_numpy() for i in range(elements.type.num_fields)}
+            sequences[event_type] = FlatSequences(lists.offsets.to_numpy(), fields.pop("time"), fields)
+        return cls(ds, single("user_id"), sequences)
+
 
 def _flatten(column: pa.ChunkedArray, event_type: str) -> FlatSequences:
     lists = column.combine_chunks()
@@ -85,13 +114,20 @@ SNAPSHOT_FIELDS: dict[str, tuple[str, ...]] = {
 }
 
 
-def load_day(files: list[LoggedFile], ds: str, context: str) -> DaySnapshot:
-    """Index the user_sequences rows of partition ds (files already filtered to it)."""
-    try:  # no partition column is read
-        table = read_logged(files, {}, SNAPSHOT_COLUMNS, fields=SNAPSHOT_FIELDS) if files else None
-    except FileNotFoundError as e:
-        raise type(e)(f"{context}: {e}") from e
-    return index_day(table, ds, context)
+def load_day(files: list[LoggedFile], ds: str, context: str, cache: LocalCache | None = None) -> DaySnapshot:
+    """Index the user_sequences rows of partition ds (files already filtered to it); with `cache`,
+    through the host's disk cache, keyed by the day's data files and what an index holds."""
+    def build() -> DaySnapshot:
+        try:  # no partition column is read
+            table = read_logged(files, {}, SNAPSHOT_COLUMNS, fields=SNAPSHOT_FIELDS) if files else None
+        except FileNotFoundError as e:
+            raise type(e)(f"{context}: {e}") from e
+        return index_day(table, ds, context)
+
+    if cache is None:
+        return build()
+    key = cache.key("user_sequences index", sorted((f.path, f.bytes) for f in files), SNAPSHOT_FIELDS, VOCABULARIES)
+    return DaySnapshot.from_table(cache.get(key, lambda: build().to_table()), ds)
 
 
 def index_day(table: pa.Table | None, ds: str, context: str, users: Collection[str] | None = None) -> DaySnapshot:

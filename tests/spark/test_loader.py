@@ -469,6 +469,20 @@ def test_the_same_tables_draw_the_same_examples_wherever_the_lakehouse_sits(lake
     assert examples[0] == examples[1] and len(examples[0]) > 0
 
 
+def test_the_hosts_disk_cache_changes_no_batch_and_decodes_each_file_once(lake, tmp_path):
+    """loader.local_cache_mib: the first pass writes each example file and day index it decodes,
+    the next maps them, decoding nothing; both emit exactly the batches of a loader without it."""
+    cfg, _, _ = lake
+    plain = [(b.example_ids, _by_id([b])) for b in _pass(_stream(cfg, local_cache_mib=0))]
+    streams = [_stream(cfg, local_cache_dir=str(tmp_path / "cache"), local_cache_mib=64) for _ in range(2)]
+    passes = [[(b.example_ids, _by_id([b])) for b in _pass(s)] for s in streams]
+    assert passes[0] == plain and passes[1] == plain and len(plain) > 1
+    cold, warm = streams[0].local_cache, streams[1].local_cache
+    assert cold.misses > 0 and cold.hits == 0  # each file and day decoded once within the pass
+    assert warm.misses == 0 and warm.hits == cold.misses
+    assert len(cold.files()) == cold.misses
+
+
 def test_stale_manifests_fail_clearly(lake, tmp_path):
     cfg, _, examples_version = lake
     copy = tmp_path / "lake"

@@ -1,0 +1,71 @@
+"""gem.data.local_cache: decoded tables written once, memory-mapped by later readers, bounded on
+disk; and a day snapshot's round trip through it (gem.data.snapshots)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from gem.data.local_cache import MIB, LocalCache
+from gem.data.snapshots import DaySnapshot, FlatSequences
+
+
+def _table(rows: int, value: int = 0) -> pa.Table:
+    return pa.table({"x": np.full(rows, value, np.int64)})
+
+
+def test_a_miss_decodes_and_writes_and_a_hit_maps_the_file(tmp_path):
+    cache, builds = LocalCache(tmp_path, max_mib=8), []
+
+    def build():
+        builds.append(1)
+        return _table(1000, 7)
+
+    key = cache.key("examples", "/lake/part-0.parquet", 123, ["x"])
+    first, second = cache.get(key, build), cache.get(key, build)
+    assert builds == [1] and (cache.hits, cache.misses) == (1, 1)
+    assert first.equals(second) and second["x"].to_pylist()[:2] == [7, 7]
+    # Another reader (a worker process, a later run) finds the file the first one wrote.
+    assert LocalCache(tmp_path, max_mib=8).get(key, lambda: _table(1, 0)).equals(first)
+    # Nothing of the write is left under a temporary name.
+    assert [e.name for e in tmp_path.iterdir()] == [key]
+    # Another file size (a rewritten file under the same name cannot happen in Delta, but a size
+    # names the content too) or other columns are another key.
+    assert len({key, cache.key("examples", "/lake/part-0.parquet", 124, ["x"]),
+                cache.key("examples", "/lake/part-0.parquet", 123, ["x", "y"])}) == 3
+
+
+def test_the_folder_stays_within_its_bound_dropping_the_least_recently_used(tmp_path):
+    cache = LocalCache(tmp_path, max_mib=2)  # a table of 100k int64 is 0.76 MiB: two fit
+    keys = [cache.key(i) for i in range(3)]
+    cache.get(keys[0], lambda: _table(100_000))
+    cache.get(keys[1], lambda: _table(100_000))
+    cache.get(keys[0], lambda: _table(100_000))  # a hit: keys[0] is now the most recently used
+    cache.get(keys[2], lambda: _table(100_000))
+    names = {e.name for e in tmp_path.iterdir()}
+    assert names == {keys[0], keys[2]} and sum(e.stat().st_size for e in tmp_path.iterdir()) <= 2 * MIB
+
+
+def test_a_damaged_file_is_decoded_again(tmp_path):
+    cache = LocalCache(tmp_path, max_mib=8)
+    key = cache.key("damaged")
+    (tmp_path / key).write_bytes(b"not arrow")
+    assert cache.get(key, lambda: _table(3, 5))["x"].to_pylist() == [5, 5, 5] and cache.misses == 1
+    assert cache.get(key, lambda: _table(0)).num_rows == 3  # rewritten whole
+
+
+def test_a_day_snapshot_round_trips_through_the_cache_without_copies(tmp_path):
+    flat = FlatSequences(np.array([0, 2, 2, 5]), np.array([1, 4, 2, 3, 9]),
+                         {"ad_id": np.array([10, 11, 12, 13, 14]), "surface": np.array([1, 0, 2, 2, 1])})
+    empty = FlatSequences(np.zeros(4, np.int64), np.zeros(0, np.int64), {})
+    snap = DaySnapshot("2026-01-02", pa.array(["u1", "u2", "u3"]), {"impression": flat, "click": empty})
+    cache = LocalCache(tmp_path, max_mib=8)
+    cache.get("d.arrow", snap.to_table)
+    back = DaySnapshot.from_table(cache.get("d.arrow", snap.to_table), "2026-01-02")
+    assert cache.hits == 1 and back.users.to_pylist() == ["u1", "u2", "u3"]
+    assert list(back.sequences) == ["impression", "click"] and back.sequences["click"].fields == {}
+    got = back.sequences["impression"]
+    assert got.offsets.tolist() == [0, 2, 2, 5] and got.times.tolist() == [1, 4, 2, 3, 9]
+    assert {k: v.tolist() for k, v in got.fields.items()} == {k: v.tolist() for k, v in flat.fields.items()}
+    assert not got.times.flags.writeable  # a view of the mapped file, not a copy
+    assert back.rows(pa.array(["u3", "u9"])).tolist() == [2, -1]
