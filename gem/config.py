@@ -391,6 +391,17 @@ class PromotionConfig:
 
 
 @dataclass(frozen=True, config=SECTION)
+class ReportConfig:
+    """What the printed tables and the run report say about held-out figures (gem/train/evaluate.py,
+    gem/report/run_report.py)."""
+
+    # A task's held-out NE, AUC and calibration are shown only with at least this many (weighted)
+    # held-out positives; below it the task reads "too few positives", as its NE is noise. Each label
+    # type is also shown pooled over the surfaces ("all/<label type>").
+    min_positives: PositiveInt = 30
+
+
+@dataclass(frozen=True, config=SECTION)
 class PrecomputeConfig:
     """Solaris precompute of the foundation model's outputs (gem/precompute/, jobs/precompute.py)."""
 
@@ -554,6 +565,7 @@ class GemConfig(BaseSettings):
     precompute: PrecomputeConfig = Field(default_factory=PrecomputeConfig)
     # When a trained model (foundation model or student) replaces the promoted one (gem/train/gate.py).
     promotion: PromotionConfig = Field(default_factory=PromotionConfig)
+    report: ReportConfig = Field(default_factory=ReportConfig)
     demo: DemoConfig = Field(default_factory=DemoConfig)
     # How the DAG's pretrain, precompute and distill tasks launch (in-process, torchrun, a cluster job).
     launcher: LauncherConfig = Field(default_factory=LauncherConfig)

@@ -35,3 +35,18 @@ def task_name(surface: str, label_type: str) -> str:
     if label_type not in LABEL_TYPES:
         raise ValueError(f"unknown label type {label_type!r}; known: {LABEL_TYPES}")
     return f"{surface}/{label_type}"
+
+
+# Where a label type's figures are pooled over every surface (held-out NE, the Bayes floor), the
+# surface part of the name: "all/lead".
+POOLED_SURFACE = "all"
+
+
+def pooled_groups(tasks: tuple[str, ...] | list[str]) -> dict[str, list[str]]:
+    """"all/<label type>" -> the tasks of that label type, for each label type two or more surfaces
+    of `tasks` hold (pooling one surface's task would only repeat it)."""
+    by_type: dict[str, list[str]] = {}
+    for name in tasks:
+        if "/" in name and not name.startswith(f"{POOLED_SURFACE}/"):
+            by_type.setdefault(name.split("/", 1)[1], []).append(name)
+    return {f"{POOLED_SURFACE}/{t}": names for t, names in by_type.items() if len(names) >= 2}

@@ -270,9 +270,9 @@ def run(ctx: StageContext, ds: str, steps: int | None = None) -> StageResult:
         trained, previous, decision = train_and_gate(cfg, inputs, surface, variant, root, ds, steps)
         print(f"student {surface} ({variant}): {trained.steps} steps on {days} ({len(inputs.train_days)} days), "
               f"{trained.examples:,} examples, {trained.seconds:.1f}s; held-out {inputs.eval_day}:")
-        print(metrics_table(trained.scores))
+        print(metrics_table(trained.scores, min_positives=cfg.report.min_positives))
         print(f"  the FM's logged predictions on the same examples ({inputs.fm_models[inputs.eval_day].version}):")
-        print(metrics_table(trained.fm_scores))
+        print(metrics_table(trained.fm_scores, min_positives=cfg.report.min_positives))
         mixture_id = f"student:{surface}:{days}"
         student_rows += metrics_rows(cfg, ds, run_id, student_arch(variant), trained.scores, trained.steps,
                                      mixture_id, inputs.examples[1], inputs.sequences[1])
@@ -286,7 +286,7 @@ def run(ctx: StageContext, ds: str, steps: int | None = None) -> StageResult:
         if cfg.student_train.baseline and variant != "baseline":  # what the FM's signals add
             control, _, control_decision = train_and_gate(cfg, inputs, surface, "baseline", root, ds, steps)
             print(f"  the no-FM baseline student on the same days and steps ({control.seconds:.1f}s):")
-            print(metrics_table(control.scores))
+            print(metrics_table(control.scores, min_positives=cfg.report.min_positives))
             print(f"  {control_decision.summary()}")
             student_rows += metrics_rows(cfg, ds, run_id, student_arch("baseline"), control.scores, control.steps,
                                          mixture_id, inputs.examples[1], inputs.sequences[1])

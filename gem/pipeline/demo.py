@@ -240,7 +240,8 @@ def model_metrics(cfg: GemConfig) -> str | None:
              f"of the mixture of {latest['ds']} ({runs} runs in gold.metrics); floor: the NE of the generator's "
              f"true probabilities on that day (gem.sources.bayes_floor)")
     floor = reported_floor(cfg.landing_root, held_out)
-    return title + "\n" + metrics_table({r["task"]: r for r in run}, indent="    ", floor=floor)
+    return title + "\n" + metrics_table({r["task"]: r for r in run}, indent="    ", floor=floor,
+                                         min_positives=cfg.report.min_positives)
 
 
 def student_metrics(cfg: GemConfig) -> str | None:
@@ -266,9 +267,13 @@ def student_metrics(cfg: GemConfig) -> str | None:
              f"  of the {window} before the held-out one, warm-started from the ones promoted before (on their first",
              "  day from scratch), and are scored on the same held-out examples as the FM's logged predictions",
              header]
-    lines += [f"    {r['task']:<{width}} {r['examples']:>9,} {'n/a' if r['steps'] is None else r['steps']:>5} "
-              f"{fmt(r['NE'])} {fmt(r['AUC'])} {fmt(r['baseline NE'])} {fmt(r['baseline AUC']):>8} "
-              f"{fmt(r['FM NE'])} {fmt(r['FM AUC'])}" for r in rows]
+    for r in rows:
+        head = f"    {r['task']:<{width}} {r['examples']:>9,} {'n/a' if r['steps'] is None else r['steps']:>5}"
+        if r["positives"] < cfg.report.min_positives:  # an NE over so few positives is noise
+            lines.append(f"{head}  too few positives to read ({r['positives']:.0f} < {cfg.report.min_positives})")
+        else:
+            lines.append(f"{head} {fmt(r['NE'])} {fmt(r['AUC'])} {fmt(r['baseline NE'])} {fmt(r['baseline AUC']):>8} "
+                         f"{fmt(r['FM NE'])} {fmt(r['FM AUC'])}")
     return "\n".join(lines)
 
 

@@ -215,7 +215,7 @@ def _latest_runs(rows: list[dict[str, Any]], arch: str) -> list[dict[str, Any]]:
 
 def student_results(cfg: GemConfig, days: Sequence[str] | None = None) -> tuple[str, str, list[dict[str, Any]]] | None:
     """The newest distillation run (of `days`, when given) from gold.metrics -> (run_id, student
-    arch, per task: task, examples, steps (the student's training steps that day), NE, AUC, baseline
+    arch, per task: task, examples, positives (held out), steps (the student's training steps that day), NE, AUC, baseline
     NE, baseline AUC (the no-FM baseline student beside it, None where the run trained none), FM NE,
     FM AUC: the student beside the baseline and the FM's logged predictions of the same held-out
     examples); None when no distill run wrote any."""
@@ -234,7 +234,8 @@ def student_results(cfg: GemConfig, days: Sequence[str] | None = None) -> tuple[
     out = []
     for task, pair in sorted(by_task.items()):
         student, control, fm = pair.get(arch, {}), pair.get(baseline, {}), pair.get(FM_ARCH, {})
-        out.append({"task": task, "examples": student.get("examples", 0), "steps": student.get("train_steps"),
+        out.append({"task": task, "examples": student.get("examples", 0), "positives": student.get("positives", 0.0),
+                    "steps": student.get("train_steps"),
                     "NE": student.get("ne"), "AUC": student.get("auc"), "baseline NE": control.get("ne"),
                     "baseline AUC": control.get("auc"), "FM NE": fm.get("ne"), "FM AUC": fm.get("auc")})
     return run_id, arch, out
@@ -375,10 +376,17 @@ def build(cfg: GemConfig, ds: str, window_days: int = WINDOW_DAYS) -> Report:
         rows = []
         for r in sorted(runs, key=lambda r: (r["ds"], r["task"])):
             floor = (floors.get(r["ds"].isoformat()) or {}).get(r["task"])
+            readable = r["positives"] >= cfg.report.min_positives  # else its NE is noise: not shown
             rows.append({"day": r["ds"].isoformat(), "task": r["task"], "examples": r["examples"],
-                         "NE": r["ne"], "floor": floor, "AUC": r["auc"], "calibration": r["calibration"],
-                         "steps": r["train_steps"]})
-        sec.table(rows, formats={"NE": "{:.4f}", "floor": "{:.4f}", "AUC": "{:.4f}", "calibration": "{:.3f}"})
+                         "positives": r["positives"], "NE": r["ne"] if readable else None, "floor": floor,
+                         "AUC": r["auc"] if readable else None,
+                         "calibration": r["calibration"] if readable else None, "steps": r["train_steps"],
+                         "note": "" if readable else f"too few positives (< {cfg.report.min_positives})"})
+        sec.paragraph(f"A task with fewer than report.min_positives ({cfg.report.min_positives}) held-out positives "
+                      "shows no NE, AUC or calibration: over so few positives they are noise. all/<label type> pools "
+                      "that label type's tasks over the surfaces.")
+        sec.table(rows, formats={"positives": "{:.0f}", "NE": "{:.4f}", "floor": "{:.4f}", "AUC": "{:.4f}",
+                                 "calibration": "{:.3f}"})
         last = max(r["day"] for r in rows)
         sec.figure(_metrics_figure([r for r in rows if r["day"] == last]), "held_out_metrics",
                    caption=f"held-out NE (red: the Bayes floor) and AUC per task, the run of {last}")
@@ -433,10 +441,15 @@ def build(cfg: GemConfig, ds: str, window_days: int = WINDOW_DAYS) -> Report:
     students = student_results(cfg, days)
     if students:
         run_id, arch, rows = students
-        sec.paragraph(f"{run_id}: {arch}, {len(rows)} tasks scored.")
-        sec.table(rows, formats={k: "{:.4f}" for k in ("NE", "AUC", "baseline NE", "baseline AUC", "FM NE", "FM AUC")})
-        sec.figure(_students_figure(rows), "students",
-                   caption="held-out NE per task: the no-FM baseline student, the student and the FM")
+        shown = ("NE", "AUC", "baseline NE", "baseline AUC", "FM NE", "FM AUC")
+        rows = [r if r["positives"] >= cfg.report.min_positives else  # else its figures are noise: not shown
+                r | dict.fromkeys(shown) | {"note": f"too few positives (< {cfg.report.min_positives})"} for r in rows]
+        sec.paragraph(f"{run_id}: {arch}, {len(rows)} tasks scored; a task with fewer than report.min_positives "
+                      f"({cfg.report.min_positives}) held-out positives shows no figures.")
+        sec.table(rows, formats={"positives": "{:.0f}"} | {k: "{:.4f}" for k in shown})
+        if any(r["NE"] is not None for r in rows):
+            sec.figure(_students_figure(rows), "students",
+                       caption="held-out NE per task: the no-FM baseline student, the student and the FM")
     else:
         sec.paragraph("No distillation run wrote gold.metrics in the window.")
     return report

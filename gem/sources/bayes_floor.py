@@ -23,7 +23,7 @@ import numpy as np
 from gem.lakehouse.landing import completed_manifest
 from gem.sources.simulation import ChunkEvents
 from gem.sources.world import CONVERSION_DELAY_BETA, CONVERSION_MAX_DELAY_DAYS, DAY_MS, OBJECTIVE_CONVERSION_TYPE, World
-from schemas.tasks import CONVERSION_TYPES, OBJECTIVES
+from schemas.tasks import CONVERSION_TYPES, OBJECTIVES, pooled_groups
 
 CONVERTS_AS = np.array([OBJECTIVE_CONVERSION_TYPE[o] for o in OBJECTIVES])  # objective index -> conversion type
 
@@ -78,9 +78,13 @@ class FloorAccumulator:
                           (conversion_label[on] & mine).astype(np.float64))
 
     def result(self) -> dict[str, dict[str, float]]:
-        """task -> {"examples", "positives", "ne"} (ne None for a task without positives)."""
+        """task -> {"examples", "positives", "ne"} (ne None for a task without positives); also each
+        label type pooled over the surfaces, as "all/<label type>" (schemas.tasks.pooled_groups)."""
         out = {}
-        for task, (loss, n, pos) in sorted(self.sums.items()):
+        sums = dict(self.sums)
+        for name, tasks in pooled_groups(list(self.sums)).items():
+            sums[name] = [sum(self.sums[t][i] for t in tasks) for i in range(3)]
+        for task, (loss, n, pos) in sorted(sums.items()):
             rate = min(max(pos / n, EPS), 1 - EPS) if n else 0.0
             entropy = -(rate * np.log(rate) + (1 - rate) * np.log(1 - rate)) if n else 0.0
             out[task] = {"examples": int(n), "positives": int(pos),

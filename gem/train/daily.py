@@ -37,7 +37,7 @@ from gem.lakehouse.commit import StageCommit, StageContext, StageResult
 from gem.model.build import build_task
 from gem.model.heads import shrunk_base_rates
 from gem.train import checkpoint, gate, promotion
-from gem.train.evaluate import metrics_table, per_task
+from gem.train.evaluate import metrics_table, per_task, pooled
 from gem.train.promotion import checkpoint_root
 from gem.train.trainer import Trainer
 from schemas.metrics import GOLD_METRICS
@@ -131,7 +131,7 @@ def run(ctx: StageContext, ds: str, run_dir: Path | None = None, steps: int | No
         incumbent = gate.incumbent_task(previous, lambda heads: build_task(
             cfg.model, heads, SPARSE_FEATURES, len(DENSE_COLUMNS), sparse_backend="torch"), cfg.model.embeddings.backend)
         paired = gate.score_pair(eval_stream.epoch(), eval_task, incumbent)
-        _report(commit, per_task(paired.candidate), result.steps, eval_manifest)
+        _report(commit, per_task(paired.candidate) | pooled(paired.candidate), result.steps, eval_manifest)
         # A resumed run warm-started from the same promotion (warm starts happen before step 1).
         trained_through = promotion.newest_day([max(train_manifest.file_ds.values(), default=None),
                                                 previous.trained_through if previous is not None else None])
@@ -190,7 +190,7 @@ def _report(commit: StageCommit, scores: dict[str, dict[str, Any]], steps: int, 
     write_metrics(commit, metrics_rows(cfg, mix_ds, run_id, cfg.model.arch, scores, steps, eval_manifest.mixture_id,
                                        eval_manifest.examples_version, eval_manifest.sequences_version))
     print(f"held-out day {eval_manifest.file_ds[eval_manifest.files[0]]} ({run_id}):")
-    print(metrics_table(scores))
+    print(metrics_table(scores, min_positives=cfg.report.min_positives))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 Only the examples drawn for a task (label_mask) count for it, each with its importance weight.
 `predictions` / `gather` flatten a stream to those (example, task) pairs; `evaluate` and `score`
-report per task from them, and the quality study (gem.study.runner) pools them over groups of tasks.
+report per task from them, `pooled` per label type over every surface, and the quality study (gem.study.runner) pools them over groups of tasks.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import torch
 
 from gem.data.batch import Batch
 from gem.model import metrics
+from schemas.tasks import pooled_groups
 
 
 @dataclass
@@ -61,21 +62,36 @@ def predictions(task: torch.nn.Module, batches: Iterable[Batch]) -> Predictions:
     return gather(batches, lambda batch: torch.sigmoid(task.logits(batch.to(device)).float()).cpu())
 
 
+def _figures(pred: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> dict[str, float | None]:
+    """Examples, weighted positives, NE, AUC and calibration of a set of pairs."""
+    positives = float((w * y).sum())
+    both = 0 < positives < float(w.sum())
+    return {
+        "examples": int(pred.numel()),
+        "positives": positives,
+        "ne": float(metrics.ne(pred, y, w)) if both else None,
+        "auc": float(metrics.auc(pred, y, w)) if both else None,
+        "calibration": float(metrics.calibration(pred, y, w)) if positives > 0 else None,
+    }
+
+
 def per_task(p: Predictions) -> dict[str, dict[str, float | None]]:
     """Per task: examples, weighted positives, NE, AUC and calibration over its pairs."""
     out: dict[str, dict[str, float | None]] = {}
     for j, name in enumerate(p.tasks):
         m = p.task == j
-        pred, y, w = p.pred[m], p.label[m], p.weight[m]
-        positives = float((w * y).sum())
-        both = 0 < positives < float(w.sum())
-        out[name] = {
-            "examples": int(pred.numel()),
-            "positives": positives,
-            "ne": float(metrics.ne(pred, y, w)) if both else None,
-            "auc": float(metrics.auc(pred, y, w)) if both else None,
-            "calibration": float(metrics.calibration(pred, y, w)) if positives > 0 else None,
-        }
+        out[name] = _figures(p.pred[m], p.label[m], p.weight[m])
+    return out
+
+
+def pooled(p: Predictions) -> dict[str, dict[str, float | None]]:
+    """Per label type held by tasks of two or more surfaces, the same figures over all of their pairs
+    pooled, as "all/<label type>" (schemas.tasks.pooled_groups): a conversion type too sparse to read
+    on any one surface can be read across them."""
+    out: dict[str, dict[str, float | None]] = {}
+    for name, tasks in pooled_groups(p.tasks).items():
+        m = p.select(tasks)
+        out[name] = _figures(p.pred[m], p.label[m], p.weight[m])
     return out
 
 
@@ -98,10 +114,12 @@ def gap_closed(ne: float | None, floor: float | None) -> str:
 
 
 def metrics_table(scores: dict[str, dict[str, float | None]], indent: str = "  ",
-                  floor: dict[str, float | None] | None = None) -> str:
+                  floor: dict[str, float | None] | None = None, min_positives: float = 0) -> str:
     """Per-task scores (as `evaluate` returns them) as an aligned text table; with `floor` (task ->
     the Bayes floor NE of the held-out day, gem.sources.bayes_floor), a column beside NE and the
-    share of the way from the base rate (NE 1) to the floor that the model covered, (1 - NE) / (1 - floor)."""
+    share of the way from the base rate (NE 1) to the floor that the model covered, (1 - NE) / (1 - floor).
+    A task with fewer than `min_positives` held-out positives shows "too few positives" instead of
+    its figures: an NE over a handful of positives is noise."""
     def fmt(v: float | None) -> str:
         return "    n/a" if v is None else f"{v:7.4f}"
 
@@ -110,7 +128,10 @@ def metrics_table(scores: dict[str, dict[str, float | None]], indent: str = "  "
     lines = [(f"{indent}{'task':<{width}} {'examples':>9} {'positives':>9} {'NE':>7}{floor_head} "
               f"{'AUC':>7} {'calib':>7}")]
     for name, s in scores.items():
+        head = f"{indent}{name:<{width}} {s['examples']:>9,} {s['positives']:>9.0f}"
+        if s["positives"] < min_positives:
+            lines.append(f"{head}  too few positives to read (< {min_positives:g})")
+            continue
         floor_cell = f" {fmt(floor.get(name))} {gap_closed(s['ne'], floor.get(name)):>8}" if floor is not None else ""
-        lines.append(f"{indent}{name:<{width}} {s['examples']:>9,} {s['positives']:>9.0f} {fmt(s['ne'])}{floor_cell} "
-                     f"{fmt(s['auc'])} {fmt(s['calibration'])}")
+        lines.append(f"{head} {fmt(s['ne'])}{floor_cell} {fmt(s['auc'])} {fmt(s['calibration'])}")
     return "\n".join(lines)

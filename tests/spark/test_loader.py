@@ -36,6 +36,7 @@ from schemas.examples import LABEL_COLUMNS, SILVER_TRAINING_EXAMPLES
 from schemas.features import SILVER_AD_FEATURES, SILVER_USER_FEATURES
 from schemas.ops import COMPLETIONS
 from schemas.sequences import SEQUENCE_COLUMNS, SILVER_USER_SEQUENCES
+from schemas.tasks import pooled_groups
 from tests.landing_lines import bronze_event
 from tests.support import make_config, stand_in_records
 
@@ -534,7 +535,7 @@ def test_train_cli_trains_evaluates_and_warm_starts(lake, tmp_path, capsys):
     assert "held-out day" in out and "reels/click" in out
     metrics_path = GOLD_METRICS.path(cfg.lakehouse_uri)
     rows = read_table(metrics_path).to_pylist()
-    assert len(rows) == len(TASKS)
+    assert len(rows) == len(TASKS) + len(pooled_groups(TASKS))  # every task, and each label type pooled
     assert {r["ds"].isoformat() for r in rows} == {MIX_DS}  # the partition column, restored from the log
     click = next(r for r in rows if r["task"] == "reels/click")
     assert click["examples"] > 0 and 0 < click["auc"] <= 1 and click["train_steps"] == 4
@@ -598,7 +599,7 @@ def test_train_cli_under_torchrun_shards_tables_and_resumes(lake, tmp_path):
     assert [a["operation"] for a in added] == ["WRITE"]
     # Other tests' runs of this day may have written it before: this run's rows replaced theirs.
     rows = read_table(metrics_path).to_pylist()
-    assert len(rows) == len(TASKS) and len({r["run_id"] for r in rows}) == 1
+    assert len(rows) == len(TASKS) + len(pooled_groups(TASKS)) and len({r["run_id"] for r in rows}) == 1
     assert "resumed" in torchrun("--steps", "6")
 
 

@@ -96,7 +96,7 @@ def test_rows_and_quarantine_are_the_completion_records(lake):
         records = [completions.completion(cfg, stage.name, day) for day in days]
         cells = [str(r["rows_written"]) if r else "-" for r in records]
         assert "\t".join([stage.name, *cells]) in lines
-    assert "pretrain\t-\t-\t8" in lines  # 8 tasks scored on day 3 (2 surfaces x 4)
+    assert "pretrain\t-\t-\t12" in lines  # 8 tasks scored on day 3 (2 surfaces x 4), 4 label types pooled
     for reason, rows in QUARANTINED.items():
         assert "\t".join([days[2], "ingest_events", reason, str(rows), "105", "100"]) in lines
     missing = [s.name for s in STAGES if s.records and completions.completion(cfg, s.name, days[2]) is None]
@@ -122,9 +122,20 @@ def test_metrics_loss_and_precompute_are_the_stored_figures(lake):
     text = render(lake["index"]).text
     rows = read_table(GOLD_METRICS.path(cfg.lakehouse_uri)).to_pylist()
     scored = [r for r in rows if r["ne"] is not None and r["arch"] == cfg.model.arch]
-    assert scored
+    assert scored and any(r["task"].startswith("all/") for r in scored)  # label types pooled over surfaces
     for r in scored:
-        assert f"{day}\t{r['task']}\t{r['examples']}\t{r['ne']:.4f}\t" in text
+        head = f"{day}\t{r['task']}\t{r['examples']}\t{r['positives']:.0f}\t"
+        if r["positives"] >= cfg.report.min_positives:
+            assert f"{head}{r['ne']:.4f}\t" in text
+        else:  # too few positives to read: no NE, and the note says why
+            assert f"{head}\t" in text and f"too few positives (< {cfg.report.min_positives})" in text
+    # Either way, whatever the day's positives: a bound above them all hides every figure, one of 1 shows them.
+    top = max(r["positives"] for r in scored)
+    for bound, shown in ((int(top) + 1, False), (1, True)):
+        bounded = cfg.replace(report={"min_positives": bound})
+        page = render(build(bounded, day).write(str(Path(lake["index"]).parent.parent / f"bound-{bound}"))).text
+        assert all((f"{r['task']}\t{r['examples']}\t{r['positives']:.0f}\t{r['ne']:.4f}\t" in page) == shown
+                   for r in scored if r["positives"] >= 1)
     version, losses = promoted_losses(cfg, day)
     assert len(losses) == 6
     assert f"{version}: 6 steps; mean loss {losses[0]:.4f} over the first 1, {losses[-1]:.4f} over the last 1." in text
@@ -170,7 +181,8 @@ def test_students_show_beside_the_fms_logged_predictions(tmp_path: Path) -> None
     from jobs import distill, precompute
     from tests.precompute_lakehouse import promote_model, publish_training_records
 
-    cfg = precompute_config(tmp_path)
+    # A small lake: every task's figures are read from its first positive, so they show.
+    cfg = precompute_config(tmp_path).replace(report={"min_positives": 1})
     _, days = build_days(cfg, 3, users=60)
     promote_model(cfg, days[1])
     publish_training_records(cfg, days[2])
@@ -186,7 +198,12 @@ def test_students_show_beside_the_fms_logged_predictions(tmp_path: Path) -> None
     baseline = {r["task"]: r for r in rows if r["arch"] == student_arch("baseline")}
     students = [r for r in rows if r["arch"] == arch]
     assert students
+    bound = cfg.report.min_positives
     for r in students:
-        assert (f"{r['task']}\t{r['examples']}\t{r['train_steps']}\t{r['ne']:.4f}\t{r['auc']:.4f}\t"
+        head = f"{r['task']}\t{r['examples']}\t{r['positives']:.0f}\t{r['train_steps']}\t"
+        if r["positives"] < bound:  # too few to read: no figures, and the note says why
+            assert f"{head}\t" in page.text and f"too few positives (< {bound})" in page.text, r["task"]
+            continue
+        assert (f"{head}{r['ne']:.4f}\t{r['auc']:.4f}\t"
                 f"{baseline[r['task']]['ne']:.4f}\t{baseline[r['task']]['auc']:.4f}\t"
                 f"{fm[r['task']]['ne']:.4f}\t" in page.text), r["task"]

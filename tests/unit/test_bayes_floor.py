@@ -11,6 +11,7 @@ from gem.sources.engagement import EngagementState
 from gem.sources.simulation import simulate_chunk
 from gem.sources.synthetic_day import generate_day
 from gem.sources.world import DAY_MS, build_world
+from schemas.tasks import LABEL_TYPES
 from tests.support import make_config
 
 GEN = {"users": 800, "ads": 300, "advertisers": 30, "events_per_day": 20_000, "chunk_impressions": 7_000}
@@ -19,7 +20,7 @@ GEN = {"users": 800, "ads": 300, "advertisers": 30, "events_per_day": 20_000, "c
 def test_the_floor_counts_every_impression_and_click_of_the_day(tmp_path):
     cfg = make_config(tmp_path, generator=GEN)
     manifest = generate_day(cfg, "2026-01-01")
-    floor = manifest["bayes_floor"]
+    floor = {t: f for t, f in manifest["bayes_floor"].items() if not t.startswith("all/")}  # per surface
     clicks = {t: f for t, f in floor.items() if t.endswith("/click")}
     assert {t.split("/")[0] for t in clicks} == set(cfg.surfaces)
     assert sum(f["examples"] for f in clicks.values()) == manifest["events"]["impression"]
@@ -28,6 +29,7 @@ def test_the_floor_counts_every_impression_and_click_of_the_day(tmp_path):
     assert 0 < converted <= manifest["events"]["conversion"]  # those arriving within the attribution window
     # The world carries click signal: its own probabilities beat the base rate on every surface.
     assert all(0 < f["ne"] < 1 for f in clicks.values()), clicks
+    assert manifest["bayes_floor"]["all/click"]["examples"] == manifest["events"]["impression"]
 
 
 def test_the_floor_is_gem_model_metrics_ne_of_the_true_probabilities(tmp_path):
@@ -45,6 +47,11 @@ def test_the_floor_is_gem_model_metrics_ne_of_the_true_probabilities(tmp_path):
     p, y = torch.tensor(chunk.p_click[on]), torch.tensor(chunk.clicked[on], dtype=torch.float64)
     expected = float(metrics.ne(p, y, torch.ones_like(p)))
     assert abs(result["fb_feed/click"]["ne"] - expected) < 1e-9
+    # Each label type pooled over the surfaces, as the held-out tables pool a model's pairs.
+    p, y = torch.tensor(chunk.p_click), torch.tensor(chunk.clicked, dtype=torch.float64)
+    assert abs(result["all/click"]["ne"] - float(metrics.ne(p, y, torch.ones_like(p)))) < 1e-9
+    assert result["all/click"]["examples"] == len(chunk.user)
+    assert {t for t in result if t.startswith("all/")} == {f"all/{t}" for t in LABEL_TYPES}
 
 
 def test_delay_cdf_is_a_cdf():

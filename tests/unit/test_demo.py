@@ -23,10 +23,10 @@ def write_metrics(cfg, rows: list[dict]) -> None:
     commit.publish(None, no_input_count="test")
 
 
-def _rows(ds: str, run_id: str, created: dt.datetime, auc: float) -> list[dict]:
+def _rows(ds: str, run_id: str, created: dt.datetime, auc: float, positives: float = 50.0) -> list[dict]:
     return [{
         "ds": dt.date.fromisoformat(ds), "run_id": run_id, "arch": "kunlun", "task": task, "split": "eval",
-        "examples": 100, "positives": 5.0, "ne": 0.95, "auc": auc, "calibration": 1.0, "train_steps": 7,
+        "examples": 1000, "positives": positives, "ne": 0.95, "auc": auc, "calibration": 1.0, "train_steps": 7,
         "mixture_id": "mix-x", "examples_version": 3, "sequences_version": 2, "code_version": "abc",
         "config": "{}", "created_at": created,
     } for task in ("reels/click", "fb_feed/click")]
@@ -66,13 +66,28 @@ def test_model_metrics_prints_the_bayes_floor_of_the_held_out_day_beside_ne(tmp_
     write_metrics(cfg, _rows("2026-01-10", "kunlun:2026-01-10:a", dt.datetime(2026, 1, 11, tzinfo=dt.UTC), 0.6))
     held_out = shift_day("2026-01-10", -cfg.attribution_window_days)
     mark_partition_complete(cfg.landing_root, held_out, {"bayes_floor": {
-        "reels/click": {"examples": 100, "positives": 5, "ne": 0.8123}, "fb_feed/click": {"ne": None}}})
+        "reels/click": {"examples": 1000, "positives": 50, "ne": 0.8123}, "fb_feed/click": {"ne": None}}})
     header, *rows = demo.model_metrics(cfg).splitlines()[1:]
     assert header.split() == ["task", "examples", "positives", "NE", "floor", "to", "floor", "AUC", "calib"]
     reels = next(r for r in rows if r.split()[0] == "reels/click").split()
     assert reels[3:5] == ["0.9500", "0.8123"]  # NE, then the floor beside it
     assert reels[5] == f"{100 * 0.05 / (1 - 0.8123):.0f}%"  # the share of the way from NE 1 to the floor
     assert next(r for r in rows if r.split()[0] == "fb_feed/click").split()[4] == "n/a"
+
+
+def test_a_task_with_too_few_held_out_positives_shows_no_figures(tmp_path: Path) -> None:
+    """report.min_positives: below it a task's NE, AUC and calibration are noise, so the table says so
+    instead of printing them; at it they print."""
+    cfg = make_config(tmp_path, report={"min_positives": 30})
+    t0 = dt.datetime(2026, 1, 11, tzinfo=dt.UTC)
+    rows = _rows("2026-01-10", "kunlun:2026-01-10:a", t0, 0.61, positives=29.0)
+    rows[1]["positives"] = 30.0  # fb_feed/click
+    write_metrics(cfg, rows)
+    lines = demo.model_metrics(cfg).splitlines()[2:]
+    reels = next(r for r in lines if r.split()[0] == "reels/click")
+    fb = next(r for r in lines if r.split()[0] == "fb_feed/click")
+    assert "too few positives to read (< 30)" in reels and "0.9500" not in reels and "0.6100" not in reels
+    assert fb.split()[3:5] == ["0.9500", "0.6100"] and "too few" not in fb
 
 
 def test_students_print_beside_the_fm_and_never_as_the_pretraining_run(tmp_path: Path) -> None:
@@ -100,6 +115,10 @@ def test_students_print_beside_the_fm_and_never_as_the_pretraining_run(tmp_path:
     reels = next(line for line in text.splitlines() if line.split()[0] == "reels/click").split()
     # steps, student NE, AUC; the baseline student's NE, AUC; the FM's NE, AUC
     assert reels[2:] == ["7", "0.9700", "0.6000", "0.9900", "0.6000", "0.9100", "0.6000"]
+    # A task with too few held-out positives reads as such, not as figures.
+    few = make_config(tmp_path, report={"min_positives": 51})
+    reels = next(line for line in demo.student_metrics(few).splitlines() if line.split()[0] == "reels/click")
+    assert "too few positives to read (50 < 51)" in reels and "0.9700" not in reels
 
 
 def test_task_seconds_has_a_column_per_day_a_run_processed() -> None:
