@@ -1,1 +1,1 @@
-"""The model quality study: `python -m gem.study --preset {smoke,small,gpu}` (gem/study/study.py)."""
+"""The model quality study: `python -m gem.study --preset {smoke,small,cpu,gpu}` (gem/study/study.py)."""

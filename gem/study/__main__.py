@@ -1,4 +1,4 @@
-"""python -m gem.study --preset {smoke,small,gpu}: the model quality study (gem/study/study.py).
+"""python -m gem.study --preset {smoke,small,cpu,gpu}: the model quality study (gem/study/study.py).
 
 Writes {lakehouse_uri}/_reports/study/<preset>/index.html (plus img/) and results.json beside it,
 and prints the report's path.
@@ -41,15 +41,19 @@ def _json_safe(x: Any) -> Any:
     return x
 
 
-def run_study(preset_name: str, out_dir: str | Path, workers: int | None = None, job_log: Path | None = None) -> str:
+def run_study(preset_name: str, out_dir: str | Path, workers: int | None = None, job_log: Path | None = None,
+              hours: float | None = None) -> str | None:
     """Run the preset, publish the report and results.json under out_dir (a local folder or an object
-    store prefix) -> the report's URI. With
-    `job_log`, jobs a previous run finished (gem.study.job_log) are reused and new ones appended."""
+    store prefix) -> the report's URI. With `job_log`, jobs a previous run finished
+    (gem.study.job_log) are reused and new ones appended; with `hours`, jobs that would end later
+    are left for the next run, and a run that left any publishes nothing (-> None)."""
     preset = PRESETS[preset_name]
     workers = workers or preset.workers
     start, started = time.perf_counter(), dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     study = Study(preset)
-    results = study.run(workers, JobLog(job_log, repr(preset)) if job_log is not None else None)
+    results = study.run(workers, JobLog(job_log, repr(preset)) if job_log is not None else None, hours)
+    if results is None:
+        return None
     results |= {"commit": code_version(), "device": str(study.device), "started": started, "workers": workers,
                 "wall_s": round(time.perf_counter() - start, 1), "restored_jobs": sorted(study.restored)}
     results = _json_safe(results)
@@ -69,10 +73,18 @@ def run_study(preset_name: str, out_dir: str | Path, workers: int | None = None,
 @click.option("--job-log", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="JSON lines of finished jobs: those it holds are not run again, new ones are appended "
                    "(a study over several runs, e.g. short GPU leases)")
-def main(preset: str, config_path: str | None, workers: int | None, job_log: Path | None) -> None:
+@click.option("--hours", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="start no job predicted to end later than this many hours from the start (with --job-log, "
+                   "a study over several runs); a run that leaves jobs publishes nothing")
+def main(preset: str, config_path: str | None, workers: int | None, job_log: Path | None, hours: float | None) -> None:
     """Train the architectures on the generator's traffic and report the claims' verdicts."""
+    if hours is not None and job_log is None:
+        raise click.UsageError("--hours leaves the jobs it does not start to a later run: it needs --job-log")
     cfg = load_config(config_path)
-    path = run_study(preset, study_dir(cfg.lakehouse_uri, preset), workers, job_log)
+    path = run_study(preset, study_dir(cfg.lakehouse_uri, preset), workers, job_log, hours)
+    if path is None:
+        click.echo(f"jobs are left: rerun the same command (--job-log {job_log}) to continue")
+        raise SystemExit(3)
     click.echo(f"report: {path}")
 
 

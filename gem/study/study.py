@@ -15,6 +15,7 @@ gem.train.trainer.Trainer, gem.train.evaluate), so the claims hold for the loop 
 from __future__ import annotations
 
 import dataclasses
+import math
 import multiprocessing
 import os
 import sys
@@ -42,6 +43,7 @@ from schemas.tasks import CONVERSION_TYPES
 ABLATED = {"attention": "softmax", "pooling": "mean", "compskip": False, "sliding_window": False,
            "event_personalization": False}
 TOLERANCE = 0.10  # matched compute: every architecture within 10% of the target
+PROBE_STEPS = 8  # training steps timed per model to predict a study's time
 
 
 @dataclass
@@ -53,6 +55,8 @@ class Job:
     target: float
     shape: str
     tasks: tuple[str, ...] | None = None  # None: every task
+    fraction: float = 1.0  # of the training batches (the first ones: the batches are shuffled)
+    seeds_to_run: int | None = None  # None: the preset's seeds
     lr_trials: list[dict[str, float]] = field(default_factory=list)
     lr: float | None = None
     seeds: list[dict[str, Any]] = field(default_factory=list)  # per seed: held-out summary
@@ -89,6 +93,7 @@ class Study:
     def __init__(self, preset: StudyPreset, log: Callable[[str], None] = print) -> None:
         self.preset, self.log = preset, log
         self.restored: set[str] = set()  # jobs the last run took from a job log instead of running
+        self.left: list[str] = []  # jobs the last run did not start (its time limit)
         if preset.device == "cuda":
             # Ask NVML, not the CUDA driver, whether there is a GPU: a parent that initialized CUDA
             # could not fork the workers that each take the GPU (torch.cuda's fork rule).
@@ -103,9 +108,10 @@ class Study:
         self.roles = DayRoles.consecutive(p.train_days, p.warmup_days)
         start = time.perf_counter()
         self.traffic: Traffic = simulate(self.roles.days, p.impressions_per_day, p.users, p.ads, p.seed, p.history_weight)
-        self.tasks = self.traffic.tasks()
         self.click_tasks = self.traffic.tasks(("click",))
-        self.conversion_tasks = self.traffic.tasks(CONVERSION_TYPES)
+        self.conversion_tasks = tuple(t for t in self.traffic.tasks(CONVERSION_TYPES)
+                                      if self.held_out_positives(t) >= preset.conversion_min_positives)
+        self.tasks = tuple(t for t in self.traffic.tasks() if t in self.click_tasks or t in self.conversion_tasks)
         self._batches: dict[tuple[str, tuple[str, ...]], list[Batch]] = {}
         self.ctx = SizingContext(lengths=dict(preset.lengths), tasks=len(self.tasks), surfaces=len(self.traffic.surfaces),
                                  buckets={"user_id": p.users, "ad_id": p.ads, "surface": 8, "position": 32},
@@ -113,9 +119,17 @@ class Study:
         self.log(f"traffic: {len(self.traffic.user):,} impressions over {self.roles.days} days "
                  f"({time.perf_counter() - start:.1f} s)")
 
+    def held_out_positives(self, task: str) -> int:
+        t = self.traffic
+        return int((t.eligible(task) & t.label(task) & (t.day == self.roles.held_out)).sum())
+
     # ---- data ------------------------------------------------------------------------------------
-    def data(self, split: str, tasks: tuple[str, ...]) -> list[Batch]:
-        """Training batches (negatives down-sampled, weighted) or a validation / held-out day (all)."""
+    def data(self, split: str, tasks: tuple[str, ...], fraction: float = 1.0) -> list[Batch]:
+        """Training batches (negatives down-sampled, weighted; `fraction`: the first of them) or a
+        validation / held-out day (all)."""
+        if fraction < 1.0:
+            full = self.data(split, tasks)
+            return full[:max(1, math.ceil(len(full) * fraction))]
         key = (split, tasks)
         if key not in self._batches:
             p = self.preset
@@ -150,6 +164,11 @@ class Study:
                 job = self.sized("kunlun", p.matched, {switch: value}, name=f"kunlun-{switch}={value}")
                 jobs[job.name] = job
                 variants.append({"job": job.name, "switch": switch, "value": value})
+        if p.data_limited:  # the top of each scaling curve at half the data: one seed, the same lr grid
+            for arch in SCALED:
+                full = jobs[f"{arch}@{len(p.targets) - 1}"]
+                jobs[f"{full.name}:half"] = dataclasses.replace(full, name=f"{full.name}:half", fraction=0.5,
+                                                                seeds_to_run=1, lr_trials=[], seeds=[])
         # Transfer: the conversion tasks with the most training positives (measurable held-out NE).
         positives = {t: int((self.traffic.eligible(t) & self.traffic.label(t)
                              & np.isin(self.traffic.day, self.roles.train)).sum()) for t in self.conversion_tasks}
@@ -173,13 +192,16 @@ class Study:
                 "ne_conversion": s.ne(tuple(t for t in tasks if t in self.conversion_tasks)),
                 "tasks": per_task, "calibration": calibration}
 
-    def runs_per_job(self) -> int:
-        return len(self.preset.lrs) + self.preset.seeds - 1
+    def runs_per_job(self, job: Job | None = None) -> int:
+        return len(self.preset.lrs) + self.seeds_of(job) - 1
+
+    def seeds_of(self, job: Job | None) -> int:
+        return job.seeds_to_run if job is not None and job.seeds_to_run is not None else self.preset.seeds
 
     def execute(self, job: Job, progress: Progress) -> Iterator[None]:
         """Tune the job's lr on the validation day, then train its seeds and score the held-out day."""
         p, tasks = self.preset, job.tasks or self.tasks
-        train = self.data("train", tasks)
+        train = self.data("train", tasks, job.fraction)
         evals = {"validation": self.data("validation", tasks), "held_out": self.data("held_out", tasks)}
         held_out: dict[float, tuple[Scores, float, int]] = {}
         for lr in p.lrs:
@@ -203,20 +225,71 @@ class Study:
         job.lr = min(trained, key=lambda t: t["validation_ne"] if t["validation_ne"] is not None else np.inf)["lr"]
         s0, seconds, examples = held_out[job.lr]
         job.seeds.append({"seed": 0, "seconds": seconds, "examples": examples, **self.summary(s0)})
-        for seed in range(1, p.seeds):
+        for seed in range(1, self.seeds_of(job)):
             r = run(job.config, train, {"held_out": evals["held_out"]}, job.lr, seed, p.epochs, self.device, p.bf16)
             job.seeds.append({"seed": seed, "seconds": r.seconds, "examples": r.examples,
                               **self.summary(r.scores["held_out"])})
             progress.step(f"{job.name} seed {seed}: held-out NE {job.seeds[-1]['ne']:.4f} ({r.seconds:.1f} s)")
             yield
 
+    # ---- how long it takes -----------------------------------------------------------------------
+    def probe(self, job: Job) -> tuple[float, float]:
+        """(seconds per training example, seconds per scored example) of the job's model on this host:
+        PROBE_STEPS training steps and one held-out batch scored, as a run trains and scores."""
+        tasks = job.tasks or self.tasks
+        train, held = self.data("train", tasks)[:PROBE_STEPS], self.data("held_out", tasks)[:1]
+        start = time.perf_counter()
+        r = run(job.config, train, {"held_out": held}, self.preset.lrs[0], 0, 1, self.device, self.preset.bf16)
+        scoring = max(time.perf_counter() - start - r.seconds, 0.0)  # the model's build included: an upper bound
+        return r.seconds / r.examples, scoring / sum(b.size for b in held)
+
+    def predict(self, jobs: dict[str, Job]) -> dict[str, float]:
+        """Each job's predicted seconds on this host: its runs' training and scoring examples times
+        the rates `probe` measures for its model (one probe per distinct model and tasks)."""
+        global _PROBED
+        p, out = self.preset, {}
+        probes: dict[tuple[str, tuple[str, ...] | None], str] = {}  # (model, tasks) -> a job of it
+        for name, job in jobs.items():
+            probes.setdefault((repr(job.config), job.tasks), name)
+            for split in ("train", "validation", "held_out"):  # built here, inherited by the probe process
+                self.data(split, job.tasks or self.tasks)
+        # Probed in a forked process, as the jobs run: this one never initializes CUDA (run_forked).
+        _PROBED = (self, jobs)
+        try:
+            with multiprocessing.get_context("fork").Pool(1) as pool:
+                rates = dict(zip(probes, pool.map(_probe_forked, list(probes.values())), strict=True))
+        finally:
+            _PROBED = None
+        for name, job in jobs.items():
+            train_s, score_s = rates[(repr(job.config), job.tasks)]
+            tasks = job.tasks or self.tasks
+            trained = p.epochs * sum(b.size for b in self.data("train", tasks, job.fraction))
+            validation, held_out = (sum(b.size for b in self.data(split, tasks)) for split in ("validation", "held_out"))
+            lrs, seeds = len(p.lrs), self.seeds_of(job) - 1  # lr trials score both days; other seeds the held-out one
+            out[name] = (lrs + seeds) * trained * train_s + (lrs * (validation + held_out) + seeds * held_out) * score_s
+        return out
+
+    @staticmethod
+    def makespan(seconds: dict[str, float], workers: int) -> float:
+        """Wall seconds of the jobs taken longest first by `workers` processes, each job by the first free one."""
+        free = [0.0] * max(1, workers)
+        for s in sorted(seconds.values(), reverse=True):
+            free[free.index(min(free))] += s
+        return max(free)
+
     # ---- the whole study -------------------------------------------------------------------------
-    def run(self, workers: int = 1, job_log: JobLog | None = None) -> dict[str, Any]:
+    def run(self, workers: int = 1, job_log: JobLog | None = None, hours: float | None = None
+            ) -> dict[str, Any] | None:
         """Every job; with workers > 1, that many forked processes take jobs in turn. On CPU each run
         is single-threaded, so processes, not threads, use more cores; on a GPU each process launches
         its own small kernels, so several keep one GPU busy where one would leave it waiting on
         Python. A job's numbers do not depend on the worker that ran it. With a job log, the jobs it
-        holds are not run again and each job finished here is appended to it."""
+        holds are not run again and each job finished here is appended to it.
+
+        Before training it prints each job's predicted time (predict) and the whole run's. With
+        `hours`, a job that would end past that many hours from the start is not started: the run
+        returns None with those jobs in `self.left`, and a rerun with the same job log continues."""
+        start = time.time()
         jobs, variants, transfer = self.plan()
         for job in jobs.values():
             self.log(f"{job.name}: {job.shape}, {job.flops:,} FLOPs/example (target {job.target:,.0f})")
@@ -224,23 +297,40 @@ class Study:
         if self.restored:
             self.log(f"{len(self.restored)} of {len(jobs)} jobs restored from {job_log.path}")
         todo = {name: job for name, job in jobs.items() if name not in self.restored}
+        predicted = self.predict(todo)
+        for name in sorted(predicted, key=lambda n: -predicted[n]):
+            self.log(f"predicted {name}: {predicted[name]:.0f} s ({self.runs_per_job(todo[name])} runs)")
+        self.log(f"predicted: {sum(predicted.values()) / 3600:.2f} h of one process's time, "
+                 f"{self.makespan(predicted, workers) / 3600:.2f} h wall on {workers} worker(s) for {len(todo)} jobs "
+                 f"(rates measured on this host: {PROBE_STEPS} training steps and one scored batch per model)")
+        deadline = start + hours * 3600 if hours is not None else None
+        todo = dict(sorted(todo.items(), key=lambda kv: -predicted[kv[0]]))  # the longest first
         finished = job_log.append if job_log is not None else None
         if workers <= 1:
-            progress = Progress(len(todo) * self.runs_per_job())
-            for job in todo.values():
+            progress = Progress(sum(self.runs_per_job(j) for j in todo.values()))
+            for name, job in todo.items():
+                if deadline is not None and time.time() + predicted[name] > deadline:
+                    continue
                 for _ in self.execute(job, progress):
                     pass
                 if finished:
                     finished(job)
             progress.close()
         else:
-            self.run_forked(todo, workers, finished)
+            self.run_forked(todo, workers, finished, deadline, predicted)
             jobs.update(todo)
+        self.left = [name for name, job in jobs.items() if not job.seeds]
+        if self.left:
+            self.log(f"stopped: {len(self.left)} of {len(jobs)} jobs would end past the limit of {hours} h "
+                     f"({sum(predicted[n] for n in self.left) / 3600:.2f} h predicted); rerun with the same job log")
+            return None
         return self.results(jobs, variants, transfer)
 
-    def run_forked(self, jobs: dict[str, Job], workers: int, finished: Callable[[Job], None] | None = None) -> None:
-        """Run the jobs in `workers` forked processes; their results replace the jobs in `jobs`
-        (and go to `finished` as each arrives)."""
+    def run_forked(self, jobs: dict[str, Job], workers: int, finished: Callable[[Job], None] | None = None,
+                   deadline: float | None = None, predicted: dict[str, float] | None = None) -> None:
+        """Run the jobs in `workers` forked processes, in the order given; their results replace the
+        jobs in `jobs` (and go to `finished` as each arrives). A job that would end past `deadline`
+        (time.time(); its `predicted` seconds) is returned unrun."""
         if self.device.type == "cuda" and torch.cuda.is_initialized():
             raise RuntimeError("this process has initialized CUDA, so the workers it forks could not use the GPU: "
                                "run the study in a fresh process (python -m gem.study) or with workers=1")
@@ -249,13 +339,15 @@ class Study:
             tasks = job.tasks or self.tasks
             for split in ("train", "validation", "held_out"):
                 self.data(split, tasks)
-        _FORKED = (self, jobs)
+        _FORKED = (self, jobs, deadline, predicted or {})
         progress = Progress(len(jobs))
         try:
             with multiprocessing.get_context("fork").Pool(workers) as pool:
-                # The costliest first: the jobs that start last are short, so the workers finish together.
-                for done in pool.imap_unordered(_execute_forked, sorted(jobs, key=lambda n: -jobs[n].flops)):
+                for done in pool.imap_unordered(_execute_forked, list(jobs)):
                     jobs[done.name] = done
+                    if not done.seeds:  # not started: it would have ended past the deadline
+                        progress.step(f"{done.name}: not started (would end past the time limit)")
+                        continue
                     if finished:
                         finished(done)
                     progress.step(f"{done.name}: lr {done.lr:g}, held-out NE "
@@ -283,7 +375,7 @@ class Study:
                                for a, j in matched.items() if a != "kunlun"}
         scaling: dict[str, Any] = {}
         for arch in ARCHS:
-            points = [jobs[n] for n in jobs if n.startswith(f"{arch}@")]
+            points = [j for n, j in jobs.items() if n.startswith(f"{arch}@") and j.fraction == 1.0]
             flops = np.array([j.flops for j in points], dtype=np.float64)
             ne = np.array([j.values("ne") for j in points]).T  # (seeds, sizes)
             fitted = len(points) >= 2  # one size has no slope
@@ -306,6 +398,12 @@ class Study:
                 "joint": _interval(j_ne) if ok else None, "alone": _interval(a_ne) if ok else None,
                 "diff": _interval(list(np.subtract(j_ne, a_ne))) if ok else None,
                 "held_out_positives": int((t.eligible(task) & t.label(task) & (t.day == held)).sum())})
+        # Data-limited check: the half-data run against the full-data model of the same seed (0).
+        out["data_limited"] = [
+            {"job": j.name.removesuffix(":half"), "fraction": j.fraction, "lr": j.lr,
+             "full_ne": jobs[j.name.removesuffix(":half")].seeds[0]["ne"], "half_ne": j.seeds[0]["ne"],
+             "gap": j.seeds[0]["ne"] - jobs[j.name.removesuffix(":half")].seeds[0]["ne"]}
+            for j in jobs.values() if j.fraction < 1.0]
         out["calibration"] = {s: _interval([x["calibration"][s] for x in joint.seeds])
                               for s in t.surfaces if all(x["calibration"].get(s) is not None for x in joint.seeds)}
         out["ablations"] = {
@@ -318,9 +416,20 @@ class Study:
         return out
 
 
-# The study and its jobs, set in the parent just before it forks its workers (which inherit them, so
-# only job names travel to the workers and finished jobs back).
-_FORKED: tuple[Study, dict[str, Job]] | None = None
+# The study, its jobs, the deadline and the jobs' predicted seconds, set in the parent just before it
+# forks its workers (which inherit them, so only job names travel to the workers and finished jobs back).
+_FORKED: tuple[Study, dict[str, Job], float | None, dict[str, float]] | None = None
+
+
+_PROBED: tuple[Study, dict[str, Job]] | None = None  # the same, for Study.predict's probe process
+
+
+def _probe_forked(name: str) -> tuple[float, float]:
+    assert _PROBED is not None, "_probe_forked runs only in a process forked by Study.predict"
+    study, jobs = _PROBED
+    if study.device.type == "cpu":
+        torch.set_num_threads(study.preset.threads)
+    return study.probe(jobs[name])
 
 
 class _WorkerLines:
@@ -336,9 +445,11 @@ class _WorkerLines:
 
 def _execute_forked(name: str) -> Job:
     assert _FORKED is not None, "_execute_forked runs only in a worker forked by Study.run_forked"
-    study, jobs = _FORKED
+    study, jobs, deadline, predicted = _FORKED
     torch.set_num_threads(study.preset.threads)
     job = jobs[name]
+    if deadline is not None and time.time() + predicted.get(name, 0.0) > deadline:
+        return job  # unrun: the parent sees no seeds
     for _ in study.execute(job, _WorkerLines()):
         pass
     return job

@@ -178,18 +178,58 @@ def test_a_job_log_carries_finished_jobs_into_the_next_run(tmp_path, monkeypatch
     assert JobLog(log.path, repr(other)).restore(Study(other, log=lambda _: None).plan()[0].values()) == set()
 
 
-@pytest.mark.parametrize("name", ["small", "gpu"])
+@pytest.mark.parametrize("name", ["small", "cpu", "gpu"])
 def test_the_study_presets_measure_what_the_claims_need(name):
     """Scaling: the two compared architectures at >= 5 sizes over >= 1.5 decades of FLOPs per
-    example, the others at 3; every number over >= 3 seeds, on a validation day apart from the
-    held-out day."""
+    example, the others at 3 (the published cpu preset: at the matched size only); every number over
+    >= 3 seeds, on a validation day apart from the held-out day. The cpu preset trains on >= 1M
+    examples (no negative down-sampling: every impression of the training days), reads only conversion
+    tasks with >= 200 held-out positives and checks its top sizes at half the data."""
     from gem.study.presets import PRESETS
 
     p = PRESETS[name]
     assert len(p.targets) >= 5 and math.log10(p.targets[-1] / p.targets[0]) >= 1.5
-    assert len(p.baseline_targets) >= 3 and p.seeds >= 3 and p.matched in p.baseline_targets
+    assert p.seeds >= 3 and p.matched in p.baseline_targets
+    assert p.baseline_targets == (p.matched,) if name == "cpu" else len(p.baseline_targets) >= 3
+    if name == "cpu":
+        assert p.traffic.impressions_per_day * p.traffic.train_days >= 1_000_000 and not p.negative_rate
+        assert p.conversion_min_positives >= 200 and p.data_limited and p.device == "cpu"
     roles = DayRoles.consecutive(p.traffic.train_days, p.traffic.warmup_days)
     assert roles.validation != roles.held_out and roles.validation not in roles.train
+
+
+def test_a_time_limit_leaves_jobs_to_the_next_run_and_the_top_sizes_are_checked_at_half_the_data(tmp_path):
+    """--hours: a run starts no job predicted to end past the limit (it prints the prediction first,
+    returns no results and logs nothing it did not finish); the next run with the job log does them.
+    data_limited: the top size of each scaled architecture also trains on half the batches, one seed,
+    kept out of the scaling fit, its gap to the full data's seed 0 reported. conversion_min_positives:
+    only conversion tasks with that many held-out positives are in the study."""
+    import dataclasses
+
+    from gem.study.job_log import JobLog
+    from gem.study.presets import PRESETS, SCALED
+    from gem.study.study import Study
+
+    preset = dataclasses.replace(PRESETS["smoke"], ablations=False, transfer_tasks=0, data_limited=True,
+                                 conversion_min_positives=5)
+    lines: list[str] = []
+    study = Study(preset, log=lines.append)
+    every = study.traffic.tasks(CONVERSION_TYPES)
+    assert set(study.conversion_tasks) == {t for t in every if study.held_out_positives(t) >= 5} != set(every)
+    assert all(t in study.tasks for t in study.click_tasks + study.conversion_tasks)
+    log = JobLog(tmp_path / "jobs.jsonl", repr(preset))
+    assert study.run(job_log=log, hours=1e-9) is None
+    assert set(study.left) == set(study.plan()[0]) and not log.path.exists()
+    assert any(line.startswith("predicted: ") and " h wall on 1 worker(s)" in line for line in lines)
+    results = Study(preset, log=lambda _: None).run(job_log=log)
+    top = len(preset.targets) - 1
+    assert {d["job"] for d in results["data_limited"]} == {f"{a}@{top}" for a in SCALED}
+    for d in results["data_limited"]:
+        full, half = results["jobs"][d["job"]], results["jobs"][f"{d['job']}:half"]
+        assert len(half["seeds"]) == 1 and half["fraction"] == 0.5
+        assert half["seeds"][0]["examples"] < full["seeds"][0]["examples"]
+        assert d["gap"] == pytest.approx(half["seeds"][0]["ne"] - full["seeds"][0]["ne"])
+    assert all(len(results["scaling"][a]["flops"]) == len(preset.targets) for a in SCALED)  # no half-data point
 
 
 def test_a_study_run_trains_through_the_pipelines_trainer_and_scores_with_its_evaluation(monkeypatch):
