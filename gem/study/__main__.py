@@ -9,6 +9,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import shlex
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ import click
 from gem import storage
 from gem.config import load_config
 from gem.environment import code_version
+from gem.host import host_description
 from gem.study.claims import all_claims
 from gem.study.job_log import JobLog
 from gem.study.page import write_report
@@ -42,20 +45,30 @@ def _json_safe(x: Any) -> Any:
 
 
 def run_study(preset_name: str, out_dir: str | Path, workers: int | None = None, job_log: Path | None = None,
-              hours: float | None = None) -> str | None:
+              hours: float | None = None, command: str | None = None) -> str | None:
     """Run the preset, publish the report and results.json under out_dir (a local folder or an object
     store prefix) -> the report's URI. With `job_log`, jobs a previous run finished
     (gem.study.job_log) are reused and new ones appended; with `hours`, jobs that would end later
-    are left for the next run, and a run that left any publishes nothing (-> None)."""
+    are left for the next run, and a run that left any publishes nothing (-> None). Each run is
+    recorded in the job log (`command`: the command line that ran it); results.json lists them all,
+    and its wall_s is theirs summed."""
     preset = PRESETS[preset_name]
     workers = workers or preset.workers
     start, started = time.perf_counter(), dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     study = Study(preset)
-    results = study.run(workers, JobLog(job_log, repr(preset)) if job_log is not None else None, hours)
+    log = JobLog(job_log, repr(preset)) if job_log is not None else None
+    results = study.run(workers, log, hours)
+    run = {"command": command or f"python -m gem.study --preset {preset_name}", "commit": code_version(),
+           "host": host_description(), "device": str(study.device), "workers": workers, "started": started,
+           "wall_s": round(time.perf_counter() - start, 1), "hours": hours,
+           "jobs_finished": len(study.planned) - len(study.restored) - len(study.left), "jobs_left": len(study.left)}
+    if log is not None:
+        log.record_run(run)
     if results is None:
         return None
-    results |= {"commit": code_version(), "device": str(study.device), "started": started, "workers": workers,
-                "wall_s": round(time.perf_counter() - start, 1), "restored_jobs": sorted(study.restored)}
+    runs = log.runs() if log is not None else [run]
+    results |= {"commit": run["commit"], "device": run["device"], "started": runs[0]["started"], "workers": workers,
+                "wall_s": sum(float(r["wall_s"]) for r in runs), "runs": runs, "restored_jobs": sorted(study.restored)}
     results = _json_safe(results)
     claims = all_claims(results)
     results["claims"] = claims
@@ -81,7 +94,8 @@ def main(preset: str, config_path: str | None, workers: int | None, job_log: Pat
     if hours is not None and job_log is None:
         raise click.UsageError("--hours leaves the jobs it does not start to a later run: it needs --job-log")
     cfg = load_config(config_path)
-    path = run_study(preset, study_dir(cfg.lakehouse_uri, preset), workers, job_log, hours)
+    path = run_study(preset, study_dir(cfg.lakehouse_uri, preset), workers, job_log, hours,
+                     command=shlex.join(["python", "-m", "gem.study", *sys.argv[1:]]))
     if path is None:
         click.echo(f"jobs are left: rerun the same command (--job-log {job_log}) to continue")
         raise SystemExit(3)

@@ -2,7 +2,9 @@
 a run that was stopped. A JSON-lines file, one line per finished job, appended as each finishes.
 
 A line is reused only by the same preset (its full repr: traffic, targets, grid, seeds) for a job of
-the same name, model config and tasks; anything else in the file is ignored, never merged.
+the same name, model config and tasks; anything else in the file is ignored, never merged. Each run
+also appends one line about itself (its command, commit, host, start, wall time and the jobs it
+finished), so the published study names every run that made it.
 """
 
 from __future__ import annotations
@@ -40,10 +42,23 @@ class JobLog:
                     restored.add(job.name)
         return restored
 
-    def append(self, job: Job) -> None:
-        """Record a finished job (one line, flushed: a stopped run keeps every job it finished)."""
+    def record_run(self, run: dict[str, object]) -> None:
+        """Record one run of the study (a line of its own, never taken for a job's)."""
+        self._write({"preset": self.preset_key, "run": run})
+
+    def runs(self) -> list[dict[str, object]]:
+        """The runs of this preset recorded so far, oldest first."""
+        if not self.path.is_file():
+            return []
+        lines = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        return [line["run"] for line in lines if line.get("preset") == self.preset_key and "run" in line]
+
+    def _write(self, line: dict[str, object]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        line = self._identity(job) | {"lr_trials": job.lr_trials, "lr": job.lr, "seeds": job.seeds}
         with self.path.open("a") as f:
             f.write(json.dumps(line) + "\n")
             f.flush()
+
+    def append(self, job: Job) -> None:
+        """Record a finished job (one line, flushed: a stopped run keeps every job it finished)."""
+        self._write(self._identity(job) | {"lr_trials": job.lr_trials, "lr": job.lr, "seeds": job.seeds})

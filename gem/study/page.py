@@ -107,9 +107,12 @@ def write_report(r: dict[str, Any], claims: list[dict[str, str]], out_dir: str |
 
     sec = report.section("Transfer", intro="Kunlun at the matched size trained on every task (joint) against "
                          "the same model trained on one conversion task alone, on that task's same examples.")
-    sec.table([{"task": t["task"], "held-out positives": t["held_out_positives"], "joint": _ci(t["joint"]),
-                "alone": _ci(t["alone"]), "joint - alone": _ci(t["diff"]), "floor": t["floor"],
-                "lr alone": t["lr_alone"]} for t in r["transfer"]], formats={"floor": NE})
+    if r["transfer"]:
+        sec.table([{"task": t["task"], "held-out positives": t["held_out_positives"], "joint": _ci(t["joint"]),
+                    "alone": _ci(t["alone"]), "joint - alone": _ci(t["diff"]), "floor": t["floor"],
+                    "lr alone": t["lr_alone"]} for t in r["transfer"]], formats={"floor": NE})
+    else:
+        sec.paragraph("No conversion task was trained alone in this preset.")
 
     sec = report.section("Calibration", intro="Kunlun at the matched size: sum of weighted predictions / sum of "
                          "weighted labels per surface (all its tasks), goal within 5% of 1.")

@@ -93,6 +93,7 @@ class Study:
     def __init__(self, preset: StudyPreset, log: Callable[[str], None] = print) -> None:
         self.preset, self.log = preset, log
         self.restored: set[str] = set()  # jobs the last run took from a job log instead of running
+        self.planned: list[str] = []  # the last run's jobs
         self.left: list[str] = []  # jobs the last run did not start (its time limit)
         if preset.device == "cuda":
             # Ask NVML, not the CUDA driver, whether there is a GPU: a parent that initialized CUDA
@@ -291,6 +292,7 @@ class Study:
         returns None with those jobs in `self.left`, and a rerun with the same job log continues."""
         start = time.time()
         jobs, variants, transfer = self.plan()
+        self.planned = list(jobs)
         for job in jobs.values():
             self.log(f"{job.name}: {job.shape}, {job.flops:,} FLOPs/example (target {job.target:,.0f})")
         self.restored = job_log.restore(jobs.values()) if job_log is not None else set()

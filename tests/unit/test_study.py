@@ -232,6 +232,27 @@ def test_a_time_limit_leaves_jobs_to_the_next_run_and_the_top_sizes_are_checked_
     assert all(len(results["scaling"][a]["flops"]) == len(preset.targets) for a in SCALED)  # no half-data point
 
 
+def test_every_run_of_a_study_is_recorded_with_its_command_and_host(tmp_path, monkeypatch):
+    """run_study over two runs through one job log: the first (a time limit it cannot meet) publishes
+    nothing; the second publishes results.json naming both runs, its wall time their sum."""
+    import dataclasses
+
+    from gem.study import __main__ as study_main
+    from gem.study.presets import PRESETS
+
+    quick = dataclasses.replace(PRESETS["smoke"], ablations=False, transfer_tasks=0)
+    monkeypatch.setitem(study_main.PRESETS, "smoke", quick)
+    log = tmp_path / "jobs.jsonl"
+    assert study_main.run_study("smoke", tmp_path / "out", job_log=log, hours=1e-9, command="first") is None
+    assert study_main.run_study("smoke", tmp_path / "out", job_log=log, command="second") is not None
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    runs = results["runs"]
+    assert [r["command"] for r in runs] == ["first", "second"]
+    assert runs[0]["jobs_finished"] == 0 and runs[0]["jobs_left"] == runs[1]["jobs_finished"] == len(results["jobs"])
+    assert results["wall_s"] == pytest.approx(sum(r["wall_s"] for r in runs))
+    assert runs[1]["host"]["cores"] >= 1 and runs[1]["commit"]
+
+
 def test_a_study_run_trains_through_the_pipelines_trainer_and_scores_with_its_evaluation(monkeypatch):
     """gem.study.runner.run trains with gem.train.trainer.Trainer (its fit called once for epochs x
     batches steps; the run's steps, examples and seconds are Trainer's) and its per-task NE is
