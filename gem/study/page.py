@@ -18,7 +18,7 @@ from gem.study.presets import ARCHS
 NE = "{:.4f}"
 
 
-def _ci(x: list[float | None] | None) -> str:
+def interval_text(x: list[float | None] | None) -> str:
     """mean [low, high]; the mean alone when the interval is undefined (one value), n/a without one."""
     if x is None or x[0] is None:
         return "n/a"
@@ -29,7 +29,7 @@ def _num(x: float | None) -> str:
     return "n/a" if x is None else NE.format(x)
 
 
-def _scaling_figure(r: dict[str, Any]) -> Any:
+def scaling_figure(r: dict[str, Any]) -> Any:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for arch in ARCHS:
         s = r["scaling"][arch]
@@ -77,8 +77,9 @@ def write_report(r: dict[str, Any], claims: list[dict[str, str]], out_dir: str |
 
     sec = report.section("Matched compute", intro="Every architecture sized to the same forward FLOPs per example "
                          "(within 10%, gem.model.flops) and trained on the same examples.")
-    rows = [{"arch": a, "FLOPs/example": m["flops"], "lr": m["lr"], "NE": _ci(m["ne"]), "NE click": _ci(m["ne_click"]),
-             "NE conversion": _ci(m["ne_conversion"])} for a, m in r["matched"].items()]
+    rows = [{"arch": a, "FLOPs/example": m["flops"], "lr": m["lr"], "NE": interval_text(m["ne"]),
+             "NE click": interval_text(m["ne_click"]),
+             "NE conversion": interval_text(m["ne_conversion"])} for a, m in r["matched"].items()]
     rows.append({"arch": "Bayes floor", "FLOPs/example": "", "lr": "", "NE": _num(floor["ne"]),
                  "NE click": _num(floor["ne_click"]), "NE conversion": _num(floor["ne_conversion"])})
     sec.table(rows, caption="held-out NE, mean [95% interval] over seeds")
@@ -99,34 +100,36 @@ def write_report(r: dict[str, Any], claims: list[dict[str, str]], out_dir: str |
 
     sec = report.section("Scaling", intro="NE(C) = NE0 - eta ln C, least squares over model sizes "
                          "(C = forward FLOPs per example); eta's interval from per-seed fits.")
-    sec.figure(_scaling_figure(r), name="scaling", caption="held-out NE against FLOPs per example, with the fits")
+    sec.figure(scaling_figure(r), name="scaling", caption="held-out NE against FLOPs per example, with the fits")
     sec.table([{"arch": a, "sizes": len(r["scaling"][a]["flops"]), "NE0": r["scaling"][a]["ne0"],
-                "eta": _ci(r["scaling"][a]["eta_interval"])} for a in ARCHS], formats={"NE0": NE})
+                "eta": interval_text(r["scaling"][a]["eta_interval"])} for a in ARCHS], formats={"NE0": NE})
     ratio = r["scaling"]["ratio"]
-    sec.paragraph(f"eta(Kunlun) / eta(InterFormer) = {_ci(ratio)}")
+    sec.paragraph(f"eta(Kunlun) / eta(InterFormer) = {interval_text(ratio)}")
 
     sec = report.section("Transfer", intro="Kunlun at the matched size trained on every task (joint) against "
                          "the same model trained on one conversion task alone, on that task's same examples.")
     if r["transfer"]:
-        sec.table([{"task": t["task"], "held-out positives": t["held_out_positives"], "joint": _ci(t["joint"]),
-                    "alone": _ci(t["alone"]), "joint - alone": _ci(t["diff"]), "floor": t["floor"],
+        sec.table([{"task": t["task"], "held-out positives": t["held_out_positives"],
+                    "joint": interval_text(t["joint"]),
+                    "alone": interval_text(t["alone"]), "joint - alone": interval_text(t["diff"]), "floor": t["floor"],
                     "lr alone": t["lr_alone"]} for t in r["transfer"]], formats={"floor": NE})
     else:
         sec.paragraph("No conversion task was trained alone in this preset.")
 
     sec = report.section("Calibration", intro="Kunlun at the matched size: sum of weighted predictions / sum of "
                          "weighted labels per surface (all its tasks), goal within 5% of 1.")
-    sec.table([{"surface": s, "calibration": _ci(c)} for s, c in r["calibration"].items()])
+    sec.table([{"surface": s, "calibration": interval_text(c)} for s, c in r["calibration"].items()])
 
     a = r["ablations"]
     sec = report.section("Ablations", intro="Kunlun with one switch changed, re-sized to the matched compute.")
-    bars = {"full Kunlun": r["matched"]["kunlun"]["ne"]} | {f"{v['switch']}={v['value']}": v["ne"] for v in a["variants"]}
+    bars = {"full Kunlun": r["matched"]["kunlun"]["ne"]} | {f"{v['switch']}={v['value']}": v["ne"]
+                                                             for v in a["variants"]}
     if a["variants"] and all(None not in v for v in bars.values()):
         sec.figure(interval_bars(bars, ylabel="held-out NE (all tasks pooled)"), name="ablations",
                    caption="Kunlun's ablations at matched compute, mean and 95% interval over seeds")
     if a["variants"]:
-        sec.table([{"variant": f"{v['switch']}={v['value']}", "FLOPs/example": v["flops"], "NE": _ci(v["ne"]),
-                    "NE - full Kunlun": _ci(v["diff"])} for v in a["variants"]])
+        sec.table([{"variant": f"{v['switch']}={v['value']}", "FLOPs/example": v["flops"], "NE": interval_text(v["ne"]),
+                    "NE - full Kunlun": interval_text(v["diff"])} for v in a["variants"]])
     if a["missing"]:
         sec.paragraph("Not yet available (KunlunConfig has no such field in this checkout): " + ", ".join(a["missing"]))
     if not a["variants"] and not a["missing"]:

@@ -265,7 +265,8 @@ class Study:
             train_s, score_s = rates[(repr(job.config), job.tasks)]
             tasks = job.tasks or self.tasks
             trained = p.epochs * sum(b.size for b in self.data("train", tasks, job.fraction))
-            validation, held_out = (sum(b.size for b in self.data(split, tasks)) for split in ("validation", "held_out"))
+            validation, held_out = (sum(b.size for b in self.data(split, tasks))
+                                    for split in ("validation", "held_out"))
             lrs, seeds = len(p.lrs), self.seeds_of(job) - 1  # lr trials score both days; other seeds the held-out one
             out[name] = (lrs + seeds) * trained * train_s + (lrs * (validation + held_out) + seeds * held_out) * score_s
         return out
@@ -365,6 +366,9 @@ class Study:
                  "tasks": {task: t.floor(held, (task,)) for task in self.tasks}}
         out: dict[str, Any] = {
             "preset": dataclasses.asdict(p), "roles": dataclasses.asdict(self.roles), "floor": floor,
+            "tasks": list(self.tasks),
+            "left_out_tasks": {task: self.held_out_positives(task) for task in t.tasks(CONVERSION_TYPES)
+                               if task not in self.conversion_tasks},  # -> their held-out positives
             "traffic": {"impressions": len(t.user), "clicks": int(t.clicked.sum()),
                         "conversions": int(t.converted.sum())},
             "jobs": {name: {k: v for k, v in dataclasses.asdict(j).items() if k != "config"} | {"config": repr(j.config)}
