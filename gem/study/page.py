@@ -106,6 +106,15 @@ def write_report(r: dict[str, Any], claims: list[dict[str, str]], out_dir: str |
     ratio = r["scaling"]["ratio"]
     sec.paragraph(f"eta(Kunlun) / eta(InterFormer) = {interval_text(ratio)}")
 
+    sec = report.section("Data-limited check", intro=(
+        "The top size of each scaled architecture trained on the first half of the training batches (seed 0, the "
+        "same lr grid) against the full data's seed 0: a gap near 0 says the top of the curve is limited by data."))
+    if r.get("data_limited"):
+        sec.table([{"job": d["job"], "full data NE": d["full_ne"], "half data NE": d["half_ne"], "gap": d["gap"]}
+                   for d in r["data_limited"]], formats={"full data NE": NE, "half data NE": NE, "gap": "{:+.4f}"})
+    else:
+        sec.paragraph("Not checked in this preset.")
+
     sec = report.section("Transfer", intro="Kunlun at the matched size trained on every task (joint) against "
                          "the same model trained on one conversion task alone, on that task's same examples.")
     if r["transfer"]:
