@@ -97,7 +97,7 @@ def held_out_ne(log_text: str) -> dict[str, float]:
         match = HELD_OUT_ROW.match(line)
         if match is not None:
             rows[match["task"]] = float(match["ne"])
-        elif rows:  # the table's end
+        elif rows and "too few positives" not in line:  # the table's end (a task too sparse to read has no NE)
             break
     return rows
 

@@ -10,15 +10,20 @@ the decoded table here once; later readers, in any worker process or run on the 
 A cache file is written under a temporary name and renamed into place, so concurrent workers never
 see half a file. The folder is bounded in MiB: after a write the least recently used files
 (by modification time, refreshed on each hit) are deleted until it fits; a worker that still maps
-a deleted file keeps reading it (POSIX unlink semantics). A file that does not read as Arrow IPC is
-deleted and decoded again.
+a deleted file keeps reading it (POSIX unlink semantics), and temporary files a killed worker left
+are deleted once they are an hour old. A file that does not read as Arrow IPC is deleted and decoded
+again. The cache never stops a run: a table larger than the bound is not written, and a folder that
+cannot be written (read-only, full) is warned about once and the decoded table used as it is.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import logging
 import os
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,6 +32,8 @@ import pyarrow as pa
 # Changes whenever what a key names decodes differently (a new column encoding, another layout).
 FORMAT = "gem-decoded-1"
 MIB = 1 << 20
+STALE_WRITE_S = 3600  # a temporary file this old belongs to a worker that was killed mid-write
+log = logging.getLogger(__name__)
 
 
 def default_dir() -> Path:
@@ -40,6 +47,7 @@ class LocalCache:
     def __init__(self, folder: str | os.PathLike[str], max_mib: int) -> None:
         self.folder, self.max_bytes = Path(folder), max_mib * MIB
         self.hits = self.misses = 0
+        self.unwritable = False  # a write failed: warned once, no further writes
 
     @staticmethod
     def key(*parts: object) -> str:
@@ -56,14 +64,21 @@ class LocalCache:
         except FileNotFoundError:
             pass
         except (pa.ArrowInvalid, OSError):  # a truncated or foreign file: decoded again below
-            path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
         else:
             self.hits += 1
-            os.utime(path)  # most recently used
+            with contextlib.suppress(OSError):  # evicted by another worker since it was mapped
+                os.utime(path)  # most recently used
             return table
         self.misses += 1
         table = build()
-        self._write(path, table)
+        if not self.unwritable and table.nbytes <= self.max_bytes:
+            try:
+                self._write(path, table)
+            except OSError as e:
+                self.unwritable = True
+                log.warning("the loader's disk cache %s cannot be written (%s): reading without it", self.folder, e)
         return table
 
     def _write(self, path: Path, table: pa.Table) -> None:
@@ -83,12 +98,16 @@ class LocalCache:
 
     def _evict(self) -> None:
         entries: list[tuple[float, int, str]] = []
-        for e in self.files():
+        for e in os.scandir(self.folder):
             try:
                 st = e.stat()
             except FileNotFoundError:  # evicted by another worker meanwhile
                 continue
-            entries.append((st.st_mtime, st.st_size, e.path))
+            if e.name.startswith(".writing-"):
+                if time.time() - st.st_mtime > STALE_WRITE_S:  # left by a worker killed mid-write
+                    Path(e.path).unlink(missing_ok=True)
+            elif e.is_file() and e.name.endswith(".arrow"):
+                entries.append((st.st_mtime, st.st_size, e.path))
         total = sum(size for _, size, _ in entries)
         for _, size, file in sorted(entries):
             if total <= self.max_bytes:

@@ -239,7 +239,7 @@ def model_metrics(cfg: GemConfig) -> str | None:
     title = (f"  run {latest['run_id']}: {latest['arch']}, {latest['train_steps']} steps, held-out day {held_out} "
              f"of the mixture of {latest['ds']} ({runs} runs in gold.metrics); floor: the NE of the generator's "
              f"true probabilities on that day (gem.sources.bayes_floor)")
-    floor = reported_floor(cfg.landing_root, held_out)
+    floor = reported_floor(cfg.landing_root, held_out, [r["task"] for r in run])
     return title + "\n" + metrics_table({r["task"]: r for r in run}, indent="    ", floor=floor,
                                          min_positives=cfg.report.min_positives)
 

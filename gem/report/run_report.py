@@ -371,8 +371,9 @@ def build(cfg: GemConfig, ds: str, window_days: int = WINDOW_DAYS) -> Report:
         "the best any model can do."))
     runs = [r for r in _latest_runs(_read(cfg, GOLD_METRICS), cfg.model.arch) if r["ds"].isoformat() in days]
     if runs:
-        floors = {d: reported_floor(cfg.landing_root, held_out_day(cfg, d)[0]) if held_out_day(cfg, d) else None
-                  for d in {r["ds"].isoformat() for r in runs}}
+        tasks = {d: [r["task"] for r in runs if r["ds"].isoformat() == d] for d in {r["ds"].isoformat() for r in runs}}
+        floors = {d: reported_floor(cfg.landing_root, held_out_day(cfg, d)[0], names) if held_out_day(cfg, d) else None
+                  for d, names in tasks.items()}
         rows = []
         for r in sorted(runs, key=lambda r: (r["ds"], r["task"])):
             floor = (floors.get(r["ds"].isoformat()) or {}).get(r["task"])

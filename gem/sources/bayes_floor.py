@@ -16,6 +16,7 @@ NE = mean log loss / entropy of the task's positive rate, as gem.model.metrics.n
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -78,24 +79,29 @@ class FloorAccumulator:
                           (conversion_label[on] & mine).astype(np.float64))
 
     def result(self) -> dict[str, dict[str, float]]:
-        """task -> {"examples", "positives", "ne"} (ne None for a task without positives); also each
-        label type pooled over the surfaces, as "all/<label type>" (schemas.tasks.pooled_groups)."""
-        out = {}
-        sums = dict(self.sums)
-        for name, tasks in pooled_groups(list(self.sums)).items():
-            sums[name] = [sum(self.sums[t][i] for t in tasks) for i in range(3)]
-        for task, (loss, n, pos) in sorted(sums.items()):
-            rate = min(max(pos / n, EPS), 1 - EPS) if n else 0.0
-            entropy = -(rate * np.log(rate) + (1 - rate) * np.log(1 - rate)) if n else 0.0
-            out[task] = {"examples": int(n), "positives": int(pos),
-                         "ne": float(loss / n / entropy) if n and pos else None}
-        return out
+        """task -> {"examples", "positives", "log_loss", "ne"} (ne None for a task without positives)."""
+        return {task: {"examples": int(n), "positives": int(pos), "log_loss": float(loss), "ne": sums_ne(loss, n, pos)}
+                for task, (loss, n, pos) in sorted(self.sums.items())}
 
 
-def reported_floor(landing_root: str, ds: str) -> dict[str, float] | None:
+def sums_ne(loss: float, n: float, pos: float) -> float | None:
+    """NE of summed log loss over n examples with pos positives (None without a positive)."""
+    rate = min(max(pos / n, EPS), 1 - EPS) if n else 0.0
+    entropy = -(rate * np.log(rate) + (1 - rate) * np.log(1 - rate)) if n else 0.0
+    return float(loss / n / entropy) if n and pos else None
+
+
+def reported_floor(landing_root: str, ds: str, tasks: Sequence[str] = ()) -> dict[str, float | None] | None:
     """The floor per task the generator recorded in ds's landing manifest (None for a day it did not
-    generate, e.g. imported data)."""
+    generate, e.g. imported data), and each label type pooled over `tasks` of two or more surfaces,
+    as "all/<label type>" (schemas.tasks.pooled_groups): the same tasks a model's pooled NE covers."""
     manifest = completed_manifest(landing_root, ds) or {}
     if "bayes_floor" not in manifest:
         return None
-    return {task: f["ne"] for task, f in manifest["bayes_floor"].items()}
+    recorded = manifest["bayes_floor"]
+    out = {task: f["ne"] for task, f in recorded.items()}
+    for name, members in pooled_groups(list(tasks)).items():
+        if all("log_loss" in recorded.get(t, {}) for t in members):  # older manifests hold no sums
+            sums = [sum(recorded[t][k] for t in members) for k in ("log_loss", "examples", "positives")]
+            out[name] = sums_ne(*sums)
+    return out

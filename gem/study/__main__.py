@@ -57,13 +57,18 @@ def run_study(preset_name: str, out_dir: str | Path, workers: int | None = None,
     start, started = time.perf_counter(), dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     study = Study(preset)
     log = JobLog(job_log, repr(preset)) if job_log is not None else None
-    results = study.run(workers, log, hours)
-    run = {"command": command or f"python -m gem.study --preset {preset_name}", "commit": code_version(),
-           "host": host_description(), "device": str(study.device), "workers": workers, "started": started,
-           "wall_s": round(time.perf_counter() - start, 1), "hours": hours,
-           "jobs_finished": len(study.planned) - len(study.restored) - len(study.left), "jobs_left": len(study.left)}
-    if log is not None:
-        log.record_run(run)
+    results, failed = None, True
+    try:
+        results = study.run(workers, log, hours)
+        failed = False
+    finally:  # a run stopped by an error or Ctrl-C is recorded too: its finished jobs are in the log
+        run = {"command": command or f"python -m gem.study --preset {preset_name}", "commit": code_version(),
+               "host": host_description(), "device": str(study.device), "workers": workers, "started": started,
+               "wall_s": round(time.perf_counter() - start, 1), "hours": hours, "stopped_by_error": failed,
+               "jobs_finished": len(log.finished_in_run) if log is not None else len(study.planned),
+               "jobs_left": len(study.left)}
+        if log is not None:
+            log.record_run(run)
     if results is None:
         return None
     runs = log.runs() if log is not None else [run]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 class JobLog:
     path: Path
     preset_key: str  # repr(StudyPreset)
+    finished_in_run: list[str] = field(default_factory=list)  # jobs this object appended
 
     def _identity(self, job: Job) -> dict[str, object]:
         return {"preset": self.preset_key, "name": job.name, "config": repr(job.config),
@@ -62,3 +63,4 @@ class JobLog:
     def append(self, job: Job) -> None:
         """Record a finished job (one line, flushed: a stopped run keeps every job it finished)."""
         self._write(self._identity(job) | {"lr_trials": job.lr_trials, "lr": job.lr, "seeds": job.seeds})
+        self.finished_in_run.append(job.name)

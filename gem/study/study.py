@@ -30,12 +30,14 @@ from tqdm import tqdm
 
 from gem import stats
 from gem.data.batch import Batch
+from gem.model.build import build_task
 from gem.model.configs import KunlunConfig, ModelConfig
 from gem.study.job_log import JobLog
 from gem.study.presets import ARCHS, SCALED, StudyPreset
 from gem.study.runner import Scores, run
 from gem.study.sizing import SizingContext, kunlun_switch_names, size_to
-from gem.study.traffic import DayRoles, Traffic, batches, simulate
+from gem.study.traffic import DENSE_DIM, SPARSE, DayRoles, Traffic, batches, simulate
+from gem.train.evaluate import predictions
 from gem.train.trainer import NonFiniteLossError
 from schemas.tasks import CONVERSION_TYPES
 
@@ -95,6 +97,7 @@ class Study:
         self.restored: set[str] = set()  # jobs the last run took from a job log instead of running
         self.planned: list[str] = []  # the last run's jobs
         self.left: list[str] = []  # jobs the last run did not start (its time limit)
+        self.clock: Callable[[], float] = time.time  # what --hours is counted on (a test's clock replaces it)
         if preset.device == "cuda":
             # Ask NVML, not the CUDA driver, whether there is a GPU: a parent that initialized CUDA
             # could not fork the workers that each take the GPU (torch.cuda's fork rule).
@@ -236,17 +239,22 @@ class Study:
     # ---- how long it takes -----------------------------------------------------------------------
     def probe(self, job: Job) -> tuple[float, float]:
         """(seconds per training example, seconds per scored example) of the job's model on this host:
-        PROBE_STEPS training steps and one held-out batch scored, as a run trains and scores."""
+        PROBE_STEPS training steps as a run trains, and one held-out batch scored as a run scores
+        (timed after a first, warm-up scoring; a model's scoring time does not depend on its weights)."""
         tasks = job.tasks or self.tasks
         train, held = self.data("train", tasks)[:PROBE_STEPS], self.data("held_out", tasks)[:1]
+        r = run(job.config, train, {}, self.preset.lrs[0], 0, 1, self.device, self.preset.bf16)
+        model = build_task(job.config, tasks, SPARSE, DENSE_DIM).to(self.device)
+        held = [b.to(self.device) for b in held]
+        predictions(model, held)
         start = time.perf_counter()
-        r = run(job.config, train, {"held_out": held}, self.preset.lrs[0], 0, 1, self.device, self.preset.bf16)
-        scoring = max(time.perf_counter() - start - r.seconds, 0.0)  # the model's build included: an upper bound
-        return r.seconds / r.examples, scoring / sum(b.size for b in held)
+        predictions(model, held)
+        return r.seconds / r.examples, (time.perf_counter() - start) / sum(b.size for b in held)
 
-    def predict(self, jobs: dict[str, Job]) -> dict[str, float]:
+    def predict(self, jobs: dict[str, Job], forked: bool = True) -> dict[str, float]:
         """Each job's predicted seconds on this host: its runs' training and scoring examples times
-        the rates `probe` measures for its model (one probe per distinct model and tasks)."""
+        the rates `probe` measures for its model (one probe per distinct model and tasks), probed in a
+        forked process when the jobs run in forked workers (`forked`), else here."""
         global _PROBED
         p, out = self.preset, {}
         probes: dict[tuple[str, tuple[str, ...] | None], str] = {}  # (model, tasks) -> a job of it
@@ -254,13 +262,15 @@ class Study:
             probes.setdefault((repr(job.config), job.tasks), name)
             for split in ("train", "validation", "held_out"):  # built here, inherited by the probe process
                 self.data(split, job.tasks or self.tasks)
-        # Probed in a forked process, as the jobs run: this one never initializes CUDA (run_forked).
-        _PROBED = (self, jobs)
-        try:
-            with multiprocessing.get_context("fork").Pool(1) as pool:
-                rates = dict(zip(probes, pool.map(_probe_forked, list(probes.values())), strict=True))
-        finally:
-            _PROBED = None
+        if not forked:  # the jobs run in this process: so do the probes
+            rates = {key: self.probe(jobs[name]) for key, name in probes.items()}
+        else:  # in a forked process, as the jobs run: this one must not initialize CUDA (run_forked)
+            _PROBED = (self, jobs)
+            try:
+                with multiprocessing.get_context("fork").Pool(1) as pool:
+                    rates = dict(zip(probes, pool.map(_probe_forked, list(probes.values())), strict=True))
+            finally:
+                _PROBED = None
         for name, job in jobs.items():
             train_s, score_s = rates[(repr(job.config), job.tasks)]
             tasks = job.tasks or self.tasks
@@ -291,7 +301,7 @@ class Study:
         Before training it prints each job's predicted time (predict) and the whole run's. With
         `hours`, a job that would end past that many hours from the start is not started: the run
         returns None with those jobs in `self.left`, and a rerun with the same job log continues."""
-        start = time.time()
+        start = self.clock()
         jobs, variants, transfer = self.plan()
         self.planned = list(jobs)
         for job in jobs.values():
@@ -300,7 +310,12 @@ class Study:
         if self.restored:
             self.log(f"{len(self.restored)} of {len(jobs)} jobs restored from {job_log.path}")
         todo = {name: job for name, job in jobs.items() if name not in self.restored}
-        predicted = self.predict(todo)
+        predicted = self.predict(todo, forked=workers > 1)
+        too_long = {n: s for n, s in predicted.items() if hours is not None and s > hours * 3600}
+        if too_long:
+            raise ValueError(f"--hours {hours} is shorter than the predicted time of "
+                             + ", ".join(f"{n} ({s / 3600:.2f} h)" for n, s in too_long.items())
+                             + ": no run could start it; raise --hours")
         for name in sorted(predicted, key=lambda n: -predicted[n]):
             self.log(f"predicted {name}: {predicted[name]:.0f} s ({self.runs_per_job(todo[name])} runs)")
         self.log(f"predicted: {sum(predicted.values()) / 3600:.2f} h of one process's time, "
@@ -312,7 +327,7 @@ class Study:
         if workers <= 1:
             progress = Progress(sum(self.runs_per_job(j) for j in todo.values()))
             for name, job in todo.items():
-                if deadline is not None and time.time() + predicted[name] > deadline:
+                if deadline is not None and self.clock() + predicted[name] > deadline:
                     continue
                 for _ in self.execute(job, progress):
                     pass
@@ -333,7 +348,7 @@ class Study:
                    deadline: float | None = None, predicted: dict[str, float] | None = None) -> None:
         """Run the jobs in `workers` forked processes, in the order given; their results replace the
         jobs in `jobs` (and go to `finished` as each arrives). A job that would end past `deadline`
-        (time.time(); its `predicted` seconds) is returned unrun."""
+        (on Study.clock; its `predicted` seconds) is returned unrun."""
         if self.device.type == "cuda" and torch.cuda.is_initialized():
             raise RuntimeError("this process has initialized CUDA, so the workers it forks could not use the GPU: "
                                "run the study in a fresh process (python -m gem.study) or with workers=1")
@@ -454,7 +469,7 @@ def _execute_forked(name: str) -> Job:
     study, jobs, deadline, predicted = _FORKED
     torch.set_num_threads(study.preset.threads)
     job = jobs[name]
-    if deadline is not None and time.time() + predicted.get(name, 0.0) > deadline:
+    if deadline is not None and study.clock() + predicted.get(name, 0.0) > deadline:
         return job  # unrun: the parent sees no seeds
     for _ in study.execute(job, _WorkerLines()):
         pass

@@ -32,7 +32,7 @@ import torch
 
 from gem.config import load_config
 from gem.data.batch import Batch, Jagged, Sparse
-from gem.sources.bayes_floor import CONVERTS_AS, FloorAccumulator
+from gem.sources.bayes_floor import CONVERTS_AS, FloorAccumulator, sums_ne
 from gem.sources.simulation import ChunkEvents, day_start_ms, simulate_day, start_state
 from gem.sources.world import DAY_MS, World, build_world
 from schemas.tasks import CONVERSION_TYPES, LABEL_TYPES
@@ -149,9 +149,9 @@ class _DayFloor:
 
 def floor_ne(sums: dict[str, list[float]], tasks: tuple[str, ...]) -> float | None:
     """The floor's NE over the (example, task) pairs of `tasks` pooled together, as a model's pooled
-    NE is computed: FloorAccumulator's own NE of the summed [log loss, examples, positives]."""
+    NE is computed: gem.sources.bayes_floor.sums_ne of the summed [log loss, examples, positives]."""
     total = [sum(sums[t][i] for t in tasks if t in sums) for i in range(3)]
-    return FloorAccumulator(window_end_ms=0, sums={"pooled": total}).result()["pooled"]["ne"] if total[1] else None
+    return sums_ne(*total) if total[1] else None
 
 
 def world_chunks(days: int, impressions_per_day: int, users: int, ads: int, seed: int,

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from gem.model import metrics
-from gem.sources.bayes_floor import FloorAccumulator, delay_cdf
+from gem.sources.bayes_floor import FloorAccumulator, delay_cdf, reported_floor, sums_ne
 from gem.sources.engagement import EngagementState
 from gem.sources.simulation import simulate_chunk
 from gem.sources.synthetic_day import generate_day
@@ -20,7 +21,7 @@ GEN = {"users": 800, "ads": 300, "advertisers": 30, "events_per_day": 20_000, "c
 def test_the_floor_counts_every_impression_and_click_of_the_day(tmp_path):
     cfg = make_config(tmp_path, generator=GEN)
     manifest = generate_day(cfg, "2026-01-01")
-    floor = {t: f for t, f in manifest["bayes_floor"].items() if not t.startswith("all/")}  # per surface
+    floor = manifest["bayes_floor"]
     clicks = {t: f for t, f in floor.items() if t.endswith("/click")}
     assert {t.split("/")[0] for t in clicks} == set(cfg.surfaces)
     assert sum(f["examples"] for f in clicks.values()) == manifest["events"]["impression"]
@@ -29,7 +30,14 @@ def test_the_floor_counts_every_impression_and_click_of_the_day(tmp_path):
     assert 0 < converted <= manifest["events"]["conversion"]  # those arriving within the attribution window
     # The world carries click signal: its own probabilities beat the base rate on every surface.
     assert all(0 < f["ne"] < 1 for f in clicks.values()), clicks
-    assert manifest["bayes_floor"]["all/click"]["examples"] == manifest["events"]["impression"]
+    # Each label type pooled over the tasks a model reads: every surface, or a subset.
+    pooled = reported_floor(cfg.landing_root, "2026-01-01", list(floor))
+    click = [t for t in floor if t.endswith("/click")]
+    loss, n, pos = (sum(floor[t][k] for t in click) for k in ("log_loss", "examples", "positives"))
+    assert pooled["all/click"] == pytest.approx(sums_ne(loss, n, pos)) and n == manifest["events"]["impression"]
+    two = reported_floor(cfg.landing_root, "2026-01-01", ["reels/click", "fb_feed/click", "reels/lead"])
+    loss, n, pos = (sum(floor[t][k] for t in ("reels/click", "fb_feed/click")) for k in ("log_loss", "examples", "positives"))
+    assert two["all/click"] == pytest.approx(sums_ne(loss, n, pos)) and "all/lead" not in two
 
 
 def test_the_floor_is_gem_model_metrics_ne_of_the_true_probabilities(tmp_path):
@@ -47,11 +55,12 @@ def test_the_floor_is_gem_model_metrics_ne_of_the_true_probabilities(tmp_path):
     p, y = torch.tensor(chunk.p_click[on]), torch.tensor(chunk.clicked[on], dtype=torch.float64)
     expected = float(metrics.ne(p, y, torch.ones_like(p)))
     assert abs(result["fb_feed/click"]["ne"] - expected) < 1e-9
-    # Each label type pooled over the surfaces, as the held-out tables pool a model's pairs.
+    # Pooled over every surface from the recorded sums, as the held-out tables pool a model's pairs.
     p, y = torch.tensor(chunk.p_click), torch.tensor(chunk.clicked, dtype=torch.float64)
-    assert abs(result["all/click"]["ne"] - float(metrics.ne(p, y, torch.ones_like(p)))) < 1e-9
-    assert result["all/click"]["examples"] == len(chunk.user)
-    assert {t for t in result if t.startswith("all/")} == {f"all/{t}" for t in LABEL_TYPES}
+    click = [f for t, f in result.items() if t.endswith("/click")]
+    pooled = sums_ne(*(sum(f[k] for f in click) for k in ("log_loss", "examples", "positives")))
+    assert abs(pooled - float(metrics.ne(p, y, torch.ones_like(p)))) < 1e-9
+    assert {t.split("/")[1] for t in result} == set(LABEL_TYPES)
 
 
 def test_delay_cdf_is_a_cdf():

@@ -69,3 +69,33 @@ def test_a_day_snapshot_round_trips_through_the_cache_without_copies(tmp_path):
     assert {k: v.tolist() for k, v in got.fields.items()} == {k: v.tolist() for k, v in flat.fields.items()}
     assert not got.times.flags.writeable  # a view of the mapped file, not a copy
     assert back.rows(pa.array(["u3", "u9"])).tolist() == [2, -1]
+
+
+def test_the_cache_never_stops_a_run(tmp_path, caplog):
+    """A folder that cannot be written is warned about once and the decoded tables are used as they
+    are; a table larger than the bound is not written; a killed worker's old temporary file goes."""
+    import os
+    import time
+
+    blocked = tmp_path / "file"
+    blocked.write_text("a file where the folder should be")  # mkdir under it fails, as a read-only disk would
+    cache = LocalCache(blocked / "cache", max_mib=8)
+    with caplog.at_level("WARNING", logger="gem.data.local_cache"):
+        assert cache.get(cache.key(1), lambda: _table(3, 1))["x"].to_pylist() == [1, 1, 1]
+        assert cache.get(cache.key(2), lambda: _table(2, 2)).num_rows == 2
+    assert cache.unwritable and cache.misses == 2
+    assert len([r for r in caplog.records if "cannot be written" in r.message]) == 1
+
+    small = LocalCache(tmp_path / "small", max_mib=1)
+    assert small.get(small.key("big"), lambda: _table(200_000)).num_rows == 200_000  # 1.5 MiB
+    assert not (tmp_path / "small").exists() or not small.files()
+
+    left = tmp_path / "small" / ".writing-killed"
+    left.parent.mkdir(exist_ok=True)
+    left.write_bytes(b"half a file")
+    hour_ago = time.time() - 2 * 3600
+    os.utime(left, (hour_ago, hour_ago))
+    fresh = tmp_path / "small" / ".writing-busy"
+    fresh.write_bytes(b"a worker writing now")
+    small.get(small.key("small"), lambda: _table(10))
+    assert not left.exists() and fresh.exists()

@@ -198,7 +198,7 @@ def test_the_study_presets_measure_what_the_claims_need(name):
     assert roles.validation != roles.held_out and roles.validation not in roles.train
 
 
-def test_a_time_limit_leaves_jobs_to_the_next_run_and_the_top_sizes_are_checked_at_half_the_data(tmp_path):
+def test_a_time_limit_leaves_jobs_to_the_next_run_and_the_top_sizes_are_checked_at_half_the_data(tmp_path, monkeypatch):
     """--hours: a run starts no job predicted to end past the limit (it prints the prediction first,
     returns no results and logs nothing it did not finish); the next run with the job log does them.
     data_limited: the top size of each scaled architecture also trains on half the batches, one seed,
@@ -218,9 +218,25 @@ def test_a_time_limit_leaves_jobs_to_the_next_run_and_the_top_sizes_are_checked_
     assert set(study.conversion_tasks) == {t for t in every if study.held_out_positives(t) >= 5} != set(every)
     assert all(t in study.tasks for t in study.click_tasks + study.conversion_tasks)
     log = JobLog(tmp_path / "jobs.jsonl", repr(preset))
-    assert study.run(job_log=log, hours=1e-9) is None
-    assert set(study.left) == set(study.plan()[0]) and not log.path.exists()
+    # Each job predicted at 60 s against a limit of 100 s: the first starts; once it has run, the
+    # (test's) clock reads past the limit and no other job starts.
+    started: list[str] = []
+    real_execute = Study.execute
+
+    def execute(self, job, progress):
+        started.append(job.name)
+        yield from real_execute(self, job, progress)
+
+    monkeypatch.setattr(Study, "execute", execute)
+    monkeypatch.setattr(Study, "predict", lambda self, jobs, forked=True: dict.fromkeys(jobs, 60.0))
+    study.clock = lambda: 1000.0 if started else 0.0
+    assert study.run(job_log=log, hours=100 / 3600) is None
+    assert len(started) == 1 and set(study.left) == set(study.plan()[0]) - set(started)
+    assert log.finished_in_run == started and len(log.path.read_text().splitlines()) == 1
     assert any(line.startswith("predicted: ") and " h wall on 1 worker(s)" in line for line in lines)
+    with pytest.raises(ValueError, match=r"--hours 0.005 is shorter than the predicted time of .*raise --hours"):
+        study.run(job_log=log, hours=0.005)  # 18 s: shorter than any job
+    monkeypatch.undo()
     results = Study(preset, log=lambda _: None).run(job_log=log)
     top = len(preset.targets) - 1
     assert {d["job"] for d in results["data_limited"]} == {f"{a}@{top}" for a in SCALED}
@@ -243,7 +259,19 @@ def test_every_run_of_a_study_is_recorded_with_its_command_and_host(tmp_path, mo
     quick = dataclasses.replace(PRESETS["smoke"], ablations=False, transfer_tasks=0)
     monkeypatch.setitem(study_main.PRESETS, "smoke", quick)
     log = tmp_path / "jobs.jsonl"
-    assert study_main.run_study("smoke", tmp_path / "out", job_log=log, hours=1e-9, command="first") is None
+    # A first run whose clock reads past its limit as soon as it starts: it starts no job.
+    monkeypatch.setattr(study_main.Study, "predict", lambda self, jobs, forked=True: dict.fromkeys(jobs, 1.0))
+    real_init = study_main.Study.__init__
+
+    def late_clock(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        ticks = iter([0.0])
+        self.clock = lambda: next(ticks, 1e9)
+
+    monkeypatch.setattr(study_main.Study, "__init__", late_clock)
+    assert study_main.run_study("smoke", tmp_path / "out", job_log=log, hours=0.5, command="first") is None
+    monkeypatch.undo()
+    monkeypatch.setitem(study_main.PRESETS, "smoke", quick)
     assert study_main.run_study("smoke", tmp_path / "out", job_log=log, command="second") is not None
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     runs = results["runs"]
