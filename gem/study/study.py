@@ -251,10 +251,11 @@ class Study:
         predictions(model, held)
         return r.seconds / r.examples, (time.perf_counter() - start) / sum(b.size for b in held)
 
-    def predict(self, jobs: dict[str, Job], forked: bool = True) -> dict[str, float]:
+    def predict(self, jobs: dict[str, Job], workers: int = 1) -> dict[str, float]:
         """Each job's predicted seconds on this host: its runs' training and scoring examples times
-        the rates `probe` measures for its model (one probe per distinct model and tasks), probed in a
-        forked process when the jobs run in forked workers (`forked`), else here."""
+        the rates `probe` measures for its model (one probe per distinct model and tasks). With
+        workers > 1 the jobs run in that many forked processes, so the probes do too, side by side:
+        the rates include what the processes cost each other (shared caches and memory bandwidth)."""
         global _PROBED
         p, out = self.preset, {}
         probes: dict[tuple[str, tuple[str, ...] | None], str] = {}  # (model, tasks) -> a job of it
@@ -262,12 +263,12 @@ class Study:
             probes.setdefault((repr(job.config), job.tasks), name)
             for split in ("train", "validation", "held_out"):  # built here, inherited by the probe process
                 self.data(split, job.tasks or self.tasks)
-        if not forked:  # the jobs run in this process: so do the probes
+        if workers <= 1:  # the jobs run in this process: so do the probes
             rates = {key: self.probe(jobs[name]) for key, name in probes.items()}
-        else:  # in a forked process, as the jobs run: this one must not initialize CUDA (run_forked)
+        else:  # in forked processes, as the jobs run: this one must not initialize CUDA (run_forked)
             _PROBED = (self, jobs)
             try:
-                with multiprocessing.get_context("fork").Pool(1) as pool:
+                with multiprocessing.get_context("fork").Pool(workers) as pool:
                     rates = dict(zip(probes, pool.map(_probe_forked, list(probes.values())), strict=True))
             finally:
                 _PROBED = None
@@ -310,7 +311,7 @@ class Study:
         if self.restored:
             self.log(f"{len(self.restored)} of {len(jobs)} jobs restored from {job_log.path}")
         todo = {name: job for name, job in jobs.items() if name not in self.restored}
-        predicted = self.predict(todo, forked=workers > 1)
+        predicted = self.predict(todo, workers)
         too_long = {n: s for n, s in predicted.items() if hours is not None and s > hours * 3600}
         if too_long:
             raise ValueError(f"--hours {hours} is shorter than the predicted time of "
@@ -320,7 +321,8 @@ class Study:
             self.log(f"predicted {name}: {predicted[name]:.0f} s ({self.runs_per_job(todo[name])} runs)")
         self.log(f"predicted: {sum(predicted.values()) / 3600:.2f} h of one process's time, "
                  f"{self.makespan(predicted, workers) / 3600:.2f} h wall on {workers} worker(s) for {len(todo)} jobs "
-                 f"(rates measured on this host: {PROBE_STEPS} training steps and one scored batch per model)")
+                 f"(rates from {PROBE_STEPS} training steps and one scored batch of each model on this host, "
+                 f"{workers} at a time)")
         deadline = start + hours * 3600 if hours is not None else None
         todo = dict(sorted(todo.items(), key=lambda kv: -predicted[kv[0]]))  # the longest first
         finished = job_log.append if job_log is not None else None

@@ -135,6 +135,9 @@ def test_forked_workers_give_the_serial_numbers():
 
     assert all(numbers(forked[n]) == numbers(serial[n]) for n in names)
     assert all(forked[n].seeds for n in names)
+    # Predicted times probe the models in forked processes side by side, as the workers run them.
+    predicted = study.predict({n: jobs[n] for n in names}, workers=2)
+    assert set(predicted) == set(names) and all(0 < s < 600 for s in predicted.values())
 
 
 @needs_cuda
@@ -228,7 +231,7 @@ def test_a_time_limit_leaves_jobs_to_the_next_run_and_the_top_sizes_are_checked_
         yield from real_execute(self, job, progress)
 
     monkeypatch.setattr(Study, "execute", execute)
-    monkeypatch.setattr(Study, "predict", lambda self, jobs, forked=True: dict.fromkeys(jobs, 60.0))
+    monkeypatch.setattr(Study, "predict", lambda self, jobs, workers=1: dict.fromkeys(jobs, 60.0))
     study.clock = lambda: 1000.0 if started else 0.0
     assert study.run(job_log=log, hours=100 / 3600) is None
     assert len(started) == 1 and set(study.left) == set(study.plan()[0]) - set(started)
@@ -260,7 +263,7 @@ def test_every_run_of_a_study_is_recorded_with_its_command_and_host(tmp_path, mo
     monkeypatch.setitem(study_main.PRESETS, "smoke", quick)
     log = tmp_path / "jobs.jsonl"
     # A first run whose clock reads past its limit as soon as it starts: it starts no job.
-    monkeypatch.setattr(study_main.Study, "predict", lambda self, jobs, forked=True: dict.fromkeys(jobs, 1.0))
+    monkeypatch.setattr(study_main.Study, "predict", lambda self, jobs, workers=1: dict.fromkeys(jobs, 1.0))
     real_init = study_main.Study.__init__
 
     def late_clock(self, *args, **kwargs):
