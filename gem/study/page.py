@@ -130,12 +130,14 @@ def write_report(r: dict[str, Any], claims: list[dict[str, str]], out_dir: str |
     sec.table([{"surface": s, "calibration": interval_text(c)} for s, c in r["calibration"].items()])
 
     a = r["ablations"]
-    sec = report.section("Ablations", intro="Kunlun with one switch changed, re-sized to the matched compute.")
-    bars = {"full Kunlun": r["matched"]["kunlun"]["ne"]} | {f"{v['switch']}={v['value']}": v["ne"]
+    ref = a.get("reference") or {"job": "kunlun@matched", "ne": r["matched"]["kunlun"]["ne"]}
+    sec = report.section("Ablations", intro=f"Kunlun with one switch changed, re-sized to the compute of {ref['job']} "
+                         "(the full Kunlun they are compared with).")
+    bars = {f"full Kunlun ({ref['job']})": ref["ne"]} | {f"{v['switch']}={v['value']}": v["ne"]
                                                              for v in a["variants"]}
     if a["variants"] and all(None not in v for v in bars.values()):
         sec.figure(interval_bars(bars, ylabel="held-out NE (all tasks pooled)"), name="ablations",
-                   caption="Kunlun's ablations at matched compute, mean and 95% interval over seeds")
+                   caption="Kunlun's ablations beside the full Kunlun of their size, mean and 95% interval over seeds")
     if a["variants"]:
         sec.table([{"variant": f"{v['switch']}={v['value']}", "FLOPs/example": v["flops"], "NE": interval_text(v["ne"]),
                     "NE - full Kunlun": interval_text(v["diff"])} for v in a["variants"]])

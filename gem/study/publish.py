@@ -61,13 +61,15 @@ def _save(fig: Any, out: Path, name: str) -> str:
 def _grid_note(p: dict[str, Any]) -> str:
     """How the preset fits its compute: what it trains at which sizes, as the preset says."""
     targets, sizes = p["targets"], len(p["baseline_targets"])
+    ablation = p["matched"] if p.get("ablation_target") is None else p["ablation_target"]
     return (
         f"Kunlun and InterFormer at {len(targets)} sizes, {targets[0]:.3g} to {targets[-1]:.3g} forward FLOPs per "
         f"example ({np.log10(targets[-1] / targets[0]):.2f} decades); "
         f"{', '.join(a for a in ARCHS if a not in SCALED)} at "
         + ("the matched size only" if sizes == 1 else f"{sizes} sizes")
-        + f" ({targets[p['matched']]:.3g}); a {len(p['lrs'])}-point learning-rate grid {list(p['lrs'])} for every job; "
-        f"{p['seeds']} seeds; Kunlun's ablations at the matched size"
+        + f" ({targets[p['matched']]:.3g}); a {len(p['lrs'])}-point learning-rate grid {list(p['lrs'])} for every job, "
+        f"chosen on {p.get('validation_fraction', 1.0):.0%} of the validation day's examples; {p['seeds']} seeds; "
+        f"Kunlun's ablations at {targets[ablation]:.3g} FLOPs per example"
         + ("; the top sizes once more at half the training data (one seed)" if p.get("data_limited") else "")
         + "."
     )
@@ -259,10 +261,12 @@ def render(r: dict[str, Any], out: Path, command: str) -> str:
     ]
 
     a = r["ablations"]
+    ref = a.get("reference") or {"job": "kunlun@matched", "ne": r["matched"]["kunlun"]["ne"]}
     lines += [
         "## Ablations",
         "",
-        "Kunlun with one switch changed, re-sized to the matched compute.",
+        (f"Kunlun with one switch changed, re-sized to the compute of {ref['job']} (the full Kunlun they are compared "
+        f"with: NE {interval_text(ref['ne'])})."),
         "",
         _table(
             [
@@ -277,7 +281,7 @@ def render(r: dict[str, Any], out: Path, command: str) -> str:
         ),
         "",
     ]
-    ablation_bars = {"full Kunlun": r["matched"]["kunlun"]["ne"]} | {
+    ablation_bars = {f"full Kunlun ({ref['job']})": ref["ne"]} | {
         f"{v['switch']}={v['value']}": v["ne"] for v in a["variants"]
     }
     if a["variants"] and all(None not in v for v in ablation_bars.values()):

@@ -1,7 +1,7 @@
 """The quality study: every run of a preset, and the numbers of results.json.
 
 Jobs: each architecture sized to each of its compute targets (gem.study.sizing), Kunlun's ablation
-variants at the matched target, and Kunlun trained on one conversion task alone for the transfer
+variants at the matched target (or the preset's ablation_target), and Kunlun trained on one conversion task alone for the transfer
 comparison. Every job gets the same tuning: each learning rate of the preset's grid trained with
 seed 0 and scored on the VALIDATION day; the lr of lowest pooled validation NE is kept, the other
 seeds trained with it, and every seed of that lr scored on the HELD-OUT day (seed 0's held-out score
@@ -123,14 +123,20 @@ class Study:
         self.log(f"traffic: {len(self.traffic.user):,} impressions over {self.roles.days} days "
                  f"({time.perf_counter() - start:.1f} s)")
 
+    @property
+    def ablation_index(self) -> int:
+        """The target Kunlun's ablations train at (the full Kunlun of that size is their reference)."""
+        return self.preset.matched if self.preset.ablation_target is None else self.preset.ablation_target
+
     def held_out_positives(self, task: str) -> int:
         t = self.traffic
         return int((t.eligible(task) & t.label(task) & (t.day == self.roles.held_out)).sum())
 
     # ---- data ------------------------------------------------------------------------------------
     def data(self, split: str, tasks: tuple[str, ...], fraction: float = 1.0) -> list[Batch]:
-        """Training batches (negatives down-sampled, weighted; `fraction`: the first of them) or a
-        validation / held-out day (all)."""
+        """Training batches (negatives down-sampled, weighted; `fraction`: the first of them), the
+        held-out day (all of it), or the validation day (all of it, or with preset.validation_fraction
+        below 1 that share of its examples drawn at random: it only chooses the learning rate)."""
         if fraction < 1.0:
             full = self.data(split, tasks)
             return full[:max(1, math.ceil(len(full) * fraction))]
@@ -140,6 +146,9 @@ class Study:
             if split == "train":
                 self._batches[key] = batches(self.traffic, self.roles.train, p.batch_size, p.lengths, tasks=tasks,
                                              negative_rate=p.negative_rate)
+            elif split == "validation" and p.validation_fraction < 1.0:
+                day = batches(self.traffic, (self.roles.validation,), p.eval_batch_size, p.lengths, tasks=tasks)
+                self._batches[key] = day[:max(1, math.ceil(len(day) * p.validation_fraction))]  # rows shuffled
             else:
                 day = self.roles.validation if split == "validation" else self.roles.held_out
                 self._batches[key] = batches(self.traffic, (day,), p.eval_batch_size, p.lengths, tasks=tasks,
@@ -165,7 +174,7 @@ class Study:
         if p.ablations:
             for switch in kunlun_switch_names():
                 value = ABLATED[switch]
-                job = self.sized("kunlun", p.matched, {switch: value}, name=f"kunlun-{switch}={value}")
+                job = self.sized("kunlun", self.ablation_index, {switch: value}, name=f"kunlun-{switch}={value}")
                 jobs[job.name] = job
                 variants.append({"job": job.name, "switch": switch, "value": value})
         if p.data_limited:  # the top of each scaling curve at half the data: one seed, the same lr grid
@@ -429,10 +438,12 @@ class Study:
             for j in jobs.values() if j.fraction < 1.0]
         out["calibration"] = {s: _interval([x["calibration"][s] for x in joint.seeds])
                               for s in t.surfaces if all(x["calibration"].get(s) is not None for x in joint.seeds)}
+        full = jobs[f"kunlun@{self.ablation_index}"]  # the ablations' reference: full Kunlun of their size
         out["ablations"] = {
             "available": kunlun_switch_names(), "missing": [s for s in ABLATED if s not in kunlun_switch_names()],
+            "reference": {"job": full.name, "flops": full.flops, "ne": _interval(full.values("ne"))},
             "variants": [v | {"ne": _interval(jobs[v["job"]].values("ne")), "flops": jobs[v["job"]].flops,
-                              "diff": _interval(list(np.subtract(jobs[v["job"]].values("ne"), joint.values("ne"))))}
+                              "diff": _interval(list(np.subtract(jobs[v["job"]].values("ne"), full.values("ne"))))}
                          for v in variants]}
         out["kunlun_defaults"] = {f.name: repr(f.default) for f in dataclasses.fields(KunlunConfig)
                                   if f.name in ABLATED}

@@ -197,6 +197,7 @@ def test_the_study_presets_measure_what_the_claims_need(name):
     if name == "cpu":
         assert p.traffic.impressions_per_day * p.traffic.train_days >= 1_000_000 and not p.negative_rate
         assert p.conversion_min_positives >= 200 and p.data_limited and p.device == "cpu"
+        assert p.ablation_target is not None and 0 < p.validation_fraction < 1
     roles = DayRoles.consecutive(p.traffic.train_days, p.traffic.warmup_days)
     assert roles.validation != roles.held_out and roles.validation not in roles.train
 
@@ -214,12 +215,14 @@ def test_a_time_limit_leaves_jobs_to_the_next_run_and_the_top_sizes_are_checked_
     from gem.study.study import Study
 
     preset = dataclasses.replace(PRESETS["smoke"], ablations=False, transfer_tasks=0, data_limited=True,
-                                 conversion_min_positives=5)
+                                 conversion_min_positives=5, validation_fraction=0.5, eval_batch_size=512)
     lines: list[str] = []
     study = Study(preset, log=lines.append)
     every = study.traffic.tasks(CONVERSION_TYPES)
     assert set(study.conversion_tasks) == {t for t in every if study.held_out_positives(t) >= 5} != set(every)
     assert all(t in study.tasks for t in study.click_tasks + study.conversion_tasks)
+    day = [b.size for b in study.data("validation", study.tasks)]  # a random half of the validation day
+    assert sum(day) < sum(b.size for b in study.data("held_out", study.tasks))
     log = JobLog(tmp_path / "jobs.jsonl", repr(preset))
     # Each job predicted at 60 s against a limit of 100 s: the first starts; once it has run, the
     # (test's) clock reads past the limit and no other job starts.
