@@ -322,10 +322,10 @@ class Study:
         todo = {name: job for name, job in jobs.items() if name not in self.restored}
         predicted = self.predict(todo, workers)
         too_long = {n: s for n, s in predicted.items() if hours is not None and s > hours * 3600}
-        if too_long:
-            raise ValueError(f"--hours {hours} is shorter than the predicted time of "
-                             + ", ".join(f"{n} ({s / 3600:.2f} h)" for n, s in too_long.items())
-                             + ": no run could start it; raise --hours")
+        if too_long:  # the others still run; these wait for a run with a longer limit
+            self.log(f"not in this run: --hours {hours} is shorter than the predicted time of "
+                     + ", ".join(f"{n} ({s / 3600:.2f} h)" for n, s in too_long.items())
+                     + f"; a later run needs --hours >= {max(too_long.values()) / 3600:.2f} to start them")
         for name in sorted(predicted, key=lambda n: -predicted[n]):
             self.log(f"predicted {name}: {predicted[name]:.0f} s ({self.runs_per_job(todo[name])} runs)")
         self.log(f"predicted: {sum(predicted.values()) / 3600:.2f} h of one process's time, "
