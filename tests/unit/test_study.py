@@ -202,16 +202,15 @@ def test_the_study_presets_measure_what_the_claims_need(name):
     assert roles.validation != roles.held_out and roles.validation not in roles.train
 
 
-def test_a_time_limit_leaves_jobs_to_the_next_run_and_the_top_sizes_are_checked_at_half_the_data(tmp_path, monkeypatch):
+def test_a_time_limit_leaves_jobs_to_the_next_run(tmp_path, monkeypatch):
     """--hours: a run starts no job predicted to end past the limit (it prints the prediction first,
-    returns no results and logs nothing it did not finish); the next run with the job log does them.
-    data_limited: the top size of each scaled architecture also trains on half the batches, one seed,
-    kept out of the scaling fit, its gap to the full data's seed 0 reported. conversion_min_positives:
-    only conversion tasks with that many held-out positives are in the study."""
+    returns no results and logs nothing it did not finish); a job longer than the whole limit is
+    named with the limit it needs. conversion_min_positives: only conversion tasks with that many
+    held-out positives are in the study; validation_fraction: the lr is chosen on part of its day."""
     import dataclasses
 
     from gem.study.job_log import JobLog
-    from gem.study.presets import PRESETS, SCALED
+    from gem.study.presets import PRESETS
     from gem.study.study import Study
 
     preset = dataclasses.replace(PRESETS["smoke"], ablations=False, transfer_tasks=0, data_limited=True,
@@ -244,27 +243,19 @@ def test_a_time_limit_leaves_jobs_to_the_next_run_and_the_top_sizes_are_checked_
     assert study.run(job_log=log, hours=0.005) is None  # 18 s: shorter than any job, said as such
     assert any(line.startswith("not in this run: --hours 0.005 is shorter than the predicted time of ")
                and "a later run needs --hours >= 0.02" in line for line in lines)
-    monkeypatch.undo()
-    results = Study(preset, log=lambda _: None).run(job_log=log)
-    top = len(preset.targets) - 1
-    assert {d["job"] for d in results["data_limited"]} == {f"{a}@{top}" for a in SCALED}
-    for d in results["data_limited"]:
-        full, half = results["jobs"][d["job"]], results["jobs"][f"{d['job']}:half"]
-        assert len(half["seeds"]) == 1 and half["fraction"] == 0.5
-        assert half["seeds"][0]["examples"] < full["seeds"][0]["examples"]
-        assert d["gap"] == pytest.approx(half["seeds"][0]["ne"] - full["seeds"][0]["ne"])
-    assert all(len(results["scaling"][a]["flops"]) == len(preset.targets) for a in SCALED)  # no half-data point
 
 
-def test_every_run_of_a_study_is_recorded_with_its_command_and_host(tmp_path, monkeypatch):
+def test_every_run_of_a_study_is_recorded_and_the_top_sizes_are_checked_at_half_the_data(tmp_path, monkeypatch):
     """run_study over two runs through one job log: the first (a time limit it cannot meet) publishes
-    nothing; the second publishes results.json naming both runs, its wall time their sum."""
+    nothing; the second publishes results.json naming both runs, its wall time their sum.
+    data_limited: the top size of each scaled architecture also trains on half the batches, one seed,
+    kept out of the scaling fit, its gap to the full data's seed 0 reported."""
     import dataclasses
 
     from gem.study import __main__ as study_main
-    from gem.study.presets import PRESETS
+    from gem.study.presets import PRESETS, SCALED
 
-    quick = dataclasses.replace(PRESETS["smoke"], ablations=False, transfer_tasks=0)
+    quick = dataclasses.replace(PRESETS["smoke"], ablations=False, transfer_tasks=0, data_limited=True)
     monkeypatch.setitem(study_main.PRESETS, "smoke", quick)
     log = tmp_path / "jobs.jsonl"
     # A first run whose clock reads past its limit as soon as it starts: it starts no job.
@@ -287,6 +278,14 @@ def test_every_run_of_a_study_is_recorded_with_its_command_and_host(tmp_path, mo
     assert runs[0]["jobs_finished"] == 0 and runs[0]["jobs_left"] == runs[1]["jobs_finished"] == len(results["jobs"])
     assert results["wall_s"] == pytest.approx(sum(r["wall_s"] for r in runs))
     assert runs[1]["host"]["cores"] >= 1 and runs[1]["commit"]
+    top = len(quick.targets) - 1
+    assert {d["job"] for d in results["data_limited"]} == {f"{a}@{top}" for a in SCALED}
+    for d in results["data_limited"]:
+        full, half = results["jobs"][d["job"]], results["jobs"][f"{d['job']}:half"]
+        assert len(half["seeds"]) == 1 and half["fraction"] == 0.5
+        assert half["seeds"][0]["examples"] < full["seeds"][0]["examples"]
+        assert d["gap"] == pytest.approx(half["seeds"][0]["ne"] - full["seeds"][0]["ne"])
+    assert all(len(results["scaling"][a]["flops"]) == len(quick.targets) for a in SCALED)  # no half-data point
 
     # Published as a page from the results file, which is kept beside it and regenerates it alike.
     import matplotlib.pyplot as plt
