@@ -257,7 +257,8 @@ def compose_file(cfg: GemConfig, bucket: str) -> dict[str, Any]:
                 "restart": "unless-stopped", **extra}
 
     services: dict[str, Any] = {
-        "s3": {"image": image, "build": build, "command": ["moto_server", "-H", "0.0.0.0", "-p", str(S3_PORT)],
+        "s3": {"image": image, "build": build,
+               "command": ["python", "-m", "gem.pipeline.local_s3_server", "-H", "0.0.0.0", "-p", str(S3_PORT)],
                "healthcheck": _http_check(f"http://127.0.0.1:{S3_PORT}/moto-api/"), "restart": "unless-stopped"},
         "s3-bucket": {**gem_service, "environment": gem_env,
                       "command": ["python", "-c", f"from gem import storage; storage.filesystem('s3://').mkdir({bucket!r})"],

@@ -106,8 +106,7 @@ class S3Server:
         self.port = self.port or free_port(self.host)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = self.log_dir / "s3-server.log"
-        moto_server = Path(sys.executable).with_name("moto_server")
-        command = [str(moto_server), "-H", self.host, "-p", str(self.port)]
+        command = [sys.executable, "-m", "gem.pipeline.local_s3_server", "-H", self.host, "-p", str(self.port)]
         with open(log, "ab") as out:
             # Its own session: stopping it signals the whole group (werkzeug's reloader, if any).
             self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,

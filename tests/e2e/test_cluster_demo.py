@@ -196,7 +196,7 @@ def test_an_interrupt_while_executors_run_stops_everything_it_started(demos: Cal
     assert code == 128 + signum, watched.output[-20:]
     assert any(f"{signal.Signals(signum).name} received" in line for line in watched.output), watched.output[-20:]
     # What ran under it: the S3 server, the Spark daemons, the demo's process with its driver JVM.
-    assert not watched.started("moto_server", "deploy.master.Master", "deploy.worker.Worker",
+    assert not watched.started("gem.pipeline.local_s3_server", "deploy.master.Master", "deploy.worker.Worker",
                                DEMO_PROCESS, "org.apache.spark.deploy.SparkSubmit"), watched.commands
     assert len(watched.ports) >= 6, watched.ports  # S3, the master's two, each worker's, the driver's
     assert_nothing_left(watched)
@@ -214,5 +214,6 @@ def test_a_failure_after_the_services_started_stops_them(demos: Callable[[dict],
     assert code != 0
     assert any(SERVICES_UP in line for line in watched.output), watched.output[-20:]
     assert any("demo.days" in line for line in watched.output), watched.output[-20:]
-    assert not watched.started("moto_server", "deploy.master.Master", "deploy.worker.Worker"), watched.commands
+    assert not watched.started("gem.pipeline.local_s3_server", "deploy.master.Master",
+                               "deploy.worker.Worker"), watched.commands
     assert_nothing_left(watched)

@@ -551,9 +551,9 @@ def test_train_cli_trains_evaluates_and_warm_starts(lake, tmp_path, capsys):
                        str(tmp_path / "ckpt" / "third"), "--steps", "2"]) == 0
     assert f"warm start from {earlier.checkpoint} (promoted for {earlier.mix_ds})" in capsys.readouterr().out
     assert promotion.current(tmp_path / "ckpt", cfg.model.arch).checkpoint.parent.name == "third"
-    # Each later run of the day replaced the rows before it instead of adding some. of the same day and model replaced the first one's rows instead of adding some.
+    # Each later run of the same day and model replaced the rows before it instead of adding some.
     again = read_table(metrics_path).to_pylist()
-    assert len(again) == len(TASKS) and len({r["run_id"] for r in again}) == 1
+    assert len(again) == len(rows) and len({r["run_id"] for r in again}) == 1
     assert again[0]["run_id"] != rows[0]["run_id"]
 
 
