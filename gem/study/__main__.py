@@ -47,9 +47,9 @@ def _json_safe(x: Any) -> Any:
 def run_study(preset_name: str, out_dir: str | Path, workers: int | None = None, job_log: Path | None = None,
               hours: float | None = None, command: str | None = None) -> str | None:
     """Run the preset, publish the report and results.json under out_dir (a local folder or an object
-    store prefix) -> the report's URI. With `job_log`, jobs a previous run finished
-    (gem.study.job_log) are reused and new ones appended; with `hours`, jobs that would end later
-    are left for the next run, and a run that left any publishes nothing (-> None). Each run is
+    store prefix) -> the report's URI. With `job_log`, the jobs and training runs a previous run
+    finished (gem.study.job_log) are reused and new ones appended; with `hours`, training runs that
+    would end later are left for the next run, and a run that left any publishes nothing (-> None). Each run is
     recorded in the job log (`command`: the command line that ran it); results.json lists them all,
     and its wall_s is theirs summed."""
     preset = PRESETS[preset_name]
@@ -89,11 +89,11 @@ def run_study(preset_name: str, out_dir: str | Path, workers: int | None = None,
               help="processes running jobs side by side (on CPU one thread each, e.g. the number of cores); "
                    "default: the preset's")
 @click.option("--job-log", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="JSON lines of finished jobs: those it holds are not run again, new ones are appended "
-                   "(a study over several runs, e.g. short GPU leases)")
+              help="JSON lines of finished jobs and training runs: those it holds are not run again, new ones "
+                   "are appended (a study over several runs, e.g. short GPU leases)")
 @click.option("--hours", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="start no job predicted to end later than this many hours from the start (with --job-log, "
-                   "a study over several runs); a run that leaves jobs publishes nothing")
+              help="start no training run predicted to end later than this many hours from the start (with "
+                   "--job-log, a study over several runs); a run that leaves any publishes nothing")
 def main(preset: str, config_path: str | None, workers: int | None, job_log: Path | None, hours: float | None) -> None:
     """Train the architectures on the generator's traffic and report the claims' verdicts."""
     if hours is not None and job_log is None:

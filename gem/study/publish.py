@@ -24,15 +24,12 @@ import numpy as np
 from tabulate import tabulate
 
 from gem.report.plots import interval_bars
-from gem.study.page import interval_text, scaling_figure
+from gem.study import tables
 from gem.study.presets import ARCHS, SCALED
+from gem.study.tables import interval_text
 
 REPO = Path(__file__).resolve().parents[2]
 PNG_DPI = 72  # small plots: the page lives in git
-
-
-def _num(x: float | None, spec: str = ".4f") -> str:
-    return "n/a" if x is None else format(x, spec)
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
@@ -78,7 +75,6 @@ def _grid_note(p: dict[str, Any]) -> str:
 def render(r: dict[str, Any], out: Path, command: str) -> str:
     """The Markdown page of results `r`, its PNGs written under out/img; `command` regenerates it."""
     p, name = r["preset"], f"study-{r['preset']['name']}"
-    floor = r["floor"]
     matched_job = r["jobs"][f"kunlun@{p['matched']}"]
     lines = [
         f"# The seed's claims: quality study, preset `{p['name']}`",
@@ -147,167 +143,45 @@ def render(r: dict[str, Any], out: Path, command: str) -> str:
         "",
     ]
 
-    bars = {a: m["ne"] for a, m in r["matched"].items()}
-    lines += [
-        "## Matched compute",
-        "",
-        _table(
-            [
-                {
-                    "arch": a,
-                    "FLOPs/example": f"{m['flops']:,}",
-                    "lr": m["lr"],
-                    "NE": interval_text(m["ne"]),
-                    "NE click": interval_text(m["ne_click"]),
-                    "NE conversion": interval_text(m["ne_conversion"]),
-                }
-                for a, m in r["matched"].items()
-            ]
-            + [
-                {
-                    "arch": "Bayes floor",
-                    "FLOPs/example": "",
-                    "lr": "",
-                    "NE": _num(floor["ne"]),
-                    "NE click": _num(floor["ne_click"]),
-                    "NE conversion": _num(floor["ne_conversion"]),
-                }
-            ]
-        ),
-        "",
-    ]
-    if all(None not in v for v in bars.values()):
-        img = _save(interval_bars(bars, ylabel="held-out NE", reference=floor["ne"]), out, f"{name}-matched.png")
+    bars = tables.matched_bars(r)
+    lines += ["## Matched compute", "", _table(tables.matched_rows(r)), ""]
+    if tables.all_defined(bars):
+        img = _save(interval_bars(bars, ylabel="held-out NE", reference=r["floor"]["ne"]), out, f"{name}-matched.png")
         lines += [f"![held-out NE at matched compute, dashed: the Bayes floor]({img})", ""]
 
-    s = r["scaling"]
     lines += [
         "## Scaling",
         "",
         "NE(C) = NE0 - eta ln C over the sizes (C: forward FLOPs per example).",
         "",
-        _table(
-            [
-                {
-                    "arch": a,
-                    "sizes": len(s[a]["flops"]),
-                    "NE0": _num(s[a]["ne0"]),
-                    "eta": interval_text(s[a]["eta_interval"]),
-                }
-                for a in SCALED
-            ]
-        ),
+        _table(tables.scaling_rows(r)),
         "",
-        f"eta(Kunlun) / eta(InterFormer) = {interval_text(s['ratio'])}.",
+        f"eta(Kunlun) / eta(InterFormer) = {interval_text(r['scaling']['ratio'])}.",
         "",
-        f"![held-out NE against FLOPs per example]({_save(scaling_figure(r), out, f'{name}-scaling.png')})",
+        f"![held-out NE against FLOPs per example]({_save(tables.scaling_figure(r), out, f'{name}-scaling.png')})",
         "",
     ]
+    lines += ["## Data-limited check", "", tables.DATA_LIMITED_INTRO, "", _table(tables.data_limited_rows(r)), ""]
+    lines += ["## Transfer", "", tables.TRANSFER_INTRO, "", _table(tables.transfer_rows(r)), ""]
+    lines += ["## Calibration", "", tables.CALIBRATION_INTRO, "", _table(tables.calibration_rows(r)), ""]
 
-    lines += [
-        "## Data-limited check",
-        "",
-        (
-            "The top size of each scaled architecture trained on the first half of the training batches (seed 0, "
-            "the same lr grid) against the full data's seed 0: a gap near 0 says the top of the curve is limited "
-            "by data, not by the model."
-        ),
-        "",
-        _table(
-            [
-                {
-                    "job": d["job"],
-                    "full data NE": _num(d["full_ne"]),
-                    "half data NE": _num(d["half_ne"]),
-                    "gap (half - full)": _num(d["gap"], "+.4f"),
-                }
-                for d in r.get("data_limited", [])
-            ]
-        ),
-        "",
-    ]
-
-    lines += [
-        "## Transfer",
-        "",
-        (
-            "Kunlun at the matched size trained on every task (joint) against the same model "
-            "trained on one conversion task alone, scored on that task's held-out examples."
-        ),
-        "",
-        _table(
-            [
-                {
-                    "task": t["task"],
-                    "held-out positives": t["held_out_positives"],
-                    "joint": interval_text(t["joint"]),
-                    "alone": interval_text(t["alone"]),
-                    "joint - alone": interval_text(t["diff"]),
-                    "floor": _num(t["floor"]),
-                }
-                for t in r["transfer"]
-            ]
-        ),
-        "",
-    ]
-
-    lines += [
-        "## Calibration",
-        "",
-        "Kunlun at the matched size: weighted predictions over weighted labels per surface.",
-        "",
-        _table([{"surface": k, "calibration": interval_text(c)} for k, c in r["calibration"].items()]),
-        "",
-    ]
-
-    a = r["ablations"]
-    ref = a.get("reference") or {"job": "kunlun@matched", "ne": r["matched"]["kunlun"]["ne"]}
+    ref = tables.ablation_reference(r)
     lines += [
         "## Ablations",
         "",
         (f"Kunlun with one switch changed, re-sized to the compute of {ref['job']} (the full Kunlun they are compared "
-        f"with: NE {interval_text(ref['ne'])})."),
+         f"with: NE {interval_text(ref['ne'])})."),
         "",
-        _table(
-            [
-                {
-                    "variant": f"{v['switch']}={v['value']}",
-                    "FLOPs/example": f"{v['flops']:,}",
-                    "NE": interval_text(v["ne"]),
-                    "NE - full Kunlun": interval_text(v["diff"]),
-                }
-                for v in a["variants"]
-            ]
-        ),
+        _table(tables.ablation_rows(r)),
         "",
     ]
-    ablation_bars = {f"full Kunlun ({ref['job']})": ref["ne"]} | {
-        f"{v['switch']}={v['value']}": v["ne"] for v in a["variants"]
-    }
-    if a["variants"] and all(None not in v for v in ablation_bars.values()):
+    ablation_bars = tables.ablation_bars(r)
+    if r["ablations"]["variants"] and tables.all_defined(ablation_bars):
         img = _save(interval_bars(ablation_bars, ylabel="held-out NE"), out, f"{name}-ablations.png")
         lines += [f"![Kunlun's ablations]({img})", ""]
 
-    per_task: dict[str, dict[str, list[float]]] = {}
-    for arch in r["matched"]:
-        for seed in r["jobs"][f"{arch}@{p['matched']}"]["seeds"]:
-            for t, v in seed["tasks"].items():
-                per_task.setdefault(t, {}).setdefault(arch, []).append(v)
-    lines += [
-        "## Held-out NE per task at matched compute",
-        "",
-        _table(
-            [
-                {
-                    "task": t,
-                    **{arch: _num(float(np.mean(v))) for arch, v in by.items()},
-                    "floor": _num(floor["tasks"].get(t)),
-                }
-                for t, by in sorted(per_task.items())
-            ]
-        ),
-        "",
-    ]
+    lines += ["## Held-out NE per task at matched compute", "", _table(tables.per_task_rows(r)), ""]
+    lines += ["## Tuning", "", _table(tables.tuning_rows(r)), ""]
     return "\n".join(lines)
 
 

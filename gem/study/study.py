@@ -60,8 +60,17 @@ class Job:
     fraction: float = 1.0  # of the training batches (the first ones: the batches are shuffled)
     seeds_to_run: int | None = None  # None: the preset's seeds
     lr_trials: list[dict[str, float]] = field(default_factory=list)
+    # Per lr trial, seed 0's held-out summary (None: diverged); the chosen lr's becomes seeds[0].
+    trial_seeds: list[dict[str, Any] | None] = field(default_factory=list)
     lr: float | None = None
     seeds: list[dict[str, Any]] = field(default_factory=list)  # per seed: held-out summary
+
+    def variant(self, **changes: Any) -> Job:
+        """Another job of this one's model, with `changes` and no runs of its own (its result lists new)."""
+        return dataclasses.replace(self, lr_trials=[], trial_seeds=[], lr=None, seeds=[], **changes)
+
+    def tried(self, lr: float) -> bool:
+        return any(t["lr"] == lr for t in self.lr_trials)
 
     def values(self, key: str) -> list[float]:
         return [s[key] for s in self.seeds]
@@ -180,16 +189,14 @@ class Study:
         if p.data_limited:  # the top of each scaling curve at half the data: one seed, the same lr grid
             for arch in SCALED:
                 full = jobs[f"{arch}@{len(p.targets) - 1}"]
-                jobs[f"{full.name}:half"] = dataclasses.replace(full, name=f"{full.name}:half", fraction=0.5,
-                                                                seeds_to_run=1, lr_trials=[], seeds=[])
+                jobs[f"{full.name}:half"] = full.variant(name=f"{full.name}:half", fraction=0.5, seeds_to_run=1)
         # Transfer: the conversion tasks with the most training positives (measurable held-out NE).
         positives = {t: int((self.traffic.eligible(t) & self.traffic.label(t)
                              & np.isin(self.traffic.day, self.roles.train)).sum()) for t in self.conversion_tasks}
         transfer = sorted(positives, key=lambda t: -positives[t])[:p.transfer_tasks]
         matched = jobs[f"kunlun@{p.matched}"]
         for task in transfer:
-            jobs[f"alone:{task}"] = dataclasses.replace(matched, name=f"alone:{task}", tasks=(task,), lr_trials=[],
-                                                        seeds=[])
+            jobs[f"alone:{task}"] = matched.variant(name=f"alone:{task}", tasks=(task,))
         return jobs, variants, transfer
 
     def summary(self, s: Scores) -> dict[str, Any]:
@@ -205,40 +212,55 @@ class Study:
                 "ne_conversion": s.ne(tuple(t for t in tasks if t in self.conversion_tasks)),
                 "tasks": per_task, "calibration": calibration}
 
-    def runs_per_job(self, job: Job | None = None) -> int:
-        return len(self.preset.lrs) + self.seeds_of(job) - 1
+    def runs_left(self, job: Job) -> int:
+        """Training runs the job still needs: its untried lrs, and its seeds after seed 0 (which the
+        grid's run of the chosen lr is)."""
+        return sum(not job.tried(lr) for lr in self.preset.lrs) + self.seeds_of(job) - max(1, len(job.seeds))
 
     def seeds_of(self, job: Job | None) -> int:
         return job.seeds_to_run if job is not None and job.seeds_to_run is not None else self.preset.seeds
 
-    def execute(self, job: Job, progress: Progress) -> Iterator[None]:
-        """Tune the job's lr on the validation day, then train its seeds and score the held-out day."""
+    def complete(self, job: Job) -> bool:
+        return len(job.seeds) == self.seeds_of(job)
+
+    def execute(self, job: Job, progress: Progress, may_start: Callable[[], bool] | None = None) -> Iterator[None]:
+        """Tune the job's lr on the validation day, then train its seeds and score the held-out day,
+        yielding after each training run. Runs the job already has (a job log's) are not run again;
+        before each other run `may_start` is asked, and a False stops the job there, unfinished."""
         p, tasks = self.preset, job.tasks or self.tasks
         train = self.data("train", tasks, job.fraction)
         evals = {"validation": self.data("validation", tasks), "held_out": self.data("held_out", tasks)}
-        held_out: dict[float, tuple[Scores, float, int]] = {}
         for lr in p.lrs:
+            if job.tried(lr):
+                continue
+            if may_start is not None and not may_start():
+                return
             try:
                 r = run(job.config, train, evals, lr, 0, p.epochs, self.device, p.bf16)
             except NonFiniteLossError as e:
                 # Trainer stops a run whose loss or gradients go NaN or infinite: that lr is recorded
                 # without a validation NE, so it is never the one chosen.
                 job.lr_trials.append({"lr": lr, "validation_ne": None, "seconds": None, "diverged": True})
+                job.trial_seeds.append(None)
                 progress.step(f"{job.name} lr {lr:g}: diverged ({e})")
                 yield
                 continue
             job.lr_trials.append({"lr": lr, "validation_ne": r.scores["validation"].ne(tasks), "seconds": r.seconds})
-            held_out[lr] = (r.scores["held_out"], r.seconds, r.examples)
+            job.trial_seeds.append({"seed": 0, "seconds": r.seconds, "examples": r.examples,
+                                    **self.summary(r.scores["held_out"])})
             progress.step(f"{job.name} lr {lr:g}: validation NE {job.lr_trials[-1]['validation_ne']:.4f} "
                           f"({r.seconds:.1f} s)")
             yield
-        if not held_out:
-            raise NonFiniteLossError(f"{job.name}: training diverged at every learning rate of the grid {p.lrs}")
-        trained = [t for t in job.lr_trials if t["lr"] in held_out]
-        job.lr = min(trained, key=lambda t: t["validation_ne"] if t["validation_ne"] is not None else np.inf)["lr"]
-        s0, seconds, examples = held_out[job.lr]
-        job.seeds.append({"seed": 0, "seconds": seconds, "examples": examples, **self.summary(s0)})
-        for seed in range(1, self.seeds_of(job)):
+        if not job.seeds:
+            trained = [i for i, t in enumerate(job.lr_trials) if not t.get("diverged")]
+            if not trained:
+                raise NonFiniteLossError(f"{job.name}: training diverged at every learning rate of the grid {p.lrs}")
+            best = min(trained, key=lambda i: v if (v := job.lr_trials[i]["validation_ne"]) is not None else np.inf)
+            job.lr = job.lr_trials[best]["lr"]
+            job.seeds.append(job.trial_seeds[best])
+        for seed in range(len(job.seeds), self.seeds_of(job)):
+            if may_start is not None and not may_start():
+                return
             r = run(job.config, train, {"held_out": evals["held_out"]}, job.lr, seed, p.epochs, self.device, p.bf16)
             job.seeds.append({"seed": seed, "seconds": r.seconds, "examples": r.examples,
                               **self.summary(r.scores["held_out"])})
@@ -261,10 +283,11 @@ class Study:
         return r.seconds / r.examples, (time.perf_counter() - start) / sum(b.size for b in held)
 
     def predict(self, jobs: dict[str, Job], workers: int = 1) -> dict[str, float]:
-        """Each job's predicted seconds on this host: its runs' training and scoring examples times
-        the rates `probe` measures for its model (one probe per distinct model and tasks). With
-        workers > 1 the jobs run in that many forked processes, so the probes do too, side by side:
-        the rates include what the processes cost each other (shared caches and memory bandwidth)."""
+        """Each job's predicted seconds on this host: the training and scoring examples of the runs it
+        still needs (runs_left) times the rates `probe` measures for its model (one probe per
+        distinct model and tasks). With workers > 1 the jobs run in that many forked processes, so
+        the probes do too, side by side: the rates include what the processes cost each other
+        (shared caches and memory bandwidth)."""
         global _PROBED
         p, out = self.preset, {}
         probes: dict[tuple[str, tuple[str, ...] | None], str] = {}  # (model, tasks) -> a job of it
@@ -287,7 +310,9 @@ class Study:
             trained = p.epochs * sum(b.size for b in self.data("train", tasks, job.fraction))
             validation, held_out = (sum(b.size for b in self.data(split, tasks))
                                     for split in ("validation", "held_out"))
-            lrs, seeds = len(p.lrs), self.seeds_of(job) - 1  # lr trials score both days; other seeds the held-out one
+            # lr trials score both days; other seeds the held-out one
+            lrs = sum(not job.tried(lr) for lr in p.lrs)
+            seeds = self.seeds_of(job) - max(1, len(job.seeds))
             out[name] = (lrs + seeds) * trained * train_s + (lrs * (validation + held_out) + seeds * held_out) * score_s
         return out
 
@@ -305,12 +330,14 @@ class Study:
         """Every job; with workers > 1, that many forked processes take jobs in turn. On CPU each run
         is single-threaded, so processes, not threads, use more cores; on a GPU each process launches
         its own small kernels, so several keep one GPU busy where one would leave it waiting on
-        Python. A job's numbers do not depend on the worker that ran it. With a job log, the jobs it
-        holds are not run again and each job finished here is appended to it.
+        Python. A job's numbers do not depend on the worker that ran it. With a job log, the jobs and
+        training runs it holds are not run again; each job finished here is appended to it, and
+        each training run of a job not yet finished too.
 
         Before training it prints each job's predicted time (predict) and the whole run's. With
-        `hours`, a job that would end past that many hours from the start is not started: the run
-        returns None with those jobs in `self.left`, and a rerun with the same job log continues."""
+        `hours`, no training run starts that would end past that many hours from the start (a job's
+        runs are predicted alike: its predicted time over its runs): the run returns None with the
+        unfinished jobs in `self.left`, and a rerun with the same job log continues them."""
         start = self.clock()
         jobs, variants, transfer = self.plan()
         self.planned = list(jobs)
@@ -320,46 +347,61 @@ class Study:
         if self.restored:
             self.log(f"{len(self.restored)} of {len(jobs)} jobs restored from {job_log.path}")
         todo = {name: job for name, job in jobs.items() if name not in self.restored}
+        resumed = [name for name, job in todo.items() if job.lr_trials]
+        if resumed:
+            self.log(f"{len(resumed)} unfinished jobs continue after the training runs {job_log.path} holds: "
+                     + ", ".join(f"{n} ({self.runs_left(todo[n])} runs left)" for n in resumed))
         predicted = self.predict(todo, workers)
-        too_long = {n: s for n, s in predicted.items() if hours is not None and s > hours * 3600}
+        per_run = {n: s / max(1, self.runs_left(todo[n])) for n, s in predicted.items()}
+        too_long = {n: s for n, s in per_run.items() if hours is not None and s > hours * 3600}
         if too_long:  # the others still run; these wait for a run with a longer limit
-            self.log(f"not in this run: --hours {hours} is shorter than the predicted time of "
+            self.log(f"not in this run: --hours {hours} is shorter than one training run of "
                      + ", ".join(f"{n} ({s / 3600:.2f} h)" for n, s in too_long.items())
                      + f"; a later run needs --hours >= {max(too_long.values()) / 3600:.2f} to start them")
         for name in sorted(predicted, key=lambda n: -predicted[n]):
-            self.log(f"predicted {name}: {predicted[name]:.0f} s ({self.runs_per_job(todo[name])} runs)")
+            self.log(f"predicted {name}: {predicted[name]:.0f} s ({self.runs_left(todo[name])} runs)")
         self.log(f"predicted: {sum(predicted.values()) / 3600:.2f} h of one process's time, "
                  f"{self.makespan(predicted, workers) / 3600:.2f} h wall on {workers} worker(s) for {len(todo)} jobs "
                  f"(rates from {PROBE_STEPS} training steps and one scored batch of each model on this host, "
                  f"{workers} at a time)")
         deadline = start + hours * 3600 if hours is not None else None
         todo = dict(sorted(todo.items(), key=lambda kv: -predicted[kv[0]]))  # the longest first
-        finished = job_log.append if job_log is not None else None
         if workers <= 1:
-            progress = Progress(sum(self.runs_per_job(j) for j in todo.values()))
+            progress = Progress(sum(self.runs_left(j) for j in todo.values()))
             for name, job in todo.items():
-                if deadline is not None and self.clock() + predicted[name] > deadline:
-                    continue
-                for _ in self.execute(job, progress):
-                    pass
-                if finished:
-                    finished(job)
+                self.execute_logged(job, progress, self.may_start(deadline, per_run[name]), job_log)
+                if job_log is not None and self.complete(job):
+                    job_log.append(job)
             progress.close()
         else:
-            self.run_forked(todo, workers, finished, deadline, predicted)
+            self.run_forked(todo, workers, job_log, deadline, per_run)
             jobs.update(todo)
-        self.left = [name for name, job in jobs.items() if not job.seeds]
+        self.left = [name for name, job in jobs.items() if not self.complete(job)]
         if self.left:
-            self.log(f"stopped: {len(self.left)} of {len(jobs)} jobs would end past the limit of {hours} h "
-                     f"({sum(predicted[n] for n in self.left) / 3600:.2f} h predicted); rerun with the same job log")
+            left_s = sum(per_run[n] * self.runs_left(jobs[n]) for n in self.left)
+            self.log(f"stopped: {len(self.left)} of {len(jobs)} jobs unfinished at the limit of {hours} h "
+                     f"({left_s / 3600:.2f} h predicted left); rerun with the same job log")
             return None
         return self.results(jobs, variants, transfer)
 
-    def run_forked(self, jobs: dict[str, Job], workers: int, finished: Callable[[Job], None] | None = None,
-                   deadline: float | None = None, predicted: dict[str, float] | None = None) -> None:
+    def may_start(self, deadline: float | None, run_seconds: float) -> Callable[[], bool]:
+        """Whether a training run of `run_seconds` would end by `deadline` (on Study.clock), asked
+        before each run (no deadline: always)."""
+        return lambda: deadline is None or self.clock() + run_seconds <= deadline
+
+    def execute_logged(self, job: Job, progress: Progress, may_start: Callable[[], bool],
+                       job_log: JobLog | None) -> None:
+        """execute(job), each training run of it that leaves the job unfinished appended to the job log."""
+        for _ in self.execute(job, progress, may_start):
+            if job_log is not None and not self.complete(job):
+                job_log.append_partial(job)
+
+    def run_forked(self, jobs: dict[str, Job], workers: int, job_log: JobLog | None = None,
+                   deadline: float | None = None, per_run: dict[str, float] | None = None) -> None:
         """Run the jobs in `workers` forked processes, in the order given; their results replace the
-        jobs in `jobs` (and go to `finished` as each arrives). A job that would end past `deadline`
-        (on Study.clock; its `predicted` seconds) is returned unrun."""
+        jobs in `jobs`. Each finished job is appended to `job_log` as it arrives (each training run
+        of an unfinished one by its worker). No run starts that would end past `deadline` (on
+        Study.clock; `per_run`: a job's predicted seconds per training run)."""
         if self.device.type == "cuda" and torch.cuda.is_initialized():
             raise RuntimeError("this process has initialized CUDA, so the workers it forks could not use the GPU: "
                                "run the study in a fresh process (python -m gem.study) or with workers=1")
@@ -368,17 +410,18 @@ class Study:
             tasks = job.tasks or self.tasks
             for split in ("train", "validation", "held_out"):
                 self.data(split, tasks)
-        _FORKED = (self, jobs, deadline, predicted or {})
+        _FORKED = (self, jobs, job_log, deadline, per_run or {})
         progress = Progress(len(jobs))
         try:
             with multiprocessing.get_context("fork").Pool(workers) as pool:
                 for done in pool.imap_unordered(_execute_forked, list(jobs)):
                     jobs[done.name] = done
-                    if not done.seeds:  # not started: it would have ended past the deadline
-                        progress.step(f"{done.name}: not started (would end past the time limit)")
+                    if not self.complete(done):  # stopped before a run that would have ended past the deadline
+                        progress.step(f"{done.name}: {self.runs_left(done)} training runs left to a later run "
+                                      "(the time limit)")
                         continue
-                    if finished:
-                        finished(done)
+                    if job_log is not None:
+                        job_log.append(done)
                     progress.step(f"{done.name}: lr {done.lr:g}, held-out NE "
                                   f"{np.mean(done.values('ne')):.4f} over {len(done.seeds)} seeds")
         finally:
@@ -397,8 +440,9 @@ class Study:
                                if task not in self.conversion_tasks},  # -> their held-out positives
             "traffic": {"impressions": len(t.user), "clicks": int(t.clicked.sum()),
                         "conversions": int(t.converted.sum())},
-            "jobs": {name: {k: v for k, v in dataclasses.asdict(j).items() if k != "config"} | {"config": repr(j.config)}
-                     for name, j in jobs.items()},
+            # trial_seeds is how a job resumes: its chosen lr's entry is seeds[0], the others are no result
+            "jobs": {name: {k: v for k, v in dataclasses.asdict(j).items() if k not in ("config", "trial_seeds")}
+                     | {"config": repr(j.config)} for name, j in jobs.items()},
         }
         matched = {a: jobs[f"{a}@{p.matched}"] for a in ARCHS}
         out["matched"] = {a: {k: _interval(j.values(k)) for k in ("ne", "ne_click", "ne_conversion")}
@@ -450,9 +494,10 @@ class Study:
         return out
 
 
-# The study, its jobs, the deadline and the jobs' predicted seconds, set in the parent just before it
-# forks its workers (which inherit them, so only job names travel to the workers and finished jobs back).
-_FORKED: tuple[Study, dict[str, Job], float | None, dict[str, float]] | None = None
+# The study, its jobs, the job log, the deadline and the jobs' predicted seconds per training run, set
+# in the parent just before it forks its workers (which inherit them, so only job names travel to the
+# workers and finished jobs back).
+_FORKED: tuple[Study, dict[str, Job], JobLog | None, float | None, dict[str, float]] | None = None
 
 
 _PROBED: tuple[Study, dict[str, Job]] | None = None  # the same, for Study.predict's probe process
@@ -479,12 +524,8 @@ class _WorkerLines:
 
 def _execute_forked(name: str) -> Job:
     assert _FORKED is not None, "_execute_forked runs only in a worker forked by Study.run_forked"
-    study, jobs, deadline, predicted = _FORKED
+    study, jobs, job_log, deadline, per_run = _FORKED
     torch.set_num_threads(study.preset.threads)
     job = jobs[name]
-    if deadline is not None and study.clock() + predicted.get(name, 0.0) > deadline:
-        return job  # unrun: the parent sees no seeds
-    for _ in study.execute(job, _WorkerLines()):
-        pass
+    study.execute_logged(job, _WorkerLines(), study.may_start(deadline, per_run.get(name, 0.0)), job_log)
     return job
-

@@ -41,6 +41,8 @@ MEASURED = re.compile(r"\bmeasured\b", re.IGNORECASE)
 COMMIT_HASH = re.compile(r"\b(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b")
 # The generated benchmark page carries dates by design; this file states the rules it checks.
 EXEMPT_FILES = {Path("docs/benchmarks.md"), Path("tests/unit/test_comment_rules.py")}
+# Published result pages (python -m gem.study.publish) name the commit, host and date of each run by design.
+GENERATED_DIRS = (Path("docs/results"),)
 
 
 def python_prose(source: str) -> Iterator[tuple[int, str]]:
@@ -100,7 +102,7 @@ def scanned_files(paths: list[Path] | None = None) -> list[Path]:
                 part in SKIP_DIRS or part.startswith(".") for part in folders
             ):
                 continue
-            if relative in EXEMPT_FILES or not path.is_file():
+            if relative in EXEMPT_FILES or relative.parent in GENERATED_DIRS or not path.is_file():
                 continue
             if path.suffix == ".md" and not (relative.parts[0] == "docs" or relative == Path("README.md")):
                 continue

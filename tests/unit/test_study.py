@@ -157,7 +157,8 @@ def test_the_gpu_path_trains_in_forked_workers_sharing_the_gpu():
 
 def test_a_job_log_carries_finished_jobs_into_the_next_run(tmp_path, monkeypatch):
     """A study split over runs: the second run of the same preset reuses the jobs the first logged
-    (running none) and reports the same numbers; another preset's lines are not reused."""
+    (running none, whatever partial lines precede a finished job's) and reports the same numbers;
+    another preset's lines are not reused."""
     import dataclasses
 
     from gem.study.job_log import JobLog
@@ -167,7 +168,8 @@ def test_a_job_log_carries_finished_jobs_into_the_next_run(tmp_path, monkeypatch
     preset = dataclasses.replace(PRESETS["smoke"], ablations=False, transfer_tasks=0)
     log = JobLog(tmp_path / "jobs.jsonl", repr(preset))
     first = Study(preset, log=lambda _: None).run(job_log=log)
-    assert len(log.path.read_text().splitlines()) == len(first["jobs"])
+    records = [json.loads(line) for line in log.path.read_text().splitlines()]
+    assert sum(not r.get("partial") for r in records) == len(first["jobs"])  # one line per job, once finished
 
     def refuse(*_):
         raise AssertionError("a logged job ran again")
@@ -202,19 +204,24 @@ def test_the_study_presets_measure_what_the_claims_need(name):
     assert roles.validation != roles.held_out and roles.validation not in roles.train
 
 
-def test_a_time_limit_leaves_jobs_to_the_next_run(tmp_path, monkeypatch):
-    """--hours: a run starts no job predicted to end past the limit (it prints the prediction first,
-    returns no results and logs nothing it did not finish); a job longer than the whole limit is
-    named with the limit it needs. conversion_min_positives: only conversion tasks with that many
-    held-out positives are in the study; validation_fraction: the lr is chosen on part of its day."""
+def test_a_time_limit_leaves_training_runs_to_the_next_run(tmp_path, monkeypatch):
+    """--hours: no training run starts that would end past the limit (the prediction is printed
+    first; the run returns no results); an unfinished job's runs are in the job log, and the next run
+    trains only the runs it lacks, to the numbers of the job run in one go. A run longer than the
+    whole limit is named with the limit it needs. conversion_min_positives: only conversion tasks with
+    that many held-out positives are in the study; validation_fraction: the lr is chosen on part of
+    its day."""
+    import copy
     import dataclasses
 
+    from gem.study import study as study_module
     from gem.study.job_log import JobLog
     from gem.study.presets import PRESETS
-    from gem.study.study import Study
+    from gem.study.study import Progress, Study
 
     preset = dataclasses.replace(PRESETS["smoke"], ablations=False, transfer_tasks=0, data_limited=True,
-                                 conversion_min_positives=5, validation_fraction=0.5, eval_batch_size=512)
+                                 lrs=(3e-3, 1e-3), conversion_min_positives=5, validation_fraction=0.5,
+                                 eval_batch_size=512)
     lines: list[str] = []
     study = Study(preset, log=lines.append)
     every = study.traffic.tasks(CONVERSION_TYPES)
@@ -223,25 +230,59 @@ def test_a_time_limit_leaves_jobs_to_the_next_run(tmp_path, monkeypatch):
     day = [b.size for b in study.data("validation", study.tasks)]  # a random half of the validation day
     assert sum(day) < sum(b.size for b in study.data("held_out", study.tasks))
     log = JobLog(tmp_path / "jobs.jsonl", repr(preset))
-    # Each job predicted at 60 s against a limit of 100 s: the first starts; once it has run, the
-    # (test's) clock reads past the limit and no other job starts.
-    started: list[str] = []
-    real_execute = Study.execute
+    # Each training run predicted at 15 s, on a (test's) clock that moves 15 s per run trained, and a
+    # limit of 65 s: runs start at 0, 15, 30 and 45 s; the one at 60 s would end past the limit.
+    trained: list[tuple[tuple[str, int], float, int]] = []  # (the job's model and batches, lr, seed) of each run
+    real_run = study_module.run
 
-    def execute(self, job, progress):
-        started.append(job.name)
-        yield from real_execute(self, job, progress)
+    def counted(cfg, train, evals, lr, seed, *args):
+        trained.append(((repr(cfg), len(train)), lr, seed))
+        return real_run(cfg, train, evals, lr, seed, *args)
 
-    monkeypatch.setattr(Study, "execute", execute)
-    monkeypatch.setattr(Study, "predict", lambda self, jobs, workers=1: dict.fromkeys(jobs, 60.0))
-    study.clock = lambda: 1000.0 if started else 0.0
-    assert study.run(job_log=log, hours=100 / 3600) is None
-    assert len(started) == 1 and set(study.left) == set(study.plan()[0]) - set(started)
-    assert log.finished_in_run == started and len(log.path.read_text().splitlines()) == 1
-    assert any(line.startswith("predicted: ") and " h wall on 1 worker(s)" in line for line in lines)
+    def key(job) -> tuple[str, int]:
+        return repr(job.config), len(study.data("train", job.tasks or study.tasks, job.fraction))
+
+    monkeypatch.setattr(study_module, "run", counted)
+    monkeypatch.setattr(Study, "predict", lambda self, jobs, workers=1: {n: 15.0 * self.runs_left(j)
+                                                                           for n, j in jobs.items()})
+    study.clock = lambda: 15.0 * len(trained)
+    assert study.run(job_log=log, hours=65 / 3600) is None
+    assert len(trained) == 4 and any(line.startswith("predicted: ") and " h wall on 1 worker(s)" in line
+                                     for line in lines)
+    jobs = study.plan()[0]
+    first = next(name for name, job in jobs.items() if key(job) == trained[0][0])
+    second = next(name for name, job in jobs.items() if key(job) == trained[3][0])
+    assert log.finished_in_run == [first] and set(study.left) == set(jobs) - {first}
+    records = [json.loads(line) for line in log.path.read_text().splitlines()]
+    assert [(r["name"], bool(r.get("partial"))) for r in records] == [(first, True), (first, True), (first, False),
+                                                                         (second, True)]
+
+    # The next run: the finished job is restored, the unfinished one trains its 2 missing runs only.
+    trained.clear()
+    resumed = Study(preset, log=lines.append)
+    resumed.clock = lambda: 15.0 * len(trained)
+    results = resumed.run(job_log=log)
+    assert results is not None and resumed.restored == {first}
+    mine = [(lr, seed) for job, lr, seed in trained if job == key(jobs[second])]
+    assert mine[0] == (1e-3, 0) and len(mine) == 2  # the second lr of the grid, then seed 1 with the chosen lr
+    alone = copy.deepcopy(jobs[second])
+    for _ in study.execute(alone, Progress(3)):
+        pass
+
+    def numbers(job: dict) -> str:  # as text: the restored runs came through JSON
+        return json.dumps([job["lr"], [{k: v for k, v in s.items() if k != "seconds"} for s in job["seeds"]]],
+                          sort_keys=True)
+
+    in_one_go = {k: v for k, v in dataclasses.asdict(alone).items() if k not in ("config", "trial_seeds")}
+    assert numbers(results["jobs"][second]) == numbers(in_one_go)
+
+    # A limit shorter than one training run of a job: said, with the limit that job needs.
+    monkeypatch.setattr(Study, "predict", lambda self, jobs, workers=1: {n: 60.0 * self.runs_left(j)
+                                                                           for n, j in jobs.items()})
     lines.clear()
-    assert study.run(job_log=log, hours=0.005) is None  # 18 s: shorter than any job, said as such
-    assert any(line.startswith("not in this run: --hours 0.005 is shorter than the predicted time of ")
+    assert Study(preset, log=lines.append).run(job_log=JobLog(tmp_path / "other.jsonl", repr(preset)),
+                                               hours=0.005) is None  # 18 s
+    assert any(line.startswith("not in this run: --hours 0.005 is shorter than one training run of ")
                and "a later run needs --hours >= 0.02" in line for line in lines)
 
 
