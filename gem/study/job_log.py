@@ -44,7 +44,7 @@ class JobLog:
             identity = self._identity(job)
             mine = [line for line in lines if all(line.get(k) == v for k, v in identity.items())]
             finished = [line for line in mine if not line.get("partial")]
-            if finished or mine:
+            if mine:
                 line = (finished or mine)[-1]
                 job.lr_trials, job.lr, job.seeds = line["lr_trials"], line["lr"], line["seeds"]
                 job.trial_seeds = line.get("trial_seeds", [])
